@@ -1,0 +1,33 @@
+"""Shared test fixtures: where the oracle recordings live (../shared/oracle beside the project)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+ORACLE = SHARED / "oracle"
+
+
+@pytest.fixture(scope="session")
+def oracle_dir() -> Path:
+    """The fp32 tiny oracle checkpoint folder (publisher layout, random weights)."""
+    path = ORACLE / "tiny"
+    if not path.is_dir():
+        pytest.fail(f"oracle fixtures not found at {path}: the project expects ../shared/oracle beside it")
+    return path
+
+
+@pytest.fixture(scope="session")
+def oracle_bf16_dir() -> Path:
+    """The same tiny weights, recorded running in bfloat16."""
+    return ORACLE / "tiny_bf16"
+
+
+@pytest.fixture(scope="session")
+def fixture(oracle_dir: Path) -> dict[str, np.ndarray]:
+    """The tiny fp32 recording (``fixture.npz``) as a dict of arrays, keys ``SCENARIO__NAME``."""
+    with np.load(oracle_dir / "fixture.npz") as f:
+        return {k: f[k] for k in f.files}
