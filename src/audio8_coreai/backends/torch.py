@@ -1,0 +1,171 @@
+"""Run the graphs in PyTorch (eager, CPU or CUDA): the fast path on Linux.
+
+A backend is a small object with the calls the engine needs (DESIGN.md principle 1): ``prefill``,
+``first_frame``/``frame``, ``decode_window`` and ``encode``. Inputs and outputs are NumPy arrays so the
+engine is the same for every backend; tensors stay on the device between the calls of one frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..checkpoint import Checkpoint
+from ..config import ModelConfig
+from ..graphs import PREFILL_WIDTH, FirstFrame, Frame, Prefill, SamplingParams
+from ..model.codec import CodecDecoder, CodecEncoder
+from ..model.dualar import DualAR
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+class BackendError(ValueError):
+    """A device or dtype this backend cannot use."""
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; raises BackendError."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise BackendError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N") from e
+    if dev.type not in ("cpu", "cuda"):
+        raise BackendError(f"unsupported device {device!r}: use auto, cpu, cuda or cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BackendError(f"device {device!r} requested but this PyTorch build sees no CUDA GPU; use --device cpu")
+    return dev
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    """``fp32`` or ``bf16`` (aliases float32/bfloat16); raises BackendError otherwise."""
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise BackendError(f"unknown dtype {dtype!r}: use fp32 or bf16") from None
+
+
+@dataclass
+class FrameResult:
+    """One frame as NumPy: ``semantic`` id, ``codes`` int64 [C], the slow ``logits`` [V+1] and ``hidden``
+    [dim] it was drawn from (float32), ``fast_logits`` [C-1, codebook_size] and the sampler's own draws
+    ``sampled_semantic``/``sampled_codes`` (differ from the kept ones only under teacher forcing)."""
+
+    semantic: int
+    codes: np.ndarray
+    logits: np.ndarray
+    hidden: np.ndarray
+    fast_logits: np.ndarray
+    sampled_semantic: int
+    sampled_codes: np.ndarray
+
+
+class TorchBackend:
+    """The DualAR and the codec in PyTorch on one device, one utterance at a time (batch 1).
+
+    The KV state [n_layer, 1, n_kv, max_seq_len, head_dim] is allocated once and reused; ``reset``
+    zeroes it between utterances so nothing leaks from one to the next. The codec runs in fp32 on CPU
+    (as the publisher's load_codec) and in the model dtype on CUDA.
+    """
+
+    name = "torch"
+
+    def __init__(self, checkpoint: Checkpoint, device: str = "cpu", dtype: str = "fp32"):
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype)
+        self.cfg: ModelConfig = checkpoint.config
+        self.checkpoint = checkpoint
+        self.model = DualAR.from_state_dict(self.cfg, checkpoint.model_state_dict(), self.dtype, self.device)
+        self.codec_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        self._codec_state = checkpoint.codec_state_dict()
+        self.decoder = CodecDecoder.from_state_dict(checkpoint.codec_config, self._codec_state)
+        self.decoder = self.decoder.to(self.device, self.codec_dtype).eval().requires_grad_(False)
+        self._encoder: CodecEncoder | None = None
+        self._prefill = Prefill(self.model)
+        self.k_cache, self.v_cache = self.model.new_kv_cache()
+
+    @property
+    def description(self) -> str:
+        return f"torch {self.device} {str(self.dtype).removeprefix('torch.')}"
+
+    def reset(self) -> None:
+        """Zero the KV state (a new utterance)."""
+        self.k_cache.zero_()
+        self.v_cache.zero_()
+
+    @torch.inference_mode()
+    def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run the prompt int [1+C, P] in static windows of 32 columns from slot 0.
+
+        Returns the last column's compact logits [V+1] and post-norm hidden [dim] (float32), the
+        inputs of :meth:`first_frame`. The last window is right-padded with the pad id / zero codes.
+        """
+        self.reset()
+        n = prompt.shape[1]
+        logits = hidden = None
+        for start in range(0, n, PREFILL_WIDTH):
+            chunk = prompt[:, start:start + PREFILL_WIDTH]
+            real = chunk.shape[1]
+            window = np.zeros((prompt.shape[0], PREFILL_WIDTH), dtype=np.int64)
+            window[0] = self.cfg.pad_token_id
+            window[:, :real] = chunk
+            codes = torch.from_numpy(window)[None].to(self.device)
+            pos = torch.tensor([start], device=self.device)
+            lg, hd = self._prefill(codes, pos, self.k_cache, self.v_cache, start + PREFILL_WIDTH)
+            logits, hidden = lg[0, real - 1], hd[0, real - 1]
+        self._last = (logits, hidden)
+        return logits.float().cpu().numpy(), hidden.float().cpu().numpy()
+
+    @torch.inference_mode()
+    def first_frame(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray,
+                    noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
+        """Sample frame 0 from the prefill's last logits/hidden (no slow step)."""
+        logits, hidden = self._last
+        out = FirstFrame(self.model, params)(logits[None], hidden[None], *self._tail(noise_slow, window,
+                                                                                       noise_fast, forced))
+        return self._result(out, logits, hidden)
+
+    @torch.inference_mode()
+    def frame(self, params: SamplingParams, column: np.ndarray, pos: int, noise_slow: np.ndarray,
+              window: np.ndarray, noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
+        """Slow step on the previous ``column`` int [1+C] at slot ``pos``, then sample the next frame."""
+        col = torch.as_tensor(np.asarray(column, dtype=np.int64), device=self.device).view(1, -1, 1)
+        p = torch.tensor([pos], device=self.device)
+        out = Frame(self.model, params)(col, p, self.k_cache, self.v_cache,
+                                        *self._tail(noise_slow, window, noise_fast, forced), kv_len=pos + 1)
+        return self._result(out[:5], out[5][0], out[6][0])
+
+    def _tail(self, noise_slow, window, noise_fast, forced):
+        dev = self.device
+        c = self.cfg.num_codebooks
+        f = np.zeros(1 + c, dtype=np.int64) if forced is None else np.asarray(forced, dtype=np.int64)
+        return (torch.as_tensor(noise_slow, dtype=torch.float32, device=dev)[None],
+                torch.as_tensor(np.asarray(window, dtype=np.int64), device=dev)[None],
+                torch.as_tensor(noise_fast, dtype=torch.float32, device=dev)[None],
+                torch.as_tensor(f, device=dev)[None],
+                torch.tensor([0.0 if forced is None else 1.0], device=dev))
+
+    @staticmethod
+    def _result(out, logits, hidden) -> FrameResult:
+        semantic, codes, fast_logits, sampled_sem, sampled_codes = (t[0].cpu() for t in out)
+        return FrameResult(int(semantic), codes.numpy(), logits.float().cpu().numpy(),
+                           hidden.float().cpu().numpy(), fast_logits.float().numpy(), int(sampled_sem),
+                           sampled_codes.numpy())
+
+    @torch.inference_mode()
+    def decode_window(self, codes: np.ndarray) -> np.ndarray:
+        """Codec decode of codes int [C, T] -> float32 audio [T * frame_length] at 44.1 kHz."""
+        t = torch.as_tensor(np.asarray(codes, dtype=np.int64), device=self.device)[None]
+        return self.decoder(t)[0].float().cpu().numpy()
+
+    @torch.inference_mode()
+    def encode(self, audio: np.ndarray) -> np.ndarray:
+        """Codec encode of mono 44.1 kHz float32 audio [N] -> codes int64 [C, ceil(N / frame_length)]."""
+        if self._encoder is None:
+            enc = CodecEncoder.from_state_dict(self.checkpoint.codec_config, self._codec_state)
+            self._encoder = enc.to(self.device, self.codec_dtype).eval().requires_grad_(False)
+        x = torch.as_tensor(np.asarray(audio, dtype=np.float32), device=self.device)
+        return self._encoder.encode(x).cpu().numpy()[0]

@@ -1,0 +1,134 @@
+"""One utterance: prefill, the frame loop to eos or the cap, then the codec (DESIGN.md pipeline).
+
+The engine is backend-agnostic: it owns the host-side state the graphs take as inputs (the noise
+stream and the RAS window) and the stop rule, exactly as the publisher's ``generate`` loop:
+frame t is sampled from the slow AR's output for column t-1, eos emits no frame and stops, and the
+RAS window skips the step-0 token (SPEC.md section 6).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .backends.torch import FrameResult
+from .config import ModelConfig
+from .graphs import SamplingParams
+from .sampling import NoiseSource, RasWindow
+
+
+class EngineError(ValueError):
+    """An utterance that cannot be generated as asked (it does not fit the context)."""
+
+
+class Backend(Protocol):
+    """What the engine needs from a backend (torch today, Core AI next)."""
+
+    cfg: ModelConfig
+
+    def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def first_frame(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray,
+                    noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult: ...
+
+    def frame(self, params: SamplingParams, column: np.ndarray, pos: int, noise_slow: np.ndarray,
+              window: np.ndarray, noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult: ...
+
+    def decode_window(self, codes: np.ndarray) -> np.ndarray: ...
+
+
+class NoiseLike(Protocol):
+    def next_frame(self) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@dataclass
+class Generation:
+    """What one frame loop produced.
+
+    ``codes`` int64 [num_codebooks, T] (T frames of 2048 samples), ``reached_eos`` False when the loop
+    stopped at the frame cap, ``prompt_length`` in columns, times in seconds.
+    """
+
+    codes: np.ndarray
+    reached_eos: bool
+    prompt_length: int
+    max_frames: int
+    prefill_s: float = 0.0
+    frames_s: float = 0.0
+    frame_results: list[FrameResult] = field(default_factory=list, repr=False)
+
+    @property
+    def frames(self) -> int:
+        return int(self.codes.shape[1])
+
+
+def frame_budget(cfg: ModelConfig, prompt_length: int, max_frames: int | None, default_frames: int) -> int:
+    """How many frames may follow a prompt of ``prompt_length`` columns.
+
+    The publisher requires prompt length < max_seq_len and clips max_new_tokens to what is left. An
+    explicit ``max_frames`` that does not fit is an error rather than a silent clip; the default is
+    clipped like the publisher's (the engine then reports a stop at the cap).
+    Raises EngineError with the numbers.
+    """
+    room = cfg.max_seq_len - prompt_length
+    if room < 1:
+        raise EngineError(
+            f"the prompt is {prompt_length} tokens but the model's context is {cfg.max_seq_len} "
+            "(prompt + frames); shorten the text (or the voice's reference clip)")
+    if max_frames is None:
+        return min(default_frames, room)
+    if max_frames < 1:
+        raise EngineError(f"max frames must be >= 1, got {max_frames}")
+    if max_frames > room:
+        raise EngineError(
+            f"the prompt is {prompt_length} tokens, so at most {room} frames fit the model's context of "
+            f"{cfg.max_seq_len}; asked for {max_frames}: lower --max-frames or shorten the text")
+    return max_frames
+
+
+def generate(backend: Backend, prompt: np.ndarray, params: SamplingParams, seed: int, max_frames: int,
+             on_frame: Callable[[int], None] | None = None, keep_results: bool = False,
+             noise: NoiseLike | None = None) -> Generation:
+    """Run the frame loop for ``prompt`` int [1+C, P] until eos or ``max_frames`` frames.
+
+    Noise comes from ``NoiseSource(seed)`` (one [2, V+1] and one [C-1, codebook_size] uniform draw per
+    step, eos step included), so the same seed gives the same codes. ``on_frame(t)`` is called after
+    every step (progress bars). ``keep_results`` keeps every :class:`FrameResult` (parity, gate).
+    ``noise`` replaces the seeded source (parity replays recorded uniforms).
+    """
+    cfg = backend.cfg
+    if prompt.shape[1] + max_frames > cfg.max_seq_len:
+        raise EngineError(f"prompt {prompt.shape[1]} + {max_frames} frames exceeds the context {cfg.max_seq_len}")
+    if noise is None:
+        noise = NoiseSource(seed, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
+    window = RasWindow(cfg.ras_window_size)
+    p_len = prompt.shape[1]
+    t0 = time.perf_counter()
+    backend.prefill(prompt)
+    t1 = time.perf_counter()
+    frames: list[np.ndarray] = []
+    results: list[FrameResult] = []
+    reached_eos = False
+    column = None
+    for step in range(max_frames):
+        noise_slow, noise_fast = noise.next_frame()
+        if column is None:
+            res = backend.first_frame(params, noise_slow, window.current()[0], noise_fast)
+        else:
+            res = backend.frame(params, column, p_len + step - 1, noise_slow, window.current()[0], noise_fast)
+        if keep_results:
+            results.append(res)
+        if on_frame is not None:
+            on_frame(step)
+        if res.semantic == cfg.eos_token_id:
+            reached_eos = True
+            break
+        frames.append(res.codes)
+        window.push(res.semantic)
+        column = np.concatenate([[res.semantic], res.codes])
+    codes = np.stack(frames, axis=1) if frames else np.zeros((cfg.num_codebooks, 0), dtype=np.int64)
+    return Generation(codes, reached_eos, p_len, max_frames, t1 - t0, time.perf_counter() - t1, results)

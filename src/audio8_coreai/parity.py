@@ -1,0 +1,276 @@
+"""Replay an oracle fixture (recorded from the publisher's code) through a backend and measure the port.
+
+Three stages per scenario (oracle README, "What matches means"):
+1. teacher-forced on the recorded columns: max |logit diff| (slow and fast), argmax agreement, and
+   whether the in-graph sampler draws what the publisher drew from the recorded uniforms;
+2. free run with the recorded uniforms: identical codes frame for frame and eos at the same step;
+3. codec: max |waveform diff| and the recorded intermediates.
+fp32 passes when every logit is within ``tolerance`` (1e-4) and every draw, code and eos step is equal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .backends.torch import FrameResult, TorchBackend
+from .engine import generate
+from .graphs import FirstFrame, SamplingParams
+from .model.layers import causal_cache_mask
+
+TOLERANCE = 1e-4
+SCENARIOS = ("plain", "greedy", "clone", "batch")
+CODEC_SCENARIOS = ("plain", "greedy", "batch", "clone", "codec_clamp")
+
+
+class ParityError(ValueError):
+    """The fixture file is missing, unreadable or was recorded for another checkpoint."""
+
+
+@dataclass
+class ScenarioReport:
+    """Agreement for one scenario; counts are (agreeing, total)."""
+
+    name: str
+    steps: int
+    slow_logits_max_diff: float = 0.0
+    fast_logits_max_diff: float = 0.0
+    slow_argmax: tuple[int, int] = (0, 0)
+    semantic_draws: tuple[int, int] = (0, 0)
+    codebook_draws: tuple[int, int] = (0, 0)
+    free_run_identical: bool | None = None
+    free_run_frames: int | None = None
+    free_run_expected_frames: int | None = None
+    free_run_eos: bool | None = None
+    free_run_expected_eos: bool | None = None
+
+
+@dataclass
+class CodecReport:
+    name: str
+    waveform_max_diff: float
+    intermediates_max_diff: dict[str, float]
+
+
+@dataclass
+class ParityReport:
+    """The whole replay; ``passed`` is the fp32 criterion (exact draws, logits within tolerance)."""
+
+    fixture: str
+    backend: str
+    tolerance: float
+    scenarios: list[ScenarioReport] = field(default_factory=list)
+    codec: list[CodecReport] = field(default_factory=list)
+
+    def totals(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for key in ("slow_argmax", "semantic_draws", "codebook_draws"):
+            out[key] = (sum(getattr(s, key)[0] for s in self.scenarios), sum(getattr(s, key)[1] for s in self.scenarios))
+        return out
+
+    @property
+    def passed(self) -> bool:
+        t = self.tolerance
+        for s in self.scenarios:
+            if s.slow_logits_max_diff > t or s.fast_logits_max_diff > t:
+                return False
+            for a, n in (s.slow_argmax, s.semantic_draws, s.codebook_draws):
+                if a != n:
+                    return False
+            if s.free_run_identical is False:
+                return False
+        return all(c.waveform_max_diff <= t and max(c.intermediates_max_diff.values(), default=0) <= t
+                   for c in self.codec)
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "totals": self.totals(), "passed": self.passed}, indent=2)
+
+
+def load_fixture(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
+    """Read ``fixture.npz`` -> (arrays by key, meta dict). Raises ParityError with what to do."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParityError(f"fixture not found: {path} (give the fixture.npz of an oracle folder)")
+    try:
+        with np.load(path) as f:
+            arrays = {k: f[k] for k in f.files}
+        meta = json.loads(str(arrays["meta_json"]))
+    except Exception as e:  # a corrupt npz raises zipfile/pickle/value errors alike
+        raise ParityError(f"cannot read fixture {path}: {e}") from e
+    return arrays, meta
+
+
+class _RecordedNoise:
+    """Replays a scenario's recorded uniforms (item 0) in NoiseSource's interface."""
+
+    def __init__(self, fx: dict[str, np.ndarray], sc: str, num_semantic: int, codebook_size: int, num_fast: int):
+        self.fx, self.sc, self.step = fx, sc, 0
+        self.shapes = ((2, num_semantic + 1), (num_fast, codebook_size))
+
+    def next_frame(self) -> tuple[np.ndarray, np.ndarray]:
+        s, self.step = self.step, self.step + 1
+        return _step_noise(self.fx, self.sc, s, 0, self.shapes)
+
+
+def _step_noise(fx, sc, s, b, shapes):
+    key = f"{sc}__sem_regular_uniform_compact"
+    if key not in fx or s >= fx[key].shape[0]:  # greedy draws ignore noise; past the recording: neutral
+        return np.full(shapes[0], 0.5, np.float32), np.full(shapes[1], 0.5, np.float32)
+    slow = np.stack([fx[key][s, b], fx[f"{sc}__sem_ras_uniform_compact"][s, b]])
+    return slow.astype(np.float32), fx[f"{sc}__fast_uniform"][s, :, b].astype(np.float32)
+
+
+def _params(meta: dict, sc: str, backend: TorchBackend) -> SamplingParams:
+    info = meta["scenarios"][sc]
+    extra = info.get("extra", {})
+    cfg = backend.cfg
+    return SamplingParams(temperature=extra.get("temperature", 0.7), top_k=extra.get("top_k", 50),
+                          top_p=extra.get("top_p", 0.9), do_sample=info["do_sample"],
+                          ras_temperature=cfg.ras_temperature, ras_top_p=cfg.ras_top_p)
+
+
+def _compare_frame(rep: ScenarioReport, fx, sc, s, b, res: FrameResult, do_sample: bool) -> None:
+    rec_logits = fx[f"{sc}__slow_logits_compact"][s, b]
+    rep.slow_logits_max_diff = max(rep.slow_logits_max_diff, float(np.abs(res.logits - rec_logits).max()))
+    rep.slow_argmax = _add(rep.slow_argmax, int(np.argmax(res.logits) == np.argmax(rec_logits)))
+    rec_fast = fx[f"{sc}__fast_logits"][s, :, b]
+    rep.fast_logits_max_diff = max(rep.fast_logits_max_diff, float(np.abs(res.fast_logits - rec_fast).max()))
+    rep.semantic_draws = _add(rep.semantic_draws, int(res.sampled_semantic == fx[f"{sc}__semantic"][s, b]))
+    want = fx[f"{sc}__fast_choice"][s, :, b] if do_sample else fx[f"{sc}__codebooks"][s, b, 1:]
+    agree = int((res.sampled_codes[1:] == want).sum())
+    rep.codebook_draws = (rep.codebook_draws[0] + agree, rep.codebook_draws[1] + len(want))
+
+
+def _add(pair: tuple[int, int], ok: int) -> tuple[int, int]:
+    return pair[0] + ok, pair[1] + 1
+
+
+def _forced(fx, sc, s, b) -> np.ndarray:
+    return np.concatenate([[fx[f"{sc}__semantic"][s, b]], fx[f"{sc}__codebooks"][s, b]]).astype(np.int64)
+
+
+def replay_single(backend: TorchBackend, fx: dict, meta: dict, sc: str) -> ScenarioReport:
+    """Teacher-forced and free-run replay of a batch-1 scenario through the backend's public calls."""
+    cfg = backend.cfg
+    params = _params(meta, sc, backend)
+    steps = int(fx[f"{sc}__num_steps"])
+    rep = ScenarioReport(sc, steps)
+    prompt = fx[f"{sc}__prompt_input_ids"][0]
+    shapes = ((2, cfg.num_semantic + 1), (cfg.num_codebooks - 1, cfg.codebook_size))
+    backend.prefill(prompt)
+    for s in range(steps):
+        noise_slow, noise_fast = _step_noise(fx, sc, s, 0, shapes)
+        window = fx[f"{sc}__ras_previous"][s, 0]
+        forced = _forced(fx, sc, s, 0)
+        if s == 0:
+            res = backend.first_frame(params, noise_slow, window, noise_fast, forced)
+        else:
+            column = fx[f"{sc}__step_input_column"][s - 1, 0]
+            pos = int(fx[f"{sc}__step_physical_position"][s - 1, 0])
+            res = backend.frame(params, column, pos, noise_slow, window, noise_fast, forced)
+        _compare_frame(rep, fx, sc, s, 0, res, params.do_sample)
+    # Free run: the engine's own loop, fed the recorded uniforms.
+    max_new = int(meta["scenarios"][sc]["max_new_tokens"])
+    noise = _RecordedNoise(fx, sc, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
+    gen = generate(backend, prompt, params, seed=0, max_frames=max_new, noise=noise)
+    want = fx[f"{sc}__codes"][0]
+    n_want = int(fx[f"{sc}__code_lengths"][0])
+    rep.free_run_frames, rep.free_run_expected_frames = gen.frames, n_want
+    rep.free_run_eos, rep.free_run_expected_eos = gen.reached_eos, bool(fx[f"{sc}__finished"][0])
+    rep.free_run_identical = (gen.frames == n_want and gen.reached_eos == rep.free_run_expected_eos
+                              and np.array_equal(gen.codes, want[:, :n_want]))
+    return rep
+
+
+@torch.inference_mode()
+def replay_batch(backend: TorchBackend, fx: dict, meta: dict, sc: str = "batch") -> ScenarioReport:
+    """Teacher-forced replay of a left-padded batch: per-item RoPE positions and key masks as recorded.
+
+    The publisher's batched prefill gives pad positions RoPE position 0 and hides them from every
+    query; decode steps write slot ``prompt_width + s`` with RoPE position ``prompt_length_b + s``.
+    """
+    model, cfg, dev = backend.model, backend.cfg, backend.device
+    params = _params(meta, sc, backend)
+    ids = torch.as_tensor(fx[f"{sc}__prompt_input_ids"], device=dev)
+    b, _, p = ids.shape
+    k, v = model.new_kv_cache(batch=b)
+    length = k.shape[3]
+    key_valid = torch.zeros(b, length, dtype=torch.bool, device=dev)
+    key_valid[:, :p] = torch.as_tensor(fx[f"{sc}__prompt_attention_mask"], device=dev).bool()
+    mask = causal_cache_mask(torch.tensor([0], device=dev), p, length) & key_valid[:, None, None, :]
+    rope = torch.as_tensor(fx[f"{sc}__prompt_position_ids"], device=dev)
+    logits, hidden = model.slow(ids, rope, torch.arange(p, device=dev), mask, k, v)
+    logits, hidden = logits[:, -1], hidden[:, -1]
+    steps = int(fx[f"{sc}__num_steps"])
+    rep = ScenarioReport(sc, steps)
+    sample = FirstFrame(model, params)
+    shapes = ((2, cfg.num_semantic + 1), (cfg.num_codebooks - 1, cfg.codebook_size))
+    for s in range(steps):
+        if s > 0:
+            col = torch.as_tensor(fx[f"{sc}__step_input_column"][s - 1], device=dev)[:, :, None]
+            slot = torch.as_tensor(fx[f"{sc}__step_physical_position"][s - 1], device=dev)
+            key_valid[:, int(slot[0])] = torch.as_tensor(fx[f"{sc}__step_attention_mask_last"][s - 1], device=dev).bool()
+            mask = causal_cache_mask(slot, 1, length) & key_valid[:, None, None, :]
+            rope = torch.as_tensor(fx[f"{sc}__step_token_position"][s - 1], device=dev)[:, None]
+            logits, hidden = model.slow(col, rope, slot, mask, k, v)
+            logits, hidden = logits[:, -1], hidden[:, -1]
+        noises = [_step_noise(fx, sc, s, i, shapes) for i in range(b)]
+        forced = torch.as_tensor(np.stack([_forced(fx, sc, s, i) for i in range(b)]), device=dev)
+        out = sample(logits, hidden,
+                     torch.as_tensor(np.stack([n[0] for n in noises]), device=dev),
+                     torch.as_tensor(fx[f"{sc}__ras_previous"][s], device=dev),
+                     torch.as_tensor(np.stack([n[1] for n in noises]), device=dev),
+                     forced, torch.ones(b, device=dev))
+        for i in range(b):
+            res = FrameResult(int(out[0][i]), out[1][i].cpu().numpy(), logits[i].float().cpu().numpy(),
+                              hidden[i].float().cpu().numpy(), out[2][i].float().cpu().numpy(),
+                              int(out[3][i]), out[4][i].cpu().numpy())
+            _compare_frame(rep, fx, sc, s, i, res, params.do_sample)
+    return rep
+
+
+@torch.inference_mode()
+def replay_codec(backend: TorchBackend, fx: dict, sc: str) -> list[CodecReport]:
+    """Decode each item's recorded codes (valid prefix) and compare waveform and intermediates."""
+    codes = fx[f"{sc}__codes_in"] if sc == "codec_clamp" else fx[f"{sc}__codes"]
+    lengths = fx[f"{sc}__decode_lengths"]
+    hop = backend.checkpoint.codec_config.frame_length
+    out = []
+    for i in range(codes.shape[0]):
+        n = int(lengths[i]) // hop
+        t = torch.as_tensor(codes[i:i + 1, :, :n], device=backend.device)
+        inter = backend.decoder.intermediates(t)
+        wave = inter.pop("waveform")[0].float().cpu().numpy()
+        diffs = {name: float(np.abs(val.float().cpu().numpy() - fx[f"{sc}__decode_item{i}_{name}"]).max())
+                 for name, val in inter.items()}
+        out.append(CodecReport(f"{sc}[{i}]", float(np.abs(wave - fx[f"{sc}__decode_waveform"][i, :n * hop]).max()),
+                               diffs))
+    return out
+
+
+def run_parity(backend: TorchBackend, fixture_path: str | Path, tolerance: float = TOLERANCE) -> ParityReport:
+    """Every scenario of an oracle fixture through ``backend``; see the module docstring.
+
+    Raises ParityError when the fixture does not belong to the backend's checkpoint (other sizes).
+    """
+    fx, meta = load_fixture(fixture_path)
+    cfg = backend.cfg
+    rec_v = fx["plain__slow_logits_compact"].shape[-1] if "plain__slow_logits_compact" in fx else None
+    if rec_v != cfg.num_semantic + 1 or meta.get("config", {}).get("dim") != cfg.dim:
+        raise ParityError(f"fixture {fixture_path} was recorded for another checkpoint (compact head {rec_v}, "
+                          f"dim {meta.get('config', {}).get('dim')}; this model: {cfg.num_semantic + 1}, "
+                          f"{cfg.dim}); use the fixture of the checkpoint given with --model")
+    report = ParityReport(str(fixture_path), backend.description, tolerance)
+    for sc in SCENARIOS:
+        if f"{sc}__num_steps" not in fx:
+            continue
+        report.scenarios.append(replay_batch(backend, fx, meta, sc) if fx[f"{sc}__prompt_input_ids"].shape[0] > 1
+                                else replay_single(backend, fx, meta, sc))
+    for sc in CODEC_SCENARIOS:
+        if f"{sc}__decode_waveform" in fx:
+            report.codec.extend(replay_codec(backend, fx, sc))
+    return report
