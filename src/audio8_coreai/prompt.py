@@ -1,0 +1,201 @@
+"""Text cleaning and the [num_codebooks + 1, P] prompt (SPEC.md section 5).
+
+The publisher's ``ArkttsProcessor`` + ``_prepare_prompt`` build a chat-style prompt: a system turn
+("convert the provided text to speech", optionally with a reference clip's transcript and codes), a user
+turn with the target text, and ``<|im_start|>assistant\\n<|voice|>`` after which frames are generated.
+Row 0 holds token ids; rows 1..num_codebooks hold the reference clip's codebooks under its semantic ids and
+zero elsewhere. Each template segment is tokenized on its own, so BPE merges never cross segment borders
+(joining "test." with "\\n\\nSpeech:\\n" would give a different id for ".\\n\\n").
+
+Ids are taken from the tokenizer and the checkpoint's config, so the same builder serves the real 0.6b
+checkpoint and the tiny one.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from audio8_coreai.config import ModelConfig
+from audio8_coreai.tokenizer import IM_END, IM_START, VOICE
+
+# Template segments, verbatim from the publisher's processor (SPEC.md section 5).
+SYSTEM_OPEN = "<|im_start|>system\n"
+PLAIN_INSTRUCTION = "convert the provided text to speech"
+CLONE_INSTRUCTION = "convert the provided text to speech reference to the following:\n\nText:\n"
+CLONE_SPEECH = "\n\nSpeech:\n"
+TURN_END = "<|im_end|>\n"
+USER_OPEN = "<|im_start|>user\n"
+ASSISTANT_VOICE = "<|im_start|>assistant\n<|voice|>"
+
+# A transcript that names its speaker keeps that tag; otherwise speaker 0 is prepended (SPEC.md section 5).
+# ``\d`` as in the publisher's Python regex (Unicode decimal digits).
+SPEAKER_TAG = re.compile(r"<\|speaker:\d+\|>")
+DEFAULT_SPEAKER = "<|speaker:0|>"
+
+
+class PromptError(ValueError):
+    """The text, reference or prompt length cannot make a valid prompt; the message says what to change."""
+
+
+def clean_text(text: str) -> str:
+    """The publisher's HF processor cleaning: strip, and fold every Unicode whitespace run to one space.
+
+    Nothing else: no case folding, number expansion or control-character removal (the publisher's ONNX,
+    Candle and JS runtimes do more; SPEC.md section 11). "你好\\n世界" becomes "你好 世界".
+    """
+    return " ".join(text.split())
+
+
+def check_text(text: str, what: str = "text") -> str:
+    """Clean the text to speak and reject what cannot be spoken; returns the cleaned text.
+
+    The publisher rejects only an empty text after cleaning. We also reject text without a single letter
+    or digit (punctuation, symbols or emoji only, e.g. "...!!" or "—"): the model has nothing to read
+    and babbles or stops at once. This stricter rule is ours.
+    """
+    if not isinstance(text, str):
+        raise PromptError(f"{what} must be a string, got {type(text).__name__}")
+    cleaned = clean_text(text)
+    if not cleaned:
+        raise PromptError(f"{what} is empty (or only whitespace): give the words to speak")
+    if not any(unicodedata.category(c)[0] in "LN" for c in cleaned):
+        raise PromptError(f"{what} {cleaned!r} has no letters or digits (only punctuation or symbols): "
+                          "there is nothing to speak; give at least one word")
+    return cleaned
+
+
+class PromptBuilder:
+    """Builds plain and voice-clone prompts for one tokenizer and checkpoint config.
+
+    The special ids are looked up by their strings in the tokenizer, and the config's eos must be
+    ``<|im_end|>``'s id: generation stops on it, so a tokenizer/checkpoint mismatch is caught here.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, config: ModelConfig):
+        self.tokenizer = tokenizer
+        self.config = config
+        ids = {}
+        for token in (IM_START, IM_END, VOICE):
+            token_id = tokenizer.token_to_id(token)
+            if token_id is None:
+                raise PromptError(f"the tokenizer has no {token} token: it is not an Audio8 tokenizer "
+                                  "(expected the checkpoint's tokenizer.json)")
+            if not 0 <= token_id < config.vocab_size:
+                raise PromptError(f"{token} is id {token_id}, outside the model's vocab_size "
+                                  f"{config.vocab_size}: the tokenizer does not belong to this checkpoint")
+            ids[token] = token_id
+        if config.eos_token_id != ids[IM_END]:
+            raise PromptError(f"config eos_token_id {config.eos_token_id} is not the tokenizer's {IM_END} id "
+                              f"{ids[IM_END]}: the tokenizer does not belong to this checkpoint")
+        self.voice_id = ids[VOICE]
+        # The template segments never change; tokenize them once.
+        self._system_open = self.encode(SYSTEM_OPEN)
+        self._plain_instruction = self.encode(PLAIN_INSTRUCTION)
+        self._clone_instruction = self.encode(CLONE_INSTRUCTION)
+        self._clone_speech = self.encode(CLONE_SPEECH)
+        self._turn_end = self.encode(TURN_END)
+        self._user_open = self.encode(USER_OPEN)
+        self._assistant_voice = self.encode(ASSISTANT_VOICE)
+
+    def encode(self, segment: str) -> list[int]:
+        """Token ids of one segment, nothing added around it.
+
+        Special-token strings inside the segment are encoded as the specials, as the publisher's processor
+        does (``allowed_special="all"``): a literal ``<|im_end|>`` in user text ends the turn.
+        """
+        ids = self.tokenizer.encode(segment, add_special_tokens=False).ids
+        too_big = [i for i in ids if i >= self.config.vocab_size]
+        if too_big:
+            raise PromptError(f"the tokenizer produced ids {too_big[:5]} >= vocab_size {self.config.vocab_size}: "
+                              "it does not belong to this checkpoint")
+        return ids
+
+    def _suffix(self, target_ids: list[int]) -> list[int]:
+        # The user turn and the assistant opening shared by both prompt kinds (SPEC.md section 5, steps 3-7).
+        return self._turn_end + self._user_open + target_ids + self._turn_end + self._assistant_voice
+
+    def plain(self, text: str) -> np.ndarray:
+        """The plain TTS prompt for ``text``: int64 ``[num_codebooks + 1, P]``, rows 1.. all zero.
+
+        Raises :class:`PromptError` for empty or unspeakable text (:func:`check_text`) or a prompt that
+        leaves no room for a frame in ``max_seq_len``.
+        """
+        target_ids = self.encode(check_text(text))
+        row0 = self._system_open + self._plain_instruction + self._suffix(target_ids)
+        prompt = np.zeros((self.config.num_codebooks + 1, len(row0)), dtype=np.int64)
+        prompt[0] = row0
+        self.check_fits(prompt.shape[1], what=f"text of {len(target_ids)} tokens")
+        return prompt
+
+    def clone(self, text: str, ref_text: str, ref_codes: np.ndarray) -> np.ndarray:
+        """The voice-clone prompt: int64 ``[num_codebooks + 1, P]`` with the reference inside the system turn.
+
+        ``ref_text`` is the reference clip's transcript (cleaned; ``<|speaker:0|>`` prepended unless it has a
+        ``<|speaker:N|>`` tag). ``ref_codes`` is the clip's codes, integer ``[num_codebooks, T]``, every value
+        in ``[0, codebook_size)`` (the publisher's check, residual rows included). Row 0 holds
+        ``semantic_begin_id + ref_codes[0]`` under the T reference columns and rows 1.. hold ``ref_codes``
+        there; everything else in rows 1.. is zero.
+        """
+        target_ids = self.encode(check_text(text))
+        if not isinstance(ref_text, str):
+            raise PromptError(f"reference text must be a string, got {type(ref_text).__name__}")
+        transcript = clean_text(ref_text)
+        # The publisher requires a transcript for cloning; an empty one is certainly a mistake.
+        if not transcript:
+            raise PromptError("reference text is empty: voice cloning needs the transcript of the reference clip")
+        if not SPEAKER_TAG.search(transcript):
+            transcript = DEFAULT_SPEAKER + transcript
+        codes = self._check_codes(ref_codes)
+        prefix = self._system_open + self._clone_instruction + self.encode(transcript) + self._clone_speech
+        suffix = self._suffix(target_ids)
+        n_ref = codes.shape[1]
+        start = len(prefix)
+        prompt = np.zeros((self.config.num_codebooks + 1, start + n_ref + len(suffix)), dtype=np.int64)
+        prompt[0, :start] = prefix
+        prompt[0, start:start + n_ref] = codes[0] + self.config.semantic_begin_id
+        prompt[0, start + n_ref:] = suffix
+        prompt[1:, start:start + n_ref] = codes
+        self.check_fits(prompt.shape[1], what=f"text of {len(target_ids)} tokens and a reference of "
+                                              f"{n_ref} frames")
+        return prompt
+
+    def _check_codes(self, ref_codes: np.ndarray) -> np.ndarray:
+        codes = np.asarray(ref_codes)
+        k, size = self.config.num_codebooks, self.config.codebook_size
+        if codes.ndim != 2 or codes.shape[0] != k:
+            raise PromptError(f"reference codes must have shape [{k}, frames], got {list(codes.shape)}")
+        if codes.shape[1] == 0:
+            raise PromptError("reference codes have no frames: the reference clip is empty")
+        if not np.issubdtype(codes.dtype, np.integer):
+            raise PromptError(f"reference codes must be integers, got dtype {codes.dtype}")
+        bad = (codes < 0) | (codes >= size)
+        if bad.any():
+            row, col = (int(x[0]) for x in np.nonzero(bad))
+            raise PromptError(f"reference code {int(codes[row, col])} at codebook {row}, frame {col} is outside "
+                              f"[0, {size}): the codes come from another codec or are corrupt")
+        return codes.astype(np.int64)
+
+    def check_fits(self, prompt_len: int, max_new_frames: int = 1, what: str = "") -> None:
+        """Raise :class:`PromptError` unless ``prompt_len + max_new_frames <= max_seq_len``.
+
+        The slow AR's KV cache and RoPE table hold ``max_seq_len`` positions for the prompt and the frames.
+        The publisher requires a prompt strictly shorter than ``max_seq_len`` (the default of one frame
+        checks exactly that) and clips its frame budget to ``max_seq_len - prompt_len``; callers that
+        prefer an error over a clipped utterance pass their ``max_new_frames``. ``what`` describes the
+        prompt's content for the message.
+        """
+        limit = self.config.max_seq_len
+        if prompt_len + max_new_frames <= limit:
+            return
+        content = f" ({what})" if what else ""
+        if prompt_len >= limit:
+            raise PromptError(f"the prompt is {prompt_len} tokens{content} but the model's context "
+                              f"(max_seq_len) is {limit}, which must also hold the generated frames: "
+                              "shorten the text (split it into sentences) or use a shorter reference clip")
+        raise PromptError(f"the prompt is {prompt_len} tokens{content}; with max_new_frames {max_new_frames} "
+                          f"that is {prompt_len + max_new_frames} positions, over max_seq_len {limit}: at most "
+                          f"{limit - prompt_len} frames fit, so lower max_new_frames or shorten the text")
