@@ -31,3 +31,19 @@ def fixture(oracle_dir: Path) -> dict[str, np.ndarray]:
     """The tiny fp32 recording (``fixture.npz``) as a dict of arrays, keys ``SCENARIO__NAME``."""
     with np.load(oracle_dir / "fixture.npz") as f:
         return {k: f[k] for k in f.files}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A project-made tiny checkpoint (random weights, publisher layout, byte-level tokenizer)."""
+    from audio8_coreai.checkpoint import make_checkpoint
+
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_tts(tiny_checkpoint):
+    """The tiny checkpoint loaded on the CPU in fp32."""
+    from audio8_coreai import TTS
+
+    return TTS.load(tiny_checkpoint, device="cpu")

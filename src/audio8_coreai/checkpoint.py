@@ -639,11 +639,12 @@ _TINY_CODEC_SPEC: dict[str, Any] = {
 
 # Random-init scales, from the oracle's meta.json (embed_std 0.3, linear_std 0.1, eos_boost 2.0, at dim 64).
 # Larger widths scale them by sqrt(64 / fan_in) so every width sees the oracle's activation and logit
-# statistics: soft attention, logits of std ~2.4, and eos (its embedding row scaled by EOS_BOOST, so its
-# logit has twice the spread of the others) drawn within a few dozen frames.
+# statistics: soft attention, logits of std ~2.4. The oracle boosted eos's embedding row 2x; here it is left
+# as any other row (EOS_BOOST 1.0) because 2x makes eos the first draw for most prompts on most seeds, and
+# tests need utterances that run for dozens of frames (eos still comes, after tens to hundreds of frames).
 _EMBED_STD = 0.3
 _LINEAR_STD = 0.1
-_EOS_BOOST = 2.0
+_EOS_BOOST = 1.0
 _REFERENCE_WIDTH = 64
 # Scale parameters (norm weights, Snake alpha, weight-norm g, layer-scale gamma) vary around their natural
 # value by this much, as in the oracle, so that no branch is an exact identity or no-op and a port that

@@ -1,0 +1,73 @@
+"""The Python API end to end on a project-made tiny checkpoint: determinism, no state leaks, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from audio8_coreai.config import ConfigError
+from audio8_coreai.engine import EngineError
+from audio8_coreai.prompt import PromptError
+
+TEXT = "The meeting has been moved to Thursday afternoon."
+
+
+def test_synthesize_shape_and_rate(tiny_tts):
+    audio, rate = tiny_tts.synthesize(TEXT, seed=1, max_frames=40)
+    out = tiny_tts.generate(TEXT, seed=1, max_frames=40)
+    assert rate == 44100
+    assert audio.dtype == np.float32 and audio.ndim == 1
+    assert out.frames > 0
+    assert audio.shape == (out.frames * 2048,)
+    assert out.codes.shape == (10, out.frames)
+    assert np.isfinite(audio).all() and np.abs(audio).max() <= 1.0
+
+
+def test_same_seed_same_audio_and_other_seed_differs(tiny_tts):
+    a = tiny_tts.generate(TEXT, seed=7, max_frames=40)
+    b = tiny_tts.generate(TEXT, seed=7, max_frames=40)
+    c = tiny_tts.generate(TEXT, seed=8, max_frames=40)
+    assert np.array_equal(a.codes, b.codes) and np.array_equal(a.audio, b.audio)
+    assert not np.array_equal(a.codes, c.codes)
+
+
+def test_no_state_leaks_between_utterances(tiny_tts):
+    fresh = tiny_tts.generate("A second, different sentence.", seed=3, max_frames=40)
+    tiny_tts.generate(TEXT + " " + TEXT, seed=4, max_frames=60)
+    after = tiny_tts.generate("A second, different sentence.", seed=3, max_frames=40)
+    assert np.array_equal(fresh.codes, after.codes)
+
+
+def test_frame_cap_is_reported(tiny_tts):
+    out = tiny_tts.generate(TEXT, seed=1, max_frames=3)
+    assert out.frames <= 3
+    assert out.reached_eos or out.frames == 3
+    assert out.max_frames == 3
+
+
+def test_codes_match_the_sampler_ranges(tiny_tts):
+    out = tiny_tts.generate(TEXT, seed=2, max_frames=40)
+    cfg = tiny_tts.config
+    assert ((out.codes >= 0) & (out.codes < cfg.codebook_size)).all()
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t ", "...!!", "—"])
+def test_unspeakable_text_is_refused(tiny_tts, text):
+    with pytest.raises(PromptError):
+        tiny_tts.generate(text, seed=0)
+
+
+def test_text_longer_than_the_context_is_refused_with_numbers(tiny_tts):
+    with pytest.raises(PromptError, match=r"512"):
+        tiny_tts.generate("word " * 600, seed=0)
+
+
+def test_explicit_frame_cap_beyond_the_context_is_refused(tiny_tts):
+    with pytest.raises(EngineError, match=r"at most \d+ frames"):
+        tiny_tts.generate(TEXT, seed=0, max_frames=10_000)
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": 0.0}, {"top_k": 0}, {"top_p": 1.5}, {"seed": -1}])
+def test_bad_sampling_settings(tiny_tts, kwargs):
+    with pytest.raises(ConfigError):
+        tiny_tts.generate(TEXT, **{"seed": 0, **kwargs})
