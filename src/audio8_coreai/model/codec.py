@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import CodecConfig
+from .layers import FeedForward, RMSNorm, apply_rope, rope_table
 
 RMS_NORM_EPS = 1e-5  # codec transformer RMSNorm (SPEC.md section 10, item 3)
 LAYER_NORM_EPS = 1e-6  # ConvNeXt LayerNorm
@@ -332,18 +333,6 @@ class _ConvNeXt(nn.Module):
 # Window transformer
 
 
-class _RMSNorm(nn.Module):
-    """RMSNorm computed in float32, cast back to the input dtype, *then* scaled by the weight."""
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_NORM_EPS)).type_as(x) * self.weight
-
-
 class _LayerScale(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
@@ -353,29 +342,10 @@ class _LayerScale(nn.Module):
         return x * self.gamma
 
 
-def _rope_table(positions: int, head_dim: int) -> Tensor:
-    """``[positions, head_dim / 2, 2]`` (cos, sin) of ``p * base^(-2i / head_dim)``, rounded to bf16 and
-    held in float32 (the publisher stores its tables in bf16 whatever the model dtype)."""
-    inv_freq = 1.0 / (ROPE_BASE ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim))
-    angles = torch.outer(torch.arange(positions, dtype=torch.float32, device="cpu"), inv_freq)
-    table = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
-    return table.to(torch.bfloat16).to(torch.float32)
-
-
 def _window_mask(positions: int, window: int) -> Tensor:
     """Bool ``[positions, positions]``: query ``i`` attends to key ``j`` iff ``i - window < j <= i``."""
     ones = torch.ones(positions, positions, dtype=torch.bool, device="cpu")
     return ones.tril() & ~ones.tril(-window)
-
-
-def _apply_rope(x: Tensor, table: Tensor) -> Tensor:
-    """Rotate adjacent pairs ``(2i, 2i+1)`` of ``x`` ``[B, L, H, D]`` by ``table`` ``[L, D/2, 2]`` in fp32."""
-    xp = x.float().reshape(*x.shape[:-1], -1, 2)
-    t = table.float().unsqueeze(1)  # [L, 1, D/2, 2]: broadcast over heads
-    cos, sin = t[..., 0], t[..., 1]
-    x0, x1 = xp[..., 0], xp[..., 1]
-    out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
-    return out.flatten(-2).type_as(x)
 
 
 class _Attention(nn.Module):
@@ -388,32 +358,19 @@ class _Attention(nn.Module):
 
     def forward(self, x: Tensor, rope: Tensor, mask: Tensor) -> Tensor:
         b, length, dim = x.shape
-        q, k, v = self.wqkv(x).view(b, length, 3, self.n_head, self.head_dim).unbind(2)
-        q, k = _apply_rope(q, rope), _apply_rope(k, rope)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        q, k, v = self.wqkv(x).view(b, length, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        rope = rope.unsqueeze(0)
+        y = F.scaled_dot_product_attention(apply_rope(q, rope), apply_rope(k, rope), v, attn_mask=mask)
         return self.wo(y.transpose(1, 2).reshape(b, length, dim))
-
-
-class _FeedForward(nn.Module):
-    """SwiGLU: ``w2(silu(w1 x) * w3 x)``, no biases."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class _TransformerLayer(nn.Module):
     def __init__(self, dim: int, head_dim: int, ffn: int):
         super().__init__()
         self.attention = _Attention(dim, head_dim)
-        self.feed_forward = _FeedForward(dim, ffn)
-        self.attention_norm = _RMSNorm(dim)
-        self.ffn_norm = _RMSNorm(dim)
+        self.feed_forward = FeedForward(dim, ffn)
+        self.attention_norm = RMSNorm(dim, RMS_NORM_EPS)
+        self.ffn_norm = RMSNorm(dim, RMS_NORM_EPS)
         self.attention_layer_scale = _LayerScale(dim)
         self.ffn_layer_scale = _LayerScale(dim)
 
@@ -433,8 +390,8 @@ class _WindowTransformer(nn.Module):
     def __init__(self, dim: int, n_layer: int, head_dim: int, ffn: int, window: int, max_positions: int):
         super().__init__()
         self.layers = nn.ModuleList(_TransformerLayer(dim, head_dim, ffn) for _ in range(n_layer))
-        self.norm = _RMSNorm(dim)
-        self.register_buffer("rope", _rope_table(max_positions, head_dim), persistent=False)
+        self.norm = RMSNorm(dim, RMS_NORM_EPS)
+        self.register_buffer("rope", rope_table(max_positions, head_dim, ROPE_BASE), persistent=False)
         self.register_buffer("mask", _window_mask(max_positions, window), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:

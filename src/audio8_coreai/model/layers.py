@@ -38,10 +38,11 @@ def rope_table(length: int, head_dim: int, base: float) -> Tensor:
     """RoPE (cos, sin) table float32 [length, head_dim // 2, 2], values rounded to bf16.
 
     Frequencies ``base^(-2i/head_dim)``; the publisher stores the table in bf16 whatever the model
-    dtype, so the rounding is part of the maths (exact angles move fp16 logits measurably).
+    dtype, so the rounding is part of the maths (exact angles move fp16 logits measurably). Always built
+    on the CPU (a constant, also when modules are constructed on the meta device).
     """
-    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32)[: head_dim // 2] / head_dim))
-    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv)
+    inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu")[: head_dim // 2] / head_dim))
+    angles = torch.outer(torch.arange(length, dtype=torch.float32, device="cpu"), inv)
     table = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
     return table.to(torch.bfloat16).to(torch.float32)
 
