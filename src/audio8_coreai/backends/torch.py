@@ -161,9 +161,15 @@ class TorchBackend:
 
     @torch.inference_mode()
     def decode_window(self, codes: np.ndarray) -> np.ndarray:
-        """Codec decode of codes int [C, T] -> float32 audio [T * frame_length] at 44.1 kHz."""
+        """Codec decode of codes int [C, T] -> float32 audio [T * frame_length] at 44.1 kHz.
+
+        The quantizer, window transformer and upsample run over the whole utterance (as the publisher's
+        decode); the SEANet decoder runs in exact causal chunks so long utterances stay small in memory.
+        """
+        dec = self.decoder
         t = torch.as_tensor(np.asarray(codes, dtype=np.int64), device=self.device)[None]
-        return self.decoder(t)[0].float().cpu().numpy()
+        latent = dec.upsample(dec.post_transform(dec.dequantize(t)))
+        return dec.synthesize_chunked(latent)[0].float().cpu().numpy()
 
     @torch.inference_mode()
     def encode(self, audio: np.ndarray) -> np.ndarray:
