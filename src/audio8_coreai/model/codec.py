@@ -433,7 +433,7 @@ class _VectorQuantizer(nn.Module):
         e = F.normalize(self.in_proj(z).transpose(1, 2), dim=-1)  # [B, T, d]
         cb = F.normalize(self.codebook.weight, dim=-1)  # [K, d]
         dist = e.pow(2).sum(-1, keepdim=True) - 2 * e @ cb.t() + cb.pow(2).sum(-1)
-        codes = dist.argmin(-1)
+        codes = (-dist).argmax(-1)  # = argmin (first of equals alike); coreai-torch lowers argmax only
         return codes, self.decode(codes)
 
 

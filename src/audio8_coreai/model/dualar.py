@@ -98,7 +98,7 @@ class SlowAR(nn.Module):
         Args:
             codes: int [B, 1 + num_codebooks, S] code columns.
             rope_pos: int64 [B, S] RoPE positions (the publisher's position ids).
-            slots: int64 [S] cache slots the columns are written to.
+            slots: int64 [S] cache slots the columns are written to; consecutive when ``kv_len`` is None.
             mask: bool [B or 1, 1, S, L], True where a query may attend a cache slot.
             k_cache, v_cache: [n_layer, B, n_kv, L, head_dim] state, written at ``slots``.
             kv_len: attend only slots [0, kv_len) (eager speed-up); None = all L (static graph).
@@ -107,8 +107,17 @@ class SlowAR(nn.Module):
         """
         x = self.embed(codes)
         rope = self.rope[rope_pos]
+        write: Tensor | int = slots
+        if kv_len is None:
+            # The static graph writes one slice from the first slot (see write_kv); the checks bound the
+            # traced start so torch.export accepts the slice.
+            write = slots[0].item()
+            torch._check(write >= 0)
+            torch._check(write + codes.shape[-1] <= k_cache.shape[3])
         for i, layer in enumerate(self.layers):
-            x = layer.forward_cached(x, rope, k_cache[i], v_cache[i], slots, mask, kv_len)
+            # A slice i:i+1, not an index: an in-place write through an indexed view exports as a masked
+            # copy of the whole state.
+            x = layer.forward_cached(x, rope, k_cache[i:i + 1], v_cache[i:i + 1], write, mask, kv_len)
         hidden = self.norm(x)
         return self.head(hidden), hidden
 

@@ -119,20 +119,20 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(dim, eps)
         self.ffn_norm = RMSNorm(dim, eps)
 
-    def forward_cached(self, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
+    def forward_cached(self, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor | int,
                        mask: Tensor, kv_len: int | None = None) -> Tensor:
-        """One block over ``x`` [B, S, dim] writing this layer's k/v at cache ``slots`` [S] (int64).
+        """One block over ``x`` [B, S, dim] writing this layer's k/v into the cache (see :func:`write_kv`).
 
-        ``k_cache``/``v_cache`` [B, n_kv, L, D] are this layer's views of the state and are written in
-        place; attention reads slots ``[0, kv_len)`` (all L when None, the static-graph form).
+        ``k_cache``/``v_cache`` [1, B, n_kv, L, D] are this layer's slice of the state and are written in
+        place at ``slots``; attention reads slots ``[0, kv_len)`` (all L when None, the static-graph form).
         """
         q, k, v = self.attention.qkv(self.attention_norm(x), rope)
-        k_cache.index_copy_(2, slots, k.to(k_cache.dtype))
-        v_cache.index_copy_(2, slots, v.to(v_cache.dtype))
+        write_kv(k_cache, k, slots)
+        write_kv(v_cache, v, slots)
         if kv_len is None:
-            keys, values, m = k_cache, v_cache, mask
+            keys, values, m = k_cache[0], v_cache[0], mask
         else:
-            keys, values, m = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], mask[..., :kv_len]
+            keys, values, m = k_cache[0, :, :, :kv_len], v_cache[0, :, :, :kv_len], mask[..., :kv_len]
         h = x + self.attention.attend(q, keys, values, m)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -149,6 +149,21 @@ class Block(nn.Module):
         past[:] = [k, v]
         h = x + self.attention.attend(q, k, v, None)
         return h + self.feed_forward(self.ffn_norm(h))
+
+
+def write_kv(cache: Tensor, new: Tensor, slots: Tensor | int) -> None:
+    """Write ``new`` [B, n_kv, S, D] into ``cache`` [1, B, n_kv, L, D] (one layer's slice) in place.
+
+    ``slots`` int64 [S]: any cache slots (``index_copy_``, the eager form). An int (or the SymInt of a
+    traced ``pos``): the first of S consecutive slots, written as one slice, which ``torch.export``
+    records as ``slice_scatter`` and coreai-torch lowers to an in-place ``slice_update`` of S rows (an
+    index write, or a write through an indexed layer view, becomes a copy of the whole state instead).
+    """
+    new = new.to(cache.dtype).unsqueeze(0)
+    if isinstance(slots, Tensor):
+        cache.index_copy_(3, slots, new)
+    else:
+        cache[:, :, :, slots:slots + new.shape[3]] = new
 
 
 def causal_cache_mask(first_slot: Tensor, width: int, cache_len: int) -> Tensor:
