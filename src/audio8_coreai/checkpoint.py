@@ -792,6 +792,8 @@ def make_checkpoint(out_dir: str | Path, size: Size = "tiny", seed: int = 0) -> 
         model = {name: _model_tensor(cfg, name, shape, _generator(seed, "model", name)).to(store)
                  for name, shape in dualar_param_shapes(cfg).items()}
         save_file(model, str(tmp / MODEL_FILE), metadata={"format": "pt"})
+        # safetensors creates its file 0600; give it the same (umask-derived) mode as the other files.
+        os.chmod(tmp / MODEL_FILE, (tmp / CONFIG_FILE).stat().st_mode & 0o777)
         del model
         torch.save(_codec_tensors_random(cc, seed), tmp / cfg.codec_filename)
 

@@ -1,0 +1,319 @@
+"""Finding, validating and loading checkpoints; writing random ones in the publisher's layout."""
+
+from __future__ import annotations
+
+import fractions
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from audio8_coreai.checkpoint import (
+    CheckpointError,
+    derive_codec_config,
+    load_checkpoint,
+    make_checkpoint,
+    resolve_checkpoint,
+)
+from audio8_coreai.config import CodecConfig
+from audio8_coreai.model.codec import CodecDecoder, codec_param_shapes
+from audio8_coreai.model.dualar import DualAR, dualar_param_shapes
+
+PUBLISHER_FILES = ("config.json", "generation_config.json", "model.safetensors", "codec.pth")
+
+
+def _copy(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> Path:
+    """A writable copy of a checkpoint folder, leaving out ``skip``."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.is_file() and f.name not in skip:
+            shutil.copyfile(f, dst / f.name)
+    return dst
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The oracle's checkpoint (the publisher's own files)
+
+
+def test_oracle_checkpoint_loads_and_matches_the_layout(oracle_dir):
+    ck = load_checkpoint(oracle_dir)
+    spec = json.loads((oracle_dir / "codec_spec.json").read_text())
+    assert ck.config.vocab_size == 560 and ck.config.eos_token_id == 2
+    assert ck.generation.temperature == 0.7 and ck.generation.max_new_tokens == 512
+    assert ck.codec_config == CodecConfig.from_spec(spec)
+    assert ck.tokenizer_dir is None  # the oracle carries no tokenizer
+    assert ck.codec_file.name == "codec.safetensors"  # preferred over the pickle
+
+    sd = ck.model_state_dict()
+    assert {k: tuple(v.shape) for k, v in sd.items()} == dualar_param_shapes(ck.config)
+    assert all(v.dtype == torch.float32 for v in sd.values())
+    assert all(v.dtype == torch.bfloat16 for v in ck.model_state_dict(torch.bfloat16).values())
+    codec = ck.codec_state_dict()
+    assert {k: tuple(v.shape) for k, v in codec.items()} == codec_param_shapes(ck.codec_config)
+
+
+def test_codec_pth_and_safetensors_hold_the_same_tensors(oracle_dir, tmp_path):
+    from_st = load_checkpoint(oracle_dir).codec_state_dict()
+    folder = _copy(oracle_dir, tmp_path / "pth_only", skip=("codec.safetensors", "fixture.npz"))
+    ck = load_checkpoint(folder)
+    assert ck.codec_file.name == "codec.pth"
+    from_pth = ck.codec_state_dict()
+    assert from_pth.keys() == from_st.keys()
+    assert all(torch.equal(from_pth[k], from_st[k]) for k in from_st)
+
+
+def test_codec_sizes_are_derived_from_tensor_shapes_without_a_spec(oracle_dir, tmp_path):
+    """A tiny codec without codec_spec.json still loads: its sizes come from the tensors."""
+    folder = _copy(oracle_dir, tmp_path / "no_spec", skip=("codec_spec.json", "codec.safetensors", "fixture.npz"))
+    expected = CodecConfig.from_spec(json.loads((oracle_dir / "codec_spec.json").read_text()))
+    assert load_checkpoint(folder).codec_config == expected
+    # codec=False does not read the codec: defaults first, derived once the codec is read.
+    lazy = load_checkpoint(folder, codec=False)
+    assert lazy.codec_config == CodecConfig()
+    lazy.codec_state_dict()
+    assert lazy.codec_config == expected
+
+
+def test_derived_codec_sizes_of_the_real_layout_are_the_defaults():
+    assert derive_codec_config(codec_param_shapes(CodecConfig())) == CodecConfig()
+
+
+# ----------------------------------------------------------------------------------------------------
+# make_checkpoint
+
+
+def test_make_tiny_writes_the_publisher_layout(tmp_path, oracle_dir):
+    path = make_checkpoint(tmp_path / "tiny", "tiny", seed=3)
+    names = {f.name for f in path.iterdir()}
+    assert names == {*PUBLISHER_FILES, "codec_spec.json", "tokenizer.json", "tokenizer_config.json"}
+    for name in ("config.json", "generation_config.json", "codec_spec.json"):  # byte for byte the oracle's
+        assert (path / name).read_bytes() == (oracle_dir / name).read_bytes(), name
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny"]  # no temporary folder left behind
+
+    ck = load_checkpoint(path)
+    assert ck.tokenizer_dir == path
+    assert all(t.dtype == torch.float32 for t in ck.model_state_dict().values())
+    # The codec file is a plain dict of tensors with both weight-norm flavours, loadable weights-only.
+    raw = torch.load(path / "codec.pth", weights_only=True)
+    assert list(raw) == list(codec_param_shapes(ck.codec_config))
+    assert any(k.endswith("parametrizations.weight.original0") for k in raw)
+    assert any(k.endswith("weight_g") for k in raw)
+
+
+def test_make_same_seed_same_bytes_other_seed_other_weights(tmp_path):
+    a = make_checkpoint(tmp_path / "a", "tiny", seed=7)
+    b = make_checkpoint(tmp_path / "b", "tiny", seed=7)
+    c = make_checkpoint(tmp_path / "c", "tiny", seed=8)
+    for name in ("model.safetensors", "codec.pth", "tokenizer.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
+    assert (a / "codec.pth").read_bytes() != (c / "codec.pth").read_bytes()
+    fa, fb, fc = (load_checkpoint(p).fingerprint() for p in (a, b, c))
+    assert fa == fb != fc and len(fa) == 64
+
+
+def test_made_weights_give_a_working_model(tiny_checkpoint):
+    """Finite logits with eos among the sampling candidates; codec audio finite, in [-1, 1], not clipped."""
+    ck = load_checkpoint(tiny_checkpoint)
+    cfg = ck.config
+    model = DualAR.from_state_dict(cfg, ck.model_state_dict())
+    g = torch.Generator().manual_seed(0)
+    n = 48
+    codes = torch.zeros(1, 1 + cfg.num_codebooks, n, dtype=torch.long)
+    codes[0, 1:] = torch.randint(0, cfg.codebook_size, (cfg.num_codebooks, n), generator=g)
+    codes[0, 0] = codes[0, 1] + cfg.semantic_begin_id
+    k, v = model.new_kv_cache(1, n)
+    pos = torch.arange(n)
+    mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
+    with torch.no_grad():
+        logits, hidden = model.slow(codes, pos[None], pos, mask, k, v)
+    assert torch.isfinite(logits).all() and torch.isfinite(hidden).all()
+    # eos is reachable: somewhere it ranks among the top-50 candidates the sampler draws from.
+    eos_rank = (logits[0] > logits[0, :, cfg.eos_index:]).sum(dim=-1)
+    assert (eos_rank < 50).any()
+
+    dec = CodecDecoder.from_state_dict(ck.codec_config, ck.codec_state_dict())
+    frames = torch.stack([torch.randint(0, ck.codec_config.semantic_codebook_size, (8,), generator=g)]
+                         + [torch.randint(0, ck.codec_config.residual_codebook_size, (8,), generator=g)
+                            for _ in range(ck.codec_config.residual_codebooks)])[None]
+    with torch.no_grad():
+        audio = dec(frames)
+    assert audio.shape == (1, 8 * 2048)
+    assert torch.isfinite(audio).all() and audio.abs().max() <= 1
+    assert 0.01 < audio.std().item() and (audio.abs() > 0.99).float().mean() < 0.01
+
+
+def test_make_refuses_a_non_empty_folder_and_accepts_an_empty_one(tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("data")
+    with pytest.raises(CheckpointError, match="not an empty folder"):
+        make_checkpoint(full, "tiny", seed=0)
+    assert [p.name for p in full.iterdir()] == ["keep.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert make_checkpoint(empty, "tiny", seed=0) == empty
+    with pytest.raises(CheckpointError, match="'tiny' or '0.6b'"):
+        make_checkpoint(tmp_path / "x", "7b", seed=0)  # type: ignore[arg-type]
+
+
+def test_interrupted_make_leaves_nothing(tmp_path, monkeypatch):
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        make_checkpoint(tmp_path / "ck", "tiny", seed=0)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------------------------------
+# Bad input: every failure is a CheckpointError naming the file
+
+
+def _drop_tensor(folder: Path) -> None:
+    sd = _tensors(folder / "model.safetensors")
+    del sd["layers.1.attention.wqkv.bias"]
+    save_file(sd, str(folder / "model.safetensors"))
+
+
+def _reshape_tensor(folder: Path) -> None:
+    sd = _tensors(folder / "model.safetensors")
+    sd["norm.weight"] = torch.ones(63)
+    save_file(sd, str(folder / "model.safetensors"))
+
+
+def _extra_tensor(folder: Path) -> None:
+    sd = _tensors(folder / "model.safetensors")
+    sd["lm_head.weight"] = torch.zeros(4, 64)
+    save_file(sd, str(folder / "model.safetensors"))
+
+
+def _int_tensor(folder: Path) -> None:
+    sd = _tensors(folder / "model.safetensors")
+    sd["norm.weight"] = torch.ones(64, dtype=torch.int32)
+    save_file(sd, str(folder / "model.safetensors"))
+
+
+def _truncate(folder: Path, name: str) -> None:
+    data = (folder / name).read_bytes()
+    (folder / name).write_bytes(data[: len(data) // 2])
+
+
+def _codec_needing_unpickle(folder: Path) -> None:
+    sd = torch.load(folder / "codec.pth", weights_only=True)
+    sd["note"] = fractions.Fraction(1, 3)  # any object beyond tensors and plain containers
+    torch.save(sd, folder / "codec.pth")
+
+
+def _codec_missing_tensor(folder: Path) -> None:
+    sd = torch.load(folder / "codec.pth", weights_only=True)
+    del sd["decoder.model.0.conv.bias"]
+    torch.save(sd, folder / "codec.pth")
+
+
+def _codec_spec_disagrees(folder: Path) -> None:
+    spec = json.loads((folder / "codec_spec.json").read_text())
+    spec["decoder_channels"] = 256
+    (folder / "codec_spec.json").write_text(json.dumps(spec))
+
+
+def _config(folder: Path, **changes) -> None:
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+BAD = {
+    "missing config": (lambda f: (f / "config.json").unlink(), "config.json", "must hold"),
+    "config not json": (lambda f: (f / "config.json").write_text("{not json"), "config.json", "not valid JSON"),
+    "wrong model_type": (lambda f: _config(f, model_type="qwen2"), "config.json", "not an Audio8/arktts"),
+    "inconsistent config": (lambda f: _config(f, semantic_end_id=9999), "config.json", "vocab_size"),
+    "bad generation config": (lambda f: (f / "generation_config.json").write_text('{"temperature": 0}'),
+                              "generation_config.json", "temperature"),
+    "missing model": (lambda f: (f / "model.safetensors").unlink(), "model.safetensors", "must hold"),
+    "missing tensor": (_drop_tensor, "model.safetensors", "missing: layers.1.attention.wqkv.bias [128]"),
+    "wrong shape": (_reshape_tensor, "model.safetensors", "norm.weight has shape [63], expected [64]"),
+    "extra tensor": (_extra_tensor, "model.safetensors", "unexpected: lm_head.weight"),
+    "integer tensor": (_int_tensor, "model.safetensors", "dtype int32"),
+    "truncated model": (lambda f: _truncate(f, "model.safetensors"), "model.safetensors", "truncated or corrupt"),
+    "missing codec": (lambda f: (f / "codec.pth").unlink(), "codec.pth", "must hold"),
+    "corrupt codec": (lambda f: (f / "codec.pth").write_bytes(os.urandom(4096)), "codec.pth", "corrupt"),
+    "truncated codec": (lambda f: _truncate(f, "codec.pth"), "codec.pth", "corrupt or truncated"),
+    "codec needs unpickling": (_codec_needing_unpickle, "codec.pth", "needs full unpickling"),
+    "codec missing tensor": (_codec_missing_tensor, "codec.pth", "missing: decoder.model.0.conv.bias"),
+    "codec spec disagrees": (_codec_spec_disagrees, "codec.pth", "does not match codec_spec.json"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_checkpoint_is_a_clear_error(case, tiny_checkpoint, tmp_path):
+    damage, file, needle = BAD[case]
+    folder = _copy(tiny_checkpoint, tmp_path / "ck")
+    damage(folder)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(folder)
+    message = str(err.value)
+    assert file in message and needle in message, message
+
+
+def test_many_mismatches_are_counted_and_the_first_five_named(tiny_checkpoint, tmp_path):
+    folder = _copy(tiny_checkpoint, tmp_path / "ck")
+    sd = _tensors(folder / "model.safetensors")
+    save_file({k: v for k, v in sd.items() if not k.startswith("layers.")}, str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(folder)
+    missing = sum(k.startswith("layers.") for k in sd)
+    assert f"{missing} missing, 0 unexpected" in str(err.value)
+    assert f"(+{missing - 5} more)" in str(err.value)
+
+
+def test_paths_that_are_not_checkpoints(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint folder at .*not a hub id"):
+        resolve_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "file.bin").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="is a file"):
+        resolve_checkpoint(tmp_path / "file.bin")
+
+
+def test_hub_id_while_offline_says_what_a_local_folder_needs(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint("audio8-tests/not-a-cached-repo")
+    message = str(err.value)
+    assert "HF_HUB_OFFLINE" in message and "--model DIR" in message
+    assert all(name in message for name in ("config.json", "model.safetensors", "codec.pth", "tokenizer.json"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Partial loads and the fingerprint
+
+
+def test_config_and_tokenizer_only(tiny_checkpoint, tmp_path):
+    """The prompt command needs no weights: weights=False, codec=False read neither file."""
+    folder = _copy(tiny_checkpoint, tmp_path / "light", skip=("model.safetensors", "codec.pth"))
+    ck = load_checkpoint(folder, weights=False, codec=False)
+    assert ck.tokenizer_dir == folder and ck.config.vocab_size == 560
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        ck.model_state_dict()
+    with pytest.raises(CheckpointError, match="no codec.pth"):
+        ck.codec_state_dict()
+
+
+def test_fingerprint_follows_config_and_weights(tiny_checkpoint, tmp_path):
+    base = load_checkpoint(tiny_checkpoint).fingerprint()
+    assert load_checkpoint(tiny_checkpoint).fingerprint() == base
+    copy = _copy(tiny_checkpoint, tmp_path / "copy")
+    assert load_checkpoint(copy).fingerprint() == base  # content, not location
+    _config(copy, ras_top_p=0.8)
+    assert load_checkpoint(copy).fingerprint() != base
