@@ -33,6 +33,15 @@ def fixture(oracle_dir: Path) -> dict[str, np.ndarray]:
         return {k: f[k] for k in f.files}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_user_data(tmp_path_factory):
+    """Point the per-user data folder (the default voice store, via platformdirs) at a temporary one, so no
+    test reads or writes the real user's voices."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("user_data")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A project-made tiny checkpoint (random weights, publisher layout, byte-level tokenizer)."""

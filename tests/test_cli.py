@@ -78,6 +78,7 @@ def test_parity_command_passes_on_the_oracle(oracle_dir):
     result = run("parity", "--model", oracle_dir, "--fixture", oracle_dir / "fixture.npz")
     assert result.exit_code == 0, result.output
     assert "PASS" in result.output
+    assert re.search(r"encoder clone\[0\] +codes 110/110 equal", result.output)
 
 
 def test_make_checkpoint_refuses_a_non_empty_folder(tmp_path):
@@ -124,3 +125,73 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
     assert "error:" in result.output
     assert needle in result.output
     assert not (tmp_path / "o.wav").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Voices
+
+
+def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(tiny_checkpoint, tmp_path):
+    import clips
+
+    voices = tmp_path / "my voices"
+    clip = clips.write(tmp_path / "clips dir" / "bob é.wav", clips.sweep(8000, 0.75), 8000)
+    result = run("voice", "add", "Bob 1", "--audio", clip, "--text", "Hi, I am Bob.", "--model", tiny_checkpoint,
+                 "--voices", voices, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())  # rich wraps at 80 columns
+    assert "warning:" in said and "sampled at 8000 Hz" in said
+    assert "17 frames" in said and (voices / "Bob 1.npz").is_file()
+    listed = run("voice", "list", "--voices", voices)
+    assert listed.exit_code == 0 and "Bob 1" in listed.output and "Hi, I am Bob." in listed.output
+    shown = run("voice", "show", "Bob 1", "--voices", voices, "--json")
+    data = json.loads(shown.output)
+    assert (data["sample_rate"], data["frames"], data["transcript"]) == (8000, 17, "Hi, I am Bob.")
+    assert np.array(data["codes"]).shape == (10, 17)
+
+    paths = [tmp_path / "by_name.wav", tmp_path / "inline.wav"]
+    common = ["--model", tiny_checkpoint, "--seed", 3, "--max-frames", 8, "--device", "cpu"]
+    by_name = run("say", "Nice to meet you.", "-o", paths[0], "--voice", "Bob 1", "--voices", voices, *common)
+    assert by_name.exit_code == 0, by_name.output
+    assert "voice 'Bob 1'" in " ".join(by_name.output.split())
+    inline = run("say", "Nice to meet you.", "-o", paths[1], "--ref-audio", clip, "--ref-text", "Hi, I am Bob.",
+                 *common)
+    assert inline.exit_code == 0, inline.output
+    a, _ = sf.read(paths[0], dtype="float32")
+    b, _ = sf.read(paths[1], dtype="float32")
+    assert len(a) > 0 and np.array_equal(a, b)
+
+    assert run("voice", "rm", "Bob 1", "--voices", voices).exit_code == 0
+    assert "no voices" in run("voice", "list", "--voices", voices).output
+
+
+@pytest.mark.parametrize("case, args, needle", [
+    ("bad name", ["voice", "add", "../up", "--audio", "{clip}", "--text", "Hi."], "bad voice name"),
+    ("too short", ["voice", "add", "x", "--audio", "{short}", "--text", "Hi."], "0.30 s"),
+    ("not audio", ["voice", "add", "x", "--audio", "{text_file}", "--text", "Hi."], "cannot read reference audio"),
+    ("no clip", ["voice", "add", "x", "--audio", "{tmp}/none.wav", "--text", "Hi."], "does not exist"),
+    ("empty transcript", ["voice", "add", "x", "--audio", "{clip}", "--text", " "], "reference text is empty"),
+    ("taken", ["voice", "add", "taken", "--audio", "{clip}", "--text", "Hi."], "already exists"),
+    ("unknown voice", ["say", "Hi", "-o", "{tmp}/o.wav", "--voice", "nobody"], "no voice named 'nobody'"),
+    ("half inline", ["say", "Hi", "-o", "{tmp}/o.wav", "--ref-audio", "{clip}"], "needs both"),
+    ("both", ["say", "Hi", "-o", "{tmp}/o.wav", "--voice", "taken", "--ref-audio", "{clip}", "--ref-text", "Hi."],
+     "not both"),
+    ("show unknown", ["voice", "show", "nobody"], "no voice named"),
+    ("rm unknown", ["voice", "rm", "nobody"], "no voice named"),
+])
+def test_voice_mistakes_are_one_clear_line(case, args, needle, tmp_path):
+    import clips
+
+    from audio8_coreai.voices import Voice, VoiceStore
+
+    voices = tmp_path / "voices"
+    VoiceStore(voices).save(Voice(np.zeros((10, 3), np.int64), "Hi.", 44100, 1.0, "0" * 64, "2026", "taken"))
+    fill = {"clip": clips.write(tmp_path / "c.wav", clips.sweep(16000, 1.0), 16000),
+            "short": clips.write(tmp_path / "s.wav", clips.sweep(16000, 0.3), 16000),
+            "text_file": tmp_path / "notes.wav", "tmp": tmp_path}
+    (tmp_path / "notes.wav").write_text("not a sound")
+    # No --model: every mistake here is caught before a model would load (the default is a hub id).
+    result = run(*[a.format(**fill) for a in args], "--voices", voices)
+    assert result.exit_code == 2, result.output
+    assert "error:" in result.output and needle in " ".join(result.output.split())  # rich wraps at 80 columns
+    assert VoiceStore(voices).names() == ["taken"] and not (tmp_path / "o.wav").exists()

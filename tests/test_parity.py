@@ -74,3 +74,11 @@ def test_fixture_of_another_checkpoint_is_refused(oracle_dir, tmp_path):
     assert not run_parity(backend, oracle_dir / "fixture.npz").passed
     with pytest.raises(ParityError, match="fixture not found"):
         run_parity(backend, tmp_path / "missing.npz")
+
+
+def test_codec_encoder_reproduces_the_reference_codes(fp32_report):
+    [enc] = fp32_report.encoder
+    assert enc.name == "clone[0]"
+    assert enc.codes_equal == (110, 110)  # 10 codebooks x 11 frames
+    assert enc.latent_max_diff < 1e-5
+    assert "encoder" in fp32_report.to_json()

@@ -5,9 +5,12 @@ Public API::
     from audio8_coreai import TTS
     tts = TTS.load("Audio8/Audio8-TTS-Preview-0.6b")   # or a local checkpoint folder
     audio, sample_rate = tts.synthesize("Hello, world!", seed=0)
+    tts.register_voice("ana", "ana.wav", "What the clip says.")   # a cloned voice, stored by name
+    audio, sample_rate = tts.synthesize("Hello again.", voice="ana")
 """
 
 from .tts import TTS, Synthesis
+from .voices import Voice, VoiceStore
 
-__all__ = ["TTS", "Synthesis"]
+__all__ = ["TTS", "Synthesis", "Voice", "VoiceStore"]
 __version__ = "0.1.0"

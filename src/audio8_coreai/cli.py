@@ -1,4 +1,4 @@
-"""The ``audio8`` command: say | prompt | parity | make-checkpoint.
+"""The ``audio8`` command: say | voice (add, list, show, rm) | prompt | parity | make-checkpoint.
 
 Every expected failure (bad text, a wrong checkpoint folder, an unwritable output, an unknown device)
 prints one line saying what to do and exits with status 2; no tracebacks.
@@ -26,9 +26,10 @@ from .engine import EngineError
 from .parity import ParityError
 from .prompt import PromptError
 from .tokenizer import TokenizerError
+from .voices import VoiceError
 
 USER_ERRORS = (AudioError, BackendError, CheckpointError, ConfigError, EngineError, ParityError, PromptError,
-               TokenizerError)
+               TokenizerError, VoiceError)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Audio8-TTS-Preview-0.6b: speak text from the publisher's checkpoint.")
@@ -61,6 +62,7 @@ class Size(str, Enum):
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Checkpoint folder (publisher layout) or hub id.")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[str, typer.Option(help="fp32 or bf16 (the codec stays fp32 on CPU).")]
+VoicesOpt = Annotated[Optional[Path], typer.Option("--voices", help="Voices folder (default: the per-user one).")]
 
 
 @app.command()
@@ -77,22 +79,34 @@ def say(
     max_frames: Annotated[Optional[int], typer.Option(help="Frame cap (46 ms each; default 512).")] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "fp32",
+    voice: Annotated[Optional[str], typer.Option(help="Speak in this stored voice (see `audio8 voice`).")] = None,
+    voices: VoicesOpt = None,
+    ref_audio: Annotated[Optional[Path], typer.Option(help="One-off cloning: a clip of the voice (0.5-30 s), "
+                                                           "not stored; needs --ref-text.")] = None,
+    ref_text: Annotated[Optional[str], typer.Option(help="The transcript of --ref-audio.")] = None,
 ) -> None:
-    """Speak TEXT into an audio file (44.1 kHz mono)."""
-    from .audio import write_audio
+    """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
+    from .audio import read_reference, write_audio
     from .prompt import check_text
     from .tts import TTS
+    from .voices import VoiceStore, check_voice_choice
 
     check_text(text)  # fail before loading a model
     _check_output(output)
+    check_voice_choice(voice, ref_audio, ref_text)
+    if ref_audio is not None:
+        check_text(ref_text, "reference text")
+        _warn(read_reference(ref_audio)[1].warnings)
+    elif voice is not None:
+        VoiceStore(voices).load(voice)  # an unknown or damaged voice fails here; the checkpoint check follows
     with err.status("loading the model..."):
-        tts = TTS.load(model, device=device, dtype=dtype)
+        tts = TTS.load(model, device=device, dtype=dtype, voices_dir=voices)
     progress = Progress(TextColumn("frames"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
     with progress:
         task = progress.add_task("frames", total=None)
         result = tts.generate(text, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
-                              max_frames=max_frames,
+                              max_frames=max_frames, voice=voice, ref_audio=ref_audio, ref_text=ref_text,
                               on_start=lambda n: progress.update(task, total=n),
                               on_frame=lambda step: progress.update(task, completed=step + 1))
     if result.frames == 0:
@@ -102,8 +116,14 @@ def say(
     if not result.reached_eos:
         err.print(f"[yellow]warning:[/] stopped at the frame cap ({result.max_frames} frames) before the model "
                   "ended the utterance; the audio may be cut (raise --max-frames or shorten the text)")
+    spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
     out.print(f"{output}: {result.frames} frames, {result.duration_s:.2f} s of audio, RTF {result.rtf:.2f} "
-              f"(seed {result.seed}, {tts.backend.description})", highlight=False)
+              f"({spoken_as}seed {result.seed}, {tts.backend.description})", highlight=False)
+
+
+def _warn(warnings) -> None:
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] {w}", highlight=False)
 
 
 def _check_output(path: Path) -> None:
@@ -192,6 +212,9 @@ def _print_parity(report) -> None:
     for c in report.codec:
         inter = ", ".join(f"{k} {v:.1e}" for k, v in c.intermediates_max_diff.items())
         out.print(f"codec {c.name:16s} max|dwave| {c.waveform_max_diff:.2e} ({inter})", highlight=False)
+    for e in report.encoder:
+        out.print(f"encoder {e.name:14s} codes {e.codes_equal[0]}/{e.codes_equal[1]} equal  max|dlatent| "
+                  f"{e.latent_max_diff:.2e}", highlight=False)
     verdict = "PASS" if report.passed else "FAIL"
     out.print(f"fp32 parity (tolerance {report.tolerance:g}): {verdict}  [{report.backend}]", highlight=False)
 
@@ -209,6 +232,109 @@ def make_checkpoint_cmd(
     with err.status(f"writing a {size.value} checkpoint..."):
         path = make_checkpoint(directory, size.value, seed)
     out.print(f"wrote {path}", highlight=False)
+
+
+voice_app = typer.Typer(no_args_is_help=True, help="Cloned voices: register a clip by name, list, show, remove.")
+app.add_typer(voice_app, name="voice")
+
+
+@voice_app.command("add")
+@friendly
+def voice_add(
+    name: Annotated[str, typer.Argument(help="The new voice's name (letters, digits, space, '_', '-', '.').")],
+    audio: Annotated[Path, typer.Option("--audio", help="The clip: 0.5-30 s of the speaker alone (wav, flac, "
+                                                        "ogg, mp3; any sample rate and channels).")],
+    text: Annotated[str, typer.Option("--text", help="What the clip says, word for word.")],
+    model: ModelOpt = DEFAULT_MODEL,
+    voices: VoicesOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a voice of the same name.")] = False,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Register a voice: encode the clip with the model's codec and store it with its transcript."""
+    from .audio import read_reference
+    from .prompt import check_text
+    from .tts import TTS
+    from .voices import VoiceStore
+
+    store = VoiceStore(voices)
+    store.check_new(name, force)  # fail before loading a model
+    check_text(text, "reference text")
+    _warn(read_reference(audio)[1].warnings)
+    with err.status("loading the model..."):
+        tts = TTS.load(model, device=device)
+    with err.status("encoding the clip..."):
+        voice = tts.register_voice(name, audio, text, store=store, replace=force)
+    out.print(f"voice {voice.name!r}: {voice.duration_s:.2f} s at {voice.sample_rate} Hz -> {voice.frames} frames, "
+              f"saved to {store.path(voice.name)}", highlight=False)
+
+
+@voice_app.command("list")
+@friendly
+def voice_list(
+    voices: VoicesOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the voices as JSON.")] = False,
+) -> None:
+    """List the stored voices (a damaged file is listed with what is wrong)."""
+    from .voices import VoiceStore
+
+    store = VoiceStore(voices)
+    entries: list[tuple[str, object]] = []
+    for name in store.names():
+        try:
+            entries.append((name, store.load(name)))
+        except VoiceError as e:
+            entries.append((name, e))
+    if as_json:
+        out.print_json(json.dumps([{"name": n, "error": str(v)} if isinstance(v, VoiceError)
+                                   else {**v.meta(), "frames": v.frames} for n, v in entries]))
+        return
+    if not entries:
+        out.print(f"no voices in {store.root}; add one with: audio8 voice add NAME --audio CLIP --text TRANSCRIPT",
+                  highlight=False)
+    for _, v in entries:
+        if isinstance(v, VoiceError):
+            out.print(f"[red]damaged:[/] {v}", highlight=False)
+        else:
+            words = v.transcript if len(v.transcript) <= 50 else v.transcript[:49] + "…"
+            out.print(f"{v.name}  {v.duration_s:.1f} s, {v.frames} frames, {v.sample_rate} Hz, {v.created}  "
+                      f"\"{words}\"", highlight=False)
+
+
+@voice_app.command("show")
+@friendly
+def voice_show(
+    name: Annotated[str, typer.Argument(help="The voice's name.")],
+    voices: VoicesOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the voice (codes included) as JSON.")] = False,
+) -> None:
+    """Show one voice: transcript, source clip, duration, frames, checkpoint fingerprint, created."""
+    from .voices import VoiceStore
+
+    store = VoiceStore(voices)
+    v = store.load(name)
+    if as_json:
+        out.print_json(json.dumps({**v.meta(), "frames": v.frames, "codes": v.codes.tolist()}))
+        return
+    rows = [("name", v.name), ("transcript", v.transcript), ("source", v.source or "-"),
+            ("source audio", f"{v.duration_s:.2f} s at {v.sample_rate} Hz"),
+            ("codes", f"[{v.codes.shape[0]}, {v.frames}] ({v.frames} frames)"), ("checkpoint", v.fingerprint),
+            ("created", v.created), ("file", str(store.path(v.name)))]
+    rows += [("warning", w) for w in v.warnings]
+    for key, value in rows:
+        out.print(f"{key:13s} {value}", highlight=False)
+
+
+@voice_app.command("rm")
+@friendly
+def voice_rm(
+    name: Annotated[str, typer.Argument(help="The voice to remove.")],
+    voices: VoicesOpt = None,
+) -> None:
+    """Remove a stored voice."""
+    from .voices import VoiceStore
+
+    path = VoiceStore(voices).remove(name)
+    out.print(f"removed voice {name!r} ({path})", highlight=False)
 
 
 def main() -> None:  # pragma: no cover - console entry point alias

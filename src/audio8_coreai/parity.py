@@ -4,8 +4,10 @@ Three stages per scenario (oracle README, "What matches means"):
 1. teacher-forced on the recorded columns: max |logit diff| (slow and fast), argmax agreement, and
    whether the in-graph sampler draws what the publisher drew from the recorded uniforms;
 2. free run with the recorded uniforms: identical codes frame for frame and eos at the same step;
-3. codec: max |waveform diff| and the recorded intermediates.
-fp32 passes when every logit is within ``tolerance`` (1e-4) and every draw, code and eos step is equal.
+3. codec: max |waveform diff| and the recorded intermediates;
+4. codec encoder (``clone``): the reference clip's codes and the SEANet encoder latent.
+fp32 passes when every logit, waveform and latent is within ``tolerance`` (1e-4) and every draw, code and eos
+step is equal.
 """
 
 from __future__ import annotations
@@ -57,6 +59,16 @@ class CodecReport:
 
 
 @dataclass
+class EncoderReport:
+    """The codec encoder on a recorded clip: ``codes_equal`` (equal, total) over the reference codes and
+    the max |diff| of the SEANet encoder latent."""
+
+    name: str
+    codes_equal: tuple[int, int]
+    latent_max_diff: float
+
+
+@dataclass
 class ParityReport:
     """The whole replay; ``passed`` is the fp32 criterion (exact draws, logits within tolerance)."""
 
@@ -65,6 +77,7 @@ class ParityReport:
     tolerance: float
     scenarios: list[ScenarioReport] = field(default_factory=list)
     codec: list[CodecReport] = field(default_factory=list)
+    encoder: list[EncoderReport] = field(default_factory=list)
 
     def totals(self) -> dict[str, tuple[int, int]]:
         out = {}
@@ -83,6 +96,8 @@ class ParityReport:
                     return False
             if s.free_run_identical is False:
                 return False
+        if any(e.codes_equal[0] != e.codes_equal[1] or e.latent_max_diff > t for e in self.encoder):
+            return False
         return all(c.waveform_max_diff <= t and max(c.intermediates_max_diff.values(), default=0) <= t
                    for c in self.codec)
 
@@ -252,6 +267,24 @@ def replay_codec(backend: TorchBackend, fx: dict, sc: str) -> list[CodecReport]:
     return out
 
 
+@torch.inference_mode()
+def replay_encoder(backend: TorchBackend, fx: dict, sc: str = "clone") -> EncoderReport:
+    """Encode the scenario's recorded reference clip [N] (44.1 kHz) through the backend's public ``encode``
+    and compare the codes with the publisher's; the latent is compared on the clip zero-padded to whole
+    frames, as the publisher's ``encode`` pads it (SPEC.md section 8)."""
+    audio = fx[f"{sc}__ref_audio"]
+    n = int(fx[f"{sc}__ref_code_lengths"][0])
+    want = fx[f"{sc}__ref_codes"][0, :, :n]
+    codes = backend.encode(audio)
+    equal = int((codes == want).sum()) if codes.shape == want.shape else 0
+    hop = backend.checkpoint.codec_config.frame_length
+    padded = np.zeros(n * hop, dtype=np.float32)
+    padded[: len(audio)] = audio
+    latent = backend.codec_encoder(n).latent(torch.as_tensor(padded, device=backend.device)[None, None])
+    diff = float(np.abs(latent.float().cpu().numpy() - fx[f"{sc}__ref_encoder_out"]).max())
+    return EncoderReport(f"{sc}[0]", (equal, int(want.size)), diff)
+
+
 def run_parity(backend: TorchBackend, fixture_path: str | Path, tolerance: float = TOLERANCE) -> ParityReport:
     """Every scenario of an oracle fixture through ``backend``; see the module docstring.
 
@@ -273,4 +306,6 @@ def run_parity(backend: TorchBackend, fixture_path: str | Path, tolerance: float
     for sc in CODEC_SCENARIOS:
         if f"{sc}__decode_waveform" in fx:
             report.codec.extend(replay_codec(backend, fx, sc))
+    if "clone__ref_audio" in fx:
+        report.encoder.append(replay_encoder(backend, fx))
     return report

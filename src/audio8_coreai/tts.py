@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .audio import read_reference
 from .backends.torch import TorchBackend
 from .checkpoint import DEFAULT_MODEL, Checkpoint, CheckpointError, load_checkpoint
 from .config import ConfigError
@@ -18,8 +19,12 @@ from .engine import frame_budget, generate
 from .graphs import SamplingParams
 from .prompt import PromptBuilder, check_text
 from .tokenizer import load_tokenizer
+from .voices import Voice, VoiceError, VoiceStore, check_name, check_voice_choice, now_utc
 
 BACKENDS = ("torch",)
+# A voice must leave room for this many frames (64 x 2048 samples = 3.0 s) after its clone prompt: a
+# reference that crowds out the speech is refused when registered, not discovered at every utterance.
+MIN_VOICE_FRAMES = 64
 
 
 @dataclass
@@ -60,18 +65,21 @@ class TTS:
     the backend's).
     """
 
-    def __init__(self, checkpoint: Checkpoint, backend: TorchBackend, prompts: PromptBuilder):
+    def __init__(self, checkpoint: Checkpoint, backend: TorchBackend, prompts: PromptBuilder,
+                 voices: VoiceStore | None = None):
         self.checkpoint = checkpoint
         self.backend = backend
         self.prompts = prompts
         self.config = checkpoint.config
+        self.voices = voices if voices is not None else VoiceStore()  # where voice=NAME is looked up
 
     @classmethod
     def load(cls, model: str | Path = DEFAULT_MODEL, *, device: str = "auto", dtype: str = "fp32",
-             backend: str = "torch") -> "TTS":
+             backend: str = "torch", voices_dir: str | Path | None = None) -> "TTS":
         """Load a checkpoint folder (publisher layout) or hub id, validate it and build the backend.
 
         ``device``: auto | cpu | cuda[:N]; ``dtype``: fp32 | bf16 (the codec stays fp32 on CPU).
+        ``voices_dir``: the voice store's folder (default: the per-user one, see :mod:`.voices`).
         Raises CheckpointError (missing/corrupt files, wrong shapes, no tokenizer), BackendError
         (unknown device/dtype/backend).
         """
@@ -84,7 +92,7 @@ class TTS:
             raise CheckpointError(f"{ckpt.path} has no tokenizer.json: a checkpoint folder must hold the "
                                   "tokenizer files (tokenizer.json, tokenizer_config.json) to speak text")
         prompts = PromptBuilder(load_tokenizer(ckpt.tokenizer_dir), ckpt.config)
-        return cls(ckpt, TorchBackend(ckpt, device, dtype), prompts)
+        return cls(ckpt, TorchBackend(ckpt, device, dtype), prompts, VoiceStore(voices_dir))
 
     @property
     def sample_rate(self) -> int:
@@ -102,17 +110,27 @@ class TTS:
     def generate(self, text: str, *, seed: int | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, max_frames: int | None = None,
                  on_frame: Callable[[int], None] | None = None,
-                 on_start: Callable[[int], None] | None = None) -> Synthesis:
+                 on_start: Callable[[int], None] | None = None, voice: str | Voice | None = None,
+                 ref_audio: str | Path | None = None, ref_text: str | None = None) -> Synthesis:
         """Speak ``text``: prompt, prefill, frames until eos or the cap, codec. See :class:`Synthesis`.
 
         ``seed`` None draws a fresh one (reported in the result). ``max_frames`` None means the
         checkpoint's max_new_tokens (512, about 23.8 s) clipped to the context; an explicit value that
         does not fit is an error. ``on_start(max_frames)`` and ``on_frame(step)`` drive progress bars.
+        In a cloned voice: ``voice`` (a name in :attr:`voices`, or a :class:`Voice`), or a one-off clip
+        ``ref_audio`` (a file, see :meth:`voice_from_clip`) with its transcript ``ref_text``; the prompt is
+        then the publisher's clone prompt (SPEC.md section 5).
         Raises PromptError (empty/unspeakable text), EngineError (does not fit the context), ConfigError
-        (bad sampling settings).
+        (bad sampling settings), VoiceError (unknown voice, one from another checkpoint, voice given twice),
+        AudioError (an unusable ``ref_audio``).
         """
         params = self.sampling(temperature, top_k, top_p)
-        prompt = self.prompts.plain(check_text(text))
+        text = check_text(text)
+        chosen = self._voice(voice, ref_audio, ref_text)
+        if chosen is None:
+            prompt = self.prompts.plain(text)
+        else:
+            prompt = self.prompts.clone(text, chosen.transcript, chosen.codes)
         budget = frame_budget(self.config, prompt.shape[1], max_frames, self.checkpoint.generation.max_new_tokens)
         if seed is None:
             seed = secrets.randbelow(2**31)
@@ -134,4 +152,72 @@ class TTS:
         """``(audio float32 [N], sample_rate)`` for ``text``; keyword arguments as :meth:`generate`."""
         out = self.generate(text, **kwargs)
         return out.audio, out.sample_rate
+
+    def voice_from_clip(self, audio: str | Path, text: str, name: str = "") -> Voice:
+        """A voice from a reference clip file and its transcript, not stored (see :meth:`register_voice`).
+
+        The clip is read by :func:`.audio.read_reference` (any libsndfile format and rate, mixed to mono,
+        resampled to 44.1 kHz, 0.5-30 s; its warnings land in ``Voice.warnings``) and encoded by this
+        checkpoint's codec into codes int64 [num_codebooks, ceil(N / 2048)].
+        Raises AudioError (unusable clip), PromptError (empty transcript), VoiceError (the clone prompt
+        would leave fewer than MIN_VOICE_FRAMES frames of the context; the message gives the numbers).
+        """
+        transcript = check_text(text, "reference text")
+        samples, info = read_reference(audio)
+        self._check_voice_room(-(-len(samples) // self.checkpoint.codec_config.frame_length), transcript)
+        codes = self.backend.encode(samples)
+        return Voice(codes, transcript, info.sample_rate, info.duration_s, self.checkpoint.fingerprint(),
+                     now_utc(), name, str(info.path.resolve()), tuple(info.warnings))
+
+    def register_voice(self, name: str, audio: str | Path, text: str, *,
+                       store: VoiceStore | str | Path | None = None, replace: bool = False) -> Voice:
+        """Encode the clip ``audio`` with its transcript ``text`` and save it as voice ``name``.
+
+        ``store``: a VoiceStore or its folder (default :attr:`voices`); ``replace`` overwrites a voice of
+        that name (atomically). The name is checked before any work. Returns the stored :class:`Voice`.
+        Raises VoiceError (bad or taken name, unwritable store, reference too long for the context),
+        AudioError, PromptError as :meth:`voice_from_clip`.
+        """
+        if store is None:
+            store = self.voices
+        elif not isinstance(store, VoiceStore):
+            store = VoiceStore(store)
+        name = check_name(name)
+        store.check_new(name, replace)
+        voice = self.voice_from_clip(audio, text, name)
+        store.save(voice, replace=replace)
+        return voice
+
+    def _voice(self, voice: str | Voice | None, ref_audio: str | Path | None,
+               ref_text: str | None) -> Voice | None:
+        """The voice an utterance asks for (None: the plain prompt), checked against this checkpoint."""
+        check_voice_choice(voice, ref_audio, ref_text)
+        if ref_audio is not None:
+            return self.voice_from_clip(ref_audio, ref_text)
+        if voice is None:
+            return None
+        if isinstance(voice, str):
+            return self.voices.load(voice, self.checkpoint.fingerprint())
+        if not isinstance(voice, Voice):
+            raise VoiceError(f"voice must be a name or a Voice, got {type(voice).__name__}")
+        voice.check_checkpoint(self.checkpoint.fingerprint())
+        return voice
+
+    def _check_voice_room(self, frames: int, transcript: str) -> None:
+        """Raise VoiceError unless the clone prompt for a reference of ``frames`` code frames and a one-word
+        text leaves at least MIN_VOICE_FRAMES frames of ``max_seq_len`` (the slow AR's context holds prompt
+        and frames). Checked before encoding, from the sample count: a refusal costs no codec time."""
+        # The prompt's length without the reference: the template, the transcript and a one-token target.
+        one_frame = np.zeros((self.config.num_codebooks, 1), dtype=np.int64)
+        overhead = self.prompts.clone("a", transcript, one_frame).shape[1] - 1
+        context = self.config.max_seq_len
+        room = context - overhead - frames
+        if room >= MIN_VOICE_FRAMES:
+            return
+        seconds = self.checkpoint.codec_config.frame_length / self.sample_rate
+        longest = max(0, context - overhead - MIN_VOICE_FRAMES)
+        raise VoiceError(f"the reference clip is too long for this model: its {frames} frames ({frames * seconds:.1f} "
+                         f"s) and the {overhead} tokens of prompt text leave {max(room, 0)} of the context's "
+                         f"{context} positions for speech, under the {MIN_VOICE_FRAMES} a voice must leave; use a "
+                         f"clip of at most {longest * seconds:.1f} s (or a shorter transcript)")
 

@@ -171,14 +171,19 @@ class TorchBackend:
         latent = dec.upsample(dec.post_transform(dec.dequantize(t)))
         return dec.synthesize_chunked(latent)[0].float().cpu().numpy()
 
-    @torch.inference_mode()
-    def encode(self, audio: np.ndarray) -> np.ndarray:
-        """Codec encode of mono 44.1 kHz float32 audio [N] -> codes int64 [C, ceil(N / frame_length)]."""
-        frames = -(-len(audio) // self.checkpoint.codec_config.frame_length)
+    def codec_encoder(self, frames: int) -> CodecEncoder:
+        """The fp32 codec encoder on this device, built on first use and rebuilt when a clip needs more
+        than the ``frames`` (code frames of 2048 samples) it was sized for."""
         if self._encoder is None or self._encoder_frames < frames:
             self._encoder = CodecEncoder.from_state_dict(self.checkpoint.codec_config, self._codec_state,
                                                          max_frames=max(frames, 1)).to(self.device)
             self._encoder_frames = max(frames, 1)
+        return self._encoder
+
+    @torch.inference_mode()
+    def encode(self, audio: np.ndarray) -> np.ndarray:
+        """Codec encode of mono 44.1 kHz float32 audio [N] -> codes int64 [C, ceil(N / frame_length)]."""
+        frames = -(-len(audio) // self.checkpoint.codec_config.frame_length)
         x = torch.as_tensor(np.asarray(audio, dtype=np.float32), device=self.device)
-        codes, _ = self._encoder.encode(x)
+        codes, _ = self.codec_encoder(frames).encode(x)
         return codes.cpu().numpy()[0]

@@ -1,0 +1,257 @@
+"""The voice store: cloned voices saved by name, for ``audio8 say --voice NAME`` (DESIGN.md, voices.py).
+
+A voice is what the clone prompt needs from a reference clip (SPEC.md section 5): the clip's codes int
+[num_codebooks, T] from the codec encoder and its transcript; with where it came from (the source sample rate
+and duration, the file), the fingerprint of the checkpoint whose codec made the codes, and when.
+
+On disk, one file per voice: ``<folder>/<NAME>.npz``, a NumPy zip read without pickles, holding ``codes``
+(int16 [num_codebooks, T]; codes are < 4096) and ``meta`` (one JSON string: ``format``, ``name``,
+``transcript``, ``sample_rate``, ``duration_s``, ``fingerprint``, ``created``, ``source``, ``warnings``).
+One file per voice makes a write atomic: it is written under a temporary name that starts with a dot, flushed
+to disk, then renamed over ``NAME.npz`` (``os.replace``). A crash at any point leaves the old voice (if any)
+whole, plus at most a dot-file that listing and loading never look at.
+
+The folder is the per-user data folder (``platformdirs``; ``~/.local/share/audio8-coreai/voices`` on Linux,
+``~/Library/Application Support/audio8-coreai/voices`` on macOS) unless one is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import tempfile
+import unicodedata
+import zipfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import platformdirs
+
+FORMAT = 1  # the on-disk format version in ``meta``; a newer file is refused rather than misread
+SUFFIX = ".npz"
+MAX_NAME = 64  # fits every file system's name limit with room for the suffix and temporary names
+_NAME_PUNCTUATION = set(" _-.")
+_NAME_RULE = ("a voice name is 1 to 64 letters, digits, spaces, '_', '-' or '.', starting with a letter, digit "
+              "or '_' (no path separators, no '..')")
+
+
+class VoiceError(ValueError):
+    """A voice cannot be named, saved, found, read or used as asked; the message says what to do."""
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` (NFC-normalised) if it is a valid voice name, else raise :class:`VoiceError`.
+
+    A name becomes a file name, so it must not reach outside the folder or hide as a dot-file: no path
+    separators, no ``..``, no leading dot; at most 64 characters; letters and digits of any script plus
+    space, ``_``, ``-`` and ``.``; no leading or trailing space and no trailing dot (Windows drops them).
+    NFC because macOS may hand back decomposed file names: "é" typed and "é" listed must be one voice.
+    """
+    if not isinstance(name, str):
+        raise VoiceError(f"a voice name must be a string, got {type(name).__name__}")
+    name = unicodedata.normalize("NFC", name)
+    why = None
+    if not name:
+        why = "it is empty"
+    elif len(name) > MAX_NAME:
+        why = f"it is {len(name)} characters long"
+    elif "/" in name or "\\" in name:
+        why = "it holds a path separator"
+    elif ".." in name:
+        why = "it holds '..'"
+    elif not (name[0].isalnum() or name[0] == "_"):
+        why = f"it starts with {name[0]!r}"
+    elif name[-1] in " .":
+        why = f"it ends with {name[-1]!r}"
+    elif bad := sorted({c for c in name if not (c.isalnum() or c in _NAME_PUNCTUATION)}):
+        why = "it holds " + ", ".join(repr(c) for c in bad)
+    if why:
+        raise VoiceError(f"bad voice name {name!r}: {why}; {_NAME_RULE}")
+    return name
+
+
+def check_voice_choice(voice: object, ref_audio: object, ref_text: object) -> None:
+    """Raise VoiceError unless an utterance asks for at most one voice: a stored ``voice``, or a one-off
+    clip ``ref_audio`` with its transcript ``ref_text`` (both or neither)."""
+    if ref_audio is None and ref_text is None:
+        return
+    if voice is not None:
+        raise VoiceError("give either a voice (--voice) or a reference clip (--ref-audio with --ref-text), not both")
+    if ref_audio is None or ref_text is None:
+        raise VoiceError("one-off cloning needs both the clip (--ref-audio; ref_audio in Python) and its "
+                         "transcript (--ref-text; ref_text)")
+
+
+def default_voices_dir() -> Path:
+    """The per-user voices folder (``platformdirs.user_data_path('audio8-coreai') / 'voices'``)."""
+    return platformdirs.user_data_path("audio8-coreai", appauthor=False) / "voices"
+
+
+@dataclass(frozen=True, eq=False)
+class Voice:
+    """A cloned voice: ``codes`` int64 [num_codebooks, T] (T frames of 2048 samples at 44.1 kHz) and the
+    clip's ``transcript``; the source clip's ``sample_rate`` (Hz) and ``duration_s`` (seconds); the
+    ``fingerprint`` of the checkpoint whose codec made the codes (:meth:`Checkpoint.fingerprint`);
+    ``created`` (ISO 8601, UTC); ``source`` (the clip's path) and the reader's ``warnings``. ``name`` is
+    empty for a one-off voice that is not stored."""
+
+    codes: np.ndarray
+    transcript: str
+    sample_rate: int
+    duration_s: float
+    fingerprint: str
+    created: str
+    name: str = ""
+    source: str = ""
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def frames(self) -> int:
+        return int(self.codes.shape[1])
+
+    def check_checkpoint(self, fingerprint: str) -> None:
+        """Raise :class:`VoiceError` unless this voice was made with the checkpoint of ``fingerprint``.
+
+        Codes mean something only to the codec that made them (and the model trained with it): another
+        checkpoint reads them as a different sound, so the clone would be wrong without any error.
+        """
+        if self.fingerprint == fingerprint:
+            return
+        label = f"voice {self.name!r}" if self.name else "this voice"
+        clip = f" (its clip was {self.source})" if self.source else ""
+        raise VoiceError(f"{label} was made with another checkpoint (fingerprint {self.fingerprint[:12]}; this "
+                         f"model's is {fingerprint[:12]}), and reference codes only fit the codec that made "
+                         f"them: register it again with this model{clip}, e.g. `audio8 voice add "
+                         f"{self.name or 'NAME'} --audio CLIP --text TRANSCRIPT --force`")
+
+    def meta(self) -> dict:
+        """Everything but the codes, as stored in the file's ``meta`` JSON."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "codes"}
+        return {"format": FORMAT, **fields, "warnings": list(self.warnings)}
+
+
+def now_utc() -> str:
+    """The current time as ISO 8601 UTC to the second (``Voice.created``)."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class VoiceStore:
+    """Voices saved by name in one folder (see the module docstring for the format).
+
+    ``folder`` None means :func:`default_voices_dir`. The folder is created on the first save; reading an
+    absent folder finds no voices.
+    """
+
+    def __init__(self, folder: str | Path | None = None):
+        self.root = Path(folder).expanduser() if folder is not None else default_voices_dir()
+
+    def path(self, name: str) -> Path:
+        """The file of voice ``name`` (validated; raises VoiceError for a bad name)."""
+        return self.root / (check_name(name) + SUFFIX)
+
+    def names(self) -> list[str]:
+        """The stored voices' names, sorted. Temporary dot-files and files with invalid names are skipped."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for p in self.root.glob("*" + SUFFIX):
+            try:
+                found.append(check_name(p.name[: -len(SUFFIX)]))
+            except VoiceError:
+                continue
+        return sorted(found)
+
+    def check_new(self, name: str, replace: bool = False) -> Path:
+        """The file a new voice ``name`` would take; raises VoiceError for a bad name, or one already taken
+        unless ``replace``. Callers check before minutes of work; :meth:`save` checks again."""
+        target = self.path(name)
+        if target.exists() and not replace:
+            raise VoiceError(f"a voice named {name!r} already exists in {self.root}: choose another name, "
+                             f"or replace it (--force; replace=True in Python)")
+        return target
+
+    def save(self, voice: Voice, replace: bool = False) -> Path:
+        """Write ``voice`` under ``voice.name`` atomically; returns its file.
+
+        Raises VoiceError: bad name, the name is taken and ``replace`` is False, or the folder or file
+        cannot be written (the message names it). On any failure the previous voice of that name, if any,
+        is unchanged and no temporary file is left.
+        """
+        target = self.check_new(voice.name, replace)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise VoiceError(f"cannot create the voices folder {self.root}: {e}; give another with --voices DIR") from e
+        codes = np.asarray(voice.codes)
+        if (codes.ndim != 2 or codes.shape[1] == 0 or not np.issubdtype(codes.dtype, np.integer)
+                or codes.min() < 0 or codes.max() > 32767):
+            raise VoiceError(f"voice {voice.name!r}: codes must be integers in [0, 32767] shaped [codebooks, "
+                             f"frames], got {codes.dtype} {list(codes.shape)}")
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{voice.name}.", suffix=".tmp", dir=self.root)
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, codes=codes.astype(np.int16), meta=np.array(json.dumps(voice.meta(), ensure_ascii=False)))
+                f.flush()
+                os.fsync(f.fileno())  # the bytes reach the disk before the rename makes them the voice
+            os.replace(tmp, target)
+            tmp = None
+        except OSError as e:
+            raise VoiceError(f"cannot write voice {voice.name!r} to {target}: {e}") from e
+        finally:
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+        return target
+
+    def load(self, name: str, fingerprint: str | None = None) -> Voice:
+        """Read voice ``name``; with ``fingerprint``, also refuse one made with another checkpoint.
+
+        Raises VoiceError: bad name, no such voice (the message suggests close names), a damaged or newer
+        file, or a fingerprint mismatch (:meth:`Voice.check_checkpoint`).
+        """
+        path = self.path(name)
+        name = path.name[: -len(SUFFIX)]
+        if not path.is_file():
+            close = difflib.get_close_matches(name, self.names(), n=3)
+            hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+            raise VoiceError(f"no voice named {name!r} in {self.root}{hint}; `audio8 voice list` shows the voices "
+                             "(--voices DIR for another folder)")
+        damaged = f"; remove it (`audio8 voice rm {name}`) and add it again"
+        if not zipfile.is_zipfile(path):  # else np.load guesses a pickle and blames allow_pickle
+            raise VoiceError(f"voice file {path} is damaged (not a NumPy zip archive){damaged}")
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                codes, meta = f["codes"], json.loads(str(f["meta"]))
+        except Exception as e:  # zip, key, JSON and value errors alike mean a damaged file
+            raise VoiceError(f"voice file {path} is damaged ({type(e).__name__}: {e}){damaged}") from e
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            version = meta.get("format") if isinstance(meta, dict) else None
+            raise VoiceError(f"voice file {path} has format {version!r}, this version reads format {FORMAT}: "
+                             f"upgrade audio8-coreai, or{damaged.removeprefix(';')}")
+        if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer) or codes.shape[1] == 0:
+            raise VoiceError(f"voice file {path} is damaged (codes {codes.dtype} {list(codes.shape)}){damaged}")
+        try:
+            voice = Voice(codes=codes.astype(np.int64), transcript=str(meta["transcript"]),
+                          sample_rate=int(meta["sample_rate"]), duration_s=float(meta["duration_s"]),
+                          fingerprint=str(meta["fingerprint"]), created=str(meta["created"]), name=name,
+                          source=str(meta.get("source", "")), warnings=tuple(meta.get("warnings", ())))
+        except (KeyError, TypeError, ValueError) as e:
+            raise VoiceError(f"voice file {path} is damaged (meta: {type(e).__name__}: {e}){damaged}") from e
+        if fingerprint is not None:
+            voice.check_checkpoint(fingerprint)
+        return voice
+
+    def remove(self, name: str) -> Path:
+        """Delete voice ``name``; returns the removed file. Raises VoiceError if there is none or it cannot."""
+        path = self.path(name)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            raise VoiceError(f"no voice named {name!r} in {self.root}; `audio8 voice list` shows the voices") from None
+        except OSError as e:
+            raise VoiceError(f"cannot remove voice {name!r} ({path}): {e}") from e
+        return path

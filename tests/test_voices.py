@@ -1,0 +1,232 @@
+"""The voice store (names, atomic writes, damaged files, checkpoint fingerprints) and cloning through the API."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import clips
+from audio8_coreai.audio import AudioError
+from audio8_coreai.voices import Voice, VoiceError, VoiceStore, check_name, default_voices_dir
+
+TEXT = "The meeting has been moved to Thursday afternoon."
+
+
+def make_voice(name: str = "alice", frames: int = 5, fingerprint: str = "f" * 64, seed: int = 0) -> Voice:
+    codes = np.random.default_rng(seed).integers(0, 128, (10, frames))
+    return Voice(codes, "Hello there.", 48000, 1.5, fingerprint, "2026-01-01T00:00:00+00:00", name, "/clips/a.wav")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Names
+
+
+@pytest.mark.parametrize("name", ["alice", "Bob 2", "narrator_en-GB", "v1.2", "_x", "Zoë", "王小明", "a" * 64])
+def test_good_names(name):
+    assert check_name(name) == name
+
+
+def test_names_are_nfc():
+    assert check_name("Zoe\u0308") == "Zo\u00eb"
+
+
+@pytest.mark.parametrize("name, why", [
+    ("", "empty"), ("a" * 65, "65 characters"), ("a/b", "path separator"), ("..", "'..'"), ("a..b", "'..'"),
+    ("..\\x", "path separator"), (".hidden", "starts with '.'"), ("-opt", "starts with '-'"),
+    (" lead", "starts with ' '"), ("trail ", "ends with ' '"), ("dot.", "ends with '.'"), ("a:b", "':'"),
+    ("tab\tx", "'\\t'"), ("nul\0", "'\\x00'"),
+])
+def test_bad_names_are_refused_with_the_rule(name, why):
+    with pytest.raises(VoiceError, match="bad voice name") as e:
+        check_name(name)
+    assert why in str(e.value) and "no path separators" in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The store
+
+
+def test_round_trip_list_show_remove(tmp_path):
+    store = VoiceStore(tmp_path / "voices")
+    assert store.names() == []  # an absent folder holds no voices
+    voice = make_voice("Zoë")
+    path = store.save(voice)
+    assert path == tmp_path / "voices" / "Zoë.npz"
+    store.save(make_voice("bob"))
+    assert store.names() == ["Zoë", "bob"]  # sorted by code point
+    back = store.load("Zoe\u0308")  # the decomposed spelling finds the same voice
+    assert back.codes.dtype == np.int64 and np.array_equal(back.codes, voice.codes)
+    assert back.meta() == voice.meta()
+    store.remove("bob")
+    assert store.names() == ["Zoë"]
+    with pytest.raises(VoiceError, match="no voice named 'bob'"):
+        store.remove("bob")
+
+
+def test_unknown_voice_suggests_close_names(tmp_path):
+    store = VoiceStore(tmp_path)
+    store.save(make_voice("alice"))
+    with pytest.raises(VoiceError, match="no voice named 'alcie'.*did you mean 'alice'"):
+        store.load("alcie")
+
+
+def test_a_taken_name_needs_replace(tmp_path):
+    store = VoiceStore(tmp_path)
+    store.save(make_voice(seed=1))
+    with pytest.raises(VoiceError, match="already exists"):
+        store.save(make_voice(seed=2))
+    store.save(make_voice(seed=2), replace=True)
+    assert np.array_equal(store.load("alice").codes, make_voice(seed=2).codes)
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_crash_between_write_and_rename_leaves_no_half_voice(tmp_path, monkeypatch, existing):
+    store = VoiceStore(tmp_path)
+    if existing:
+        store.save(make_voice(seed=1))
+    before = sorted(os.listdir(tmp_path))
+
+    def crash(src, dst):
+        assert os.path.getsize(src) > 0  # the new voice was fully written under its temporary name
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(VoiceError, match="cannot write voice 'alice'.*No space left"):
+        store.save(make_voice(seed=2), replace=True)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == before  # the temporary file is gone too
+    if existing:
+        assert np.array_equal(store.load("alice").codes, make_voice(seed=1).codes)
+    else:
+        assert store.names() == []
+
+
+def test_leftovers_of_a_killed_write_are_ignored(tmp_path):
+    store = VoiceStore(tmp_path)
+    store.save(make_voice("alice"))
+    whole = (tmp_path / "alice.npz").read_bytes()
+    # What a process killed mid-write leaves: a truncated temporary file beside the voices.
+    (tmp_path / ".bob.k3j2h1.tmp").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / ".alice.x9y8z7.tmp").write_bytes(whole[:100])
+    assert store.names() == ["alice"]
+    assert np.array_equal(store.load("alice").codes, make_voice("alice").codes)
+    with pytest.raises(VoiceError, match="no voice named 'bob'"):
+        store.load("bob")
+
+
+def test_damaged_and_newer_files_are_refused_clearly(tmp_path):
+    store = VoiceStore(tmp_path)
+    store.save(make_voice("cut"))
+    path = tmp_path / "cut.npz"
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(VoiceError, match=r"cut.npz is damaged.*audio8 voice rm cut"):
+        store.load("cut")
+    newer = make_voice("newer")
+    store.save(newer)
+    meta = {**newer.meta(), "format": 99}
+    np.savez(tmp_path / "newer.npz", codes=newer.codes.astype(np.int16), meta=np.array(json.dumps(meta)))
+    with pytest.raises(VoiceError, match="format 99"):
+        store.load("newer")
+
+
+def test_voice_from_another_checkpoint_is_refused(tmp_path):
+    store = VoiceStore(tmp_path)
+    store.save(make_voice(fingerprint="a" * 64))
+    assert store.load("alice", fingerprint="a" * 64).name == "alice"
+    with pytest.raises(VoiceError, match=r"another checkpoint \(fingerprint aaaaaaaaaaaa; this model's is "
+                                         r"bbbbbbbbbbbb\).*/clips/a.wav.*voice add alice"):
+        store.load("alice", fingerprint="b" * 64)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG_DATA_HOME applies on Linux")
+def test_default_folder_is_the_per_user_data_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert default_voices_dir() == tmp_path / "audio8-coreai" / "voices"
+    assert VoiceStore().root == tmp_path / "audio8-coreai" / "voices"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Cloning through the API (tiny checkpoint)
+
+
+@pytest.fixture()
+def tts(tiny_tts, tmp_path, monkeypatch):
+    """The tiny TTS with its voice store in a fresh folder."""
+    monkeypatch.setattr(tiny_tts, "voices", VoiceStore(tmp_path / "voices"))
+    return tiny_tts
+
+
+@pytest.fixture(scope="module")
+def ref_clip(tmp_path_factory):
+    """A 0.75 s stereo 48 kHz 24-bit clip (sweep left, noise bursts right)."""
+    return clips.write(tmp_path_factory.mktemp("ref") / "réf clip.wav", clips.stereo(48000, 0.75), 48000, "PCM_24")
+
+
+def test_register_then_speak_by_name_equals_the_clip_inline(tts, ref_clip):
+    voice = tts.register_voice("alice", ref_clip, "Hello there, how are you?")
+    assert voice.codes.shape == (10, 17)  # ceil(0.75 * 44100 / 2048)
+    assert (voice.sample_rate, voice.duration_s, voice.name) == (48000, 0.75, "alice")
+    assert voice.fingerprint == tts.checkpoint.fingerprint() and voice.source == str(ref_clip)
+    assert tts.voices.names() == ["alice"]
+    by_name = tts.generate(TEXT, voice="alice", seed=5, max_frames=8)
+    inline = tts.generate(TEXT, ref_audio=ref_clip, ref_text="Hello there, how are you?", seed=5, max_frames=8)
+    assert by_name.frames > 0
+    assert np.array_equal(by_name.codes, inline.codes) and np.array_equal(by_name.audio, inline.audio)
+    # The clone prompt: the plain one plus the reference (17 frames) and its transcript.
+    want = tts.prompts.clone(TEXT, "Hello there, how are you?", voice.codes)
+    assert by_name.prompt_length == want.shape[1] > tts.prompts.plain(TEXT).shape[1] + 17
+
+
+def test_register_into_another_store(tts, ref_clip, tmp_path):
+    tts.register_voice("bob", ref_clip, "Hi.", store=tmp_path / "elsewhere")
+    assert VoiceStore(tmp_path / "elsewhere").names() == ["bob"] and tts.voices.names() == []
+
+
+def test_a_bad_or_taken_name_fails_before_the_clip_is_read(tts, tmp_path):
+    with pytest.raises(VoiceError, match="bad voice name"):
+        tts.register_voice("../escape", tmp_path / "missing.wav", "Hi.")
+    tts.voices.save(make_voice("taken", fingerprint=tts.checkpoint.fingerprint()))
+    with pytest.raises(VoiceError, match="already exists"):
+        tts.register_voice("taken", tmp_path / "missing.wav", "Hi.")
+    with pytest.raises(AudioError, match="does not exist"):
+        tts.register_voice("taken", tmp_path / "missing.wav", "Hi.", replace=True)
+
+
+def test_a_reference_too_long_for_the_context_is_refused_with_the_numbers(tts, tmp_path):
+    # The tiny model's context is 512 positions: 20 s of reference is 431 frames.
+    clip = clips.write(tmp_path / "long.flac", clips.bursts(16000, 20.0), 16000)
+    with pytest.raises(VoiceError, match=r"431 frames \(20.0 s\).*of the context's 512 positions.*at most \d+\.\d s"):
+        tts.register_voice("long", clip, "Hello.")
+    assert tts.voices.names() == []
+
+
+def test_voice_from_another_checkpoint_is_refused_at_synthesis(tts):
+    tts.voices.save(make_voice("other", fingerprint="0" * 64))
+    with pytest.raises(VoiceError, match="another checkpoint"):
+        tts.generate(TEXT, voice="other", seed=0, max_frames=5)
+    with pytest.raises(VoiceError, match="another checkpoint"):
+        tts.generate(TEXT, voice=make_voice(fingerprint="0" * 64), seed=0, max_frames=5)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"voice": "x", "ref_audio": "a.wav", "ref_text": "Hi."}, "not both"),
+    ({"ref_audio": "a.wav"}, "needs both"),
+    ({"ref_text": "Hi."}, "needs both"),
+    ({"voice": "nobody"}, "no voice named"),
+])
+def test_voice_arguments_are_checked(tts, kwargs, needle):
+    with pytest.raises(VoiceError, match=needle):
+        tts.generate(TEXT, seed=0, max_frames=5, **kwargs)
+
+
+@pytest.mark.skipif(clips.ESPEAK is None, reason="espeak-ng is not installed")
+def test_a_voice_from_espeak_speech(tts, tmp_path):
+    clip = clips.speech(tmp_path / "speech.wav", "Hello, this is a test.")
+    voice = tts.register_voice("espeak", clip, "Hello, this is a test.")
+    assert voice.sample_rate == 22050 and voice.warnings == ()
+    assert voice.frames == -(-round(voice.duration_s * 44100) // 2048)
+    assert tts.generate("Good morning.", voice="espeak", seed=1, max_frames=4).codes.shape[1] <= 4
