@@ -1,4 +1,4 @@
-"""The ``audio8`` command: say | voice (add, list, show, rm) | prompt | parity | make-checkpoint.
+"""The ``audio8`` command: say | voice (add, list, show, rm) | prompt | parity | convert | make-checkpoint.
 
 Every expected failure (bad text, a wrong checkpoint folder, an unwritable output, an unknown device)
 prints one line saying what to do and exits with status 2; no tracebacks.
@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .audio import AudioError
+from .backends.coreai import DECODER_FRAMES, ENCODER_FRAMES, PARTS
 from .backends.torch import BackendError
 from .checkpoint import DEFAULT_MODEL, CheckpointError
 from .config import ConfigError
@@ -63,6 +64,9 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Checkpoint folder 
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[str, typer.Option(help="fp32 or bf16 (the codec stays fp32 on CPU).")]
 VoicesOpt = Annotated[Optional[Path], typer.Option("--voices", help="Voices folder (default: the per-user one).")]
+BackendOpt = Annotated[str, typer.Option(help="torch, or coreai (runs the assets given with --assets).")]
+AssetsOpt = Annotated[Optional[Path], typer.Option(help="Core AI asset folder written by `audio8 convert` "
+                                                        "(with --backend coreai).")]
 
 
 @app.command()
@@ -79,6 +83,8 @@ def say(
     max_frames: Annotated[Optional[int], typer.Option(help="Frame cap (46 ms each; default 512).")] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "fp32",
+    backend: BackendOpt = "torch",
+    assets: AssetsOpt = None,
     voice: Annotated[Optional[str], typer.Option(help="Speak in this stored voice (see `audio8 voice`).")] = None,
     voices: VoicesOpt = None,
     ref_audio: Annotated[Optional[Path], typer.Option(help="One-off cloning: a clip of the voice (0.5-30 s), "
@@ -100,7 +106,7 @@ def say(
     elif voice is not None:
         VoiceStore(voices).load(voice)  # an unknown or damaged voice fails here; the checkpoint check follows
     with err.status("loading the model..."):
-        tts = TTS.load(model, device=device, dtype=dtype, voices_dir=voices)
+        tts = TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets)
     progress = Progress(TextColumn("frames"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
     with progress:
@@ -181,21 +187,34 @@ def parity(
     model: ModelOpt = DEFAULT_MODEL,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "fp32",
+    backend: BackendOpt = "torch",
+    assets: AssetsOpt = None,
     tolerance: Annotated[float, typer.Option(help="Max |logit/waveform diff| for fp32 parity.")] = 1e-4,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full report as JSON.")] = False,
 ) -> None:
-    """Replay an oracle fixture; exit 0 only when fp32 parity holds (reports agreement counts for bf16)."""
+    """Replay an oracle fixture; exit 0 only when fp32 parity holds (reports agreement counts for bf16,
+    fp16 and mixed). Core AI assets replay what their baked sampling allows and say what they skip."""
     from .backends.torch import TorchBackend
     from .checkpoint import load_checkpoint
     from .parity import run_parity
 
-    backend = TorchBackend(load_checkpoint(model), device, dtype)
-    report = run_parity(backend, fixture, tolerance)
+    ckpt = load_checkpoint(model)
+    if backend == "coreai" and assets is not None:
+        from .backends.coreai import CoreAIBackend
+
+        engine_backend = CoreAIBackend(ckpt, assets)
+        exact = engine_backend.precision == "fp32"
+    elif backend == "torch" and assets is None:
+        engine_backend = TorchBackend(ckpt, device, dtype)
+        exact = engine_backend.dtype.is_floating_point and engine_backend.dtype.itemsize == 4
+    else:
+        raise BackendError(f"backend {backend!r} with assets {assets}: use --backend torch, or --backend coreai "
+                           "--assets DIR")
+    report = run_parity(engine_backend, fixture, tolerance)
     if as_json:
         out.print_json(report.to_json())
     else:
         _print_parity(report)
-    exact = backend.dtype.is_floating_point and backend.dtype.itemsize == 4
     if exact and not report.passed:
         raise typer.Exit(1)
 
@@ -211,12 +230,50 @@ def _print_parity(report) -> None:
                   f"{s.codebook_draws[1]}{free}", highlight=False)
     for c in report.codec:
         inter = ", ".join(f"{k} {v:.1e}" for k, v in c.intermediates_max_diff.items())
-        out.print(f"codec {c.name:16s} max|dwave| {c.waveform_max_diff:.2e} ({inter})", highlight=False)
+        out.print(f"codec {c.name:16s} max|dwave| {c.waveform_max_diff:.2e} cos {c.waveform_cos:.6f} ({inter})",
+                  highlight=False)
     for e in report.encoder:
-        out.print(f"encoder {e.name:14s} codes {e.codes_equal[0]}/{e.codes_equal[1]} equal  max|dlatent| "
-                  f"{e.latent_max_diff:.2e}", highlight=False)
+        latent = "" if e.latent_max_diff is None else f"  max|dlatent| {e.latent_max_diff:.2e}"
+        out.print(f"encoder {e.name:14s} codes {e.codes_equal[0]}/{e.codes_equal[1]} equal{latent}", highlight=False)
+    for reason in report.skipped:
+        out.print(f"skipped {reason}", highlight=False)
     verdict = "PASS" if report.passed else "FAIL"
     out.print(f"fp32 parity (tolerance {report.tolerance:g}): {verdict}  [{report.backend}]", highlight=False)
+
+
+class Precision(str, Enum):
+    fp32 = "fp32"
+    fp16 = "fp16"
+    mixed = "mixed"
+
+
+@app.command()
+@friendly
+def convert(
+    model: ModelOpt = DEFAULT_MODEL,
+    out_dir: Annotated[Path, typer.Option("--out", help="New folder for the assets (must not exist or be empty).")]
+    = Path("assets"),
+    precision: Annotated[Precision, typer.Option(help="fp32 (exact), fp16, or mixed (int8 slow-AR weights, "
+                                                      "fp16 elsewhere).")] = Precision.fp32,
+    context: Annotated[Optional[int], typer.Option(help="KV slots for prompt + frames, a multiple of 32 "
+                                                        "(default: the model's max_seq_len).")] = None,
+    decoder_frames: Annotated[int, typer.Option(help="Codec decoder bucket, frames per call (2048 samples "
+                                                     "each).")] = DECODER_FRAMES,
+    encoder_frames: Annotated[int, typer.Option(help="Codec encoder bucket, frames per call.")] = ENCODER_FRAMES,
+    part: Annotated[Optional[list[str]], typer.Option(help="Convert only this part (repeatable): dualar, "
+                                                           "codec_decoder, codec_encoder.")] = None,
+) -> None:
+    """Convert a checkpoint into Core AI assets (dualar, codec decoder, codec encoder .aimodel folders)."""
+    import time
+
+    from .backends.coreai import convert as convert_assets
+
+    t0 = time.perf_counter()
+    path = convert_assets(model, out_dir, precision.value, context, decoder_frames=decoder_frames,
+                          encoder_frames=encoder_frames, parts=part or PARTS)
+    sizes = ", ".join(f"{p.name} {sum(f.stat().st_size for f in p.rglob('*') if f.is_file()) / 1e6:.1f} MB"
+                      for p in sorted(path.glob("*.aimodel")))
+    out.print(f"wrote {path} in {time.perf_counter() - t0:.0f} s: {sizes}", highlight=False)
 
 
 @app.command("make-checkpoint")

@@ -21,7 +21,7 @@ from .prompt import PromptBuilder, check_text
 from .tokenizer import load_tokenizer
 from .voices import Voice, VoiceError, VoiceStore, check_name, check_voice_choice, now_utc
 
-BACKENDS = ("torch",)
+BACKENDS = ("torch", "coreai")
 # A voice must leave room for this many frames (64 x 2048 samples = 3.0 s) after its clone prompt: a
 # reference that crowds out the speech is refused when registered, not discovered at every utterance.
 MIN_VOICE_FRAMES = 64
@@ -70,29 +70,41 @@ class TTS:
         self.checkpoint = checkpoint
         self.backend = backend
         self.prompts = prompts
-        self.config = checkpoint.config
+        self.config = backend.cfg  # the backend's context: Core AI assets may hold less than max_seq_len
         self.voices = voices if voices is not None else VoiceStore()  # where voice=NAME is looked up
 
     @classmethod
     def load(cls, model: str | Path = DEFAULT_MODEL, *, device: str = "auto", dtype: str = "fp32",
-             backend: str = "torch", voices_dir: str | Path | None = None) -> "TTS":
+             backend: str = "torch", voices_dir: str | Path | None = None,
+             assets: str | Path | None = None) -> "TTS":
         """Load a checkpoint folder (publisher layout) or hub id, validate it and build the backend.
 
         ``device``: auto | cpu | cuda[:N]; ``dtype``: fp32 | bf16 (the codec stays fp32 on CPU).
         ``voices_dir``: the voice store's folder (default: the per-user one, see :mod:`.voices`).
+        ``backend``: torch, or coreai with ``assets`` the folder ``audio8 convert`` wrote from this
+        checkpoint (``device``/``dtype`` then do not apply: the assets fix the precision).
         Raises CheckpointError (missing/corrupt files, wrong shapes, no tokenizer), BackendError
-        (unknown device/dtype/backend).
+        (unknown device/dtype/backend; missing, stale or foreign assets).
         """
         from .backends.torch import BackendError
 
         if backend not in BACKENDS:
             raise BackendError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        if (backend == "coreai") != (assets is not None):
+            raise BackendError("the coreai backend runs converted assets: give assets=DIR (--assets), a folder "
+                               "written by audio8 convert; assets apply to the coreai backend only")
         ckpt = load_checkpoint(model)
         if ckpt.tokenizer_dir is None:
             raise CheckpointError(f"{ckpt.path} has no tokenizer.json: a checkpoint folder must hold the "
                                   "tokenizer files (tokenizer.json, tokenizer_config.json) to speak text")
         prompts = PromptBuilder(load_tokenizer(ckpt.tokenizer_dir), ckpt.config)
-        return cls(ckpt, TorchBackend(ckpt, device, dtype), prompts, VoiceStore(voices_dir))
+        if backend == "coreai":
+            from .backends.coreai import CoreAIBackend
+
+            engine_backend = CoreAIBackend(ckpt, assets)
+        else:
+            engine_backend = TorchBackend(ckpt, device, dtype)
+        return cls(ckpt, engine_backend, prompts, VoiceStore(voices_dir))
 
     @property
     def sample_rate(self) -> int:

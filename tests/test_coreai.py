@@ -1,0 +1,366 @@
+"""Core AI assets on Linux: converted from the tiny oracle checkpoint and run by the coreai.runtime CPU interpreter.
+
+Conversions run once per session (fp32 with every part; fp16 with the DualAR and the decoder; mixed with the
+DualAR, whose decoder recipe is fp16's). The buckets and contexts are small so the interpreter stays quick:
+context 128 (fp32) / 96 (fp16, mixed), decoder 24 / 8 frames, encoder 16 frames.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import re
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+# coreai-core publishes wheels for macOS and Linux x86_64: there the tests must run, elsewhere they skip.
+if sys.platform == "darwin" or (sys.platform == "linux" and platform.machine() == "x86_64"):
+    import coreai.runtime  # noqa: F401
+else:
+    pytest.importorskip("coreai.runtime", reason="coreai-core has no wheel for this platform")
+
+from typer.testing import CliRunner
+
+from audio8_coreai import TTS
+from audio8_coreai.backends.coreai import AssetError, CoreAIBackend, convert, read_manifest
+from audio8_coreai.backends.torch import BackendError, TorchBackend
+from audio8_coreai.checkpoint import load_checkpoint
+from audio8_coreai.cli import app
+from audio8_coreai.engine import EngineError, generate
+from audio8_coreai.graphs import SamplingParams
+from audio8_coreai.parity import load_fixture, replay_codec, replay_single
+
+TEXT = "Hello there."  # 76 prompt columns with the tiny byte-level tokenizer: 52 frames fit a context of 128
+
+
+@pytest.fixture(scope="session")
+def oracle(oracle_dir):
+    return load_checkpoint(oracle_dir)
+
+
+@pytest.fixture(scope="session")
+def fp32_assets(oracle, tmp_path_factory):
+    return convert(oracle, tmp_path_factory.mktemp("coreai") / "fp32", "fp32", context=128, decoder_frames=24,
+                   encoder_frames=16, progress=False)
+
+
+@pytest.fixture(scope="session")
+def fp32_backend(oracle, fp32_assets):
+    return CoreAIBackend(oracle, fp32_assets)
+
+
+@pytest.fixture(scope="session")
+def torch_backend(oracle):
+    return TorchBackend(oracle, "cpu", "fp32")
+
+
+@pytest.fixture(scope="session")
+def speakable(oracle_dir, tiny_checkpoint, tmp_path_factory):
+    """The oracle's weights with the tiny tokenizer beside them (the tokenizer is not part of the fingerprint,
+    so the oracle's assets belong to this folder too): a checkpoint the TTS API and the CLI can speak with."""
+    path = tmp_path_factory.mktemp("speakable") / "tiny"
+    path.mkdir()
+    for f in oracle_dir.iterdir():
+        if f.name not in ("fixture.npz", "meta.json"):
+            shutil.copy(f, path / f.name)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_checkpoint / name, path / name)
+    return path
+
+
+def _params(ckpt) -> SamplingParams:
+    return SamplingParams.from_configs(ckpt.config, ckpt.generation)
+
+
+runner = CliRunner()
+
+
+def _run(*args):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert "Traceback" not in result.output
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# fp32: the oracle exactly
+
+
+def test_fp32_assets_reproduce_the_oracle(fp32_assets, oracle_dir):
+    """Through ``audio8 parity --backend coreai`` (which runs :func:`run_parity`): teacher-forced logits and
+    every draw, free runs frame for frame with eos at the same step, the codec's waveforms, the encoder's codes."""
+    result = _run("parity", "--model", oracle_dir, "--fixture", oracle_dir / "fixture.npz", "--backend", "coreai",
+                  "--assets", fp32_assets, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["passed"] and report["backend"].startswith("coreai fp32")
+    assert [s["name"] for s in report["scenarios"]] == ["plain", "clone"]
+    for s in report["scenarios"]:
+        assert s["slow_logits_max_diff"] < 1e-4 and s["fast_logits_max_diff"] < 1e-4
+        assert s["semantic_draws"] == [s["steps"]] * 2 and s["codebook_draws"] == [9 * s["steps"]] * 2
+        assert s["free_run_identical"]
+    assert [c["name"] for c in report["codec"]] == ["plain[0]", "greedy[0]", "batch[0]", "batch[1]", "clone[0]",
+                                                    "codec_clamp[0]"]
+    assert all(c["waveform_max_diff"] < 1e-4 for c in report["codec"])
+    assert [(e["codes_equal"], e["latent_max_diff"]) for e in report["encoder"]] == [([110, 110], None)]
+    # greedy is not the baked sampling; batch replays drive the torch model directly.
+    assert [r.split(":")[0] for r in report["skipped"]] == ["greedy", "batch"]
+
+
+def test_one_runtime_call_per_frame(fp32_backend, oracle, fixture):
+    prompt = fixture["clone__prompt_input_ids"][0]  # 57 columns: two prefill windows
+    before = fp32_backend.calls
+    gen = generate(fp32_backend, prompt, _params(oracle), seed=11, max_frames=20)
+    steps = gen.frames + gen.reached_eos  # the eos step is a call that emits no frame
+    assert fp32_backend.calls - before == 2 + steps
+
+
+def test_manifest_holds_contract_sampling_and_source(fp32_assets, oracle):
+    cfg = oracle.config
+    dualar = read_manifest(fp32_assets / "dualar.aimodel")
+    assert dualar["precision"] == "fp32" and dualar["context"] == 128
+    assert dualar["sampling"] == {"temperature": 0.7, "top_k": 50, "top_p": 0.9, "do_sample": True,
+                                  "ras_temperature": 1.0, "ras_top_p": 0.9}
+    frame = dualar["contract"]["frame"]
+    v = cfg.num_semantic + 1
+    assert frame["inputs"] == {
+        "codes": {"shape": [1, 11, 1], "dtype": "int32"}, "pos": {"shape": [1], "dtype": "int32"},
+        "noise_slow": {"shape": [2, v], "dtype": "float32"}, "window": {"shape": [10], "dtype": "int32"},
+        "noise_fast": {"shape": [9, cfg.codebook_size], "dtype": "float32"},
+        "forced": {"shape": [11], "dtype": "int32"}, "use_forced": {"shape": [1], "dtype": "float32"}}
+    assert {k: s["shape"] for k, s in frame["outputs"].items()} == {
+        "semantic": [1], "codes": [10], "logits": [v], "hidden": [cfg.dim], "fast_logits": [9, cfg.codebook_size],
+        "sampled_semantic": [1], "sampled_codes": [10]}
+    state = [cfg.n_layer, 1, cfg.n_local_heads, 128, cfg.head_dim]
+    for fn in ("prefill", "frame"):
+        assert dualar["contract"][fn]["states"] == {n: {"shape": state, "dtype": "float32"} for n in ("k_cache", "v_cache")}
+    assert dualar["contract"]["first_frame"]["states"] == {}
+    assert dualar["contract"]["prefill"]["outputs"]["logits"]["shape"] == [32, v]
+    sha = hashlib.sha256(oracle.model_file.read_bytes()).hexdigest()
+    assert dualar["source"]["sha256"]["model.safetensors"] == sha
+    assert dualar["source"]["fingerprint"] == oracle.fingerprint()
+    decoder = read_manifest(fp32_assets / "codec_decoder.aimodel")
+    assert decoder["contract"]["main"]["outputs"]["wav"] == {"shape": [1, 24 * 2048], "dtype": "float32"}
+    encoder = read_manifest(fp32_assets / "codec_encoder.aimodel")
+    assert encoder["contract"]["main"]["inputs"]["audio"] == {"shape": [1, 1, 16 * 2048], "dtype": "float32"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# fp16 and mixed: agreement counts against stated floors
+
+
+def _agreement(oracle, assets, fixture_path, codec: bool):
+    """(semantic draws, codebook draws, min slow-logits cos, min fast-logits cos, codec cos) over the plain and
+    clone scenarios, teacher-forced on the oracle's columns, and the two 6-frame codec recordings."""
+    backend = CoreAIBackend(oracle, assets)
+    fx, meta = load_fixture(fixture_path)
+    reports = [replay_single(backend, fx, meta, sc) for sc in ("plain", "clone")]
+    codec_cos = min(c.waveform_cos for sc in ("greedy", "codec_clamp") for c in replay_codec(backend, fx, sc)) \
+        if codec else None
+    return (sum(r.semantic_draws[0] for r in reports), sum(r.codebook_draws[0] for r in reports),
+            min(r.slow_logits_min_cos for r in reports), min(r.fast_logits_min_cos for r in reports), codec_cos)
+
+
+def test_fp16_agreement_floors(oracle, oracle_dir, tmp_path):
+    """Measured: 42/42 semantic, 377/378 codebook draws, logits cos >= 0.99999, codec cos 0.9999994."""
+    assets = convert(oracle, tmp_path / "fp16", "fp16", context=96, decoder_frames=8,
+                     parts=("dualar", "codec_decoder"), progress=False)
+    sem, cb, slow_cos, fast_cos, codec_cos = _agreement(oracle, assets, oracle_dir / "fixture.npz", codec=True)
+    assert sem >= 41 and cb >= 374  # of 42 and 378
+    assert slow_cos > 0.9999 and fast_cos > 0.9999
+    assert codec_cos > 0.99999
+
+
+def test_mixed_agreement_floors(oracle, oracle_dir, tmp_path):
+    """int8 slow-AR linears. Measured: 41/42 semantic, 378/378 codebook draws, slow logits cos 0.99994, fast
+    0.99997. The decoder is fp16's recipe (see the fp16 test)."""
+    assets = convert(oracle, tmp_path / "mixed", "mixed", context=96, parts=("dualar",), progress=False)
+    summary = read_manifest(assets / "dualar.aimodel")
+    assert summary["precision"] == "mixed"
+    sem, cb, slow_cos, fast_cos, _ = _agreement(oracle, assets, oracle_dir / "fixture.npz", codec=False)
+    assert sem >= 40 and cb >= 372  # of 42 and 378
+    assert slow_cos > 0.9995 and fast_cos > 0.9995
+
+
+# ---------------------------------------------------------------------------------------------------
+# Backends, state, codec
+
+
+def test_torch_and_coreai_agree_on_the_same_seed(fp32_backend, torch_backend, oracle, fixture):
+    prompt = fixture["plain__prompt_input_ids"][0]
+    for seed in (3, 4):
+        a = generate(torch_backend, prompt, _params(oracle), seed=seed, max_frames=24)
+        b = generate(fp32_backend, prompt, _params(oracle), seed=seed, max_frames=24)
+        assert np.array_equal(a.codes, b.codes) and a.reached_eos == b.reached_eos
+    wave_torch, wave_coreai = torch_backend.decode_window(a.codes), fp32_backend.decode_window(b.codes)
+    assert wave_coreai.shape == wave_torch.shape and np.abs(wave_coreai - wave_torch).max() < 1e-4
+
+
+def test_back_to_back_utterances_give_what_each_gives_fresh(fp32_backend, oracle, oracle_dir, fp32_assets, fixture):
+    params = _params(oracle)
+    plain, clone = fixture["plain__prompt_input_ids"][0], fixture["clone__prompt_input_ids"][0]
+    first = generate(fp32_backend, clone, params, seed=21, max_frames=30)  # a long one leaves more state behind
+    second = generate(fp32_backend, plain, params, seed=22, max_frames=30)
+    fresh = CoreAIBackend(oracle, fp32_assets)
+    try:
+        assert np.array_equal(generate(fresh, plain, params, seed=22, max_frames=30).codes, second.codes)
+        assert np.array_equal(generate(fp32_backend, clone, params, seed=21, max_frames=30).codes, first.codes)
+    finally:
+        fresh.close()
+
+
+def test_long_utterance_decodes_in_windows(fp32_backend, torch_backend):
+    """36 frames through the 24-frame decoder bucket: two windows, the second keeping 12 frames of context, which
+    the tiny codec's one-layer window-128 transformer makes approximate; the first bucket is exact."""
+    codes = np.random.default_rng(0).integers(0, 256, size=(10, 36))
+    whole = torch_backend.decode_window(codes)
+    windows = fp32_backend.decode_window(codes)
+    assert windows.shape == whole.shape == (36 * 2048,)
+    assert np.abs(windows[:24 * 2048] - whole[:24 * 2048]).max() < 1e-4
+    cos = float(windows @ whole / (np.linalg.norm(windows) * np.linalg.norm(whole)))
+    assert cos > 0.9
+
+
+def test_transposed_convolutions_on_the_cpu_runtime(tmp_path):
+    """ConvTranspose1d at the codec decoder's (kernel 16, stride 8) and its other strides is numerically wrong
+    on Apple's cpu_only delegate (PORT-NOTES section 7); on this runtime it must equal torch."""
+    import asyncio
+
+    import coreai.runtime as rt
+    import coreai_torch
+    from coreai.authoring import AIModelAsset
+
+    from audio8_coreai.backends.coreai import _export
+
+    torch.manual_seed(0)
+    layers = {f"k{2 * s}s{s}": torch.nn.ConvTranspose1d(48, 24, 2 * s, stride=s).eval() for s in (8, 4, 2)}
+    x = torch.randn(1, 48, 40)
+    converter = coreai_torch.TorchConverter()
+    for name, layer in layers.items():
+        converter.add_exported_program(_export(layer, (x,)), input_names=["x"], output_names=["y"],
+                                       entrypoint_name=name)
+    asset = converter.to_coreai().save_asset(tmp_path / "convt.aimodel")
+
+    async def run() -> dict[str, np.ndarray]:
+        async with AIModelAsset.load(asset.path).executable() as model:
+            return {name: (await model.load_function(name)(inputs={"x": rt.NDArray(x.numpy())}))["y"].numpy().copy()
+                    for name in layers}
+
+    got = asyncio.run(run())
+    for name, layer in layers.items():
+        with torch.no_grad():
+            want = layer(x).numpy()
+        assert got[name].shape == want.shape
+        assert np.abs(got[name] - want).max() < 1e-5, name
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_missing_or_incomplete_asset_folder(oracle, fp32_assets, tmp_path):
+    with pytest.raises(AssetError, match="no Core AI asset folder .*audio8 convert"):
+        CoreAIBackend(oracle, tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AssetError, match="no dualar.aimodel"):
+        CoreAIBackend(oracle, tmp_path / "empty")
+    partial = tmp_path / "partial"
+    shutil.copytree(fp32_assets, partial)
+    shutil.rmtree(partial / "codec_encoder.aimodel")
+    backend = CoreAIBackend(oracle, partial)  # frames and the decoder still work
+    try:
+        with pytest.raises(AssetError, match="no codec_encoder.aimodel"):
+            backend.encode(np.zeros(4096, np.float32))
+    finally:
+        backend.close()
+
+
+def test_stale_asset_is_refused(oracle, fp32_assets, tmp_path):
+    from coreai.authoring import AIModelAsset
+
+    stale = tmp_path / "stale"
+    shutil.copytree(fp32_assets, stale)
+
+    def older(meta):
+        manifest = json.loads(meta.creator_defined_metadata["audio8"])
+        meta.set_custom("audio8", json.dumps({**manifest, "format": 0}))
+
+    AIModelAsset.load(stale / "dualar.aimodel").update_metadata(older)
+    with pytest.raises(AssetError, match="stale asset .*format 0.*convert the checkpoint again"):
+        CoreAIBackend(oracle, stale)
+
+
+def test_assets_of_another_checkpoint_are_refused(tiny_checkpoint, fp32_assets):
+    with pytest.raises(AssetError, match="converted from another checkpoint"):
+        CoreAIBackend(load_checkpoint(tiny_checkpoint), fp32_assets)
+
+
+def test_prompt_longer_than_the_context(fp32_backend, oracle, speakable, fp32_assets):
+    with pytest.raises(BackendError, match="context of 128"):
+        fp32_backend.prefill(np.zeros((11, 130), dtype=np.int64))
+    tts = TTS.load(speakable, backend="coreai", assets=fp32_assets)
+    assert tts.config.max_seq_len == 128
+    with pytest.raises(EngineError, match="context is 128"):
+        tts.generate("word " * 60, seed=0)
+
+
+def test_sampling_other_than_the_baked_one_is_refused(fp32_backend, oracle, fixture):
+    fp32_backend.prefill(fixture["plain__prompt_input_ids"][0])
+    other = SamplingParams(temperature=0.9)
+    with pytest.raises(BackendError, match="baked into the frame graphs"):
+        fp32_backend.first_frame(other, np.full((2, 257), 0.5, np.float32), np.full(10, -1),
+                                 np.full((9, 256), 0.5, np.float32))
+
+
+def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
+    with pytest.raises(AssetError, match="not an empty folder"):
+        convert(oracle, fp32_assets, progress=False)
+    with pytest.raises(AssetError, match="unknown precision"):
+        convert(oracle, tmp_path / "a", "int4", progress=False)
+    with pytest.raises(AssetError, match="multiple of 32"):
+        convert(oracle, tmp_path / "a", context=100, progress=False)
+    with pytest.raises(AssetError, match="unknown or no parts"):
+        convert(oracle, tmp_path / "a", parts=("vocoder",), progress=False)
+    assert not (tmp_path / "a").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# API and command line
+
+
+def test_tts_api_on_the_coreai_backend_matches_torch(speakable, fp32_assets):
+    coreai_tts = TTS.load(speakable, backend="coreai", assets=fp32_assets)
+    torch_tts = TTS.load(speakable, device="cpu")
+    a = coreai_tts.generate(TEXT, seed=5, max_frames=20)
+    b = torch_tts.generate(TEXT, seed=5, max_frames=20)
+    assert np.array_equal(a.codes, b.codes) and a.frames > 0
+    assert np.abs(a.audio - b.audio).max() < 1e-4
+    with pytest.raises(BackendError, match="give assets=DIR"):
+        TTS.load(speakable, backend="coreai")
+
+
+def test_cli_say_with_coreai(speakable, fp32_assets, tmp_path):
+    out = tmp_path / "speech.wav"
+    result = _run("say", TEXT, "-o", out, "--model", speakable, "--seed", 5, "--max-frames", 20,
+                  "--backend", "coreai", "--assets", fp32_assets)
+    assert result.exit_code == 0, result.output
+    frames = int(re.search(r"(\d+)\s+frames", result.output).group(1))
+    assert sf.read(out)[0].shape == (frames * 2048,) and "coreai fp32" in result.output
+    result = _run("say", TEXT, "-o", out, "--model", speakable, "--backend", "coreai", "--assets", tmp_path / "no")
+    assert result.exit_code == 2 and "no Core AI asset folder" in result.output
+
+
+def test_cli_convert_one_part(oracle_dir, tmp_path):
+    result = _run("convert", "--model", oracle_dir, "--out", tmp_path / "dec", "--precision", "fp16",
+                  "--decoder-frames", 4, "--part", "codec_decoder")
+    assert result.exit_code == 0, result.output
+    assert "codec_decoder.aimodel" in result.output
+    assert [p.name for p in (tmp_path / "dec").iterdir()] == ["codec_decoder.aimodel"]
+    assert read_manifest(tmp_path / "dec" / "codec_decoder.aimodel")["precision"] == "fp16"
+    result = _run("convert", "--model", oracle_dir, "--out", tmp_path / "dec")
+    assert result.exit_code == 2 and "not an empty folder" in result.output
