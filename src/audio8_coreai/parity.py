@@ -34,8 +34,21 @@ class ParityError(ValueError):
 
 
 @dataclass
+class DrawMiss:
+    """One teacher-forced draw that differs from the recording: at ``step`` of batch ``item``, draw ``draw``
+    (0: the semantic id, c >= 1: codebook c) recorded as ``want``, drawn by the backend as ``got``."""
+
+    step: int
+    item: int
+    draw: int
+    want: int
+    got: int
+
+
+@dataclass
 class ScenarioReport:
-    """Agreement for one scenario; counts are (agreeing, total)."""
+    """Agreement for one scenario; counts are (agreeing, total); ``misses`` lists every draw that differs;
+    ``free_run_prefix`` is how many leading free-run frames equal the recording's (all codebooks)."""
 
     name: str
     steps: int
@@ -46,11 +59,13 @@ class ScenarioReport:
     codebook_draws: tuple[int, int] = (0, 0)
     free_run_identical: bool | None = None
     free_run_frames: int | None = None
+    free_run_prefix: int | None = None
     free_run_expected_frames: int | None = None
     free_run_eos: bool | None = None
     free_run_expected_eos: bool | None = None
     slow_logits_min_cos: float = 1.0
     fast_logits_min_cos: float = 1.0
+    misses: list[DrawMiss] = field(default_factory=list)
 
 
 @dataclass
@@ -171,6 +186,11 @@ def _compare_frame(rep: ScenarioReport, fx, sc, s, b, res: FrameResult, do_sampl
     want = fx[f"{sc}__fast_choice"][s, :, b] if do_sample else fx[f"{sc}__codebooks"][s, b, 1:]
     agree = int((res.sampled_codes[1:] == want).sum())
     rep.codebook_draws = (rep.codebook_draws[0] + agree, rep.codebook_draws[1] + len(want))
+    semantic = int(fx[f"{sc}__semantic"][s, b])
+    if res.sampled_semantic != semantic:
+        rep.misses.append(DrawMiss(s, b, 0, semantic, int(res.sampled_semantic)))
+    rep.misses += [DrawMiss(s, b, int(c) + 1, int(want[c]), int(res.sampled_codes[c + 1]))
+                   for c in np.flatnonzero(res.sampled_codes[1:] != want)]
 
 
 def _add(pair: tuple[int, int], ok: int) -> tuple[int, int]:
@@ -183,6 +203,20 @@ def _forced(fx, sc, s, b) -> np.ndarray:
 
 def replay_single(backend: TorchBackend, fx: dict, meta: dict, sc: str) -> ScenarioReport:
     """Teacher-forced and free-run replay of a batch-1 scenario through the backend's public calls."""
+    rep = replay_forced(backend, fx, meta, sc)
+    # Free run: the engine's own loop, fed the recorded uniforms.
+    cfg = backend.cfg
+    max_new = int(meta["scenarios"][sc]["max_new_tokens"])
+    noise = _RecordedNoise(fx, sc, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
+    gen = generate(backend, fx[f"{sc}__prompt_input_ids"][0], _params(meta, sc, backend), seed=0,
+                   max_frames=max_new, noise=noise)
+    compare_free_run(rep, fx, sc, gen.codes, gen.reached_eos)
+    return rep
+
+
+def replay_forced(backend: TorchBackend, fx: dict, meta: dict, sc: str) -> ScenarioReport:
+    """The teacher-forced half of :func:`replay_single`: every recorded step of batch-1 scenario ``sc``
+    through the backend's ``prefill``/``first_frame``/``frame``, fed the recorded columns and uniforms."""
     cfg = backend.cfg
     params = _params(meta, sc, backend)
     steps = int(fx[f"{sc}__num_steps"])
@@ -201,17 +235,21 @@ def replay_single(backend: TorchBackend, fx: dict, meta: dict, sc: str) -> Scena
             pos = int(fx[f"{sc}__step_physical_position"][s - 1, 0])
             res = backend.frame(params, column, pos, noise_slow, window, noise_fast, forced)
         _compare_frame(rep, fx, sc, s, 0, res, params.do_sample)
-    # Free run: the engine's own loop, fed the recorded uniforms.
-    max_new = int(meta["scenarios"][sc]["max_new_tokens"])
-    noise = _RecordedNoise(fx, sc, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
-    gen = generate(backend, prompt, params, seed=0, max_frames=max_new, noise=noise)
-    want = fx[f"{sc}__codes"][0]
-    n_want = int(fx[f"{sc}__code_lengths"][0])
-    rep.free_run_frames, rep.free_run_expected_frames = gen.frames, n_want
-    rep.free_run_eos, rep.free_run_expected_eos = gen.reached_eos, bool(fx[f"{sc}__finished"][0])
-    rep.free_run_identical = (gen.frames == n_want and gen.reached_eos == rep.free_run_expected_eos
-                              and np.array_equal(gen.codes, want[:, :n_want]))
     return rep
+
+
+def compare_free_run(rep: ScenarioReport, fx: dict, sc: str, codes: np.ndarray, reached_eos: bool) -> None:
+    """Fill ``rep``'s free-run fields from a free run's ``codes`` int [C, T] and whether it ended on eos,
+    against the recording of batch-1 scenario ``sc``."""
+    n_want = int(fx[f"{sc}__code_lengths"][0])
+    want = fx[f"{sc}__codes"][0, :, :n_want]
+    frames = codes.shape[1]
+    rep.free_run_frames, rep.free_run_expected_frames = frames, n_want
+    rep.free_run_eos, rep.free_run_expected_eos = reached_eos, bool(fx[f"{sc}__finished"][0])
+    same = (codes[:, :n_want] == want[:, :frames]).all(axis=0)
+    rep.free_run_prefix = len(same) if same.all() else int(np.argmin(same))
+    rep.free_run_identical = (frames == n_want and reached_eos == rep.free_run_expected_eos
+                              and np.array_equal(codes, want))
 
 
 @torch.inference_mode()
