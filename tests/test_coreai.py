@@ -1,8 +1,9 @@
 """Core AI assets on Linux: converted from the tiny oracle checkpoint and run by the coreai.runtime CPU interpreter.
 
-Conversions run once per session (fp32 with every part; fp16 with the DualAR and the decoder; mixed with the
-DualAR, whose decoder recipe is fp16's). The buckets and contexts are small so the interpreter stays quick:
-context 128 (fp32) / 96 (fp16, mixed), decoder 24 / 8 frames, encoder 16 frames.
+Conversions run once per session: fp32 with every part in this process; fp16 with the DualAR and the decoder,
+and mixed with the DualAR (its decoder recipe is fp16's), in a child process alongside. The buckets and
+contexts are small so the interpreter stays quick: context 128 (fp32) / 96 (fp16, mixed), decoder 24 / 8
+frames, encoder 16 frames.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import json
 import platform
 import re
 import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +37,7 @@ from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.cli import app
 from audio8_coreai.engine import EngineError, generate
 from audio8_coreai.graphs import SamplingParams
-from audio8_coreai.parity import load_fixture, replay_codec, replay_single
+from audio8_coreai.parity import load_fixture, replay_codec, replay_forced
 
 TEXT = "Hello there."  # 76 prompt columns with the tiny byte-level tokenizer: 52 frames fit a context of 128
 
@@ -44,8 +47,43 @@ def oracle(oracle_dir):
     return load_checkpoint(oracle_dir)
 
 
+class _ChildConversions:
+    """fp16 and mixed assets converted by a child process, started before the fp32 conversion so the two run
+    side by side (conversion is mostly single-threaded Python; on 2 cores this saves the longer one's time).
+    ``folder(precision)`` waits for the child and returns the asset folder."""
+
+    SCRIPT = ("import sys; from audio8_coreai.backends.coreai import convert; out = sys.argv[2]; "
+              "convert(sys.argv[1], out + '/fp16', 'fp16', context=96, decoder_frames=8, "
+              "parts=('dualar', 'codec_decoder'), progress=False); "
+              "convert(sys.argv[1], out + '/mixed', 'mixed', context=96, parts=('dualar',), progress=False)")
+
+    def __init__(self, checkpoint: Path, out: Path):
+        self.out = out
+        self.log = out / "convert.log"
+        with self.log.open("w") as log:
+            self.child = subprocess.Popen([sys.executable, "-c", self.SCRIPT, str(checkpoint), str(out)],
+                                          stdout=log, stderr=subprocess.STDOUT)
+
+    def folder(self, precision: str) -> Path:
+        if self.child.wait(timeout=900) != 0:
+            pytest.fail(f"converting the fp16/mixed assets failed:\n{self.log.read_text()[-3000:]}")
+        return self.out / precision
+
+    def stop(self) -> None:
+        if self.child.poll() is None:
+            self.child.kill()
+            self.child.wait()
+
+
 @pytest.fixture(scope="session")
-def fp32_assets(oracle, tmp_path_factory):
+def child_conversions(oracle_dir, tmp_path_factory):
+    conversions = _ChildConversions(oracle_dir, tmp_path_factory.mktemp("coreai_child"))
+    yield conversions
+    conversions.stop()
+
+
+@pytest.fixture(scope="session")
+def fp32_assets(oracle, tmp_path_factory, child_conversions):
     return convert(oracle, tmp_path_factory.mktemp("coreai") / "fp32", "fp32", context=128, decoder_frames=24,
                    encoder_frames=16, progress=False)
 
@@ -156,32 +194,31 @@ def test_manifest_holds_contract_sampling_and_source(fp32_assets, oracle):
 
 def _agreement(oracle, assets, fixture_path, codec: bool):
     """(semantic draws, codebook draws, min slow-logits cos, min fast-logits cos, codec cos) over the plain and
-    clone scenarios, teacher-forced on the oracle's columns, and the two 6-frame codec recordings."""
+    clone scenarios, teacher-forced on the oracle's columns (42 steps), and the two 6-frame codec recordings."""
     backend = CoreAIBackend(oracle, assets)
     fx, meta = load_fixture(fixture_path)
-    reports = [replay_single(backend, fx, meta, sc) for sc in ("plain", "clone")]
+    reports = [replay_forced(backend, fx, meta, sc) for sc in ("plain", "clone")]
     codec_cos = min(c.waveform_cos for sc in ("greedy", "codec_clamp") for c in replay_codec(backend, fx, sc)) \
         if codec else None
     return (sum(r.semantic_draws[0] for r in reports), sum(r.codebook_draws[0] for r in reports),
             min(r.slow_logits_min_cos for r in reports), min(r.fast_logits_min_cos for r in reports), codec_cos)
 
 
-def test_fp16_agreement_floors(oracle, oracle_dir, tmp_path):
+def test_fp16_agreement_floors(oracle, oracle_dir, child_conversions):
     """Measured: 42/42 semantic, 377/378 codebook draws, logits cos >= 0.99999, codec cos 0.9999994."""
-    assets = convert(oracle, tmp_path / "fp16", "fp16", context=96, decoder_frames=8,
-                     parts=("dualar", "codec_decoder"), progress=False)
+    assets = child_conversions.folder("fp16")
+    assert read_manifest(assets / "dualar.aimodel")["precision"] == "fp16"
     sem, cb, slow_cos, fast_cos, codec_cos = _agreement(oracle, assets, oracle_dir / "fixture.npz", codec=True)
     assert sem >= 41 and cb >= 374  # of 42 and 378
     assert slow_cos > 0.9999 and fast_cos > 0.9999
     assert codec_cos > 0.99999
 
 
-def test_mixed_agreement_floors(oracle, oracle_dir, tmp_path):
+def test_mixed_agreement_floors(oracle, oracle_dir, child_conversions):
     """int8 slow-AR linears. Measured: 41/42 semantic, 378/378 codebook draws, slow logits cos 0.99994, fast
     0.99997. The decoder is fp16's recipe (see the fp16 test)."""
-    assets = convert(oracle, tmp_path / "mixed", "mixed", context=96, parts=("dualar",), progress=False)
-    summary = read_manifest(assets / "dualar.aimodel")
-    assert summary["precision"] == "mixed"
+    assets = child_conversions.folder("mixed")
+    assert read_manifest(assets / "dualar.aimodel")["precision"] == "mixed"
     sem, cb, slow_cos, fast_cos, _ = _agreement(oracle, assets, oracle_dir / "fixture.npz", codec=False)
     assert sem >= 40 and cb >= 372  # of 42 and 378
     assert slow_cos > 0.9995 and fast_cos > 0.9995
