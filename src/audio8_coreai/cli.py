@@ -291,6 +291,50 @@ def make_checkpoint_cmd(
     out.print(f"wrote {path}", highlight=False)
 
 
+@app.command()
+@friendly
+def bench(
+    model: Annotated[Path, typer.Option("--model", "-m", help="A 0.6b checkpoint folder; a random one (seed 0, "
+                                                              "about 2.8 GB) is written there when absent.")]
+    = Path("~/.cache/audio8-coreai/bench-0.6b"),
+    precision: Annotated[Optional[list[str]], typer.Option(help="Torch precision to measure (repeatable): fp32, "
+                                                                "bf16, int8, mixed.")] = None,
+    threads: Annotated[Optional[list[int]], typer.Option(help="Torch threads (repeatable; default torch's).")]
+    = None,
+    baseline: Annotated[bool, typer.Option(help="Also time the publisher-style frame (fp32, full head, host "
+                                                "sampling, one call per fast row) for the vs-base ratio.")]
+    = False,
+    device: DeviceOpt = "cpu",
+    frames: Annotated[int, typer.Option(help="Frames per timed frame loop (eos ignored).")] = 32,
+    runs: Annotated[int, typer.Option(help="Timed runs after one warm-up; medians are reported.")] = 3,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure here.")] = None,
+) -> None:
+    """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
+    from .bench import BenchConfig, ensure_checkpoint, format_table, meta, run_configs
+
+    if frames < 1 or runs < 1:
+        raise ConfigError("--frames and --runs must be >= 1")
+    log = functools.partial(err.print, highlight=False)
+    ckpt = str(ensure_checkpoint(model, log))
+    thread_list = threads or [None]
+    configs = [BenchConfig(ckpt, "torch", device, "fp32", t, runs, frames, baseline=True)
+               for t in thread_list] if baseline else []
+    configs += [BenchConfig(ckpt, "torch", device, p, t, runs, frames) for p in precision or ["fp32"]
+                for t in thread_list]
+    busy = meta()["load_average"][0]
+    if busy > 0.5:
+        log(f"[yellow]warning:[/] load average {busy:.1f} before starting: other processes use the CPU, so times "
+            "are inflated and noisy (see CPU use); compare rows of one run")
+    try:
+        rows = run_configs(configs, log)
+    except RuntimeError as e:
+        raise BackendError(str(e)) from None
+    out.print(format_table(rows), highlight=False, soft_wrap=True)
+    if json_out is not None:
+        json_out.write_text(json.dumps({"meta": meta(), "results": rows}, indent=2) + "\n")
+        log(f"wrote {json_out}")
+
+
 voice_app = typer.Typer(no_args_is_help=True, help="Cloned voices: register a clip by name, list, show, remove.")
 app.add_typer(voice_app, name="voice")
 

@@ -1,0 +1,421 @@
+"""Speed and memory of a backend: the harness behind ``audio8 bench`` and ``benchmarks/bench_torch.py``.
+
+Timing lives here and in ``benchmarks/``, never in the tests. One *configuration* (backend, device, precision,
+threads) runs in a fresh subprocess so its peak RSS is its own. In it, every measurement gets one warm-up, then
+``runs`` timed repetitions, and the median is reported (milliseconds unless named otherwise):
+
+* ``prefill_ms`` / ``prefill_ms_per_token``: ``backend.prefill`` of the plain prompt of a 26-word sentence;
+* ``ms_per_frame``: ``first_frame`` then ``frame`` for exactly ``frames`` frames with seeded noise and the RAS
+  window as ``engine.generate`` drives them (eos ignored: a random checkpoint may draw it);
+* the frame's split, each part timed alone with the callables the frame uses (``frame_parts``): ``slow_ms``
+  (one slow-AR step), ``fast_ms`` (the fast AR's rows of one frame, no sampling), ``sampler_ms`` (the semantic
+  draw with RAS and the nine codebook draws); ``other_ms`` = frame - parts (host work, copies);
+* the **weight-streaming floor** of this precision, ``floor_ms``: every linear of the slow AR once plus every
+  linear of the fast AR once per fast pass (9: rows 0 and 1 share a pass, both known before any fast draw),
+  each called at batch 1 with the frame's own modules (so the same kernels and weight formats), nothing else;
+  ``frame_floor_ratio`` = ms/frame / floor (1.0 = the frame does nothing but stream its weights);
+* codec: ``decode_window`` of a streaming chunk ([10, 160]: 128 frames of context and 32 new) and of the first
+  chunk ([10, 32]);
+* ``rtf`` (whole utterance of ``frames`` frames: prefill + frames + one decode, per second of audio),
+  ``rtf_streaming`` (steady state: 32 frames plus one 160-window decode per 32 frames of audio), ``ttfa_ms``
+  (time to first audio when streaming: prefill + 32 frames + the first 32-frame decode);
+* ``peak_rss_gb`` (``ru_maxrss`` of the subprocess) and ``cpu_use`` (process CPU s / wall s: well under the
+  thread count means other processes took the cores and every time here is inflated).
+
+Each configuration can also run the **publisher-style baseline** frame (``baseline=True``): fp32, the full
+155,776-row head, one call per fast row and host-side NumPy sampling, as the publisher's ``generate`` does;
+``vs_baseline`` in a table is the baseline's ms/frame over a row's, measured in the same invocation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+SENTENCE = ("The meeting has been moved to Thursday afternoon, so please update your calendars and let "
+            "the rest of the team know before the end of the day.")
+STREAM_CHUNK = 32  # frames emitted per streaming decode
+STREAM_WINDOW = 160  # frames decoded per streaming chunk (128 of context, attention window of the codec)
+FAST_PASSES = 9  # rows 0+1 in one pass, then rows 2..9
+DEFAULT_CHECKPOINT = Path("~/.cache/audio8-coreai/bench-0.6b")
+PUBLISHER = {"ms_per_frame": 265.0, "rtf": 6.7, "peak_rss_gb": 5.75}  # its own fp32 generate, this machine
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One configuration, run in its own subprocess."""
+
+    checkpoint: str
+    backend: str = "torch"
+    device: str = "cpu"
+    precision: str = "fp32"
+    threads: int | None = None
+    runs: int = 3
+    frames: int = 32
+    baseline: bool = False  # measure the publisher-style frame instead of the backend's
+
+    @property
+    def label(self) -> str:
+        name = "baseline" if self.baseline else self.precision
+        return f"{name} {self.threads or 'auto'}t"
+
+
+def median_ms(fn: Callable[[], object], runs: int, inner: int = 1) -> tuple[float, list[float]]:
+    """One warm-up call, then ``runs`` timed runs of ``inner`` calls; (median ms per call, all runs)."""
+    fn()
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        out.append((time.perf_counter() - t0) * 1e3 / inner)
+    return statistics.median(out), out
+
+
+# --- the pieces of a frame, timed alone -------------------------------------------------------------------
+
+
+def linear_modules(module) -> list:
+    """Every linear-like module under ``module`` (``nn.Linear`` or a quantized stand-in with ``in_features``)."""
+    return [m for m in module.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")]
+
+
+def _input_dtype(m):
+    import torch
+
+    dt = getattr(m, "input_dtype", None)
+    if dt is not None:
+        return dt
+    w = getattr(m, "weight", None)
+    return w.dtype if isinstance(w, torch.Tensor) and w.is_floating_point() else torch.float32
+
+
+def weight_floor(backend, runs: int, passes: int = FAST_PASSES) -> dict:
+    """The weight-streaming floor of ``backend``'s precision: each linear called once at batch 1 (slow AR once,
+    fast AR ``passes`` times in a row), nothing else. Returns ms and the weights read per frame."""
+    import torch
+
+    model = backend.model
+    slow, fast = linear_modules(model.slow), linear_modules(model.fast)
+    dev = backend.device
+
+    def calls(mods):
+        xs = [torch.randn(1, 1, m.in_features, device=dev).to(_input_dtype(m)) for m in mods]
+        return list(zip(mods, xs))
+
+    slow_calls, fast_calls = calls(slow), calls(fast)
+
+    @torch.inference_mode()
+    def run_slow():
+        for m, x in slow_calls:
+            m(x)
+        _sync(dev)
+
+    @torch.inference_mode()
+    def run_fast():
+        for _ in range(passes):
+            for m, x in fast_calls:
+                m(x)
+        _sync(dev)
+
+    slow_ms, _ = median_ms(run_slow, runs)
+    fast_ms, _ = median_ms(run_fast, runs)
+    n_slow = sum(m.in_features * m.out_features for m in slow)
+    n_fast = sum(m.in_features * m.out_features for m in fast)
+    return {"floor_ms": slow_ms + fast_ms, "floor_slow_ms": slow_ms, "floor_fast_ms": fast_ms,
+            "fast_passes": passes, "weights_per_frame_m": (n_slow + passes * n_fast) / 1e6}
+
+
+def _sync(dev) -> None:
+    import torch
+
+    if getattr(dev, "type", "cpu") == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def frame_parts(backend, params, pos: int) -> dict[str, Callable[[], object]]:
+    """Callables for the parts of one frame at slot ``pos``: ``slow`` (the slow step on one column), ``fast``
+    (the fast AR's rows, fed fixed codes), ``sampler`` (every draw of a frame on fixed logits).
+
+    A backend with its own frame implementation supplies them (``backend.frame_parts(params, pos)``).
+    """
+    own = getattr(backend, "frame_parts", None)
+    if own is not None:
+        return own(params, pos)
+    import torch
+
+    from .graphs import Prefill
+    from .sampling import sample_semantic, sample_top_k_top_p
+
+    model, cfg, dev = backend.model, backend.cfg, backend.device
+    col = torch.zeros(1, cfg.num_codebooks + 1, 1, dtype=torch.long, device=dev)
+    col[0, 0] = cfg.semantic_begin_id
+    p = torch.tensor([pos], device=dev)
+    prefill = Prefill(model)
+    hidden = torch.randn(1, cfg.dim, device=dev).to(backend.dtype)
+    code = torch.zeros(1, dtype=torch.long, device=dev)
+    logits = torch.randn(1, cfg.num_semantic + 1, device=dev) * 3
+    fast_logits = torch.randn(1, cfg.codebook_size, device=dev) * 3
+    noise = torch.rand(1, 2, cfg.num_semantic + 1, device=dev).clamp(min=1e-6)
+    noise_fast = torch.rand(1, cfg.codebook_size, device=dev).clamp(min=1e-6)
+    window = torch.full((1, cfg.ras_window_size), -1, dtype=torch.long, device=dev)
+
+    @torch.inference_mode()
+    def slow():
+        prefill(col, p, backend.k_cache, backend.v_cache, pos + 1)
+        _sync(dev)
+
+    @torch.inference_mode()
+    def fast():
+        past = model.fast.start(hidden)
+        for row in range(1, cfg.num_codebooks):
+            model.fast.step(code, row, past)
+        _sync(dev)
+
+    @torch.inference_mode()
+    def sampler():
+        sample_semantic(logits, noise, window, top_k=params.top_k, top_p=params.top_p,
+                        temperature=params.temperature, ras_top_p=params.ras_top_p,
+                        ras_temperature=params.ras_temperature, semantic_begin_id=cfg.semantic_begin_id,
+                        eos_id=cfg.eos_token_id)
+        for _ in range(cfg.num_codebooks - 1):
+            sample_top_k_top_p(fast_logits, noise_fast, params.top_k, params.top_p, params.temperature)
+        _sync(dev)
+
+    return {"slow": slow, "fast": fast, "sampler": sampler}
+
+
+# --- the publisher-style baseline frame -------------------------------------------------------------------
+
+
+class BaselineFrame:
+    """The publisher's way of making a frame, on our fp32 modules: the slow step with the full-vocabulary head
+    (155,776 rows: the tied embedding), logits to the host, NumPy sampling with the mask, then one fast-AR call
+    per row with its logits to the host and a NumPy draw. Only for the benchmark's side-by-side ratio."""
+
+    def __init__(self, backend, params):
+        from .graphs import Prefill
+
+        self.backend, self.params = backend, params
+        self.prefill = Prefill(backend.model)
+        cfg = backend.cfg
+        self.allowed = np.concatenate([np.arange(cfg.semantic_begin_id, cfg.semantic_end_id + 1),
+                                       [cfg.eos_token_id]])
+
+    def __call__(self, column: np.ndarray, pos: int, noise_slow: np.ndarray, window: np.ndarray,
+                 noise_fast: np.ndarray) -> tuple[int, np.ndarray]:
+        import torch
+
+        from .sampling import np_sample_semantic, np_sample_top_k_top_p
+
+        b, cfg, p = self.backend, self.backend.cfg, self.params
+        model = b.model
+        with torch.inference_mode():
+            col = torch.as_tensor(column, dtype=torch.long).view(1, -1, 1)
+            _, hidden = self.prefill(col, torch.tensor([pos]), b.k_cache, b.v_cache, pos + 1)
+            full = torch.nn.functional.linear(hidden[:, -1], model.slow.embeddings.weight)[0].numpy()
+        logits = full[self.allowed]  # the publisher masks every other id to -inf before sampling
+        sem, _, _ = np_sample_semantic(logits, noise_slow, window, top_k=p.top_k, top_p=p.top_p,
+                                       temperature=p.temperature, ras_top_p=p.ras_top_p,
+                                       ras_temperature=p.ras_temperature,
+                                       semantic_begin_id=cfg.semantic_begin_id, eos_id=cfg.eos_token_id)
+        code = int(np.clip(int(sem) - cfg.semantic_begin_id, 0, cfg.codebook_size - 1))
+        codes = [code]
+        with torch.inference_mode():
+            past = model.fast.start(hidden[:, -1])
+            for row in range(1, cfg.num_codebooks):
+                lg = model.fast.step(torch.tensor([code]), row, past)[0].float().numpy()
+                code = int(np_sample_top_k_top_p(lg, noise_fast[row - 1], p.top_k, p.top_p, p.temperature))
+                codes.append(code)
+        return int(sem), np.asarray(codes, dtype=np.int64)
+
+
+# --- one configuration, in this process -------------------------------------------------------------------
+
+
+def _load(cfg: BenchConfig):
+    from .tts import TTS
+
+    kwargs = {"device": cfg.device}
+    if cfg.backend != "torch":
+        raise ValueError(f"the bench drives the torch backend; got {cfg.backend!r}")
+    precision = "fp32" if cfg.baseline else cfg.precision
+    try:
+        return TTS.load(cfg.checkpoint, precision=precision, **kwargs)
+    except TypeError:  # a TTS.load without precision: only the dtypes
+        return TTS.load(cfg.checkpoint, dtype=precision, **kwargs)
+
+
+def measure(cfg: BenchConfig) -> dict:
+    """Every figure for one configuration, in this process (see the module docstring)."""
+    import torch
+
+    from .sampling import NoiseSource, RasWindow
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t0 = time.perf_counter()
+    tts = _load(cfg)
+    load_s = time.perf_counter() - t0
+    backend, mc, cc = tts.backend, tts.config, tts.checkpoint.codec_config
+    params = tts.sampling()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    prompt = tts.prompts.plain(SENTENCE)
+    p_len = prompt.shape[1]
+    runs, frames = cfg.runs, cfg.frames
+    baseline = BaselineFrame(backend, params) if cfg.baseline else None
+
+    prefill_ms, _ = median_ms(lambda: backend.prefill(prompt), runs)
+
+    def frame_loop() -> float:
+        backend.prefill(prompt)
+        noise = NoiseSource(0, mc.num_semantic, mc.codebook_size, mc.num_codebooks - 1)
+        window = RasWindow(mc.ras_window_size)
+        t0 = time.perf_counter()
+        column = None
+        for step in range(frames):
+            noise_slow, noise_fast = noise.next_frame()
+            if baseline is not None:
+                if column is None:  # frame 0 of the baseline: sampled like the others, from a slow step
+                    column = np.zeros(mc.num_codebooks + 1, dtype=np.int64)
+                    column[0] = mc.semantic_begin_id
+                sem, codes = baseline(column, p_len + step - 1, noise_slow, window.current()[0], noise_fast)
+            else:
+                if column is None:
+                    res = backend.first_frame(params, noise_slow, window.current()[0], noise_fast)
+                else:
+                    res = backend.frame(params, column, p_len + step - 1, noise_slow, window.current()[0],
+                                        noise_fast)
+                sem, codes = res.semantic, res.codes
+            window.push(sem)
+            column = np.concatenate([[sem], codes])
+        return (time.perf_counter() - t0) * 1e3 / frames
+
+    frame_runs = [frame_loop() for _ in range(runs + 1)][1:]  # the first is the warm-up
+    ms_per_frame = statistics.median(frame_runs)
+
+    out: dict = {"label": cfg.label, **asdict(cfg), "threads_used": torch.get_num_threads(), "load_s": load_s,
+                 "prompt_columns": p_len, "prefill_ms": prefill_ms, "prefill_ms_per_token": prefill_ms / p_len,
+                 "ms_per_frame": ms_per_frame, "frame_runs_ms": frame_runs}
+    if baseline is None:
+        parts = frame_parts(backend, params, p_len + frames // 2)
+        split = {f"{name}_ms": median_ms(fn, runs, inner=3)[0] for name, fn in parts.items()}
+        split["other_ms"] = ms_per_frame - sum(split.values())
+        out.update(split)
+        out.update(weight_floor(backend, runs))
+        out["frame_floor_ratio"] = ms_per_frame / out["floor_ms"]
+        out["description"] = getattr(backend, "description", "")
+
+    rng = np.random.default_rng(0)
+
+    def random_codes(n: int) -> np.ndarray:
+        return np.concatenate([rng.integers(0, cc.semantic_codebook_size, (1, n)),
+                               rng.integers(0, cc.residual_codebook_size, (cc.residual_codebooks, n))])
+
+    chunk, first = random_codes(STREAM_WINDOW), random_codes(STREAM_CHUNK)
+    codec_ms, _ = median_ms(lambda: backend.decode_window(chunk), runs)
+    codec_first_ms, _ = median_ms(lambda: backend.decode_window(first), runs)
+    frame_audio_ms = cc.frame_length / cc.sample_rate * 1e3
+    codec_per_frame = codec_ms / STREAM_WINDOW
+    out.update({
+        "codec_ms_per_chunk": codec_ms, "codec_chunk_frames": STREAM_WINDOW, "codec_first_chunk_ms": codec_first_ms,
+        "codec_ms_per_frame": codec_per_frame,
+        "rtf": (prefill_ms + frames * (ms_per_frame + codec_per_frame)) / (frames * frame_audio_ms),
+        "rtf_streaming": (STREAM_CHUNK * ms_per_frame + codec_ms) / (STREAM_CHUNK * frame_audio_ms),
+        "ttfa_ms": prefill_ms + STREAM_CHUNK * ms_per_frame + codec_first_ms,
+        "cpu_use": (time.process_time() - cpu0) / (time.perf_counter() - wall0),
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+        "vs_publisher": PUBLISHER["ms_per_frame"] / ms_per_frame,
+    })
+    return out
+
+
+# --- several configurations, each in a subprocess ---------------------------------------------------------
+
+
+def ensure_checkpoint(path: Path, log=print) -> Path:
+    """The random 0.6b checkpoint at ``path``, written (seed 0, about 2.8 GB) when the folder is absent or empty."""
+    path = path.expanduser()
+    if path.is_dir() and any(path.iterdir()):
+        return path
+    from .checkpoint import make_checkpoint
+
+    log(f"making the random 0.6b checkpoint in {path} (about 2.8 GB, a minute or more)...")
+    make_checkpoint(path, "0.6b", seed=0)
+    return path
+
+
+def run_configs(configs: list[BenchConfig], log=print) -> list[dict]:
+    """Each configuration in a fresh ``python -m audio8_coreai.bench --worker`` subprocess (own peak RSS)."""
+    rows = []
+    for c in configs:
+        log(f"measuring {c.label}...")
+        proc = subprocess.run([sys.executable, "-m", "audio8_coreai.bench", "--worker", json.dumps(asdict(c))],
+                              stdout=subprocess.PIPE, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"the {c.label} run failed (exit status {proc.returncode}); its error is above")
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    base = next((r for r in rows if r.get("baseline")), None)
+    for r in rows:
+        if base is not None:
+            r["vs_baseline"] = base["ms_per_frame"] / r["ms_per_frame"]
+    return rows
+
+
+COLUMNS = [("config", "label", "{}"), ("ms/tok", "prefill_ms_per_token", "{:.1f}"),
+           ("ms/frame", "ms_per_frame", "{:.1f}"), ("slow", "slow_ms", "{:.1f}"), ("fast", "fast_ms", "{:.1f}"),
+           ("sampler", "sampler_ms", "{:.1f}"), ("other", "other_ms", "{:.1f}"), ("floor", "floor_ms", "{:.1f}"),
+           ("frame/floor", "frame_floor_ratio", "{:.2f}"), ("codec ms/chunk", "codec_ms_per_chunk", "{:.0f}"),
+           ("RTF", "rtf", "{:.2f}"), ("RTF stream", "rtf_streaming", "{:.2f}"), ("TTFA s", "ttfa_ms", "{:.2f}"),
+           ("RSS GB", "peak_rss_gb", "{:.2f}"), ("CPU use", "cpu_use", "{:.2f}"), ("vs base", "vs_baseline", "{:.1f}x")]
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain-text table (one line per configuration)."""
+    def cell(r, key, fmt):
+        v = r.get(key)
+        if v is None:
+            return "-"
+        return fmt.format(v / 1e3 if key == "ttfa_ms" else v)
+
+    table = [[h for h, _, _ in COLUMNS]] + [[cell(r, k, f) for _, k, f in COLUMNS] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in table]
+    if rows:
+        r0 = rows[0]
+        lines.insert(0, f"{r0['backend']} {r0['device']}, prompt {r0['prompt_columns']} columns, {r0['frames']} frames, "
+                        f"median of {r0['runs']} runs after a warm-up; times in ms unless named")
+    return "\n".join(lines)
+
+
+def meta() -> dict:
+    import torch
+
+    return {"load_average": os.getloadavg(), "torch": torch.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "cpus": os.cpu_count(), "sentence": SENTENCE,
+            "publisher_fp32": PUBLISHER}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--worker":
+        print(json.dumps(measure(BenchConfig(**json.loads(argv[1])))))
+        return
+    raise SystemExit("usage: python -m audio8_coreai.bench --worker CONFIG_JSON (use `audio8 bench`)")
+
+
+if __name__ == "__main__":
+    main()

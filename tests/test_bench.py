@@ -1,0 +1,21 @@
+"""The benchmark harness runs end to end on the tiny checkpoint (structure only: no timing is asserted)."""
+
+from __future__ import annotations
+
+import math
+
+from audio8_coreai.bench import BenchConfig, format_table, measure
+
+KEYS = ("prefill_ms_per_token", "ms_per_frame", "slow_ms", "fast_ms", "sampler_ms", "floor_ms",
+        "frame_floor_ratio", "codec_ms_per_chunk", "rtf", "rtf_streaming", "ttfa_ms", "peak_rss_gb")
+
+
+def test_measure_reports_every_figure(tiny_checkpoint):
+    row = measure(BenchConfig(str(tiny_checkpoint), frames=2, runs=1))
+    for key in KEYS:
+        assert math.isfinite(row[key]) and row[key] > 0, key
+    assert row["fast_passes"] == 9
+    base = measure(BenchConfig(str(tiny_checkpoint), frames=2, runs=1, baseline=True))
+    assert base["ms_per_frame"] > 0 and "floor_ms" not in base
+    text = format_table([base, row])
+    assert "frame/floor" in text and "baseline autot" in text and "fp32 autot" in text
