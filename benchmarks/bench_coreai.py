@@ -1,0 +1,98 @@
+"""Core AI assets: conversion time and peak memory, asset sizes, runtime calls per frame, and ms per frame of
+the Core AI backend beside the torch backend (CPU, fp32) on the same checkpoint and inputs.
+
+    python benchmarks/bench_coreai.py --model DIR [--precision fp32|fp16|mixed] [--context N] [--frames 8]
+    python benchmarks/bench_coreai.py --model DIR --assets ASSETS_DIR      # time existing assets only
+
+Conversion runs in a child process, so its peak resident memory is its own (``ru_maxrss`` of the child).
+Frames are timed through the backends' public calls on a fixed 40-column prompt and seeded noise, past eos
+if the model draws it, so both backends run the same number of steps. On Linux the Core AI backend is the
+coreai.runtime CPU interpreter: it proves assets right, it is not the speed of an Apple device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from audio8_coreai.backends.coreai import CoreAIBackend
+from audio8_coreai.backends.torch import TorchBackend
+from audio8_coreai.checkpoint import load_checkpoint
+from audio8_coreai.graphs import PREFILL_WIDTH, SamplingParams
+from audio8_coreai.sampling import NoiseSource
+
+PROMPT_COLUMNS = 40  # two prefill windows
+
+
+def convert_in_child(model: str, out: Path, precision: str, context: int | None) -> tuple[float, float]:
+    """Convert in a child process; returns (wall seconds, the child's peak RSS in GB)."""
+    code = ("import sys; from audio8_coreai.backends.coreai import convert; "
+            "convert(sys.argv[1], sys.argv[2], sys.argv[3], None if sys.argv[4] == '-' else int(sys.argv[4]), "
+            "progress=False)")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code, model, str(out), precision, "-" if context is None else str(context)],
+                   check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6
+
+
+def time_frames(backend, ckpt, frames: int) -> tuple[float, list[float], int]:
+    """(prefill seconds, seconds per frame call, runtime calls made or -1) for a fixed prompt and seed."""
+    cfg = ckpt.config
+    params = SamplingParams.from_configs(cfg, ckpt.generation)
+    prompt = np.zeros((1 + cfg.num_codebooks, PROMPT_COLUMNS), np.int64)
+    prompt[0] = cfg.semantic_begin_id + np.arange(PROMPT_COLUMNS) % cfg.num_semantic
+    noise = NoiseSource(0, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
+    calls = getattr(backend, "calls", None)
+    t0 = time.perf_counter()
+    backend.prefill(prompt)
+    prefill_s = time.perf_counter() - t0
+    window = np.full(cfg.ras_window_size, -1)
+    times, column = [], None
+    for step in range(frames):
+        noise_slow, noise_fast = noise.next_frame()
+        t0 = time.perf_counter()
+        if column is None:
+            res = backend.first_frame(params, noise_slow, window, noise_fast)
+        else:
+            res = backend.frame(params, column, PROMPT_COLUMNS + step - 1, noise_slow, window, noise_fast)
+        times.append(time.perf_counter() - t0)
+        column = np.concatenate([[cfg.semantic_begin_id + res.codes[0]], res.codes])  # a semantic id, never eos
+    return prefill_s, times, (backend.calls - calls) if calls is not None else -1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="checkpoint folder")
+    ap.add_argument("--assets", help="existing asset folder (skips conversion)")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "mixed"))
+    ap.add_argument("--context", type=int, default=None)
+    ap.add_argument("--frames", type=int, default=8)
+    args = ap.parse_args()
+    ckpt = load_checkpoint(args.model)
+    with tempfile.TemporaryDirectory() as tmp:
+        assets = Path(args.assets) if args.assets else Path(tmp) / "assets"
+        if not args.assets:
+            wall, peak = convert_in_child(args.model, assets, args.precision, args.context)
+            print(f"conversion ({args.precision}): {wall:.1f} s, peak RSS {peak:.2f} GB")
+        for part in sorted(assets.glob("*.aimodel")):
+            size = sum(f.stat().st_size for f in part.rglob("*") if f.is_file())
+            print(f"asset {part.name}: {size / 1e6:.1f} MB")
+        coreai = CoreAIBackend(ckpt, assets)
+        for backend in (TorchBackend(ckpt, "cpu", "fp32"), coreai):
+            prefill_s, times, calls = time_frames(backend, ckpt, args.frames)
+            windows = -(-PROMPT_COLUMNS // PREFILL_WIDTH)
+            per_frame = f", runtime calls per frame {(calls - windows) / len(times):.2f}" if calls >= 0 else ""
+            print(f"{backend.description}: prefill of {PROMPT_COLUMNS} columns {prefill_s * 1e3:.0f} ms, frame "
+                  f"median {np.median(times[1:]) * 1e3:.1f} ms (first_frame {times[0] * 1e3:.1f} ms){per_frame}")
+        coreai.close()
+
+
+if __name__ == "__main__":
+    main()
