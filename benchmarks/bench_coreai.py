@@ -84,7 +84,10 @@ def main() -> None:
         for part in sorted(assets.glob("*.aimodel")):
             size = sum(f.stat().st_size for f in part.rglob("*") if f.is_file())
             print(f"asset {part.name}: {size / 1e6:.1f} MB")
+        t0 = time.perf_counter()
         coreai = CoreAIBackend(ckpt, assets)
+        print(f"load dualar.aimodel (on Linux: compiled for the interpreter on every load): "
+              f"{time.perf_counter() - t0:.1f} s")
         for backend in (TorchBackend(ckpt, "cpu", "fp32"), coreai):
             prefill_s, times, calls = time_frames(backend, ckpt, args.frames)
             windows = -(-PROMPT_COLUMNS // PREFILL_WIDTH)

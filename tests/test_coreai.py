@@ -176,7 +176,8 @@ def test_manifest_holds_contract_sampling_and_source(fp32_assets, oracle):
         "sampled_semantic": [1], "sampled_codes": [10]}
     state = [cfg.n_layer, 1, cfg.n_local_heads, 128, cfg.head_dim]
     for fn in ("prefill", "frame"):
-        assert dualar["contract"][fn]["states"] == {n: {"shape": state, "dtype": "float32"} for n in ("k_cache", "v_cache")}
+        assert dualar["contract"][fn]["states"] == {n: {"shape": state, "dtype": "float32"}
+                                                     for n in ("k_cache", "v_cache")}
     assert dualar["contract"]["first_frame"]["states"] == {}
     assert dualar["contract"]["prefill"]["outputs"]["logits"]["shape"] == [32, v]
     sha = hashlib.sha256(oracle.model_file.read_bytes()).hexdigest()

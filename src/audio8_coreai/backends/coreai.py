@@ -78,7 +78,6 @@ MANIFEST_KEY = "audio8"
 PRECISIONS = ("fp32", "fp16", "mixed")
 PARTS = ("dualar", "codec_decoder", "codec_encoder")
 DUALAR_FUNCTIONS = ("prefill", "first_frame", "frame")
-FRAME_INPUTS = ("noise_slow", "window", "noise_fast", "forced", "use_forced")
 FRAME_OUTPUTS = ("semantic", "codes", "logits", "hidden", "fast_logits", "sampled_semantic", "sampled_codes")
 STATE_NAMES = ("k_cache", "v_cache")
 DECODER_FRAMES = 160  # 7.4 s: 128 frames of context + 32 new ones per streaming window (DESIGN.md)
@@ -335,8 +334,7 @@ def _convert_dualar(ckpt: Checkpoint, path: Path, precision: str, context: int, 
     model = steps.run("dualar: weights", lambda: _dualar_model(ckpt, precision, context))
     c, v_size = cfg.num_codebooks, cfg.num_semantic + 1
     dtype = model.slow.head.weight.dtype
-    k, v = model.new_kv_cache(length=context)
-    states = {"k_cache": k, "v_cache": v}
+    states = dict(zip(STATE_NAMES, model.new_kv_cache(length=context), strict=True))
     i32 = torch.int32
     column = torch.zeros(1, 1 + c, 1, dtype=i32)
     column[:, 0] = cfg.pad_token_id
@@ -351,13 +349,11 @@ def _convert_dualar(ckpt: Checkpoint, path: Path, precision: str, context: int, 
         "first_frame": (_FirstFrameFn(model, params), {"logits": torch.zeros(v_size, dtype=dtype),
                                                        "hidden": torch.zeros(cfg.dim, dtype=dtype), **tail},
                         FRAME_OUTPUTS, {}),
-        "frame": (_FrameFn(model, params), {"codes": column, "pos": torch.tensor([PREFILL_WIDTH], dtype=i32)},
-                  FRAME_OUTPUTS, states),
+        "frame": (_FrameFn(model, params), {"codes": column, "pos": torch.tensor([PREFILL_WIDTH], dtype=i32),
+                                            **tail}, FRAME_OUTPUTS, states),
     }
     programs, contract = [], {}
     for name, (module, inputs, outputs, st) in specs.items():
-        if name == "frame":
-            inputs = {**inputs, **tail}
         # The states come right after the first two inputs in prefill's and frame's forward.
         args = list(inputs.values())
         args[2:2] = st.values()
@@ -472,8 +468,9 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
     fix = f"convert the checkpoint again: audio8 convert --model DIR --out {path.parent}"
     if not path.is_dir():
-        raise AssetError(f"{path.parent}: no {path.name}; an asset folder holds {', '.join(p + '.aimodel' for p in PARTS)}"
-                         f" written by audio8 convert; {fix}")
+        names = ", ".join(f"{p}.aimodel" for p in PARTS)
+        raise AssetError(f"{path.parent}: no {path.name}; an asset folder holds {names} written by audio8 convert; "
+                         f"{fix}")
     try:
         raw = AIModelAsset.load(path).metadata.creator_defined_metadata.get(MANIFEST_KEY)
     except RuntimeError as e:
@@ -512,6 +509,7 @@ class CoreAIBackend:
     tokenizer and codec sizes are used); ``assets`` is the folder :func:`convert` wrote. ``cfg`` is the
     checkpoint's config with ``max_seq_len`` set to the assets' context. Each runtime call runs on this
     object's own event loop, so the calls are synchronous; do not call from inside a running event loop.
+    Not thread-safe: one utterance at a time (the KV state is the backend's).
 
     The loaded models are held for the backend's life (a function whose model was collected returns
     garbage); :meth:`close` releases them. The KV state is allocated as explicit zeros (the Linux runtime
@@ -584,7 +582,9 @@ class CoreAIBackend:
                 self._stack.enter_async_context(asset.executable(_specialization())))
         return self._models[part]
 
-    def _call(self, fn: Any, inputs: dict[str, np.ndarray], state: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+    def _call(self, fn: Any, inputs: dict[str, np.ndarray],
+              state: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """One runtime call of ``fn`` (inputs as NumPy arrays, ``state`` mutated in place) -> outputs (copies)."""
         import coreai.runtime as rt
 
         args = {k: rt.NDArray(np.ascontiguousarray(v)) for k, v in inputs.items()}
@@ -597,7 +597,8 @@ class CoreAIBackend:
         """Fresh zero KV state (a new utterance)."""
         import coreai.runtime as rt
 
-        self._state = {name: rt.NDArray(np.zeros(s["shape"], dtype=s["dtype"])) for name, s in self._state_specs.items()}
+        self._state = {name: rt.NDArray(np.zeros(s["shape"], dtype=s["dtype"]))
+                       for name, s in self._state_specs.items()}
         self._last = None
 
     def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
