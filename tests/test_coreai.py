@@ -253,15 +253,17 @@ def test_back_to_back_utterances_give_what_each_gives_fresh(fp32_backend, oracle
 
 
 def test_long_utterance_decodes_in_windows(fp32_backend, torch_backend):
-    """36 frames through the 24-frame decoder bucket: two windows, the second keeping 12 frames of context, which
-    the tiny codec's one-layer window-128 transformer makes approximate; the first bucket is exact."""
+    """36 frames through the 24-frame decoder bucket: two calls, the second keeping 12 frames of context. The
+    first bucket is exact; past it the window-128 attention sees 12 earlier frames instead of all, which on the
+    tiny codec moves the samples by 7.5e-5 at most (measured)."""
     codes = np.random.default_rng(0).integers(0, 256, size=(10, 36))
     whole = torch_backend.decode_window(codes)
+    calls = fp32_backend.calls
     windows = fp32_backend.decode_window(codes)
+    assert fp32_backend.calls - calls == 2
     assert windows.shape == whole.shape == (36 * 2048,)
     assert np.abs(windows[:24 * 2048] - whole[:24 * 2048]).max() < 1e-4
-    cos = float(windows @ whole / (np.linalg.norm(windows) * np.linalg.norm(whole)))
-    assert cos > 0.9
+    assert np.abs(windows - whole).max() < 1e-3
 
 
 def test_transposed_convolutions_on_the_cpu_runtime(tmp_path):

@@ -24,13 +24,14 @@ from .backends.torch import BackendError
 from .checkpoint import DEFAULT_MODEL, CheckpointError
 from .config import ConfigError
 from .engine import EngineError
+from .gate import GateError
 from .parity import ParityError
 from .prompt import PromptError
 from .tokenizer import TokenizerError
 from .voices import VoiceError
 
-USER_ERRORS = (AudioError, BackendError, CheckpointError, ConfigError, EngineError, ParityError, PromptError,
-               TokenizerError, VoiceError)
+USER_ERRORS = (AudioError, BackendError, CheckpointError, ConfigError, EngineError, GateError, ParityError,
+               PromptError, TokenizerError, VoiceError)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Audio8-TTS-Preview-0.6b: speak text from the publisher's checkpoint.")
@@ -239,6 +240,53 @@ def _print_parity(report) -> None:
         out.print(f"skipped {reason}", highlight=False)
     verdict = "PASS" if report.passed else "FAIL"
     out.print(f"fp32 parity (tolerance {report.tolerance:g}): {verdict}  [{report.backend}]", highlight=False)
+
+
+@app.command()
+@friendly
+def gate(
+    out_dir: Annotated[Path, typer.Option("--out", help="Report folder: report.json, report.md, PNG pictures, "
+                                                        "the wavs (created; files in it are replaced).")],
+    model: ModelOpt = DEFAULT_MODEL,
+    backend: BackendOpt = "torch",
+    assets: AssetsOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", "--precision", help="The port's precision on torch: fp32 or "
+                                                                      "bf16.")] = "fp32",
+    against: Annotated[str, typer.Option(help="fp32 (the checkpoint in fp32 torch, over --fixtures) or an "
+                                              "oracle fixture.npz recorded for this checkpoint.")] = "fp32",
+    fixtures: Annotated[Optional[Path], typer.Option(help="Fixtures JSON (default: the shipped set of 16 "
+                                                          "across en/ja/zh/de/fr/es/ko with 4 clones).")] = None,
+    fixture: Annotated[Optional[list[str]], typer.Option("--fixture", help="Run only this fixture (repeatable)."
+                                                         )] = None,
+    reference_device: Annotated[str, typer.Option(help="Device of the fp32 reference run.")] = "cpu",
+    max_frames: Annotated[Optional[int], typer.Option(help="Frame cap per free run (default: the checkpoint's "
+                                                           "max_new_tokens).")] = None,
+    asr_margin: Annotated[float, typer.Option(help="Error-rate points (absolute) the port may lose to the "
+                                                   "reference per language.")] = 0.05,
+    speaker_margin: Annotated[float, typer.Option(help="Mean speaker cosine the port may lose to the "
+                                                       "reference.")] = 0.05,
+) -> None:
+    """Judge the port by its speech: teacher-forced agreement, codec, free run, ASR round trip and speaker
+    similarity against an fp32 run or an oracle fixture; exit 1 when a verdict fails."""
+    from .gate import run_gate
+
+    report = run_gate(model, out_dir, against=against, backend=backend, device=device, dtype=dtype, assets=assets,
+                      fixtures=fixtures, names=fixture, reference_device=reference_device, max_frames=max_frames,
+                      asr_margin=asr_margin, speaker_margin=speaker_margin,
+                      log=lambda line: err.print(line, highlight=False))
+    t = report.totals()
+    out.print(f"teacher-forced: semantic {t['semantic_draws'][0]}/{t['semantic_draws'][1]}, codebook "
+              f"{t['codebook_draws'][0]}/{t['codebook_draws'][1]}, misses {t['misses']} ({t['misses_low_margin']} "
+              f"near-ties); free runs identical {t['free_run_identical'][0]}/{t['free_run_identical'][1]}",
+              highlight=False)
+    for key, verdict in report.verdicts.items():
+        if isinstance(verdict, dict):
+            verdict = ", ".join(f"{k} {v}" for k, v in verdict.items()) or "-"
+        out.print(f"{key}: {verdict}", highlight=False)
+    out.print(f"gate {'PASS' if report.passed else 'FAIL'}: {out_dir / 'report.md'}", highlight=False)
+    if not report.passed:
+        raise typer.Exit(1)
 
 
 class Precision(str, Enum):
