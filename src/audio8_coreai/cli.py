@@ -1,4 +1,5 @@
-"""The ``audio8`` command: say | voice (add, list, show, rm) | prompt | parity | convert | make-checkpoint.
+"""The ``audio8`` command: say | serve | voice (add, list, show, rm) | prompt | parity | convert | bench |
+make-checkpoint.
 
 Every expected failure (bad text, a wrong checkpoint folder, an unwritable output, an unknown device)
 prints one line saying what to do and exits with status 2; no tracebacks.
@@ -91,6 +92,10 @@ def say(
     ref_audio: Annotated[Optional[Path], typer.Option(help="One-off cloning: a clip of the voice (0.5-30 s), "
                                                            "not stored; needs --ref-text.")] = None,
     ref_text: Annotated[Optional[str], typer.Option(help="The transcript of --ref-audio.")] = None,
+    stream: Annotated[bool, typer.Option("--stream", help="Write the audio as it is made, every --chunk-frames "
+                                                          "frames; text too long for one utterance is split into "
+                                                          "sentences.")] = False,
+    chunk_frames: Annotated[int, typer.Option(help="With --stream: frames per chunk (46 ms each).")] = 16,
 ) -> None:
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
     from .audio import read_reference, write_audio
@@ -110,6 +115,18 @@ def say(
         tts = TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets)
     progress = Progress(TextColumn("frames"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
+    spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
+    if stream:
+        speech = tts.stream(text, chunk_frames=chunk_frames, seed=seed, temperature=temperature, top_k=top_k,
+                            top_p=top_p, max_frames=max_frames, voice=voice, ref_audio=ref_audio, ref_text=ref_text)
+        with progress:
+            task = progress.add_task("frames", total=speech.max_frames)
+            speech.on_frame = lambda step: progress.update(task, completed=step + 1)
+            _write_stream(speech, output)
+        out.print(f"{output}: {speech.frames} frames in {len(speech.pieces)} piece(s), {speech.duration_s:.2f} s of "
+                  f"audio, first audio after {speech.first_audio_s or 0:.2f} s ({spoken_as}seed {speech.seed}, "
+                  f"{tts.backend.description})", highlight=False)
+        return
     with progress:
         task = progress.add_task("frames", total=None)
         result = tts.generate(text, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -123,9 +140,26 @@ def say(
     if not result.reached_eos:
         err.print(f"[yellow]warning:[/] stopped at the frame cap ({result.max_frames} frames) before the model "
                   "ended the utterance; the audio may be cut (raise --max-frames or shorten the text)")
-    spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
     out.print(f"{output}: {result.frames} frames, {result.duration_s:.2f} s of audio, RTF {result.rtf:.2f} "
               f"({spoken_as}seed {result.seed}, {tts.backend.description})", highlight=False)
+
+
+def _write_stream(speech, output: Path) -> None:
+    """Write the chunks of ``speech`` (a SpeechStream) to ``output`` as they come; warn about capped pieces."""
+    from .audio import open_audio_writer
+
+    with open_audio_writer(output, speech.sample_rate) as f:
+        for chunk in speech:
+            f.write(chunk)
+            f.flush()
+    if speech.frames == 0:
+        raise EngineError(f"the model ended the utterance at once (eos on the first frame): {output} holds no "
+                          "speech; try another --seed")
+    capped = [i + 1 for i, eos in enumerate(speech.reached_eos) if not eos]
+    if capped:
+        which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {', '.join(map(str, capped))}"
+        err.print(f"[yellow]warning:[/] {which} stopped at the frame cap before the model ended it; the audio may "
+                  "be cut (raise --max-frames)", highlight=False)
 
 
 def _warn(warnings) -> None:
@@ -381,6 +415,41 @@ def bench(
     if json_out is not None:
         json_out.write_text(json.dumps({"meta": meta(), "results": rows}, indent=2) + "\n")
         log(f"wrote {json_out}")
+
+
+@app.command()
+@friendly
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    model: ModelOpt = DEFAULT_MODEL,
+    voices: VoicesOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "fp32",
+    backend: BackendOpt = "torch",
+    assets: AssetsOpt = None,
+    workers: Annotated[int, typer.Option(help="Model instances, each serving one request at a time.")] = 1,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait for a worker; more get 503.")] = 8,
+    max_frames: Annotated[Optional[int], typer.Option(help="Frame cap per utterance (default: the model's).")]
+    = None,
+    chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")] = 16,
+    max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")] = 4096,
+) -> None:
+    """Serve the OpenAI-compatible speech API (POST /v1/audio/speech), voices, /health and /metrics."""
+    import uvicorn
+
+    from .server import ServerSettings, create_app
+    from .tts import TTS
+
+    if workers < 1 or max_queue < 0 or chunk_frames < 1 or max_input_chars < 1 or (max_frames or 1) < 1:
+        raise ConfigError("--workers, --chunk-frames, --max-input-chars and --max-frames must be >= 1, "
+                          "--max-queue >= 0")
+    with err.status(f"loading {workers} model instance(s)..."):
+        engines = [TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets)
+                   for _ in range(workers)]
+    settings = ServerSettings(workers=workers, max_queue=max_queue, max_input_chars=max_input_chars,
+                              max_frames=max_frames, chunk_frames=chunk_frames)
+    uvicorn.run(create_app(engines, settings), host=host, port=port, log_level="info")
 
 
 voice_app = typer.Typer(no_args_is_help=True, help="Cloned voices: register a clip by name, list, show, remove.")

@@ -9,7 +9,7 @@ RAS window skips the step-0 token (SPEC.md section 6).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -101,11 +101,9 @@ def generate(backend: Backend, prompt: np.ndarray, params: SamplingParams, seed:
     ``noise`` replaces the seeded source (parity replays recorded uniforms).
     """
     cfg = backend.cfg
-    if prompt.shape[1] + max_frames > cfg.max_seq_len:
-        raise EngineError(f"prompt {prompt.shape[1]} + {max_frames} frames exceeds the context {cfg.max_seq_len}")
+    check_context(cfg, prompt.shape[1], max_frames)
     if noise is None:
-        noise = NoiseSource(seed, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
-    window = RasWindow(cfg.ras_window_size)
+        noise = noise_source(cfg, seed)
     p_len = prompt.shape[1]
     t0 = time.perf_counter()
     backend.prefill(prompt)
@@ -113,22 +111,53 @@ def generate(backend: Backend, prompt: np.ndarray, params: SamplingParams, seed:
     frames: list[np.ndarray] = []
     results: list[FrameResult] = []
     reached_eos = False
-    column = None
-    for step in range(max_frames):
-        noise_slow, noise_fast = noise.next_frame()
-        if column is None:
-            res = backend.first_frame(params, noise_slow, window.current()[0], noise_fast)
-        else:
-            res = backend.frame(params, column, p_len + step - 1, noise_slow, window.current()[0], noise_fast)
+    for step, res in enumerate(frame_steps(backend, p_len, params, max_frames, noise)):
         if keep_results:
             results.append(res)
         if on_frame is not None:
             on_frame(step)
         if res.semantic == cfg.eos_token_id:
             reached_eos = True
-            break
-        frames.append(res.codes)
-        window.push(res.semantic)
-        column = np.concatenate([[res.semantic], res.codes])
+        else:
+            frames.append(res.codes)
     codes = np.stack(frames, axis=1) if frames else np.zeros((cfg.num_codebooks, 0), dtype=np.int64)
     return Generation(codes, reached_eos, p_len, max_frames, t1 - t0, time.perf_counter() - t1, results)
+
+
+def check_context(cfg: ModelConfig, prompt_length: int, max_frames: int) -> None:
+    """Raise EngineError unless a prompt of ``prompt_length`` columns and ``max_frames`` frames fit the context."""
+    if prompt_length + max_frames > cfg.max_seq_len:
+        raise EngineError(f"prompt {prompt_length} + {max_frames} frames exceeds the context {cfg.max_seq_len}")
+
+
+def noise_source(cfg: ModelConfig, seed: int) -> NoiseSource:
+    """The seeded noise stream of an utterance (see :func:`generate`); several utterances may share one."""
+    return NoiseSource(seed, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
+
+
+def frame_steps(backend: Backend, prompt_length: int, params: SamplingParams, max_frames: int,
+                noise: NoiseLike) -> Iterator[FrameResult]:
+    """The frame loop after ``backend.prefill`` of a prompt of ``prompt_length`` columns, one step at a time.
+
+    Yields each step's :class:`FrameResult` as soon as the backend returns it: frames 0, 1, ... and, when the
+    model ends the utterance, the eos step last (its ``semantic`` is ``cfg.eos_token_id`` and its codes are not
+    a frame); stops after ``max_frames`` steps otherwise. Takes one ``noise.next_frame()`` per step. The
+    caller owns the pace (streaming decodes between steps) and may stop early by closing the generator; the
+    backend's KV state is then left mid-utterance until its next prefill. :func:`generate` is this loop run
+    to the end.
+    """
+    cfg = backend.cfg
+    window = RasWindow(cfg.ras_window_size)
+    column = None
+    for step in range(max_frames):
+        noise_slow, noise_fast = noise.next_frame()
+        if column is None:
+            res = backend.first_frame(params, noise_slow, window.current()[0], noise_fast)
+        else:
+            res = backend.frame(params, column, prompt_length + step - 1, noise_slow, window.current()[0],
+                                noise_fast)
+        yield res
+        if res.semantic == cfg.eos_token_id:
+            return
+        window.push(res.semantic)
+        column = np.concatenate([[res.semantic], res.codes])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -199,3 +200,86 @@ class PromptBuilder:
         raise PromptError(f"the prompt is {prompt_len} tokens{content}; with max_new_frames {max_new_frames} "
                           f"that is {prompt_len + max_new_frames} positions, over max_seq_len {limit}: at most "
                           f"{limit - prompt_len} frames fit, so lower max_new_frames or shorten the text")
+
+
+# Long text (DESIGN.md: prompt.py splits what does not fit one utterance). A Latin mark ends a piece only
+# before a space or the end ("3.14", "e.g.x" and "U.S.A" stay whole); a CJK mark ends one wherever it is, since
+# CJK text has no spaces. Closing quotes and brackets stay with the mark they follow.
+SENTENCE_MARKS_LATIN = ".!?…"
+SENTENCE_MARKS_CJK = "。！？"
+CLAUSE_MARKS_LATIN = ",;:—–"
+CLAUSE_MARKS_CJK = "，、；："
+_CLOSERS = "\"'”’»)]}」』）】》"
+
+
+def _cut(text: str, latin: str, cjk: str) -> list[tuple[int, int]]:
+    """Spans ``(start, end)`` of ``text`` cut after each run of the given marks (and its closers); every
+    character belongs to one span, so the spans joined give back ``text``."""
+    spans, start, i = [], 0, 0
+    marks = latin + cjk
+    while i < len(text):
+        if text[i] not in marks:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(text) and (text[j] in marks or text[j] in _CLOSERS):
+            j += 1
+        if any(c in cjk for c in text[i:j]) or j == len(text) or text[j].isspace():
+            spans.append((start, j))
+            start = j
+        i = j
+    if start < len(text):
+        spans.append((start, len(text)))
+    return spans
+
+
+def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:
+    """Split ``text`` into pieces of at most ``max_tokens`` tokens each (``count(piece)`` tokens), in order.
+
+    Text that fits is returned whole (one piece, cleaned as :func:`check_text`). Otherwise it is cut at
+    sentence ends (``. ! ? …`` before a space, ``。！？`` anywhere), a sentence that is still too long at
+    clause marks (``, ; : — –`` before a space, ``，、；：`` anywhere), and a clause still too long at spaces;
+    then neighbouring cuts are joined again while they fit, so pieces are as long as allowed (fewer breaks in
+    the prosody). Pieces keep the text's own characters: joined with single spaces where the text had
+    whitespace, they give back the cleaned text. A cut without a letter or digit ("...", "—") rides with its
+    neighbour. Never drops text.
+
+    Raises PromptError for unspeakable text (:func:`check_text`) and for a run without any mark or space
+    (one long word, or CJK text without punctuation) longer than ``max_tokens``: the message gives the run's
+    start and both counts.
+    """
+    text = check_text(text)
+    if max_tokens < 1:
+        raise PromptError(f"no room for text: an utterance can hold {max_tokens} tokens of it (a voice whose "
+                          "reference fills the context?)")
+    if count(text) <= max_tokens:
+        return [text]
+    spans: list[tuple[int, int]] = []
+    for s0, s1 in _cut(text, SENTENCE_MARKS_LATIN, SENTENCE_MARKS_CJK):
+        if count(text[s0:s1]) <= max_tokens:
+            spans.append((s0, s1))
+            continue
+        for c0, c1 in _cut(text[s0:s1], CLAUSE_MARKS_LATIN, CLAUSE_MARKS_CJK):
+            c0, c1 = s0 + c0, s0 + c1
+            if count(text[c0:c1]) <= max_tokens:
+                spans.append((c0, c1))
+                continue
+            for word in re.finditer(r"\S+\s*", text[c0:c1]):
+                w0, w1 = c0 + word.start(), c0 + word.end()
+                if count(text[w0:w1]) > max_tokens:
+                    run = text[w0:w1].strip()
+                    shown = run if len(run) <= 40 else run[:39] + "…"
+                    raise PromptError(f"cannot split the text: {shown!r} (character {w0}) is {count(run)} tokens "
+                                      f"with no punctuation or space to split at, over the {max_tokens} tokens "
+                                      "one utterance can hold; add punctuation or spaces")
+                spans.append((w0, w1))
+    pieces: list[tuple[int, int]] = []
+    for s0, s1 in spans:
+        speakable = any(unicodedata.category(c)[0] in "LN" for c in text[s0:s1])
+        if pieces and (not speakable or count(text[pieces[-1][0]:s1].strip()) <= max_tokens):
+            pieces[-1] = (pieces[-1][0], s1)
+        else:
+            pieces.append((s0, s1))
+    if len(pieces) > 1 and not any(unicodedata.category(c)[0] in "LN" for c in text[slice(*pieces[0])]):
+        pieces[:2] = [(pieces[0][0], pieces[1][1])]  # leading marks ride with the first words
+    return [text[a:b].strip() for a, b in pieces]

@@ -17,7 +17,8 @@ from .checkpoint import DEFAULT_MODEL, Checkpoint, CheckpointError, load_checkpo
 from .config import ConfigError
 from .engine import frame_budget, generate
 from .graphs import SamplingParams
-from .prompt import PromptBuilder, check_text
+from .prompt import PromptBuilder, check_text, split_text
+from .streaming import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
 from .tokenizer import load_tokenizer
 from .voices import Voice, VoiceError, VoiceStore, check_name, check_voice_choice, now_utc
 
@@ -144,10 +145,7 @@ class TTS:
         else:
             prompt = self.prompts.clone(text, chosen.transcript, chosen.codes)
         budget = frame_budget(self.config, prompt.shape[1], max_frames, self.checkpoint.generation.max_new_tokens)
-        if seed is None:
-            seed = secrets.randbelow(2**31)
-        elif not isinstance(seed, int) or seed < 0:
-            raise ConfigError(f"seed must be an integer >= 0, got {seed!r}")
+        seed = check_seed(seed)
         if on_start is not None:
             on_start(budget)
         gen = generate(self.backend, prompt, params, seed, budget, on_frame)
@@ -164,6 +162,50 @@ class TTS:
         """``(audio float32 [N], sample_rate)`` for ``text``; keyword arguments as :meth:`generate`."""
         out = self.generate(text, **kwargs)
         return out.audio, out.sample_rate
+
+    def stream(self, text: str, *, chunk_frames: int = DEFAULT_CHUNK_FRAMES, seed: int | None = None,
+               temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+               max_frames: int | None = None, voice: str | Voice | None = None, ref_audio: str | Path | None = None,
+               ref_text: str | None = None, on_frame: Callable[[int], None] | None = None) -> SpeechStream:
+        """Speak ``text`` as it is made: a :class:`.streaming.SpeechStream` of float32 chunks (mono, 44.1 kHz),
+        one every ``chunk_frames`` frames (default 16, 0.74 s), exact to the whole-utterance decode.
+
+        Text too long for one utterance is split (:func:`.prompt.split_text`) into pieces whose estimated
+        speech (``FRAMES_PER_TOKEN`` frames per text token) fits the context and the checkpoint's
+        ``max_new_tokens``; they are spoken in order in the same voice, the seed's noise stream running on, with
+        a short pause between. Text that fits is one piece and the stream's samples are :meth:`generate`'s with
+        the same arguments. ``max_frames`` caps every piece (None: as :meth:`generate`); ``on_frame`` as in
+        :class:`.streaming.SpeechStream`; the other arguments as :meth:`generate`.
+        Everything is checked here, before any frame (the stream's ``seed`` tells the one drawn when None):
+        raises as :meth:`generate` does, PromptError for a run of text that cannot be split to fit, and
+        ValueError for ``chunk_frames`` < 1.
+        """
+        params = self.sampling(temperature, top_k, top_p)
+        text = check_text(text)
+        chosen = self._voice(voice, ref_audio, ref_text)
+
+        def prompt_for(words: str) -> np.ndarray:
+            if chosen is None:
+                return self.prompts.plain(words)
+            return self.prompts.clone(words, chosen.transcript, chosen.codes)
+
+        def count(words: str) -> int:
+            return len(self.prompts.encode(words))
+
+        # Tokens a piece may hold: its prompt plus its estimated frames must fit the context, and the frames
+        # the default frame budget.
+        overhead = prompt_for("a").shape[1] - count("a")
+        default_frames = self.checkpoint.generation.max_new_tokens
+        max_tokens = min((self.config.max_seq_len - overhead) // (1 + FRAMES_PER_TOKEN),
+                         default_frames // FRAMES_PER_TOKEN)
+        pieces = []
+        for words in split_text(text, max_tokens, count):
+            prompt = prompt_for(words)
+            budget = frame_budget(self.config, prompt.shape[1], max_frames, default_frames)
+            pieces.append(Piece(words, prompt, budget))
+        codec = self.checkpoint.codec_config
+        return SpeechStream(self.backend, pieces, params, check_seed(seed), chunk_frames=chunk_frames,
+                            sample_rate=self.sample_rate, frame_length=codec.frame_length, on_frame=on_frame)
 
     def voice_from_clip(self, audio: str | Path, text: str, name: str = "") -> Voice:
         """A voice from a reference clip file and its transcript, not stored (see :meth:`register_voice`).
@@ -233,3 +275,11 @@ class TTS:
                          f"{context} positions for speech, under the {MIN_VOICE_FRAMES} a voice must leave; use a "
                          f"clip of at most {longest * seconds:.1f} s (or a shorter transcript)")
 
+
+def check_seed(seed: int | None) -> int:
+    """``seed``, or a fresh one (0 .. 2**31 - 1) when None; raises ConfigError unless an integer >= 0."""
+    if seed is None:
+        return secrets.randbelow(2**31)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}")
+    return seed

@@ -15,7 +15,7 @@ import torch
 from ..checkpoint import Checkpoint
 from ..config import ModelConfig
 from ..graphs import PREFILL_WIDTH, FirstFrame, Frame, Prefill, SamplingParams
-from ..model.codec import CodecDecoder, CodecEncoder
+from ..model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ..model.dualar import DualAR
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -171,6 +171,10 @@ class TorchBackend:
         latent = dec.upsample(dec.post_transform(dec.dequantize(t)))
         return dec.synthesize_chunked(latent)[0].float().cpu().numpy()
 
+    def codec_stream(self) -> "TorchCodecStream":
+        """A fresh exact incremental decoder for one utterance (see :class:`TorchCodecStream`)."""
+        return TorchCodecStream(self.decoder)
+
     def codec_encoder(self, frames: int) -> CodecEncoder:
         """The fp32 codec encoder on this device, built on first use and rebuilt when a clip needs more
         than the ``frames`` (code frames of 2048 samples) it was sized for."""
@@ -187,3 +191,19 @@ class TorchBackend:
         x = torch.as_tensor(np.asarray(audio, dtype=np.float32), device=self.device)
         codes, _ = self.codec_encoder(frames).encode(x)
         return codes.cpu().numpy()[0]
+
+
+class TorchCodecStream:
+    """One utterance's streaming codec on the backend's decoder: :class:`.model.codec.StreamingDecoder` with
+    NumPy in and out. ``push(codes int [C, n])`` (the next n frames) -> float32 audio [n * frame_length], the
+    samples :meth:`TorchBackend.decode_window` gives for those frames of the whole utterance (to float
+    rounding). Raises ValueError past the decoder's ``max_frames`` (the model's context) in one utterance."""
+
+    def __init__(self, decoder: CodecDecoder):
+        self._stream = StreamingDecoder(decoder)
+        self._device = next(decoder.parameters()).device
+
+    @torch.inference_mode()
+    def push(self, codes: np.ndarray) -> np.ndarray:
+        t = torch.as_tensor(np.asarray(codes, dtype=np.int64), device=self._device)[None]
+        return self._stream.push(t)[0].cpu().numpy()

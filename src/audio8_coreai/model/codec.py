@@ -324,8 +324,12 @@ class _ConvNeXt(nn.Module):
         self.gamma = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.dwconv(x).transpose(1, 2)
-        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return self.mix(x, self.dwconv(x))
+
+    def mix(self, x: Tensor, h: Tensor) -> Tensor:
+        """Everything after the depthwise conv (pointwise in time): ``x`` the block input and ``h`` its
+        depthwise conv, both ``[B, C, L]``; the streaming decoder supplies ``h`` from its own conv state."""
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h.transpose(1, 2)))))
         return x + (self.gamma * h).transpose(1, 2)
 
 
@@ -356,11 +360,22 @@ class _Attention(nn.Module):
         self.wqkv = nn.Linear(dim, 3 * dim, bias=False)
         self.wo = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: Tensor, rope: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, rope: Tensor, mask: Tensor, past: list[Tensor] | None = None) -> Tensor:
+        """``x`` [B, L, dim] with ``rope`` [L, head_dim/2, 2] and ``mask`` bool [L, P + L] (True = attend).
+
+        ``past`` (incremental decoding): the rotated keys and values [B, H, P, head_dim] of the P positions
+        before ``x`` (an empty list at the start), prepended to this call's; the list is replaced by the
+        concatenation [B, H, P + L, head_dim] (the caller trims it to the window).
+        """
         b, length, dim = x.shape
         q, k, v = self.wqkv(x).view(b, length, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         rope = rope.unsqueeze(0)
-        y = F.scaled_dot_product_attention(apply_rope(q, rope), apply_rope(k, rope), v, attn_mask=mask)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if past is not None:
+            if past:
+                k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            past[:] = [k, v]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.wo(y.transpose(1, 2).reshape(b, length, dim))
 
 
@@ -374,8 +389,8 @@ class _TransformerLayer(nn.Module):
         self.attention_layer_scale = _LayerScale(dim)
         self.ffn_layer_scale = _LayerScale(dim)
 
-    def forward(self, x: Tensor, rope: Tensor, mask: Tensor) -> Tensor:
-        h = x + self.attention_layer_scale(self.attention(self.attention_norm(x), rope, mask))
+    def forward(self, x: Tensor, rope: Tensor, mask: Tensor, past: list[Tensor] | None = None) -> Tensor:
+        h = x + self.attention_layer_scale(self.attention(self.attention_norm(x), rope, mask, past))
         return h + self.ffn_layer_scale(self.feed_forward(self.ffn_norm(h)))
 
 
@@ -391,6 +406,7 @@ class _WindowTransformer(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(_TransformerLayer(dim, head_dim, ffn) for _ in range(n_layer))
         self.norm = RMSNorm(dim, RMS_NORM_EPS)
+        self.window = window
         self.register_buffer("rope", rope_table(max_positions, head_dim, ROPE_BASE), persistent=False)
         self.register_buffer("mask", _window_mask(max_positions, window), persistent=False)
 
@@ -403,6 +419,30 @@ class _WindowTransformer(nn.Module):
         h = x.transpose(1, 2)
         for layer in self.layers:
             h = layer(h, rope, mask)
+        return self.norm(h).transpose(1, 2)
+
+    def step(self, x: Tensor, start: int, past: list[list[Tensor]]) -> Tensor:
+        """Incremental :meth:`forward`: ``x`` [B, C, n] holds positions ``start .. start + n - 1`` of a sequence
+        whose earlier positions went through earlier calls; returns their outputs [B, C, n], equal (up to float
+        rounding) to the same columns of ``forward`` on the whole sequence.
+
+        ``past`` holds one list per layer (empty at ``start`` 0) with that layer's rotated keys and values of
+        the last ``window - 1`` positions, all a later query can see; it is updated in place. Each layer needs
+        its own keys because its input at a position depends on everything before (stacked layers see
+        ``n_layer x (window - 1)`` positions back), so a re-run over a window of recent frames would not be
+        exact. RoPE and the mask use absolute positions, so ``start + n`` must not exceed ``max_positions``
+        (ValueError).
+        """
+        end = start + x.shape[-1]
+        if end > self.mask.shape[0]:
+            raise ValueError(f"codec transformer: position {end} exceeds max_positions {self.mask.shape[0]} "
+                             "(build the codec with a larger max_frames)")
+        cached = past[0][0].shape[2] if past[0] else 0
+        rope, mask = self.rope[start:end], self.mask[start:end, start - cached:end]
+        h = x.transpose(1, 2)
+        for layer, kv in zip(self.layers, past):
+            h = layer(h, rope, mask, kv)
+            kv[:] = [t[:, :, max(0, t.shape[2] - self.window + 1):] for t in kv]
         return self.norm(h).transpose(1, 2)
 
 
@@ -648,6 +688,81 @@ class CodecDecoder(nn.Module):
             if n:
                 out[b, : n * hop] = self(codes[b : b + 1, :, :n])[0]
         return out, torch.tensor(counts, dtype=torch.long) * hop
+
+
+class StreamingDecoder:
+    """Exact incremental :class:`CodecDecoder`: codes pushed a few frames at a time -> the audio of those frames.
+
+    ``push(codes)`` with codes int ``[B, num_codebooks, n]`` (the next n frames of the utterance) returns
+    float32 ``[B, n * frame_length]``: the same samples a whole-utterance ``decoder(codes)`` gives for those
+    frames, up to float rounding (about 1e-6 at fp32), for any split of the utterance into pushes. Each stage
+    keeps what its next call needs and nothing is decoded twice:
+
+    * dequantize: per frame, no state;
+    * post_module: per layer, the rotated keys/values of the last ``window - 1`` frames
+      (:meth:`_WindowTransformer.step`), at absolute positions from the utterance start, so an utterance can be
+      at most the decoder's ``max_frames`` long (ValueError beyond);
+    * upsample and the SEANet decoder: every causal conv keeps its last ``(k - 1) d`` input steps (zeros at the
+      start, which is the conv's own zero padding); a causal ConvTranspose (kernel ``2 s``) keeps its last
+      input step, whose output tail a whole run would add to the next samples; Snake, tanh and ConvNeXt's
+      pointwise part are per step.
+
+    One instance per utterance (``reset`` starts another); state lives on the decoder's device. Not
+    thread-safe. Raises TypeError if the decoder holds a layer kind it does not know how to stream.
+    """
+
+    def __init__(self, decoder: CodecDecoder):
+        self.decoder = decoder
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the utterance: the next push is frame 0."""
+        self.frames = 0
+        self._past: list[list[Tensor]] = [[] for _ in self.decoder.quantizer.post_module.layers]
+        self._tails: dict[nn.Module, Tensor] = {}
+
+    @torch.no_grad()
+    def push(self, codes: Tensor) -> Tensor:
+        dec = self.decoder
+        latent = dec.quantizer.post_module.step(dec.dequantize(codes), self.frames, self._past)
+        wav = self._run(dec.decoder.model, self._run(dec.quantizer.upsample, latent))
+        self.frames += codes.shape[-1]
+        return wav.squeeze(1).float()
+
+    def _with_tail(self, module: nn.Module, x: Tensor, steps: int) -> Tensor:
+        """``x`` [B, C, L] preceded by the last ``steps`` input steps ``module`` saw (zeros at first); keeps the
+        new last ``steps`` for the next call."""
+        tail = self._tails.get(module)
+        if tail is None:
+            tail = x.new_zeros(*x.shape[:-1], steps)
+        full = torch.cat([tail, x], dim=-1)
+        self._tails[module] = full[..., full.shape[-1] - steps:].clone()  # not a view pinning all of ``full``
+        return full
+
+    def _run(self, module: nn.Module, x: Tensor) -> Tensor:
+        if isinstance(module, nn.Sequential):
+            for m in module:
+                x = self._run(m, x)
+            return x
+        if isinstance(module, _ResidualUnit):
+            return x + self._run(module.block, x)
+        if isinstance(module, _DecoderBlock):
+            return self._run(module.block, x)
+        if isinstance(module, _ConvNeXt):
+            return module.mix(x, self._run(module.dwconv, x))
+        if isinstance(module, _CausalConv) and module.stride == 1:
+            # The tail replaces the left zero padding: conv over [tail, x] gives exactly len(x) outputs.
+            return module.conv(self._with_tail(module, x, module.left) if module.left else x)
+        if isinstance(module, _CausalConvTranspose):
+            kernel, stride = module.conv.kernel_size[0], module.conv.stride[0]
+            steps = -(-(kernel - stride) // stride)  # earlier inputs whose outputs reach into this call's span
+            if not steps:
+                return module(x)
+            y = module.conv(self._with_tail(module, x, steps))
+            return y[..., steps * stride:(steps + x.shape[-1]) * stride]
+        if isinstance(module, (_Snake, nn.Tanh)):
+            return module(x)
+        raise TypeError(f"streaming decode does not know how to stream {type(module).__name__}")
 
 
 class CodecEncoder(nn.Module):

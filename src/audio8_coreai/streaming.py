@@ -1,0 +1,169 @@
+"""Speech as it is made: the frame loop feeding an exact incremental codec, chunk by chunk (DESIGN.md pipeline).
+
+A :class:`SpeechStream` speaks one or more pieces of text (long text split by :func:`.prompt.split_text`) in
+order: per piece, prefill, then every ``chunk_frames`` new frames the codec decodes just those frames (keeping
+its own state, see :class:`.model.codec.StreamingDecoder`) and the stream yields their audio; pieces are
+joined by a short silence. The samples are those of a whole-utterance decode of each piece (to float
+rounding, about 1e-6 at fp32), so streaming changes when audio arrives, not what it is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .engine import Backend, frame_steps, noise_source
+from .graphs import SamplingParams
+
+DEFAULT_CHUNK_FRAMES = 16  # 16 x 2048 samples = 0.74 s of audio per chunk
+PAUSE_S = 0.25  # silence between the pieces of a split text: a sentence break's pause in read speech
+# Frames one text token takes when spoken, with margin: English and Chinese run at about 6 frames (46 ms each)
+# per token of the Qwen tokenizer. Text is split so each piece's estimate fits its utterance's frame budget.
+FRAMES_PER_TOKEN = 8
+
+
+class CodecStream(Protocol):
+    """One utterance's incremental codec: ``push(codes int [C, n]) -> float32 audio [n * frame_length]``."""
+
+    def push(self, codes: np.ndarray) -> np.ndarray: ...
+
+
+class RedecodeStream:
+    """The fallback :class:`CodecStream` for a backend without ``codec_stream`` (Core AI assets): decodes all
+    frames so far with ``decode_window`` at every push and returns the samples not yet returned. Exact to that
+    backend's own whole-utterance decode (the codec is causal) but its cost grows with the utterance."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self._codes: list[np.ndarray] = []
+        self._samples = 0
+
+    def push(self, codes: np.ndarray) -> np.ndarray:
+        self._codes.append(np.asarray(codes))
+        audio = self.backend.decode_window(np.concatenate(self._codes, axis=1))
+        new = audio[self._samples:]
+        self._samples = len(audio)
+        return new
+
+
+def codec_stream(backend: Backend) -> CodecStream:
+    """A fresh incremental codec for one utterance: the backend's own (``codec_stream()``), else
+    :class:`RedecodeStream`."""
+    make = getattr(backend, "codec_stream", None)
+    return make() if make is not None else RedecodeStream(backend)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One utterance of a stream: its ``text``, the ``prompt`` int64 [1+C, P] and its frame cap."""
+
+    text: str
+    prompt: np.ndarray = field(repr=False)
+    max_frames: int
+
+
+class SpeechStream:
+    """An iterable of float32 mono chunks at ``sample_rate`` Hz: the speech of ``pieces``, made as it is read.
+
+    Build with :meth:`.tts.TTS.stream` (which checks everything before the first frame). Iterating runs the
+    model: each chunk holds ``chunk_frames`` frames (``chunk_frames * frame_length`` samples), a piece's last
+    chunk what is left when it ends (eos or its cap), and a silence of ``pause_s`` seconds separates pieces.
+    The seeded noise stream (``seed``) runs on across pieces, so a split text is as reproducible as one
+    utterance; a one-piece stream gives the samples of ``TTS.generate`` with the same seed. ``on_frame(step)``
+    is called after each model step (steps numbered across pieces; eos steps included); raising there, or
+    closing the iterator, stops generation at once. Iterating again starts over (same audio).
+
+    Filled in while iterating: ``frames`` (frames made), ``reached_eos`` (one bool per finished piece),
+    ``first_audio_s`` (time to first audio: seconds from the start of iteration to the first chunk, prefill
+    included), ``prefill_s``, ``frames_s``, ``codec_s`` (seconds). Not thread-safe: it drives the backend's
+    single KV state, so run one stream (or utterance) at a time per backend.
+    """
+
+    def __init__(self, backend: Backend, pieces: list[Piece], params: SamplingParams, seed: int, *,
+                 chunk_frames: int, sample_rate: int, frame_length: int, pause_s: float = PAUSE_S,
+                 on_frame: Callable[[int], None] | None = None):
+        if chunk_frames < 1:
+            raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
+        self.backend = backend
+        self.pieces = pieces
+        self.params = params
+        self.seed = seed
+        self.chunk_frames = chunk_frames
+        self.sample_rate = sample_rate
+        self.frame_length = frame_length
+        self.pause_s = pause_s
+        self.on_frame = on_frame
+        self._reset_stats()
+
+    def _reset_stats(self) -> None:
+        self.frames = 0
+        self.reached_eos: list[bool] = []
+        self.first_audio_s: float | None = None
+        self.prefill_s = self.frames_s = self.codec_s = 0.0
+
+    @property
+    def max_frames(self) -> int:
+        """The most frames the stream can make (the pieces' caps together)."""
+        return sum(p.max_frames for p in self.pieces)
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds of audio made so far, pauses included."""
+        pauses = max(0, len(self.reached_eos) - 1) * round(self.pause_s * self.sample_rate)
+        return (self.frames * self.frame_length + pauses) / self.sample_rate
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        self._reset_stats()
+        cfg = self.backend.cfg
+        noise = noise_source(cfg, self.seed)
+        pause = np.zeros(round(self.pause_s * self.sample_rate), dtype=np.float32)
+        start = time.perf_counter()
+        step = 0
+        for index, piece in enumerate(self.pieces):
+            if index:
+                yield pause
+            t0 = time.perf_counter()
+            self.backend.prefill(piece.prompt)
+            self.prefill_s += time.perf_counter() - t0
+            decoder = codec_stream(self.backend)
+            steps = frame_steps(self.backend, piece.prompt.shape[1], self.params, piece.max_frames, noise)
+            pending: list[np.ndarray] = []
+            eos = False
+            for res in self._timed(steps):
+                if self.on_frame is not None:
+                    self.on_frame(step)
+                step += 1
+                if res.semantic == cfg.eos_token_id:
+                    eos = True
+                    break
+                pending.append(res.codes)
+                self.frames += 1
+                if len(pending) == self.chunk_frames:
+                    yield self._decode(decoder, pending, start)
+            if pending:
+                yield self._decode(decoder, pending, start)
+            self.reached_eos.append(eos)
+
+    def _timed(self, steps: Iterator) -> Iterator:
+        """``steps`` with the time spent inside them added to ``frames_s`` (not the consumer's time)."""
+        while True:
+            t0 = time.perf_counter()
+            res = next(steps, None)
+            self.frames_s += time.perf_counter() - t0
+            if res is None:
+                return
+            yield res
+
+    def _decode(self, decoder: CodecStream, pending: list[np.ndarray], start: float) -> np.ndarray:
+        """The audio float32 [n * frame_length] of the ``pending`` frames (emptied), timed."""
+        t0 = time.perf_counter()
+        audio = np.asarray(decoder.push(np.stack(pending, axis=1)), dtype=np.float32)
+        self.codec_s += time.perf_counter() - t0
+        pending.clear()
+        if self.first_audio_s is None:
+            self.first_audio_s = time.perf_counter() - start
+        return audio

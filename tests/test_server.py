@@ -1,0 +1,270 @@
+"""`audio8 serve`: a real uvicorn on 127.0.0.1 driven by httpx and the official openai client (tiny checkpoint).
+
+Frame caps keep every request to a few dozen tiny frames; streaming servers emit every 4 frames.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+import uvicorn
+
+import clips
+from audio8_coreai import TTS
+from audio8_coreai.audio import SPEECH_FORMATS, STREAMABLE_FORMATS, SpeechEncoder, encode_speech
+from audio8_coreai.server import ServerSettings, create_app
+
+TEXT = "The meeting has been moved to Thursday afternoon."
+SETTINGS = ServerSettings(workers=2, max_queue=4, max_input_chars=300, max_upload_bytes=1_000_000,
+                          max_frames=200, chunk_frames=4)
+
+
+@contextmanager
+def serving(checkpoint, voices_dir, settings: ServerSettings):
+    """A uvicorn server on a free port of 127.0.0.1 in a thread; yields its base URL."""
+    engines = [TTS.load(checkpoint, device="cpu", voices_dir=voices_dir) for _ in range(settings.workers)]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(engines, settings), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def base(tiny_checkpoint, tmp_path_factory):
+    with serving(tiny_checkpoint, tmp_path_factory.mktemp("voices"), SETTINGS) as url:
+        yield url
+
+
+def speech(base: str, **body) -> httpx.Response:
+    return httpx.post(f"{base}/v1/audio/speech", json={"input": TEXT, "seed": 1, "max_frames": 12, **body},
+                      timeout=120)
+
+
+def decode(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
+    if fmt == "pcm":
+        return np.frombuffer(data, "<i2").astype(np.float32) / 32767, 44100
+    return sf.read(io.BytesIO(data), dtype="float32")
+
+
+def metric(base: str, name: str) -> float:
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Encoders
+
+
+@pytest.mark.parametrize("fmt", SPEECH_FORMATS)
+def test_every_format_encodes_whole_and_streamed(fmt):
+    audio = clips.sweep(44100, 1.0, 0.4)
+    rate = 48000 if fmt == "opus" else 44100
+    whole, got_rate = decode(encode_speech(audio, 44100, fmt), fmt)
+    assert got_rate == rate and abs(len(whole) - len(audio) * rate / 44100) <= 1
+    if fmt in ("wav", "pcm", "flac"):
+        assert float(np.abs(whole - audio).max()) < 1e-4  # 16-bit
+    if fmt in STREAMABLE_FORMATS:
+        encoder = SpeechEncoder(fmt, 44100)
+        data = b"".join(encoder.write(audio[i:i + 8192]) for i in range(0, len(audio), 8192)) + encoder.close()
+        streamed, got_rate = decode(data, fmt)
+        assert got_rate == rate and len(streamed) >= len(audio) * rate / 44100 - 1
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Speech
+
+
+@pytest.mark.parametrize("fmt", SPEECH_FORMATS)
+def test_every_response_format_decodes(base, fmt):
+    r = speech(base, response_format=fmt)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-seed"] == "1" and r.headers["x-sample-rate"] == "44100"
+    audio, rate = decode(r.content, fmt)
+    assert rate == (48000 if fmt == "opus" else 44100) and len(audio) > 0
+
+
+def test_openai_client_speaks_and_streams(base):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+    extras = {"seed": 1, "max_frames": 12}
+    out = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="wav",
+                                     extra_body=extras)
+    audio, rate = decode(out.content, "wav")
+    assert rate == 44100 and len(audio) == 12 * 2048
+    with client.audio.speech.with_streaming_response.create(
+            model="gpt-4o-mini-tts", voice="nova", input=TEXT, response_format="pcm",
+            extra_body={**extras, "stream": True}) as response:
+        assert response.headers["x-model"] == "gpt-4o-mini-tts"
+        streamed = b"".join(response.iter_bytes())
+    assert np.array_equal(decode(streamed, "pcm")[0], decode(speech(base, response_format="pcm").content, "pcm")[0])
+
+
+def test_same_request_and_seed_give_the_same_bytes_and_another_seed_differs(base):
+    a, b, c = (speech(base, response_format="wav", seed=seed) for seed in (1, 1, 2))
+    assert a.content == b.content and a.content != c.content
+
+
+def test_streaming_sends_audio_before_the_last_frame(base):
+    body = {"input": TEXT, "seed": 1, "max_frames": 40, "stream": True, "response_format": "wav"}
+    with httpx.stream("POST", f"{base}/v1/audio/speech", json=body, timeout=120) as r:
+        assert r.status_code == 200 and "content-length" not in r.headers
+        chunks = r.iter_bytes()
+        first = next(chunks)
+        frames_at_first = metric(base, "audio8_frames_total")
+        rest = b"".join(chunks)
+    assert frames_at_first < metric(base, "audio8_frames_total")
+    streamed, _ = decode(first + rest, "wav")
+    whole, _ = decode(speech(base, response_format="wav", max_frames=40).content, "wav")
+    assert np.array_equal(streamed, whole)
+
+
+def test_four_concurrent_streams_complete_without_cross_talk(base):
+    bodies = [{"input": f"Request number {i} speaks now.", "seed": 10 + i, "max_frames": 12, "stream": True,
+               "response_format": "pcm"} for i in range(4)]
+
+    def fetch(body):
+        with httpx.stream("POST", f"{base}/v1/audio/speech", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            return b"".join(r.iter_bytes())
+
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(fetch, bodies))
+    alone = [fetch(b) for b in bodies]
+    assert together == alone
+    assert len(set(together)) == 4
+
+
+def test_long_input_is_split_and_fully_spoken(base):
+    text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(3))
+    r = speech(base, input=text, max_frames=4, response_format="wav")
+    audio, _ = decode(r.content, "wav")
+    pause = round(0.25 * 44100)
+    assert r.status_code == 200 and len(audio) == 3 * 4 * 2048 + 2 * pause  # 3 pieces, 2 pauses
+
+
+BAD_REQUESTS = [
+    ({"input": ""}, 400, "empty_input"),
+    ({"input": "   "}, 400, "empty_input"),
+    ({"input": "x" * 301}, 400, "input_too_long"),
+    ({"input": "...!!"}, 400, "invalid_request"),
+    ({"response_format": "ogg"}, 400, "unsupported_format"),
+    ({"response_format": "flac", "stream": True}, 400, "unsupported_format"),
+    ({"speed": 1.5}, 400, "unsupported_speed"),
+    ({"speed": 9}, 400, "invalid_speed"),
+    ({"voice": "../etc"}, 400, "invalid_voice"),
+    ({"voice": "nobody-here"}, 400, "voice_not_found"),
+    ({"stream_format": "sse"}, 400, "unsupported_stream_format"),
+    ({"instructions": "whisper"}, 400, "unsupported_instructions"),
+    ({"temperature": 0}, 400, "invalid_request"),
+    ({"top_k": 0}, 400, "invalid_request"),
+    ({"seed": -1}, 400, "invalid_request"),
+    ({"max_frames": 201}, 400, "max_frames_too_large"),
+    ({"input": None}, 400, "invalid_request"),
+]
+
+
+@pytest.mark.parametrize("body, status, code", BAD_REQUESTS)
+def test_bad_requests_get_clear_json_errors(base, body, status, code):
+    r = speech(base, **body)
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert error["code"] == code and error["type"] == "invalid_request_error" and len(error["message"]) > 10
+
+
+def test_a_body_that_is_not_json_is_a_400(base):
+    r = httpx.post(f"{base}/v1/audio/speech", content=b"not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Voices, health, metrics
+
+
+def test_voices_register_speak_list_and_delete(base, tmp_path):
+    clip = clips.write(tmp_path / "clip.wav", clips.sweep(22050, 1.5), 22050)
+    files = {"audio": ("clip.wav", clip.read_bytes(), "audio/wav")}
+    r = httpx.post(f"{base}/v1/voices", data={"name": "ana", "transcript": "A rising tone."}, files=files,
+                   timeout=120)
+    assert r.status_code == 201, r.text
+    assert r.json()["name"] == "ana" and r.json()["frames"] == 33
+    again = httpx.post(f"{base}/v1/voices", data={"name": "ana", "transcript": "x"}, files=files)
+    assert again.status_code == 400 and "exists" in again.json()["error"]["message"]
+    assert [v["name"] for v in httpx.get(f"{base}/v1/voices").json()["data"]] == ["ana"]
+    cloned = speech(base, voice="ana", response_format="wav")
+    assert cloned.status_code == 200 and cloned.content != speech(base, response_format="wav").content
+    assert httpx.delete(f"{base}/v1/voices/ana").status_code == 200
+    assert httpx.delete(f"{base}/v1/voices/ana").status_code == 404
+    assert httpx.delete(f"{base}/v1/voices/..").status_code in (400, 404)
+    assert httpx.get(f"{base}/v1/voices").json()["data"] == []
+
+
+@pytest.mark.parametrize("form, files, status", [
+    ({"name": "big", "transcript": "t"}, {"audio": ("big.wav", b"\0" * 1_100_000, "audio/wav")}, 413),
+    ({"name": "bad/name", "transcript": "t"}, {"audio": ("c.wav", b"RIFF", "audio/wav")}, 400),
+    ({"name": "junk", "transcript": "t"}, {"audio": ("c.wav", b"not audio at all", "audio/wav")}, 400),
+    ({"name": "nofile", "transcript": "t"}, None, 400),
+])
+def test_bad_voice_uploads(base, form, files, status):
+    r = httpx.post(f"{base}/v1/voices", data=form, files=files, timeout=60)
+    assert r.status_code == status and r.json()["error"]["message"]
+
+
+def test_health_and_metrics(base):
+    health = httpx.get(f"{base}/health").json()
+    assert health["status"] == "ok" and health["device"] == "cpu" and health["backend"].startswith("torch cpu")
+    assert health["workers"] == 2
+    speech(base, response_format="pcm")
+    text = httpx.get(f"{base}/metrics").text
+    assert "# TYPE audio8_frames_total counter" in text
+    assert metric(base, "audio8_frames_total") >= 12 and metric(base, "audio8_rtf") > 0
+    assert metric(base, "audio8_queue_depth") == 0 and metric(base, "audio8_ttfa_seconds_mean") > 0
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A full queue and a client that goes away
+
+
+def test_full_queue_is_503_and_a_disconnect_frees_the_slot(tiny_checkpoint, tmp_path):
+    settings = ServerSettings(workers=1, max_queue=0, chunk_frames=4)
+    # seed 4: this text runs the whole 300 frames on the tiny checkpoint (no eos), seconds of work
+    body = {"input": TEXT, "seed": 4, "max_frames": 300, "stream": True, "response_format": "pcm"}
+    with serving(tiny_checkpoint, tmp_path, settings) as url:
+        with httpx.Client(timeout=60) as client:
+            with client.stream("POST", f"{url}/v1/audio/speech", json=body) as r:
+                assert r.status_code == 200
+                chunks = r.iter_bytes()  # kept: a dropped iterator closes the connection
+                next(chunks)
+                busy = speech(url)
+                assert busy.status_code == 503 and int(busy.headers["retry-after"]) >= 1
+                assert busy.json()["error"]["code"] == "queue_full"
+            # leaving the block closed the connection mid-stream
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/health").json()["running"]:
+            assert time.monotonic() < deadline, "the worker kept generating after the client left"
+            time.sleep(0.05)
+        assert metric(url, 'audio8_requests_total{status="499"}') == 1
+        assert metric(url, "audio8_frames_total") < 300
+        assert speech(url, response_format="wav").status_code == 200
