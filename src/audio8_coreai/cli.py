@@ -1,4 +1,4 @@
-"""The ``audio8`` command: say | serve | voice (add, list, show, rm) | prompt | parity | convert | bench |
+"""The ``audio8`` command: say | serve | voice (add, list, show, rm) | prompt | parity | gate | convert | bench |
 make-checkpoint.
 
 Every expected failure (bad text, a wrong checkpoint folder, an unwritable output, an unknown device)
