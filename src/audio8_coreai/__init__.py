@@ -7,6 +7,8 @@ Public API::
     audio, sample_rate = tts.synthesize("Hello, world!", seed=0)
     tts.register_voice("ana", "ana.wav", "What the clip says.")   # a cloned voice, stored by name
     audio, sample_rate = tts.synthesize("Hello again.", voice="ana")
+    for chunk in tts.stream("A long text. Spoken as it is made."):   # float32 chunks, exact to the whole
+        ...
 """
 
 from .tts import TTS, Synthesis

@@ -364,8 +364,9 @@ def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -
             raise ApiError(500, f"synthesis failed: {type(item.error).__name__}: {item.error}", code="server_error")
         audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
         metrics.count(200)
-        return Response(encode_speech(audio, first.sample_rate, req.response_format), media_type=media,
-                        headers=headers)
+        # Off the event loop: a long mp3 or opus takes a noticeable time to encode.
+        data = await asyncio.to_thread(encode_speech, audio, first.sample_rate, req.response_format)
+        return Response(data, media_type=media, headers=headers)
 
     @app.get("/v1/voices")
     def list_voices() -> dict[str, Any]:
