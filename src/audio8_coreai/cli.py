@@ -313,12 +313,12 @@ def gate(
     out.print(f"teacher-forced: semantic {t['semantic_draws'][0]}/{t['semantic_draws'][1]}, codebook "
               f"{t['codebook_draws'][0]}/{t['codebook_draws'][1]}, misses {t['misses']} ({t['misses_low_margin']} "
               f"near-ties); free runs identical {t['free_run_identical'][0]}/{t['free_run_identical'][1]}",
-              highlight=False)
+              highlight=False, soft_wrap=True)
     for key, verdict in report.verdicts.items():
         if isinstance(verdict, dict):
             verdict = ", ".join(f"{k} {v}" for k, v in verdict.items()) or "-"
-        out.print(f"{key}: {verdict}", highlight=False)
-    out.print(f"gate {'PASS' if report.passed else 'FAIL'}: {out_dir / 'report.md'}", highlight=False)
+        out.print(f"{key}: {verdict}", highlight=False, soft_wrap=True)
+    out.print(f"gate {'PASS' if report.passed else 'FAIL'}: {out_dir / 'report.md'}", highlight=False, soft_wrap=True)
     if not report.passed:
         raise typer.Exit(1)
 

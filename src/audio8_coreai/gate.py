@@ -617,15 +617,16 @@ def plot_summary(path: Path, report: GateReport) -> Path:
         ax.bar(xs - 0.2, a, 0.4, label=labels[0])
         ax.bar(xs + 0.2, b, 0.4, label=labels[1])
         ax.set_xticks(xs, ticks, rotation=60, ha="right", fontsize=8)
-        ax.set(title=title, ylabel=ylabel)
-        ax.legend(fontsize=8)
+        ax.set_title(title, loc="left")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8, ncols=2, loc="lower right", bbox_to_anchor=(1.0, 1.0))  # above the bars
 
     tf = [f.teacher_forced for f in report.fixtures]
     bars(agree, [pct(t["semantic_draws"]) for t in tf], [pct(t["codebook_draws"]) for t in tf],
          ("semantic", "codebook"), "teacher-forced draws equal to the reference", "%")
     agree.set_ylim(min([90.0] + [pct(t["codebook_draws"]) - 2 for t in tf]), 100.5)
     bars(frames, [t["free_run_expected_frames"] or 0 for t in tf], [t["free_run_frames"] or 0 for t in tf],
-         ("reference", "port"), "free-run frames (eos)", "frames")
+         ("reference", "port"), "free-run frames", "frames")
     rows = [f for f in report.fixtures if f.asr and "port" in f.asr]
     if rows:
         bars(asr, [100 * (f.asr["reference"]["rate"] or 0) for f in rows],
