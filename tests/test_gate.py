@@ -50,6 +50,7 @@ def test_normaliser_nfkc_lowercase_punctuation():
 
 
 def test_error_counts_by_language():
+    pytest.importorskip("jiwer")
     wer = count_errors("en", "The cat sat on the mat.", "the cat sat on a mat")
     assert (wer.edits, wer.units) == (1, 6)
     # ja/zh: characters, recogniser spaces ignored; punctuation never counts.
@@ -204,6 +205,7 @@ def test_misses_carry_the_reference_margin(oracle_dir, fixture):
 
 
 def test_gate_against_the_oracle_cli(oracle_dir, tmp_path):
+    pytest.importorskip("matplotlib")
     out = tmp_path / "report"
     result = CliRunner().invoke(app, ["gate", "--model", str(oracle_dir), "--against",
                                       str(oracle_dir / "fixture.npz"), "--device", "cpu", "--out", str(out)])
@@ -231,7 +233,9 @@ def test_gate_against_the_oracle_cli(oracle_dir, tmp_path):
 def test_gate_against_fp32_on_a_tiny_checkpoint(tiny_checkpoint, tmp_path):
     """The fp32 ladder end to end on a random-weight checkpoint: an fp32 port agrees exactly with the reference
     run (draws, frames, codec, encoder), and the ASR and speaker rungs run on its (speechless) audio."""
+    pytest.importorskip("matplotlib")
     pytest.importorskip("pocketsphinx")
+    pytest.importorskip("jiwer")
     fixtures = tmp_path / "fixtures.json"
     fixtures.write_text(json.dumps([
         {"name": "en_a", "language": "en", "seed": 3, "text": "Please call me tomorrow.", "reference": None},
@@ -264,6 +268,7 @@ def test_gate_against_fp32_on_a_tiny_checkpoint(tiny_checkpoint, tmp_path):
 
 
 def test_gate_cli_bad_input(oracle_dir, tmp_path):
+    pytest.importorskip("matplotlib")  # checked first: a missing extra is reported before anything else
     runner = CliRunner()
     result = runner.invoke(app, ["gate", "--model", str(oracle_dir), "--against", str(tmp_path / "nope.npz"),
                                  "--out", str(tmp_path / "r")])

@@ -572,15 +572,21 @@ def _pct(rate: float | None) -> str:
 # --- pictures --------------------------------------------------------------------------------------------------
 
 
-def _figure(width: float, height: float):
-    """A matplotlib Figure on the Agg canvas, without pyplot (no global backend switch, no GUI)."""
+def _matplotlib():
+    """(Figure, FigureCanvasAgg) from matplotlib; raises GateError when it is not installed."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as e:
         raise GateError(f"the gate's pictures need matplotlib: {_GATE_EXTRA}") from e
-    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
+    return Figure, FigureCanvasAgg
+
+
+def _figure(width: float, height: float):
+    """A matplotlib Figure on the Agg canvas, without pyplot (no global backend switch, no GUI)."""
+    figure, canvas = _matplotlib()
+    fig = figure(figsize=(width, height), dpi=100, layout="constrained")
+    canvas(fig)
     return fig
 
 
@@ -754,6 +760,7 @@ def run_gate(model: str | Path, out_dir: str | Path, *, against: str | Path = "f
 
     t0 = time.perf_counter()
     say = log or (lambda line: None)
+    _matplotlib()  # a missing extra fails here, not after minutes of generation
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise GateError(f"{out} is a file: give a folder for the report")
