@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from audio8_coreai.bench import BenchConfig, format_table, measure
+from audio8_coreai.bench import BenchConfig, format_table, measure, measure_group, measure_rss
 
 KEYS = ("prefill_ms_per_token", "ms_per_frame", "slow_ms", "fast_ms", "sampler_ms", "floor_ms",
         "frame_floor_ratio", "codec_ms_per_chunk", "rtf", "rtf_streaming", "ttfa_ms", "peak_rss_gb")
@@ -19,3 +19,13 @@ def test_measure_reports_every_figure(tiny_checkpoint):
     assert base["ms_per_frame"] > 0 and "floor_ms" not in base
     text = format_table([base, row])
     assert "frame/floor" in text and "baseline autot" in text and "fp32 autot" in text
+
+
+def test_side_by_side_group_and_rss(tiny_checkpoint):
+    cfgs = [BenchConfig(str(tiny_checkpoint), frames=2, runs=1, baseline=True),
+            BenchConfig(str(tiny_checkpoint), frames=2, runs=1, precision="int16")]
+    base, row = measure_group(cfgs)
+    assert base["vs_baseline"] == 1.0 and row["vs_baseline"] > 0
+    assert row["description"].endswith("int16") and row["frame_floor_ratio"] > 0
+    assert row["codec_ms_per_chunk"] == base["codec_ms_per_chunk"]  # measured once, shared
+    assert measure_rss(cfgs[1])["peak_rss_gb"] > 0

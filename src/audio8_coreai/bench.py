@@ -1,12 +1,16 @@
 """Speed and memory of a backend: the harness behind ``audio8 bench`` and ``benchmarks/bench_torch.py``.
 
-Timing lives here and in ``benchmarks/``, never in the tests. One *configuration* (backend, device, precision,
-threads) runs in a fresh subprocess so its peak RSS is its own. In it, every measurement gets one warm-up, then
-``runs`` timed repetitions, and the median is reported (milliseconds unless named otherwise):
+Timing lives here and in ``benchmarks/``, never in the tests. The machine is shared, so configurations
+(backend, device, precision, threads, or the publisher-style baseline) are timed **side by side**: one
+subprocess loads them all and takes ``runs + 1`` rounds, each configuration one sample of every figure per
+round in turn (the first round is the warm-up); medians are reported, and a change of load hits every
+configuration alike, so their ratios hold. Each configuration's peak RSS is then measured alone in its own
+subprocess. Figures (milliseconds unless named):
 
 * ``prefill_ms`` / ``prefill_ms_per_token``: ``backend.prefill`` of the plain prompt of a 26-word sentence;
-* ``ms_per_frame``: ``first_frame`` then ``frame`` for exactly ``frames`` frames with seeded noise and the RAS
-  window as ``engine.generate`` drives them (eos ignored: a random checkpoint may draw it);
+* ``ms_per_frame`` (wall) and ``cpu_ms_per_frame`` (process CPU time: with one thread it leaves out the time
+  other processes held the core): ``first_frame`` then ``frame`` for exactly ``frames`` frames with seeded
+  noise and the RAS window as ``engine.generate`` drives them (eos ignored: a random checkpoint may draw it);
 * the frame's split, each part timed alone with the callables the frame uses (``frame_parts``): ``slow_ms``
   (one slow-AR step), ``fast_ms`` (the fast AR's rows of one frame, no sampling), ``sampler_ms`` (the semantic
   draw with RAS and the nine codebook draws); ``other_ms`` = frame - parts (host work, copies);
@@ -15,16 +19,17 @@ threads) runs in a fresh subprocess so its peak RSS is its own. In it, every mea
   each called at batch 1 with the frame's own modules (so the same kernels and weight formats), nothing else;
   ``frame_floor_ratio`` = ms/frame / floor (1.0 = the frame does nothing but stream its weights);
 * codec: ``decode_window`` of a streaming chunk ([10, 160]: 128 frames of context and 32 new) and of the first
-  chunk ([10, 32]);
+  chunk ([10, 32]); the same fp32 codec serves every precision on CPU, so it is timed once per run;
 * ``rtf`` (whole utterance of ``frames`` frames: prefill + frames + one decode, per second of audio),
   ``rtf_streaming`` (steady state: 32 frames plus one 160-window decode per 32 frames of audio), ``ttfa_ms``
   (time to first audio when streaming: prefill + 32 frames + the first 32-frame decode);
-* ``peak_rss_gb`` (``ru_maxrss`` of the subprocess) and ``cpu_use`` (process CPU s / wall s: well under the
-  thread count means other processes took the cores and every time here is inflated).
+* ``peak_rss_gb`` (``ru_maxrss`` of the configuration's own subprocess: load, prefill, frames, a chunk) and
+  ``cpu_use`` (CPU s / wall s of the side-by-side run: well under the thread count means other processes
+  took the cores and every wall time is inflated).
 
-Each configuration can also run the **publisher-style baseline** frame (``baseline=True``): fp32, the full
-155,776-row head, one call per fast row and host-side NumPy sampling, as the publisher's ``generate`` does;
-``vs_baseline`` in a table is the baseline's ms/frame over a row's, measured in the same invocation.
+The **publisher-style baseline** (``baseline=True``) is fp32 with the full 155,776-row head, one call per fast
+row and host-side NumPy sampling, as the publisher's ``generate`` does; ``vs_baseline`` is its ms/frame over a
+row's, from the same side-by-side run.
 """
 
 from __future__ import annotations
@@ -242,107 +247,178 @@ class BaselineFrame:
         return int(sem), np.asarray(codes, dtype=np.int64)
 
 
-# --- one configuration, in this process -------------------------------------------------------------------
+# --- configurations in one process, interleaved -----------------------------------------------------------
 
 
 def _load(cfg: BenchConfig):
-    from .tts import TTS
-
-    kwargs = {"device": cfg.device}
-    if cfg.backend != "torch":
-        raise ValueError(f"the bench drives the torch backend; got {cfg.backend!r}")
-    precision = "fp32" if cfg.baseline else cfg.precision
-    try:
-        return TTS.load(cfg.checkpoint, precision=precision, **kwargs)
-    except TypeError:  # a TTS.load without precision: only the dtypes
-        return TTS.load(cfg.checkpoint, dtype=precision, **kwargs)
-
-
-def measure(cfg: BenchConfig) -> dict:
-    """Every figure for one configuration, in this process (see the module docstring)."""
     import torch
 
-    from .sampling import NoiseSource, RasWindow
+    from .tts import TTS
 
+    if cfg.backend != "torch":
+        raise ValueError(f"the bench drives the torch backend; got {cfg.backend!r}")
     if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    t0 = time.perf_counter()
-    tts = _load(cfg)
-    load_s = time.perf_counter() - t0
-    backend, mc, cc = tts.backend, tts.config, tts.checkpoint.codec_config
-    params = tts.sampling()
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    prompt = tts.prompts.plain(SENTENCE)
-    p_len = prompt.shape[1]
-    runs, frames = cfg.runs, cfg.frames
-    baseline = BaselineFrame(backend, params) if cfg.baseline else None
+        torch.set_num_threads(cfg.threads)  # before loading: ONNX Runtime sessions take the count then
+    return TTS.load(cfg.checkpoint, device=cfg.device, precision="fp32" if cfg.baseline else cfg.precision)
 
-    prefill_ms, _ = median_ms(lambda: backend.prefill(prompt), runs)
 
-    def frame_loop() -> float:
-        backend.prefill(prompt)
+def _random_codes(cc, n: int, rng) -> np.ndarray:
+    return np.concatenate([rng.integers(0, cc.semantic_codebook_size, (1, n)),
+                           rng.integers(0, cc.residual_codebook_size, (cc.residual_codebooks, n))])
+
+
+class _Run:
+    """One loaded configuration and its samples; :meth:`round` takes one sample of everything."""
+
+    def __init__(self, cfg: BenchConfig):
+        import torch
+
+        t0 = time.perf_counter()
+        self.cfg, self.tts = cfg, _load(cfg)
+        self.load_s = time.perf_counter() - t0
+        self.threads = torch.get_num_threads()
+        self.backend = self.tts.backend
+        self.mc = self.tts.config
+        self.params = self.tts.sampling()
+        self.prompt = self.tts.prompts.plain(SENTENCE)
+        self.baseline = BaselineFrame(self.backend, self.params) if cfg.baseline else None
+        self.samples: dict[str, list[float]] = {}
+        self._parts = self._floor = None
+
+    def _add(self, key: str, value: float) -> None:
+        self.samples.setdefault(key, []).append(value)
+
+    def _frame_loop(self) -> tuple[float, float]:
+        """(wall ms, CPU ms) per frame of one run of ``frames`` frames after a prefill."""
+        from .sampling import NoiseSource, RasWindow
+
+        b, mc, p_len = self.backend, self.mc, self.prompt.shape[1]
+        b.prefill(self.prompt)
         noise = NoiseSource(0, mc.num_semantic, mc.codebook_size, mc.num_codebooks - 1)
         window = RasWindow(mc.ras_window_size)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         column = None
-        for step in range(frames):
+        for step in range(self.cfg.frames):
             noise_slow, noise_fast = noise.next_frame()
-            if baseline is not None:
-                if column is None:  # frame 0 of the baseline: sampled like the others, from a slow step
+            if self.baseline is not None:
+                if column is None:  # the baseline makes frame 0 from a slow step too (one more step per run)
                     column = np.zeros(mc.num_codebooks + 1, dtype=np.int64)
                     column[0] = mc.semantic_begin_id
-                sem, codes = baseline(column, p_len + step - 1, noise_slow, window.current()[0], noise_fast)
+                sem, codes = self.baseline(column, p_len + step - 1, noise_slow, window.current()[0], noise_fast)
             else:
                 if column is None:
-                    res = backend.first_frame(params, noise_slow, window.current()[0], noise_fast)
+                    res = b.first_frame(self.params, noise_slow, window.current()[0], noise_fast)
                 else:
-                    res = backend.frame(params, column, p_len + step - 1, noise_slow, window.current()[0],
-                                        noise_fast)
+                    res = b.frame(self.params, column, p_len + step - 1, noise_slow, window.current()[0],
+                                  noise_fast)
                 sem, codes = res.semantic, res.codes
             window.push(sem)
             column = np.concatenate([[sem], codes])
-        return (time.perf_counter() - t0) * 1e3 / frames
+        n = self.cfg.frames
+        return (time.perf_counter() - t0) * 1e3 / n, (time.process_time() - c0) * 1e3 / n
 
-    frame_runs = [frame_loop() for _ in range(runs + 1)][1:]  # the first is the warm-up
-    ms_per_frame = statistics.median(frame_runs)
+    def round(self) -> None:
+        """One sample of every figure (the caller drops the first round: the warm-up)."""
+        import torch
 
-    out: dict = {"label": cfg.label, **asdict(cfg), "threads_used": torch.get_num_threads(), "load_s": load_s,
-                 "prompt_columns": p_len, "prefill_ms": prefill_ms, "prefill_ms_per_token": prefill_ms / p_len,
-                 "ms_per_frame": ms_per_frame, "frame_runs_ms": frame_runs}
-    if baseline is None:
-        parts = frame_parts(backend, params, p_len + frames // 2)
-        split = {f"{name}_ms": median_ms(fn, runs, inner=3)[0] for name, fn in parts.items()}
-        split["other_ms"] = ms_per_frame - sum(split.values())
-        out.update(split)
-        out.update(weight_floor(backend, runs))
-        out["frame_floor_ratio"] = ms_per_frame / out["floor_ms"]
-        out["description"] = getattr(backend, "description", "")
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
+        self._add("prefill_ms", median_ms(lambda: self.backend.prefill(self.prompt), 1)[0])
+        wall, cpu = self._frame_loop()
+        self._add("ms_per_frame", wall)
+        self._add("cpu_ms_per_frame", cpu)
+        if self.baseline is not None:
+            return
+        if self._parts is None:
+            self._parts = frame_parts(self.backend, self.params, self.prompt.shape[1] + self.cfg.frames // 2)
+        for name, fn in self._parts.items():
+            self._add(f"{name}_ms", median_ms(fn, 1, inner=3)[0])
+        floor = weight_floor(self.backend, 1)
+        self._floor = floor
+        for key in ("floor_ms", "floor_slow_ms", "floor_fast_ms"):
+            self._add(key, floor[key])
 
+    def result(self) -> dict:
+        out: dict = {"label": self.cfg.label, **asdict(self.cfg), "threads_used": self.threads,
+                     "load_s": self.load_s, "prompt_columns": int(self.prompt.shape[1]),
+                     "description": getattr(self.backend, "description", "")}
+        for key, vals in self.samples.items():
+            vals = vals[1:] if len(vals) > 1 else vals  # the first round is the warm-up
+            out[key] = statistics.median(vals)
+            if key == "ms_per_frame":
+                out["frame_runs_ms"] = vals
+        out["prefill_ms_per_token"] = out["prefill_ms"] / out["prompt_columns"]
+        if self._floor is not None:
+            out["fast_passes"] = self._floor["fast_passes"]
+            out["weights_per_frame_m"] = self._floor["weights_per_frame_m"]
+            out["other_ms"] = out["ms_per_frame"] - sum(out[f"{k}_ms"] for k in self._parts)
+            out["frame_floor_ratio"] = out["ms_per_frame"] / out["floor_ms"]
+        out["vs_publisher"] = PUBLISHER["ms_per_frame"] / out["ms_per_frame"]
+        return out
+
+
+def measure_codec(backend, runs: int) -> dict:
+    """The codec's streaming chunk and first chunk (``decode_window``), median of ``runs`` after a warm-up."""
+    cc = backend.checkpoint.codec_config
     rng = np.random.default_rng(0)
-
-    def random_codes(n: int) -> np.ndarray:
-        return np.concatenate([rng.integers(0, cc.semantic_codebook_size, (1, n)),
-                               rng.integers(0, cc.residual_codebook_size, (cc.residual_codebooks, n))])
-
-    chunk, first = random_codes(STREAM_WINDOW), random_codes(STREAM_CHUNK)
-    codec_ms, _ = median_ms(lambda: backend.decode_window(chunk), runs)
-    codec_first_ms, _ = median_ms(lambda: backend.decode_window(first), runs)
-    frame_audio_ms = cc.frame_length / cc.sample_rate * 1e3
-    codec_per_frame = codec_ms / STREAM_WINDOW
-    out.update({
-        "codec_ms_per_chunk": codec_ms, "codec_chunk_frames": STREAM_WINDOW, "codec_first_chunk_ms": codec_first_ms,
-        "codec_ms_per_frame": codec_per_frame,
-        "rtf": (prefill_ms + frames * (ms_per_frame + codec_per_frame)) / (frames * frame_audio_ms),
-        "rtf_streaming": (STREAM_CHUNK * ms_per_frame + codec_ms) / (STREAM_CHUNK * frame_audio_ms),
-        "ttfa_ms": prefill_ms + STREAM_CHUNK * ms_per_frame + codec_first_ms,
-        "cpu_use": (time.process_time() - cpu0) / (time.perf_counter() - wall0),
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
-        "vs_publisher": PUBLISHER["ms_per_frame"] / ms_per_frame,
-    })
-    return out
+    chunk, first = _random_codes(cc, STREAM_WINDOW, rng), _random_codes(cc, STREAM_CHUNK, rng)
+    return {"codec_ms_per_chunk": median_ms(lambda: backend.decode_window(chunk), runs)[0],
+            "codec_first_chunk_ms": median_ms(lambda: backend.decode_window(first), runs)[0],
+            "codec_chunk_frames": STREAM_WINDOW, "frame_audio_ms": cc.frame_length / cc.sample_rate * 1e3}
 
 
-# --- several configurations, each in a subprocess ---------------------------------------------------------
+def with_totals(row: dict, codec: dict) -> dict:
+    """``row`` plus the codec figures and what follows from them: RTF (whole, streaming) and TTFA."""
+    row = {**row, **codec}
+    frame_audio_ms = codec["frame_audio_ms"]
+    per_frame = codec["codec_ms_per_chunk"] / codec["codec_chunk_frames"]
+    n, f = row["frames"], row["ms_per_frame"]
+    row["codec_ms_per_frame"] = per_frame
+    row["rtf"] = (row["prefill_ms"] + n * (f + per_frame)) / (n * frame_audio_ms)
+    row["rtf_streaming"] = (STREAM_CHUNK * f + codec["codec_ms_per_chunk"]) / (STREAM_CHUNK * frame_audio_ms)
+    row["ttfa_ms"] = row["prefill_ms"] + STREAM_CHUNK * f + codec["codec_first_chunk_ms"]
+    return row
+
+
+def measure_group(configs: list[BenchConfig]) -> list[dict]:
+    """Several configurations in this process, side by side: all loaded, then ``runs + 1`` rounds in which each
+    takes one sample of every figure in turn (the first round is the warm-up), so a change of machine load
+    hits every configuration alike and their ratios hold. The codec (the same fp32 module whatever the
+    precision on CPU) is measured once, after the rounds, on the first configuration's backend."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    runs = [_Run(c) for c in configs]
+    for _ in range(max(c.runs for c in configs) + 1):
+        for r in runs:
+            r.round()
+    codec = measure_codec(runs[0].backend, configs[0].runs)
+    cpu_use = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+    rows = [with_totals({**r.result(), "cpu_use": cpu_use}, codec) for r in runs]
+    base = next((r for r in rows if r.get("baseline")), None)
+    for r in rows:
+        if base is not None:
+            r["vs_baseline"] = base["ms_per_frame"] / r["ms_per_frame"]
+    return rows
+
+
+def measure_rss(cfg: BenchConfig) -> dict:
+    """Peak RSS of one configuration alone: load, prefill, a few frames, one streaming-chunk decode."""
+    r = _Run(BenchConfig(**{**asdict(cfg), "frames": 4}))
+    r.backend.prefill(r.prompt)
+    r._frame_loop()
+    cc = r.backend.checkpoint.codec_config
+    r.backend.decode_window(_random_codes(cc, STREAM_WINDOW, np.random.default_rng(0)))
+    return {"label": cfg.label, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+            "load_s_alone": r.load_s}
+
+
+def measure(cfg: BenchConfig) -> dict:
+    """Every figure for one configuration in this process (peak RSS included: it is alone here)."""
+    row = measure_group([cfg])[0]
+    row["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    return row
+
+
+# --- subprocesses -------------------------------------------------------------------------------------------
 
 
 def ensure_checkpoint(path: Path, log=print) -> Path:
@@ -357,25 +433,28 @@ def ensure_checkpoint(path: Path, log=print) -> Path:
     return path
 
 
-def run_configs(configs: list[BenchConfig], log=print) -> list[dict]:
-    """Each configuration in a fresh ``python -m audio8_coreai.bench --worker`` subprocess (own peak RSS)."""
-    rows = []
-    for c in configs:
-        log(f"measuring {c.label}...")
-        proc = subprocess.run([sys.executable, "-m", "audio8_coreai.bench", "--worker", json.dumps(asdict(c))],
-                              stdout=subprocess.PIPE, text=True)
-        if proc.returncode:
-            raise RuntimeError(f"the {c.label} run failed (exit status {proc.returncode}); its error is above")
-        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    base = next((r for r in rows if r.get("baseline")), None)
-    for r in rows:
-        if base is not None:
-            r["vs_baseline"] = base["ms_per_frame"] / r["ms_per_frame"]
+def _worker(mode: str, payload) -> list | dict:
+    proc = subprocess.run([sys.executable, "-m", "audio8_coreai.bench", mode, json.dumps(payload)],
+                          stdout=subprocess.PIPE, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"the bench worker ({mode}) failed (exit status {proc.returncode}); its error is above")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_configs(configs: list[BenchConfig], log=print, rss: bool = True) -> list[dict]:
+    """Time ``configs`` side by side in one subprocess (:func:`measure_group`), then (``rss``) measure each
+    one's peak RSS alone in its own subprocess (:func:`measure_rss`)."""
+    log(f"measuring {', '.join(c.label for c in configs)} side by side...")
+    rows = _worker("--group", [asdict(c) for c in configs])
+    if rss:
+        for c, row in zip(configs, rows):
+            log(f"peak RSS of {c.label} alone...")
+            row.update(_worker("--rss", asdict(c)))
     return rows
 
 
 COLUMNS = [("config", "label", "{}"), ("ms/tok", "prefill_ms_per_token", "{:.1f}"),
-           ("ms/frame", "ms_per_frame", "{:.1f}"), ("slow", "slow_ms", "{:.1f}"), ("fast", "fast_ms", "{:.1f}"),
+           ("ms/frame", "ms_per_frame", "{:.1f}"), ("CPU ms/frame", "cpu_ms_per_frame", "{:.1f}"), ("slow", "slow_ms", "{:.1f}"), ("fast", "fast_ms", "{:.1f}"),
            ("sampler", "sampler_ms", "{:.1f}"), ("other", "other_ms", "{:.1f}"), ("floor", "floor_ms", "{:.1f}"),
            ("frame/floor", "frame_floor_ratio", "{:.2f}"), ("codec ms/chunk", "codec_ms_per_chunk", "{:.0f}"),
            ("RTF", "rtf", "{:.2f}"), ("RTF stream", "rtf_streaming", "{:.2f}"), ("TTFA s", "ttfa_ms", "{:.2f}"),
@@ -411,10 +490,14 @@ def meta() -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 2 and argv[0] == "--worker":
+    if len(argv) == 2 and argv[0] == "--group":
+        print(json.dumps(measure_group([BenchConfig(**c) for c in json.loads(argv[1])])))
+    elif len(argv) == 2 and argv[0] == "--rss":
+        print(json.dumps(measure_rss(BenchConfig(**json.loads(argv[1])))))
+    elif len(argv) == 2 and argv[0] == "--worker":
         print(json.dumps(measure(BenchConfig(**json.loads(argv[1])))))
-        return
-    raise SystemExit("usage: python -m audio8_coreai.bench --worker CONFIG_JSON (use `audio8 bench`)")
+    else:
+        raise SystemExit("usage: python -m audio8_coreai.bench --group|--rss|--worker JSON (use `audio8 bench`)")
 
 
 if __name__ == "__main__":

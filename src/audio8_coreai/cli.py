@@ -64,7 +64,10 @@ class Size(str, Enum):
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Checkpoint folder (publisher layout) or hub id.")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
-DtypeOpt = Annotated[str, typer.Option(help="fp32 or bf16 (the codec stays fp32 on CPU).")]
+DtypeOpt = Annotated[Optional[str], typer.Option(
+    "--dtype", "--precision", help="Torch precision: fp32 (exact), bf16, int16 (16-bit fixed point, near-exact), "
+    "int12, int8 or mixed (int8 slow AR: these miss draws); default int16 on CPU, fp32 on CUDA. The codec stays "
+    "fp32 on CPU.")]
 VoicesOpt = Annotated[Optional[Path], typer.Option("--voices", help="Voices folder (default: the per-user one).")]
 BackendOpt = Annotated[str, typer.Option(help="torch, or coreai (runs the assets given with --assets).")]
 AssetsOpt = Annotated[Optional[Path], typer.Option(help="Core AI asset folder written by `audio8 convert` "
@@ -84,7 +87,7 @@ def say(
     top_p: Annotated[Optional[float], typer.Option(help="Top-p (default 0.9).")] = None,
     max_frames: Annotated[Optional[int], typer.Option(help="Frame cap (46 ms each; default 512).")] = None,
     device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "fp32",
+    dtype: DtypeOpt = None,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     voice: Annotated[Optional[str], typer.Option(help="Speak in this stored voice (see `audio8 voice`).")] = None,
@@ -241,7 +244,7 @@ def parity(
         exact = engine_backend.precision == "fp32"
     elif backend == "torch" and assets is None:
         engine_backend = TorchBackend(ckpt, device, dtype)
-        exact = engine_backend.dtype.is_floating_point and engine_backend.dtype.itemsize == 4
+        exact = engine_backend.precision.name == "fp32"
     else:
         raise BackendError(f"backend {backend!r} with assets {assets}: use --backend torch, or --backend coreai "
                            "--assets DIR")
@@ -425,7 +428,7 @@ def serve(
     model: ModelOpt = DEFAULT_MODEL,
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "fp32",
+    dtype: DtypeOpt = None,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     workers: Annotated[int, typer.Option(help="Model instances, each serving one request at a time.")] = 1,

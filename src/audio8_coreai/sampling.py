@@ -88,7 +88,48 @@ def _top_k_candidates(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return torch.zeros_like(val).scatter(-1, rank, val), torch.zeros_like(idx).scatter(-1, rank, idx)
 
 
-def sample_top_k_top_p(logits: Tensor, uniforms: Tensor, top_k: int, top_p: float, temperature: float) -> Tensor:
+def _top_k_candidates_eager(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """:func:`_top_k_candidates`'s exact result, faster in eager PyTorch.
+
+    ``torch.topk(x, k + 1)`` is already in the canonical order when no two of its values are equal (then no tie
+    straddles the cut and none needs ordering); only otherwise is the static-shape form run. The check reads a
+    value on the host: eager only, never in an exported graph.
+    """
+    n = x.shape[-1]
+    if k >= n:
+        return _top_k_candidates(x, k)
+    vals, idx = torch.topk(x, k + 1, dim=-1)
+    if bool((vals[..., :-1] > vals[..., 1:]).all()):
+        return vals[..., :k], idx[..., :k]
+    return _top_k_candidates(x, k)
+
+
+def _candidates(logits: Tensor, top_k: int, eager: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(fp32 scores [..., N], candidate values [..., k], their indices, their full-softmax probabilities)."""
+    x = logits.float()
+    k = min(top_k, x.shape[-1])
+    vals, cand = (_top_k_candidates_eager if eager else _top_k_candidates)(x, k)
+    return x, vals, cand, torch.softmax(x, dim=-1).gather(-1, cand)
+
+
+def _draw(prepared: tuple[Tensor, Tensor, Tensor, Tensor], uniforms: Tensor, top_p: float,
+          temperature: float) -> Tensor:
+    """The top-p cut, temperature and exponential race of :func:`sample_top_k_top_p` on :func:`_candidates`."""
+    x, vals, cand, probs = prepared
+    n, k = x.shape[-1], vals.shape[-1]
+    not_first = torch.arange(k, device=x.device).clamp(max=1).to(x.dtype)
+    keep = 1.0 - _step(torch.cumsum(probs, -1) - top_p) * not_first
+    scores = vals / max(temperature, MIN_TEMPERATURE)
+    q = torch.softmax(scores * keep + (1.0 - keep) * _DROPPED, dim=-1)
+    race = q / -torch.log(uniforms.float().gather(-1, cand))
+    best = race.amax(-1, keepdim=True)
+    # the lowest vocabulary index among the candidates whose race value equals the best one
+    choice = (cand.to(x.dtype) + (1.0 - _equal(best - race)) * n).amin(-1)
+    return choice.to(torch.int64)
+
+
+def sample_top_k_top_p(logits: Tensor, uniforms: Tensor, top_k: int, top_p: float, temperature: float, *,
+                       eager: bool = False) -> Tensor:
     """One draw per row, exactly the publisher's legacy top-k/top-p processor followed by ``_sample``.
 
     Args:
@@ -108,22 +149,10 @@ def sample_top_k_top_p(logits: Tensor, uniforms: Tensor, top_k: int, top_p: floa
     0, and equal race values go to the lowest index (the publisher's ``argmax`` over the vocabulary).
     If ``u`` is 0 at every kept candidate (impossible with :class:`NoiseSource`), every race value is 0 and the
     publisher would return index 0 of its whole vocabulary; this returns the lowest candidate.
+    ``eager`` True finds the candidates with a host-side check (same result, faster; not for export).
     """
     _check_params(top_k, top_p, temperature)
-    x = logits.float()
-    n = x.shape[-1]
-    k = min(top_k, n)
-    vals, cand = _top_k_candidates(x, k)
-    probs = torch.softmax(x, dim=-1).gather(-1, cand)
-    not_first = torch.arange(k, device=x.device).clamp(max=1).to(x.dtype)
-    keep = 1.0 - _step(torch.cumsum(probs, -1) - top_p) * not_first
-    scores = vals / max(temperature, MIN_TEMPERATURE)
-    q = torch.softmax(scores * keep + (1.0 - keep) * _DROPPED, dim=-1)
-    race = q / -torch.log(uniforms.float().gather(-1, cand))
-    best = race.amax(-1, keepdim=True)
-    # the lowest vocabulary index among the candidates whose race value equals the best one
-    choice = (cand.to(x.dtype) + (1.0 - _equal(best - race)) * n).amin(-1)
-    return choice.to(torch.int64)
+    return _draw(_candidates(logits, top_k, eager), uniforms, top_p, temperature)
 
 
 def greedy(logits: Tensor) -> Tensor:
@@ -175,6 +204,7 @@ def sample_semantic(
     ras_temperature: float,
     semantic_begin_id: int,
     eos_id: int,
+    eager: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The semantic draw with repetition-aware sampling (the publisher's ``_sample_semantic``).
 
@@ -193,13 +223,17 @@ def sample_semantic(
     Both draws are always made (the publisher draws both at every step, step 0 included). The result is the
     high draw when the normal draw is a semantic id present in the window, else the normal draw; eos is never
     replaced (the high draw may itself be eos). With an all ``-1`` window (step 0) the normal draw is returned.
+    ``eager`` as :func:`sample_top_k_top_p`.
     """
     v = logits.shape[-1] - 1
     eos_first = _eos_first(semantic_begin_id, eos_id)
     x = _to_vocab_order(logits, eos_first)
     u = _to_vocab_order(noise, eos_first)
-    normal_j = sample_top_k_top_p(x, u[..., 0, :], top_k, top_p, temperature)
-    high_j = sample_top_k_top_p(x, u[..., 1, :], top_k, ras_top_p, ras_temperature)
+    _check_params(top_k, top_p, temperature)
+    _check_params(top_k, ras_top_p, ras_temperature)
+    prepared = _candidates(x, top_k, eager)  # both draws rank the same scores with the same top_k
+    normal_j = _draw(prepared, u[..., 0, :], top_p, temperature)
+    high_j = _draw(prepared, u[..., 1, :], ras_top_p, ras_temperature)
     normal = _vocab_index_to_id(normal_j, v, semantic_begin_id, eos_id)
     high = _vocab_index_to_id(high_j, v, semantic_begin_id, eos_id)
     is_semantic = (normal - eos_id).abs().clamp(max=1)  # 0 for eos, 1 for a semantic id

@@ -17,6 +17,8 @@ from ..config import ModelConfig
 from ..graphs import PREFILL_WIDTH, FirstFrame, Frame, Prefill, SamplingParams
 from ..model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ..model.dualar import DualAR
+from ..fastframe import FastFrame
+from ..model.quant import PRECISIONS, QuantError, apply_precision, default_precision, resolve_precision
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
@@ -74,12 +76,30 @@ class TorchBackend:
 
     name = "torch"
 
-    def __init__(self, checkpoint: Checkpoint, device: str = "cpu", dtype: str = "fp32"):
+    def __init__(self, checkpoint: Checkpoint, device: str = "cpu", dtype: str | None = None,
+                 precision: str | None = None):
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype)
+        # ``precision`` (model/quant.py PRECISIONS: fp32, bf16, int16, int12, int8, mixed) or else ``dtype`` (fp32,
+        # bf16, or a precision name); neither: the default, the fastest that keeps the draws (DEFAULT_PRECISION
+        # on CPU, fp32 on CUDA).
+        name = precision or dtype or default_precision(self.device.type)
+        try:
+            self.precision = resolve_precision({"float32": "fp32", "bfloat16": "bf16"}.get(name, name))
+        except QuantError:
+            raise BackendError(f"unknown dtype or precision {name!r}: use fp32 or bf16, or one of "
+                               f"{', '.join(PRECISIONS)}") from None
+        self.dtype = self.precision.dtype
         self.cfg: ModelConfig = checkpoint.config
         self.checkpoint = checkpoint
         self.model = DualAR.from_state_dict(self.cfg, checkpoint.model_state_dict(), self.dtype, self.device)
+        if self.precision.quantized:
+            if self.device.type != "cpu":
+                raise BackendError(f"precision {self.precision.name} runs on the CPU only; use fp32 or bf16 on {device}")
+            try:
+                apply_precision(self.model, self.precision)
+            except QuantError as e:
+                raise BackendError(str(e)) from None
+        self._fast = FastFrame(self.model)  # the frame, arranged for speed (fastframe.py)
         self.codec_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
         self._codec_state = checkpoint.codec_state_dict()
         # Sized for the longest utterance the context allows, so whole-utterance decodes never need windows.
@@ -93,6 +113,8 @@ class TorchBackend:
 
     @property
     def description(self) -> str:
+        if self.precision.quantized:
+            return f"torch {self.device} {self.precision.name}"
         return f"torch {self.device} {str(self.dtype).removeprefix('torch.')}"
 
     def reset(self) -> None:
@@ -128,8 +150,8 @@ class TorchBackend:
                     noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
         """Sample frame 0 from the prefill's last logits/hidden (no slow step)."""
         logits, hidden = self._last
-        out = FirstFrame(self.model, params)(logits[None], hidden[None], *self._tail(noise_slow, window,
-                                                                                       noise_fast, forced))
+        out = self._fast.sample(params, logits[None], hidden[None], *self._tail(noise_slow, window, noise_fast,
+                                                                                 forced))
         return self._result(out, logits, hidden)
 
     @torch.inference_mode()
@@ -137,10 +159,16 @@ class TorchBackend:
               window: np.ndarray, noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
         """Slow step on the previous ``column`` int [1+C] at slot ``pos``, then sample the next frame."""
         col = torch.as_tensor(np.asarray(column, dtype=np.int64), device=self.device).view(1, -1, 1)
-        p = torch.tensor([pos], device=self.device)
-        out = Frame(self.model, params)(col, p, self.k_cache, self.v_cache,
-                                        *self._tail(noise_slow, window, noise_fast, forced), kv_len=pos + 1)
+        out = self._fast.frame(params, col, pos, self.k_cache, self.v_cache,
+                               *self._tail(noise_slow, window, noise_fast, forced))
         return self._result(out[:5], out[5][0], out[6][0])
+
+    def frame_parts(self, params: SamplingParams, pos: int) -> dict:
+        """The parts of :meth:`frame` as callables for the benchmark's split (see bench.py): ``slow`` (the slow
+        step at slot ``pos``), ``fast`` (the fast AR's rows on fixed codes), ``sampler`` (a frame's draws)."""
+        from ..fastframe import frame_parts
+
+        return frame_parts(self._fast, params, pos, self.k_cache, self.v_cache)
 
     def _tail(self, noise_slow, window, noise_fast, forced):
         dev = self.device

@@ -216,6 +216,6 @@ class DualAR(nn.Module):
     def new_kv_cache(self, batch: int = 1, length: int | None = None) -> tuple[Tensor, Tensor]:
         """Zeroed KV state (k, v), each [n_layer, batch, n_kv, length or max_seq_len, head_dim], model dtype."""
         cfg = self.cfg
-        p = self.slow.head.weight
+        p = self.slow.embeddings.weight  # the head may be a quantized module (model/quant.py)
         shape = (cfg.n_layer, batch, cfg.n_local_heads, length or cfg.max_seq_len, cfg.head_dim)
         return torch.zeros(shape, dtype=p.dtype, device=p.device), torch.zeros(shape, dtype=p.dtype, device=p.device)

@@ -1,0 +1,70 @@
+"""Teacher-forced draw agreement of torch precisions against fp32 on the random 0.6b checkpoint.
+
+Records fp32's free run of the prompts in ``audio8_coreai.agreement.PROMPTS`` (``--frames`` each, seed 0;
+cached in ``--cache`` keyed by checkpoint, frames and seed), then replays it teacher-forced at each
+``--precision`` and prints semantic and codebook draw agreement against the bars (98.5 % / 97.5 %).
+
+    python benchmarks/agreement.py --precision int8 --precision mixed [--frames 128] [--threads 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from audio8_coreai.agreement import PROMPTS, Agreement, load_recordings, record, replay, save_recordings
+from audio8_coreai.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
+    ap.add_argument("--precision", action="append", default=None)
+    ap.add_argument("--frames", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cache", type=Path, default=Path("~/.cache/audio8-coreai"))
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from audio8_coreai.tts import TTS
+
+    ckpt = ensure_checkpoint(args.checkpoint, lambda m: print(m, file=sys.stderr))
+    cache = args.cache.expanduser() / f"agreement-{ckpt.name}-{args.prompts}x{args.frames}-seed{args.seed}.npz"
+    ref = None
+    if cache.is_file():
+        recs, meta = load_recordings(cache)
+        print(f"fp32 recording from {cache}", file=sys.stderr)
+    else:
+        ref = TTS.load(ckpt, device="cpu", dtype="fp32")
+        params = ref.sampling()
+        t0 = time.perf_counter()
+        recs = [record(ref.backend, ref.prompts.plain(text), params, args.seed + i, args.frames)
+                for i, text in enumerate(PROMPTS[:args.prompts])]
+        meta = {"checkpoint": str(ckpt), "frames": args.frames, "seed": args.seed}
+        save_recordings(cache, recs, meta)
+        print(f"recorded fp32 in {time.perf_counter() - t0:.0f} s -> {cache}", file=sys.stderr)
+        del ref
+    results = []
+    for prec in args.precision or ["int8", "mixed"]:
+        tts = TTS.load(ckpt, device="cpu", precision=prec)
+        params = tts.sampling()
+        agree = Agreement(tts.backend.description, "torch cpu fp32")
+        t0 = time.perf_counter()
+        for rec in recs:
+            replay(tts.backend, rec, params, agree)
+        print(agree.line() + f"  [{time.perf_counter() - t0:.0f} s]")
+        results.append(agree.to_json())
+        del tts
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
