@@ -18,11 +18,12 @@ subprocess. Figures (milliseconds unless named):
   linear of the fast AR once per fast pass (9: rows 0 and 1 share a pass, both known before any fast draw),
   each called at batch 1 with the frame's own modules (so the same kernels and weight formats), nothing else;
   ``frame_floor_ratio`` = ms/frame / floor (1.0 = the frame does nothing but stream its weights);
-* codec: ``decode_window`` of a streaming chunk ([10, 160]: 128 frames of context and 32 new) and of the first
-  chunk ([10, 32]); the same fp32 codec serves every precision on CPU, so it is timed once per run;
+* codec: ``decode_window`` of a [10, 160] window (the whole-utterance cost per frame) and the streaming chunk:
+  32 frames pushed into the backend's exact incremental ``codec_stream`` (first push and steady state); the
+  same fp32 codec serves every precision on CPU, so it is timed once per run;
 * ``rtf`` (whole utterance of ``frames`` frames: prefill + frames + one decode, per second of audio),
-  ``rtf_streaming`` (steady state: 32 frames plus one 160-window decode per 32 frames of audio), ``ttfa_ms``
-  (time to first audio when streaming: prefill + 32 frames + the first 32-frame decode);
+  ``rtf_streaming`` (steady state: 32 frames plus one 32-frame chunk decode per 32 frames of audio),
+  ``ttfa_ms`` (time to first audio when streaming: prefill + 32 frames + the first chunk decode);
 * ``peak_rss_gb`` (``ru_maxrss`` of the configuration's own subprocess: load, prefill, frames, a chunk) and
   ``cpu_use`` (CPU s / wall s of the side-by-side run: well under the thread count means other processes
   took the cores and every wall time is inflated).
@@ -358,20 +359,41 @@ class _Run:
 
 
 def measure_codec(backend, runs: int) -> dict:
-    """The codec's streaming chunk and first chunk (``decode_window``), median of ``runs`` after a warm-up."""
+    """The codec, median of ``runs`` after a warm-up: ``decode_window`` of a [10, 160] window (the whole-utterance
+    cost per frame) and, when the backend streams (``codec_stream``), pushes of 32 frames into a fresh stream:
+    the first (``codec_first_chunk_ms``) and the steady state (``codec_ms_per_chunk``, the 2nd and 3rd pushes).
+    Without a stream, a streaming chunk is a [10, 160] window decode (128 frames of context, 32 new) and the
+    first chunk a [10, 32] one."""
     cc = backend.checkpoint.codec_config
     rng = np.random.default_rng(0)
-    chunk, first = _random_codes(cc, STREAM_WINDOW, rng), _random_codes(cc, STREAM_CHUNK, rng)
-    return {"codec_ms_per_chunk": median_ms(lambda: backend.decode_window(chunk), runs)[0],
-            "codec_first_chunk_ms": median_ms(lambda: backend.decode_window(first), runs)[0],
-            "codec_chunk_frames": STREAM_WINDOW, "frame_audio_ms": cc.frame_length / cc.sample_rate * 1e3}
+    window = _random_codes(cc, STREAM_WINDOW, rng)
+    out = {"codec_ms_per_window": median_ms(lambda: backend.decode_window(window), runs)[0],
+           "codec_window_frames": STREAM_WINDOW, "frame_audio_ms": cc.frame_length / cc.sample_rate * 1e3}
+    if hasattr(backend, "codec_stream"):
+        first, steady = [], []
+        for _ in range(runs + 1):
+            stream = backend.codec_stream()
+            t0 = time.perf_counter()
+            stream.push(window[:, :STREAM_CHUNK])
+            first.append((time.perf_counter() - t0) * 1e3)
+            for i in (1, 2):
+                t0 = time.perf_counter()
+                stream.push(window[:, i * STREAM_CHUNK:(i + 1) * STREAM_CHUNK])
+                steady.append((time.perf_counter() - t0) * 1e3)
+        out.update(codec_first_chunk_ms=statistics.median(first[1:]), codec_ms_per_chunk=statistics.median(steady[2:]),
+                   codec_streaming="incremental")
+    else:
+        first = _random_codes(cc, STREAM_CHUNK, rng)
+        out.update(codec_first_chunk_ms=median_ms(lambda: backend.decode_window(first), runs)[0],
+                   codec_ms_per_chunk=out["codec_ms_per_window"], codec_streaming="window")
+    return out
 
 
 def with_totals(row: dict, codec: dict) -> dict:
     """``row`` plus the codec figures and what follows from them: RTF (whole, streaming) and TTFA."""
     row = {**row, **codec}
     frame_audio_ms = codec["frame_audio_ms"]
-    per_frame = codec["codec_ms_per_chunk"] / codec["codec_chunk_frames"]
+    per_frame = codec["codec_ms_per_window"] / codec["codec_window_frames"]
     n, f = row["frames"], row["ms_per_frame"]
     row["codec_ms_per_frame"] = per_frame
     row["rtf"] = (row["prefill_ms"] + n * (f + per_frame)) / (n * frame_audio_ms)

@@ -418,8 +418,11 @@ class Checkpoint:
         except (SafetensorError, OSError) as e:
             raise CheckpointError(f"{self.model_file}: tensor data unreadable ({e}); download it again") from e
 
-    def codec_state_dict(self) -> dict[str, torch.Tensor]:
+    def codec_state_dict(self, mapped: bool = False) -> dict[str, torch.Tensor]:
         """All codec tensors under the publisher's module names, in the stored dtype (fp32 in the release).
+
+        ``mapped``: a zip ``.pth`` is memory-mapped, so only the tensors a caller touches are read (the decoder
+        alone needs under half of the release's 1.6 GB).
 
         The publisher's loading rules are applied (unwrap ``state_dict``, strip ``generator.``, drop
         ``freqs_cis``/``causal_mask``); weight norm stays unfolded (``original0``/``original1``,
@@ -429,7 +432,7 @@ class Checkpoint:
             CheckpointError: as :meth:`check_codec`.
         """
         self.check_codec()
-        return _codec_tensors(self.codec_file, lazy=False)
+        return _codec_tensors(self.codec_file, lazy=mapped and self.codec_file.suffix != ".safetensors")
 
     def fingerprint(self) -> str:
         """A stable id of these weights: sha256 hex (64 chars) over cheap-to-read parts of the files.

@@ -53,8 +53,8 @@ class FastFrame:
         cfg = model.cfg
         self.model, self.cfg = model, cfg
         fast = model.fast
-        self.fast_dtype = fast.fast_embeddings.weight.dtype
-        dev = fast.fast_embeddings.weight.device
+        self.fast_dtype = fast.fast_norm.weight.dtype  # the activations (embeddings may be stored lower)
+        dev = fast.fast_norm.weight.device
         shape = (cfg.n_fast_layer, batch, cfg.fast_n_local_heads, cfg.num_codebooks, cfg.fast_head_dim)
         self.fast_k = torch.zeros(shape, dtype=self.fast_dtype, device=dev)
         self.fast_v = torch.zeros(shape, dtype=self.fast_dtype, device=dev)

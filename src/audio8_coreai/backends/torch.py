@@ -18,7 +18,8 @@ from ..graphs import PREFILL_WIDTH, FirstFrame, Frame, Prefill, SamplingParams
 from ..model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ..model.dualar import DualAR
 from ..fastframe import FastFrame
-from ..model.quant import PRECISIONS, QuantError, apply_precision, default_precision, resolve_precision
+from ..model.quant import (PRECISIONS, QuantError, apply_precision, default_precision, release_freed_memory,
+                           resolve_precision)
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
@@ -91,7 +92,12 @@ class TorchBackend:
         self.dtype = self.precision.dtype
         self.cfg: ModelConfig = checkpoint.config
         self.checkpoint = checkpoint
-        self.model = DualAR.from_state_dict(self.cfg, checkpoint.model_state_dict(), self.dtype, self.device)
+        state = checkpoint.model_state_dict()
+        # A quantized precision builds in the stored dtype (bf16 in the release: quantizing from it is exact and no
+        # fp32 copy of the weights is ever held); apply_precision brings the rest to the precision's dtype.
+        build = state["embeddings.weight"].dtype if self.precision.quantized else self.dtype
+        self.model = DualAR.from_state_dict(self.cfg, state, build, self.device)
+        del state
         if self.precision.quantized:
             if self.device.type != "cpu":
                 raise BackendError(f"precision {self.precision.name} runs on the CPU only; use fp32 or bf16 on {device}")
@@ -101,11 +107,14 @@ class TorchBackend:
                 raise BackendError(str(e)) from None
         self._fast = FastFrame(self.model)  # the frame, arranged for speed (fastframe.py)
         self.codec_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
-        self._codec_state = checkpoint.codec_state_dict()
+        codec_state = checkpoint.codec_state_dict(mapped=True)  # read only what the decoder uses
+        self._codec_state = None  # not kept (1.6 GB for the release): the encoder re-reads it on first use
         # Sized for the longest utterance the context allows, so whole-utterance decodes never need windows.
-        self.decoder = CodecDecoder.from_state_dict(checkpoint.codec_config, self._codec_state,
+        self.decoder = CodecDecoder.from_state_dict(checkpoint.codec_config, codec_state,
                                                     max_frames=self.cfg.max_seq_len)
         self.decoder = self.decoder.to(self.device, self.codec_dtype).eval().requires_grad_(False)
+        del codec_state
+        release_freed_memory()
         self._encoder: CodecEncoder | None = None
         self._encoder_frames = 0
         self._prefill = Prefill(self.model)
@@ -207,7 +216,8 @@ class TorchBackend:
         """The fp32 codec encoder on this device, built on first use and rebuilt when a clip needs more
         than the ``frames`` (code frames of 2048 samples) it was sized for."""
         if self._encoder is None or self._encoder_frames < frames:
-            self._encoder = CodecEncoder.from_state_dict(self.checkpoint.codec_config, self._codec_state,
+            self._encoder = CodecEncoder.from_state_dict(self.checkpoint.codec_config,
+                                                         self._codec_state or self.checkpoint.codec_state_dict(),
                                                          max_frames=max(frames, 1)).to(self.device)
             self._encoder_frames = max(frames, 1)
         return self._encoder

@@ -188,7 +188,7 @@ class DualAR(nn.Module):
             raise ValueError(f"model tensors do not match the config: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
         with torch.device("meta"):
-            model = cls(cfg)
+            model = cls(cfg).to(dtype)  # allocated in ``dtype``: a bf16 build never holds fp32 weights
         model = model.to_empty(device=device)
         mapping = {}
         for name in expected:
@@ -216,6 +216,6 @@ class DualAR(nn.Module):
     def new_kv_cache(self, batch: int = 1, length: int | None = None) -> tuple[Tensor, Tensor]:
         """Zeroed KV state (k, v), each [n_layer, batch, n_kv, length or max_seq_len, head_dim], model dtype."""
         cfg = self.cfg
-        p = self.slow.embeddings.weight  # the head may be a quantized module (model/quant.py)
+        p = self.slow.norm.weight  # the head and embeddings may be quantized modules (model/quant.py)
         shape = (cfg.n_layer, batch, cfg.n_local_heads, length or cfg.max_seq_len, cfg.head_dim)
         return torch.zeros(shape, dtype=p.dtype, device=p.device), torch.zeros(shape, dtype=p.dtype, device=p.device)
