@@ -153,3 +153,15 @@ def test_teacher_forced_agreement_against_fp32(tiny_checkpoint):
     low = replay(TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="int16"), rec, params,
                  Agreement("int16", "fp32"))
     assert low.frames == 12 and low.passed, low.line()
+
+
+def test_codec_bf16_is_opt_in(oracle_dir):
+    """The codec stays fp32 on CPU (the publisher's); bf16 is asked for, and close."""
+    ckpt = load_checkpoint(oracle_dir)
+    exact = TorchBackend(ckpt, "cpu", "fp32")
+    fast = TorchBackend(ckpt, "cpu", "fp32", codec_dtype="bf16")
+    assert exact.codec_dtype == torch.float32 and fast.codec_dtype == torch.bfloat16
+    codes = np.random.default_rng(0).integers(0, 200, (10, 6))
+    a, b = exact.decode_window(codes), fast.decode_window(codes)
+    assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
+    assert np.abs(a - b).max() < 0.2 and np.abs(a - b).max() > 0

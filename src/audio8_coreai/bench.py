@@ -20,7 +20,7 @@ subprocess. Figures (milliseconds unless named):
   ``frame_floor_ratio`` = ms/frame / floor (1.0 = the frame does nothing but stream its weights);
 * codec: ``decode_window`` of a [10, 160] window (the whole-utterance cost per frame) and the streaming chunk:
   32 frames pushed into the backend's exact incremental ``codec_stream`` (first push and steady state); the
-  same fp32 codec serves every precision on CPU, so it is timed once per run;
+  codec is the same module whatever the precision, so it is timed once per codec dtype and thread count;
 * ``rtf`` (whole utterance of ``frames`` frames: prefill + frames + one decode, per second of audio),
   ``rtf_streaming`` (steady state: 32 frames plus one 32-frame chunk decode per 32 frames of audio),
   ``ttfa_ms`` (time to first audio when streaming: prefill + 32 frames + the first chunk decode);
@@ -71,11 +71,13 @@ class BenchConfig:
     runs: int = 3
     frames: int = 32
     baseline: bool = False  # measure the publisher-style frame instead of the backend's
+    codec_dtype: str | None = None  # None: the backend's default (fp32 on CPU); bf16 opts in
 
     @property
     def label(self) -> str:
         name = "baseline" if self.baseline else self.precision
-        return f"{name} {self.threads or 'auto'}t"
+        codec = f" codec {self.codec_dtype}" if self.codec_dtype else ""
+        return f"{name} {self.threads or 'auto'}t{codec}"
 
 
 def median_ms(fn: Callable[[], object], runs: int, inner: int = 1) -> tuple[float, list[float]]:
@@ -260,7 +262,8 @@ def _load(cfg: BenchConfig):
         raise ValueError(f"the bench drives the torch backend; got {cfg.backend!r}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)  # before loading: ONNX Runtime sessions take the count then
-    return TTS.load(cfg.checkpoint, device=cfg.device, precision="fp32" if cfg.baseline else cfg.precision)
+    return TTS.load(cfg.checkpoint, device=cfg.device, precision="fp32" if cfg.baseline else cfg.precision,
+                    codec_dtype=cfg.codec_dtype)
 
 
 def _random_codes(cc, n: int, rng) -> np.ndarray:
@@ -412,9 +415,18 @@ def measure_group(configs: list[BenchConfig]) -> list[dict]:
     for _ in range(max(c.runs for c in configs) + 1):
         for r in runs:
             r.round()
-    codec = measure_codec(runs[0].backend, configs[0].runs)
+    codecs: dict = {}
+    for r in runs:  # the codec is the same module whatever the precision: once per codec dtype and threads
+        key = (r.cfg.codec_dtype, r.cfg.threads)
+        if key not in codecs:
+            if r.cfg.threads:
+                import torch
+
+                torch.set_num_threads(r.cfg.threads)
+            codecs[key] = measure_codec(r.backend, r.cfg.runs)
     cpu_use = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
-    rows = [with_totals({**r.result(), "cpu_use": cpu_use}, codec) for r in runs]
+    rows = [with_totals({**r.result(), "cpu_use": cpu_use}, codecs[(r.cfg.codec_dtype, r.cfg.threads)])
+            for r in runs]
     base = next((r for r in rows if r.get("baseline")), None)
     for r in rows:
         if base is not None:

@@ -393,6 +393,9 @@ def bench(
     frames: Annotated[int, typer.Option(help="Frames per timed frame loop (eos ignored).")] = 32,
     runs: Annotated[int, typer.Option(help="Timed runs after one warm-up; medians are reported.")] = 3,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure here.")] = None,
+    codec_dtype: Annotated[Optional[list[str]], typer.Option(help="Codec dtype (repeatable): fp32 (default on CPU, "
+                                                                  "exact) or bf16 (opt-in, faster, not exact).")]
+    = None,
 ) -> None:
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
     from .bench import BenchConfig, ensure_checkpoint, format_table, meta, run_configs
@@ -404,8 +407,8 @@ def bench(
     thread_list = threads or [None]
     configs = [BenchConfig(ckpt, "torch", device, "fp32", t, runs, frames, baseline=True)
                for t in thread_list] if baseline else []
-    configs += [BenchConfig(ckpt, "torch", device, p, t, runs, frames) for p in precision or ["fp32"]
-                for t in thread_list]
+    configs += [BenchConfig(ckpt, "torch", device, p, t, runs, frames, codec_dtype=c) for p in precision or ["fp32"]
+                for t in thread_list for c in codec_dtype or [None]]
     busy = meta()["load_average"][0]
     if busy > 0.5:
         log(f"[yellow]warning:[/] load average {busy:.1f} before starting: other processes use the CPU, so times "
