@@ -43,6 +43,22 @@ def _block_step(layer, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor
     return h + layer.feed_forward(layer.ffn_norm(h))
 
 
+def _block_step_rows(layer, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor,
+                     rows: Tensor, mask: Tensor) -> Tensor:
+    """``layer`` on one column per row, ``x`` [B, 1, dim], row b at its own slot ``pos[b]`` of ``k_cache``/``v_cache``
+    [B, n_kv, L, D] (written in place); row b attends the slots ``mask`` [B, 1, 1, K] allows (K = max(pos) + 1)."""
+    att = layer.attention
+    q, k, v = att.qkv(layer.attention_norm(x), rope)
+    k_cache[rows, :, pos] = k[:, :, 0].to(k_cache.dtype)
+    v_cache[rows, :, pos] = v[:, :, 0].to(v_cache.dtype)
+    end = mask.shape[-1]
+    out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask,
+                                         enable_gqa=att.n_head != att.n_kv)
+    b, _, s, _ = out.shape
+    h = x + att.wo(out.transpose(1, 2).reshape(b, s, att.n_head * att.head_dim))
+    return h + layer.feed_forward(layer.ffn_norm(h))
+
+
 class FastFrame:
     """One model's frame runner (batch ``batch``): :meth:`slow_step`, :meth:`sample` and :meth:`frame`.
 
@@ -72,6 +88,23 @@ class FastFrame:
         rope = slow.rope[pos:pos + 1].unsqueeze(0)
         for i, layer in enumerate(slow.layers):
             x = _block_step(layer, x, rope, k_cache[i], v_cache[i], pos, causal=False)
+        hidden = slow.norm(x)
+        return slow.head(hidden)[:, 0], hidden[:, 0]
+
+    def slow_step_rows(self, column: Tensor, pos: Tensor, kv_len: int, k_cache: Tensor,
+                       v_cache: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`slow_step` with a slot and RoPE position per row: ``pos`` int64 [B] (the utterances of a batch
+        are at different points), ``kv_len`` = max(pos) + 1 (known to the host: no device sync). Row b writes
+        slot ``pos[b]`` and attends slots ``[0, pos[b]]`` through a key mask; each row's maths is the batch-1
+        step's (results equal to float rounding)."""
+        slow = self.model.slow
+        x = slow.embed(column)
+        rope = slow.rope[pos].unsqueeze(1)
+        rows = torch.arange(column.shape[0], device=column.device)
+        slots = torch.arange(kv_len, device=column.device)
+        mask = (slots[None, :] <= pos[:, None])[:, None, None]
+        for i, layer in enumerate(slow.layers):
+            x = _block_step_rows(layer, x, rope, k_cache[i], v_cache[i], pos, rows, mask)
         hidden = slow.norm(x)
         return slow.head(hidden)[:, 0], hidden[:, 0]
 
@@ -136,6 +169,14 @@ class FastFrame:
         """:class:`.graphs.Frame`: the slow step on ``column`` then :meth:`sample`; its outputs plus the slow
         logits and hidden."""
         logits, hidden = self.slow_step(column, pos, k_cache, v_cache)
+        return (*self.sample(params, logits, hidden, noise_slow, window, noise_fast, forced, use_forced),
+                logits, hidden)
+
+    def frame_rows(self, params: SamplingParams, column: Tensor, pos: Tensor, kv_len: int, k_cache: Tensor,
+                   v_cache: Tensor, noise_slow: Tensor, window: Tensor, noise_fast: Tensor, forced: Tensor,
+                   use_forced: Tensor) -> tuple[Tensor, ...]:
+        """:meth:`frame` with a position per row (see :meth:`slow_step_rows`): the batched server's frame."""
+        logits, hidden = self.slow_step_rows(column, pos, kv_len, k_cache, v_cache)
         return (*self.sample(params, logits, hidden, noise_slow, window, noise_fast, forced, use_forced),
                 logits, hidden)
 

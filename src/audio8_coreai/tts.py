@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +13,7 @@ import numpy as np
 
 from .audio import read_reference
 from .backends.torch import TorchBackend
+from .batching import generate_batch
 from .checkpoint import DEFAULT_MODEL, Checkpoint, CheckpointError, load_checkpoint
 from .config import ConfigError
 from .engine import frame_budget, generate
@@ -143,12 +144,7 @@ class TTS:
         AudioError (an unusable ``ref_audio``).
         """
         params = self.sampling(temperature, top_k, top_p)
-        text = check_text(text)
-        chosen = self._voice(voice, ref_audio, ref_text)
-        if chosen is None:
-            prompt = self.prompts.plain(text)
-        else:
-            prompt = self.prompts.clone(text, chosen.transcript, chosen.codes)
+        prompt = self._prompt(check_text(text), self._voice(voice, ref_audio, ref_text))
         budget = frame_budget(self.config, prompt.shape[1], max_frames, self.checkpoint.generation.max_new_tokens)
         seed = check_seed(seed)
         if on_start is not None:
@@ -162,6 +158,41 @@ class TTS:
         codec_s = time.perf_counter() - t0
         return Synthesis(audio, self.sample_rate, gen.codes, gen.reached_eos, seed, gen.prompt_length, budget,
                          gen.prefill_s, gen.frames_s, codec_s)
+
+    def generate_batch(self, texts: Sequence[str], *, seeds: Sequence[int | None] | None = None,
+                       temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                       max_frames: int | None = None, voice: str | Voice | None = None,
+                       max_batch: int = 8) -> list[Synthesis]:
+        """:meth:`generate` for several texts at once: up to ``max_batch`` utterances share every frame call
+        (:mod:`.batching`: the weights are read once per frame for all of them), then one batched codec call.
+
+        Utterance i is what ``generate(texts[i], seed=seeds[i], ...)`` gives (same codes at fp32; at int16 the
+        batched matmuls round differently and a draw may rarely differ). ``seeds`` None (or a None entry) draws
+        fresh ones. Each text must fit one utterance (no splitting). ``frames_s`` is an utterance's time from
+        its admission to its last frame (shared frame calls included), ``codec_s`` the batched decode's time.
+        Raises as :meth:`generate`, and BackendError on a backend other than torch, ValueError when ``seeds``
+        does not match ``texts`` or ``max_batch`` < 1.
+        """
+        from .backends.torch import BackendError
+
+        if not isinstance(self.backend, TorchBackend):
+            raise BackendError(f"batched generation runs on the torch backend, not {self.backend.name}")
+        if seeds is None:
+            seeds = [None] * len(texts)
+        if len(seeds) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(seeds)} seeds: give one seed per text (or none)")
+        params = self.sampling(temperature, top_k, top_p)
+        chosen = self._voice(voice, None, None)
+        prompts = [self._prompt(check_text(t), chosen) for t in texts]
+        default = self.checkpoint.generation.max_new_tokens
+        budgets = [frame_budget(self.config, p.shape[1], max_frames, default) for p in prompts]
+        seeds = [check_seed(s) for s in seeds]
+        gens = generate_batch(self.backend, prompts, params, seeds, budgets, max_batch)
+        t0 = time.perf_counter()
+        audio = self.backend.decode_batch([g.codes for g in gens])
+        codec_s = time.perf_counter() - t0
+        return [Synthesis(a, self.sample_rate, g.codes, g.reached_eos, s, g.prompt_length, b, g.prefill_s,
+                          g.frames_s, codec_s) for a, g, s, b in zip(audio, gens, seeds, budgets)]
 
     def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
         """``(audio float32 [N], sample_rate)`` for ``text``; keyword arguments as :meth:`generate`."""
@@ -189,23 +220,18 @@ class TTS:
         text = check_text(text)
         chosen = self._voice(voice, ref_audio, ref_text)
 
-        def prompt_for(words: str) -> np.ndarray:
-            if chosen is None:
-                return self.prompts.plain(words)
-            return self.prompts.clone(words, chosen.transcript, chosen.codes)
-
         def count(words: str) -> int:
             return len(self.prompts.encode(words))
 
         # Tokens a piece may hold: its prompt plus its estimated frames must fit the context, and the frames
         # the default frame budget.
-        overhead = prompt_for("a").shape[1] - count("a")
+        overhead = self._prompt("a", chosen).shape[1] - count("a")
         default_frames = self.checkpoint.generation.max_new_tokens
         max_tokens = min((self.config.max_seq_len - overhead) // (1 + FRAMES_PER_TOKEN),
                          default_frames // FRAMES_PER_TOKEN)
         pieces = []
         for words in split_text(text, max_tokens, count):
-            prompt = prompt_for(words)
+            prompt = self._prompt(words, chosen)
             budget = frame_budget(self.config, prompt.shape[1], max_frames, default_frames)
             pieces.append(Piece(words, prompt, budget))
         codec = self.checkpoint.codec_config
@@ -246,6 +272,12 @@ class TTS:
         voice = self.voice_from_clip(audio, text, name)
         store.save(voice, replace=replace)
         return voice
+
+    def _prompt(self, text: str, voice: Voice | None) -> np.ndarray:
+        """The [1+C, P] prompt of checked ``text``: plain, or the clone prompt of ``voice``."""
+        if voice is None:
+            return self.prompts.plain(text)
+        return self.prompts.clone(text, voice.transcript, voice.codes)
 
     def _voice(self, voice: str | Voice | None, ref_audio: str | Path | None,
                ref_text: str | None) -> Voice | None:

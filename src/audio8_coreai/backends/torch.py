@@ -205,10 +205,27 @@ class TorchBackend:
         The quantizer, window transformer and upsample run over the whole utterance (as the publisher's
         decode); the SEANet decoder runs in exact causal chunks so long utterances stay small in memory.
         """
+        return self.decode_batch([np.asarray(codes)])[0]
+
+    @torch.inference_mode()
+    def decode_batch(self, codes: list[np.ndarray]) -> list[np.ndarray]:
+        """:meth:`decode_window` of several utterances (codes int [C, T_i] each) in one batched codec call.
+
+        Shorter ones are padded at the end with code 0; the codec is causal, so padding never reaches the
+        samples kept (each result equals its own decode_window to float rounding). Returns float32 [T_i * 2048]
+        each; an utterance of 0 frames gives 0 samples.
+        """
+        hop = self.checkpoint.codec_config.frame_length
+        longest = max((c.shape[1] for c in codes), default=0)
+        if longest == 0:
+            return [np.zeros(0, dtype=np.float32) for _ in codes]
+        batch = np.zeros((len(codes), self.cfg.num_codebooks, longest), dtype=np.int64)
+        for i, c in enumerate(codes):
+            batch[i, :, :c.shape[1]] = c
         dec = self.decoder
-        t = torch.as_tensor(np.asarray(codes, dtype=np.int64), device=self.device)[None]
-        latent = dec.upsample(dec.post_transform(dec.dequantize(t)))
-        return dec.synthesize_chunked(latent)[0].float().cpu().numpy()
+        latent = dec.upsample(dec.post_transform(dec.dequantize(torch.as_tensor(batch, device=self.device))))
+        wav = dec.synthesize_chunked(latent).float().cpu().numpy()
+        return [wav[i, :c.shape[1] * hop] for i, c in enumerate(codes)]
 
     def codec_stream(self) -> "TorchCodecStream":
         """A fresh exact incremental decoder for one utterance (see :class:`TorchCodecStream`)."""

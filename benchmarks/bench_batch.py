@@ -1,0 +1,112 @@
+"""Batching: how many real-time streams one machine serves when utterances share each frame call.
+
+    python benchmarks/bench_batch.py [--model DIR] [--precision int16 --precision fp32] [--batch 1 --batch 2 ...]
+                                     [--threads 1] [--frames 16] [--runs 3] [--json out.json]
+
+For each precision, a :class:`audio8_coreai.batching.BatchEngine` on the random 0.6b checkpoint is filled with
+``B`` utterances of the same 26-word sentence (seeds 0..B-1, so their rows are at equal positions and draw
+different codes); after a warm-up step, ``--frames`` steps are timed, median of ``--runs`` rounds, batch sizes
+taking turns round by round so machine load hits them alike. Printed per batch size:
+
+- **ms/step**: one :meth:`BatchEngine.step` (a frame for every row: slow AR, fast AR, sampler, host work);
+- **ms/frame/stream**: ms/step over B; **vs B=1**: throughput (frames per second) over B=1's;
+- **streams (model)**: real-time streams the frame loop alone sustains: B x 46.4 ms / ms/step;
+- **streams (with codec)**: the same with each stream's codec on the same cores, the codec's ms per frame of
+  audio measured once per run (exact incremental stream, 32-frame chunks): 46.4 / (ms/step / B + codec ms).
+
+The random checkpoint never emits eos, so every row runs all steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from audio8_coreai import TTS
+from audio8_coreai.batching import BatchEngine
+from pathlib import Path
+
+from audio8_coreai.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
+
+SENTENCE = ("The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "
+            "approved the new hiring plan for the engineering team.")
+
+
+def codec_ms_per_frame(tts: TTS, frames: int = 32, runs: int = 2) -> float:
+    """Median ms per frame of audio of the exact incremental codec on random codes, ``frames`` per push."""
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 1024, size=(tts.config.num_codebooks, frames * (runs + 1)))
+    stream = tts.backend.codec_stream()
+    times = []
+    for r in range(runs + 1):
+        t0 = time.perf_counter()
+        stream.push(codes[:, r * frames:(r + 1) * frames])
+        if r:  # the first push is the warm-up
+            times.append(1e3 * (time.perf_counter() - t0) / frames)
+    return statistics.median(times)
+
+
+def fill(tts: TTS, batch: int) -> BatchEngine:
+    """An engine with ``batch`` rows of the sentence, admitted (prefill + frame 0) and stepped once (warm-up)."""
+    prompt = tts.prompts.plain(SENTENCE)
+    engine = BatchEngine(tts.backend, tts.sampling(), batch)
+    for seed in range(batch):
+        engine.admit(prompt, tts.config.max_seq_len - prompt.shape[1], seed=seed)
+    engine.step()
+    return engine
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=DEFAULT_CHECKPOINT,
+                    help="0.6b checkpoint folder (made once, random weights, when absent)")
+    ap.add_argument("--precision", action="append", help="torch precision (repeatable; default int16)")
+    ap.add_argument("--batch", action="append", type=int, help="batch sizes (repeatable; default 1 2 4 8)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--frames", type=int, default=16, help="timed steps per round")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model = ensure_checkpoint(args.model)
+    sizes = args.batch or [1, 2, 4, 8]
+    rows = []
+    print(f"load average {os.getloadavg()[0]:.1f}, {args.threads} thread(s), {args.frames} steps x {args.runs} runs")
+    for precision in args.precision or ["int16"]:
+        tts = TTS.load(model, device="cpu", precision=precision)
+        frame_s = tts.checkpoint.codec_config.frame_length / tts.sample_rate
+        codec_ms = codec_ms_per_frame(tts)
+        engines = {b: fill(tts, b) for b in sizes}
+        steps: dict[int, list[float]] = {b: [] for b in sizes}
+        for _ in range(args.runs):
+            for b, engine in engines.items():
+                t0 = time.perf_counter()
+                for _ in range(args.frames):
+                    engine.step()
+                steps[b].append(1e3 * (time.perf_counter() - t0) / args.frames)
+        base = statistics.median(steps[sizes[0]]) / sizes[0]
+        for b in sizes:
+            ms = statistics.median(steps[b])
+            rows.append({"precision": precision, "batch": b, "ms_per_step": ms, "ms_per_frame_per_stream": ms / b,
+                         "throughput_vs_first": base / (ms / b), "streams_model": b * 1e3 * frame_s / ms,
+                         "codec_ms_per_frame": codec_ms,
+                         "streams_with_codec": 1e3 * frame_s / (ms / b + codec_ms)})
+        del engines, tts
+    print(f"{'precision':>9} {'B':>4} {'ms/step':>9} {'ms/frame/stream':>16} {f'vs B={sizes[0]}':>8} "
+          f"{'streams (model)':>16} {'streams (+codec)':>17}")
+    for r in rows:
+        print(f"{r['precision']:>9} {r['batch']:>4} {r['ms_per_step']:>9.1f} {r['ms_per_frame_per_stream']:>16.1f} "
+              f"{r['throughput_vs_first']:>7.2f}x {r['streams_model']:>16.2f} {r['streams_with_codec']:>17.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"load_average": os.getloadavg()[0], "threads": args.threads, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

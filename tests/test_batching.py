@@ -1,0 +1,133 @@
+"""Batching (batching.py): utterances sharing frame calls give what each gives alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from audio8_coreai import TTS
+from audio8_coreai.batching import BatchEngine, generate_batch
+from audio8_coreai.engine import EngineError, generate
+from audio8_coreai.fastframe import FastFrame
+
+TEXTS = ("Hello there.", "A much longer sentence, with more words in it, for a longer prompt.", "Short",
+         "The fourth one.")
+
+
+@pytest.fixture(scope="module")
+def tts_fp32(tiny_checkpoint):
+    return TTS.load(tiny_checkpoint, device="cpu", precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def tts_int16(tiny_checkpoint):
+    return TTS.load(tiny_checkpoint, device="cpu", precision="int16")
+
+
+def test_slow_step_rows_equals_batch_one_steps(tts_fp32):
+    """Rows at different positions (3 prompts of different lengths) step as each would alone."""
+    backend, cfg = tts_fp32.backend, tts_fp32.config
+    model = backend.model
+    prompts = [tts_fp32.prompts.plain(t) for t in TEXTS[:3]]
+    k, v = model.new_kv_cache(batch=3)
+    columns, alone, written = [], [], []
+    rng = np.random.default_rng(0)
+    for row, prompt in enumerate(prompts):
+        backend.prefill(prompt)
+        n = prompt.shape[1]
+        k[:, row, :, :n], v[:, row, :, :n] = backend.k_cache[:, 0, :, :n], backend.v_cache[:, 0, :, :n]
+        col = np.concatenate([[cfg.semantic_begin_id + 7], rng.integers(0, cfg.codebook_size, cfg.num_codebooks)])
+        columns.append(col)
+        with torch.inference_mode():
+            alone.append(FastFrame(model).slow_step(torch.as_tensor(col).view(1, -1, 1), n, backend.k_cache,
+                                                    backend.v_cache))
+        written.append(backend.k_cache[:, 0, :, n].clone())
+    pos = [p.shape[1] for p in prompts]
+    assert len(set(pos)) == 3
+    with torch.inference_mode():
+        logits, hidden = FastFrame(model, batch=3).slow_step_rows(
+            torch.as_tensor(np.stack(columns)).view(3, -1, 1), torch.tensor(pos), max(pos) + 1, k, v)
+    for row, (lg, hd) in enumerate(alone):
+        assert torch.allclose(logits[row], lg[0], atol=1e-5, rtol=0)
+        assert torch.allclose(hidden[row], hd[0], atol=1e-5, rtol=0)
+        assert torch.allclose(k[:, row, :, pos[row]], written[row], atol=1e-5, rtol=0)  # its own slot
+        assert not k[:, row, :, pos[row] + 1:].any()  # and nothing past it
+
+
+def test_generate_batch_equals_generate_fp32(tts_fp32):
+    """Four prompts, two rows: rows free at different steps, later prompts take them, the last row moves into a
+    freed one; every utterance's codes equal its batch-1 run with the same seed."""
+    prompts = [tts_fp32.prompts.plain(t) for t in TEXTS]
+    params = tts_fp32.sampling()
+    seeds, caps = [3, 5, 7, 11], [12, 40, 30, 25]  # row 0 ends first: row 1 (cap 40) moves into it
+    batched = generate_batch(tts_fp32.backend, prompts, params, seeds, caps, max_batch=2)
+    for prompt, seed, cap, got in zip(prompts, seeds, caps, batched):
+        alone = generate(tts_fp32.backend, prompt, params, seed, cap)
+        assert got.codes.shape == alone.codes.shape
+        np.testing.assert_array_equal(got.codes, alone.codes)
+        assert got.reached_eos == alone.reached_eos
+        assert got.frames == (alone.frames if alone.reached_eos else cap)
+
+
+def test_batched_int16_logits_within_bound(tts_int16):
+    """int16: ONNX Runtime's MatMulNBits rounds a batched [n, k] product differently from n single rows, so
+    batched logits are close to (not equal to) batch-1 ones: measured 6.5e-4 on the tiny checkpoint."""
+    backend, params = tts_int16.backend, tts_int16.sampling()
+    prompts = [tts_int16.prompts.plain(t) for t in TEXTS[:2]]
+    engine = BatchEngine(backend, params, 2)
+    runs = {}
+    for i, prompt in enumerate(prompts):
+        item, res = engine.admit(prompt, 10, seed=i)
+        runs[id(item)] = (i, [res])
+    while engine.items:
+        for item, res in engine.step():
+            runs[id(item)][1].append(res)
+    for i, results in runs.values():
+        alone = generate(backend, prompts[i], params, i, 10, keep_results=True).frame_results
+        n = min(len(results), len(alone))
+        assert n >= 2
+        for a, b in zip(results[:n], alone[:n]):
+            assert np.abs(a.logits - b.logits).max() < 2e-3
+            assert np.abs(a.fast_logits - b.fast_logits).max() < 2e-3
+
+
+def test_admit_errors_and_frame_zero_end(tts_fp32):
+    backend, params = tts_fp32.backend, tts_fp32.sampling()
+    prompt = tts_fp32.prompts.plain("Hi")
+    engine = BatchEngine(backend, params, 1)
+    item, res = engine.admit(prompt, 1, seed=0)  # a cap of 1: done at frame 0, no row taken
+    assert item.done and not item.reached_eos and len(item.codes) == 1 and engine.free == 1
+    engine.admit(prompt, 5, seed=0)
+    assert engine.free == 0
+    with pytest.raises(EngineError, match="busy"):
+        engine.admit(prompt, 5, seed=1)
+    with pytest.raises(EngineError, match="context"):
+        BatchEngine(backend, params, 1).admit(prompt, tts_fp32.config.max_seq_len, seed=0)
+    with pytest.raises(ValueError, match="max_batch"):
+        BatchEngine(backend, params, 0)
+    with pytest.raises(ValueError, match="one each"):
+        generate_batch(backend, [prompt], params, [0, 1], [5], max_batch=2)
+
+
+def test_tts_generate_batch_equals_generate(tts_fp32):
+    """The API: codes as generate's, audio from one batched codec call equal to each utterance's own decode."""
+    texts, seeds = list(TEXTS[:3]), [1, 2, 3]
+    got = tts_fp32.generate_batch(texts, seeds=seeds, max_frames=20, max_batch=2)
+    assert [s.seed for s in got] == seeds
+    for text, seed, syn in zip(texts, seeds, got):
+        alone = tts_fp32.generate(text, seed=seed, max_frames=20)
+        np.testing.assert_array_equal(syn.codes, alone.codes)
+        assert syn.audio.shape == (alone.frames * 2048,) and syn.sample_rate == 44100
+        assert np.abs(syn.audio - alone.audio).max() < 1e-5
+
+
+def test_tts_generate_batch_bad_input(tts_fp32):
+    from audio8_coreai.prompt import PromptError
+
+    with pytest.raises(ValueError, match="one seed per text"):
+        tts_fp32.generate_batch(["a", "b"], seeds=[1])
+    with pytest.raises(PromptError):
+        tts_fp32.generate_batch(["fine", "   "], seeds=[1, 2])
+    with pytest.raises(EngineError, match="max frames"):
+        tts_fp32.generate_batch(["fine"], max_frames=0)
