@@ -47,7 +47,7 @@ def test_slow_step_rows_equals_batch_one_steps(tts_fp32):
     assert len(set(pos)) == 3
     with torch.inference_mode():
         logits, hidden = FastFrame(model, batch=3).slow_step_rows(
-            torch.as_tensor(np.stack(columns)).view(3, -1, 1), torch.tensor(pos), max(pos) + 1, k, v)
+            torch.as_tensor(np.stack(columns)).view(3, -1, 1), [0, 1, 2], pos, k, v)
     for row, (lg, hd) in enumerate(alone):
         assert torch.allclose(logits[row], lg[0], atol=1e-5, rtol=0)
         assert torch.allclose(hidden[row], hd[0], atol=1e-5, rtol=0)
@@ -56,11 +56,11 @@ def test_slow_step_rows_equals_batch_one_steps(tts_fp32):
 
 
 def test_generate_batch_equals_generate_fp32(tts_fp32):
-    """Four prompts, two rows: rows free at different steps, later prompts take them, the last row moves into a
-    freed one; every utterance's codes equal its batch-1 run with the same seed."""
+    """Four prompts, two rows: rows free at different steps and later prompts take them (frame 0 drawn in the
+    same call as the other row's frame); every utterance's codes equal its batch-1 run with the same seed."""
     prompts = [tts_fp32.prompts.plain(t) for t in TEXTS]
     params = tts_fp32.sampling()
-    seeds, caps = [3, 5, 7, 11], [12, 40, 30, 25]  # row 0 ends first: row 1 (cap 40) moves into it
+    seeds, caps = [3, 5, 7, 11], [12, 40, 30, 25]
     batched = generate_batch(tts_fp32.backend, prompts, params, seeds, caps, max_batch=2)
     for prompt, seed, cap, got in zip(prompts, seeds, caps, batched):
         alone = generate(tts_fp32.backend, prompt, params, seed, cap)
@@ -78,8 +78,7 @@ def test_batched_int16_logits_within_bound(tts_int16):
     engine = BatchEngine(backend, params, 2)
     runs = {}
     for i, prompt in enumerate(prompts):
-        item, res = engine.admit(prompt, 10, seed=i)
-        runs[id(item)] = (i, [res])
+        runs[id(engine.admit(prompt, 10, seed=i))] = (i, [])
     while engine.items:
         for item, res in engine.step():
             runs[id(item)][1].append(res)
@@ -92,16 +91,20 @@ def test_batched_int16_logits_within_bound(tts_int16):
             assert np.abs(a.fast_logits - b.fast_logits).max() < 2e-3
 
 
-def test_admit_errors_and_frame_zero_end(tts_fp32):
+def test_admit_errors_and_rows(tts_fp32):
     backend, params = tts_fp32.backend, tts_fp32.sampling()
     prompt = tts_fp32.prompts.plain("Hi")
-    engine = BatchEngine(backend, params, 1)
-    item, res = engine.admit(prompt, 1, seed=0)  # a cap of 1: done at frame 0, no row taken
-    assert item.done and not item.reached_eos and len(item.codes) == 1 and engine.free == 1
-    engine.admit(prompt, 5, seed=0)
-    assert engine.free == 0
+    engine = BatchEngine(backend, params, 2)
+    first = engine.admit(prompt, 1, seed=0)  # a cap of 1: done at frame 0, its row freed
+    second = engine.admit(prompt, 5, seed=0)
+    assert (first.row, second.row, engine.free) == (0, 1, 0)
     with pytest.raises(EngineError, match="busy"):
         engine.admit(prompt, 5, seed=1)
+    (item, res), _ = engine.step()
+    assert item is first and item.done and not item.reached_eos and len(item.codes) == 1
+    assert engine.free == 1 and engine.items == [second]
+    third = engine.admit(prompt, 5, seed=2)
+    assert third.row == 0  # the freed row
     with pytest.raises(EngineError, match="context"):
         BatchEngine(backend, params, 1).admit(prompt, tts_fp32.config.max_seq_len, seed=0)
     with pytest.raises(ValueError, match="max_batch"):
@@ -131,3 +134,29 @@ def test_tts_generate_batch_bad_input(tts_fp32):
         tts_fp32.generate_batch(["fine", "   "], seeds=[1, 2])
     with pytest.raises(EngineError, match="max frames"):
         tts_fp32.generate_batch(["fine"], max_frames=0)
+
+
+def test_frame_server_rows_from_threads_equal_generate(tts_fp32):
+    """Three request threads, each streaming its own text (split into pieces on the tiny context) through a
+    row of one FrameServer, the codec on the request threads, get the stream each gets alone; the frame
+    thread really batched."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from audio8_coreai.serving import batched_engines
+
+    server, engines = batched_engines(tts_fp32, 3)
+    try:
+        jobs = [(engines[i], TEXTS[i], seed) for i, seed in enumerate((20, 21, 23))]  # 16, 6 and 4 frames
+        with ThreadPoolExecutor(3) as pool:
+            streamed = list(pool.map(lambda j: np.concatenate(list(j[0].stream(j[1], seed=j[2], max_frames=16,
+                                                                               chunk_frames=4))), jobs))
+        for (_, text, seed), audio in zip(jobs, streamed):
+            alone = np.concatenate(list(tts_fp32.stream(text, seed=seed, max_frames=16, chunk_frames=4)))
+            assert audio.shape == alone.shape
+            assert np.abs(audio - alone).max() < 1e-5
+        assert server.frames >= 3 * 2 and server.frames > server.frame_calls  # some calls held several rows
+        assert "batched x3" in engines[0].backend.description
+    finally:
+        server.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engines[0].generate("Hi", seed=0, max_frames=2)

@@ -23,6 +23,7 @@ import clips
 from audio8_coreai import TTS
 from audio8_coreai.audio import SPEECH_FORMATS, STREAMABLE_FORMATS, SpeechEncoder, encode_speech
 from audio8_coreai.server import ServerSettings, create_app
+from audio8_coreai.serving import batched_engines
 
 TEXT = "The meeting has been moved to Thursday afternoon."
 SETTINGS = ServerSettings(workers=2, max_queue=4, max_input_chars=300, max_upload_bytes=1_000_000,
@@ -30,9 +31,15 @@ SETTINGS = ServerSettings(workers=2, max_queue=4, max_input_chars=300, max_uploa
 
 
 @contextmanager
-def serving(checkpoint, voices_dir, settings: ServerSettings):
-    """A uvicorn server on a free port of 127.0.0.1 in a thread; yields its base URL."""
-    engines = [TTS.load(checkpoint, device="cpu", voices_dir=voices_dir) for _ in range(settings.workers)]
+def serving(checkpoint, voices_dir, settings: ServerSettings, batch: int = 0, precision: str | None = None):
+    """A uvicorn server on a free port of 127.0.0.1 in a thread (``batch``: N rows of one model, as
+    ``audio8 serve --batch N``); yields its base URL."""
+    if batch:
+        _, engines = batched_engines(TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision),
+                                     batch)
+    else:
+        engines = [TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision)
+                   for _ in range(settings.workers)]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -155,6 +162,31 @@ def test_four_concurrent_streams_complete_without_cross_talk(base):
     alone = [fetch(b) for b in bodies]
     assert together == alone
     assert len(set(together)) == 4
+
+
+def test_batched_server_streams_equal_unbatched_ones(tiny_checkpoint, tmp_path):
+    """``--batch 4``: four concurrent streaming requests share one model's frame calls and get the bytes each
+    gets from an unbatched fp32 server (fp32: the same codes on this checkpoint)."""
+    bodies = [{"input": f"Request number {i} speaks now.", "seed": 10 + i, "max_frames": 12, "stream": True,
+               "response_format": "pcm"} for i in range(4)]
+
+    def fetch(url, body):
+        with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            return b"".join(r.iter_bytes())
+
+    settings = ServerSettings(workers=4, max_queue=4, max_frames=200, chunk_frames=4)
+    with serving(tiny_checkpoint, tmp_path, settings, batch=4, precision="fp32") as url:
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda b: fetch(url, b), bodies))
+        health = httpx.get(f"{url}/health").json()
+    with serving(tiny_checkpoint, tmp_path, ServerSettings(workers=1), precision="fp32") as url:
+        alone = [fetch(url, b) for b in bodies]
+    assert len(set(together)) == 4
+    for got, ref in zip(together, alone):  # equal codes; the float rounding of batching may move a 16-bit LSB
+        a, b = np.frombuffer(got, "<i2").astype(int), np.frombuffer(ref, "<i2").astype(int)
+        assert a.shape == b.shape and a.size > 0 and np.abs(a - b).max() <= 1
+    assert health["workers"] == 4 and "batched x4" in health["backend"]
 
 
 def test_long_input_is_split_and_fully_spoken(base):

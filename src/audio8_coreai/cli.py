@@ -440,19 +440,29 @@ def serve(
     = None,
     chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")] = 16,
     max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")] = 4096,
+    batch: Annotated[int, typer.Option(
+        help="Serve N requests at once from ONE model instance, their frames batched (torch backend; "
+             "replaces --workers). 0: off.")] = 0,
 ) -> None:
     """Serve the OpenAI-compatible speech API (POST /v1/audio/speech), voices, /health and /metrics."""
     import uvicorn
 
     from .server import ServerSettings, create_app
+    from .serving import batched_engines
     from .tts import TTS
 
-    if workers < 1 or max_queue < 0 or chunk_frames < 1 or max_input_chars < 1 or (max_frames or 1) < 1:
+    if workers < 1 or max_queue < 0 or chunk_frames < 1 or max_input_chars < 1 or (max_frames or 1) < 1 or batch < 0:
         raise ConfigError("--workers, --chunk-frames, --max-input-chars and --max-frames must be >= 1, "
-                          "--max-queue >= 0")
-    with err.status(f"loading {workers} model instance(s)..."):
+                          "--max-queue and --batch >= 0")
+    if batch and workers != 1:
+        raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
+    instances = 1 if batch else workers
+    with err.status(f"loading {instances} model instance(s)..."):
         engines = [TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets)
-                   for _ in range(workers)]
+                   for _ in range(instances)]
+    if batch:
+        _, engines = batched_engines(engines[0], batch)
+        workers = batch
     settings = ServerSettings(workers=workers, max_queue=max_queue, max_input_chars=max_input_chars,
                               max_frames=max_frames, chunk_frames=chunk_frames)
     uvicorn.run(create_app(engines, settings), host=host, port=port, log_level="info")

@@ -15,7 +15,7 @@ fp32 results equal :class:`.graphs.Frame`'s to float rounding (a 2-row matmul ma
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -43,17 +43,22 @@ def _block_step(layer, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor
     return h + layer.feed_forward(layer.ffn_norm(h))
 
 
-def _block_step_rows(layer, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor,
-                     rows: Tensor, mask: Tensor) -> Tensor:
-    """``layer`` on one column per row, ``x`` [B, 1, dim], row b at its own slot ``pos[b]`` of ``k_cache``/``v_cache``
-    [B, n_kv, L, D] (written in place); row b attends the slots ``mask`` [B, 1, 1, K] allows (K = max(pos) + 1)."""
+def _block_step_rows(layer, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor, rows: Sequence[int],
+                     positions: Sequence[int]) -> Tensor:
+    """``layer`` on one column per utterance, ``x`` [n, 1, dim]: utterance j lives in row ``rows[j]`` of
+    ``k_cache``/``v_cache`` [max_batch, n_kv, L, D], writes its slot ``positions[j]`` (in place) and attends its
+    slots ``[0, positions[j]]`` alone. The linears run on all n at once (the weights are read once); attention,
+    a small part of a step, runs per utterance exactly as the batch-1 step does, so rows need be neither
+    contiguous nor at the same position."""
     att = layer.attention
     q, k, v = att.qkv(layer.attention_norm(x), rope)
-    k_cache[rows, :, pos] = k[:, :, 0].to(k_cache.dtype)
-    v_cache[rows, :, pos] = v[:, :, 0].to(v_cache.dtype)
-    end = mask.shape[-1]
-    out = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask,
-                                         enable_gqa=att.n_head != att.n_kv)
+    outs = []
+    for j, (r, p) in enumerate(zip(rows, positions)):
+        k_cache[r, :, p] = k[j, :, 0].to(k_cache.dtype)
+        v_cache[r, :, p] = v[j, :, 0].to(v_cache.dtype)
+        outs.append(F.scaled_dot_product_attention(q[j:j + 1], k_cache[r:r + 1, :, :p + 1],
+                                                   v_cache[r:r + 1, :, :p + 1], enable_gqa=att.n_head != att.n_kv))
+    out = torch.cat(outs)
     b, _, s, _ = out.shape
     h = x + att.wo(out.transpose(1, 2).reshape(b, s, att.n_head * att.head_dim))
     return h + layer.feed_forward(layer.ffn_norm(h))
@@ -91,20 +96,17 @@ class FastFrame:
         hidden = slow.norm(x)
         return slow.head(hidden)[:, 0], hidden[:, 0]
 
-    def slow_step_rows(self, column: Tensor, pos: Tensor, kv_len: int, k_cache: Tensor,
+    def slow_step_rows(self, column: Tensor, rows: Sequence[int], positions: Sequence[int], k_cache: Tensor,
                        v_cache: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`slow_step` with a slot and RoPE position per row: ``pos`` int64 [B] (the utterances of a batch
-        are at different points), ``kv_len`` = max(pos) + 1 (known to the host: no device sync). Row b writes
-        slot ``pos[b]`` and attends slots ``[0, pos[b]]`` through a key mask; each row's maths is the batch-1
-        step's (results equal to float rounding)."""
+        """:meth:`slow_step` for n utterances at their own points: column int [n, 1+C, 1], utterance j in row
+        ``rows[j]`` of ``k_cache``/``v_cache`` [n_layer, max_batch, n_kv, L, D] at slot and RoPE position
+        ``positions[j]`` (see :func:`_block_step_rows`). Returns logits [n, V+1] and hidden [n, dim]; each row's
+        equal to its batch-1 step's up to the rounding of the batched matmuls."""
         slow = self.model.slow
         x = slow.embed(column)
-        rope = slow.rope[pos].unsqueeze(1)
-        rows = torch.arange(column.shape[0], device=column.device)
-        slots = torch.arange(kv_len, device=column.device)
-        mask = (slots[None, :] <= pos[:, None])[:, None, None]
+        rope = slow.rope[list(positions)].unsqueeze(1)
         for i, layer in enumerate(slow.layers):
-            x = _block_step_rows(layer, x, rope, k_cache[i], v_cache[i], pos, rows, mask)
+            x = _block_step_rows(layer, x, rope, k_cache[i], v_cache[i], rows, positions)
         hidden = slow.norm(x)
         return slow.head(hidden)[:, 0], hidden[:, 0]
 
@@ -172,11 +174,12 @@ class FastFrame:
         return (*self.sample(params, logits, hidden, noise_slow, window, noise_fast, forced, use_forced),
                 logits, hidden)
 
-    def frame_rows(self, params: SamplingParams, column: Tensor, pos: Tensor, kv_len: int, k_cache: Tensor,
-                   v_cache: Tensor, noise_slow: Tensor, window: Tensor, noise_fast: Tensor, forced: Tensor,
-                   use_forced: Tensor) -> tuple[Tensor, ...]:
-        """:meth:`frame` with a position per row (see :meth:`slow_step_rows`): the batched server's frame."""
-        logits, hidden = self.slow_step_rows(column, pos, kv_len, k_cache, v_cache)
+    def frame_rows(self, params: SamplingParams, column: Tensor, rows: Sequence[int], positions: Sequence[int],
+                   k_cache: Tensor, v_cache: Tensor, noise_slow: Tensor, window: Tensor, noise_fast: Tensor,
+                   forced: Tensor, use_forced: Tensor) -> tuple[Tensor, ...]:
+        """:meth:`frame` for n utterances at their own rows and positions (see :meth:`slow_step_rows`); the
+        tail inputs carry a leading axis n."""
+        logits, hidden = self.slow_step_rows(column, rows, positions, k_cache, v_cache)
         return (*self.sample(params, logits, hidden, noise_slow, window, noise_fast, forced, use_forced),
                 logits, hidden)
 
