@@ -1,7 +1,7 @@
 """Load test for `audio8 serve`: N concurrent clients for a bounded time; latency percentiles, TTFA, failures.
 
     python benchmarks/load_test.py --url http://127.0.0.1:8000 [--clients 4] [--duration 30] ...
-    python benchmarks/load_test.py --model CHECKPOINT [--workers 2] ...   # starts a server in this process
+    python benchmarks/load_test.py --model CHECKPOINT [--workers 2 | --batch 4] [--precision P] ...   # own server
 
 Each client sends ``POST /v1/audio/speech`` again and again (streamed by default) until ``--duration`` seconds
 have passed, then finishes its request in flight. Per request: **TTFA** (time to the first audio bytes),
@@ -87,8 +87,14 @@ def start_server(args: argparse.Namespace) -> tuple[str, object, threading.Threa
     from audio8_coreai import TTS
     from audio8_coreai.server import ServerSettings, create_app
 
-    engines = [TTS.load(args.model, device=args.device, dtype=args.dtype) for _ in range(args.workers)]
-    settings = ServerSettings(workers=args.workers, max_queue=max(args.clients, 1), chunk_frames=args.chunk_frames)
+    from audio8_coreai.serving import batched_engines
+
+    instances = 1 if args.batch else args.workers
+    engines = [TTS.load(args.model, device=args.device, dtype=args.dtype, precision=args.precision)
+               for _ in range(instances)]
+    if args.batch:
+        _, engines = batched_engines(engines[0], args.batch)
+    settings = ServerSettings(workers=len(engines), max_queue=max(args.clients, 1), chunk_frames=args.chunk_frames)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -112,9 +118,12 @@ def main() -> int:
     ap.add_argument("--no-stream", action="store_true", help="Whole responses instead of streamed ones.")
     ap.add_argument("--timeout", type=float, default=600.0, help="Per-request timeout, seconds.")
     ap.add_argument("--workers", type=int, default=1, help="With --model: model instances.")
+    ap.add_argument("--batch", type=int, default=0,
+                    help="With --model: N rows of one model instance, frames batched (audio8 serve --batch).")
+    ap.add_argument("--precision", default=None, help="With --model: torch precision (default: the CPU default).")
     ap.add_argument("--chunk-frames", type=int, default=16, help="With --model: frames per streamed chunk.")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--dtype", default=None)
     ap.add_argument("--json", help="Also write the figures here.")
     args = ap.parse_args()
 

@@ -52,7 +52,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tts(tiny_checkpoint):
-    """The tiny checkpoint loaded on the CPU in fp32."""
+    """The tiny checkpoint loaded on the CPU at the default precision (int16 on the CPU)."""
     from audio8_coreai import TTS
 
     return TTS.load(tiny_checkpoint, device="cpu")

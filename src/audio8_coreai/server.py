@@ -26,6 +26,8 @@ Concurrency: a model instance is not thread-safe (the KV state is its backend's)
 most ``max_queue`` (then 503). Requests share nothing but the voice store: each builds its own prompt, noise
 and codec state, and the backend's prefill clears the KV state. A streaming client that disconnects stops its
 generation at the next frame and frees its worker.
+With ``audio8 serve --batch N`` the workers are N rows of one model instance (:mod:`.serving`): the same
+isolation, with their frames computed in shared batched calls.
 """
 
 from __future__ import annotations
