@@ -13,8 +13,8 @@ TTFA, audio seconds per wall second. Exits 1 when any request failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import socket
 import sys
 import threading
 import time
@@ -81,12 +81,10 @@ def percentiles(values: list[float]) -> str:
     return f"p50 {p[0]:.3f}  p90 {p[1]:.3f}  p99 {p[2]:.3f}  max {max(values):.3f} s"
 
 
-def start_server(args: argparse.Namespace) -> tuple[str, object, threading.Thread]:
-    import uvicorn
-
+def make_app(args: argparse.Namespace):
+    """The app of ``audio8 serve`` for ``--model`` with ``--workers``/``--batch``."""
     from audio8_coreai import TTS
     from audio8_coreai.server import ServerSettings, create_app
-
     from audio8_coreai.serving import batched_engines
 
     instances = 1 if args.batch else args.workers
@@ -95,16 +93,7 @@ def start_server(args: argparse.Namespace) -> tuple[str, object, threading.Threa
     if args.batch:
         _, engines = batched_engines(engines[0], args.batch)
     settings = ServerSettings(workers=len(engines), max_queue=max(args.clients, 1), chunk_frames=args.chunk_frames)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engines, settings), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    return f"http://127.0.0.1:{port}", server, thread
+    return create_app(engines, settings)
 
 
 def main() -> int:
@@ -127,20 +116,19 @@ def main() -> int:
     ap.add_argument("--json", help="Also write the figures here.")
     args = ap.parse_args()
 
-    server = None
-    url = args.url
-    if args.model:
-        url, server, thread = start_server(args)
-    health = httpx.get(f"{url}/health", timeout=30).json()
-    tally = Tally()
-    t0 = time.monotonic()
-    with ThreadPoolExecutor(args.clients) as pool:
-        for i in range(args.clients):
-            pool.submit(client_loop, i, url, args, t0 + args.duration, tally)
-    wall = time.monotonic() - t0
-    if server is not None:
-        server.should_exit = True
-        thread.join(timeout=60)
+    with contextlib.ExitStack() as stack:
+        url = args.url
+        if args.model:
+            from audio8_coreai.server import serve_in_thread
+
+            url = stack.enter_context(serve_in_thread(make_app(args)))
+        health = httpx.get(f"{url}/health", timeout=30).json()
+        tally = Tally()
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(args.clients) as pool:
+            for i in range(args.clients):
+                pool.submit(client_loop, i, url, args, t0 + args.duration, tally)
+        wall = time.monotonic() - t0
 
     done = len(tally.latency_s)
     print(f"server: {health['backend']} on {health['device']}, {health['workers']} worker(s)")

@@ -6,8 +6,6 @@ Frame caps keep every request to a few dozen tiny frames; streaming servers emit
 from __future__ import annotations
 
 import io
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -17,12 +15,11 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
-import uvicorn
 
 import clips
 from audio8_coreai import TTS
 from audio8_coreai.audio import SPEECH_FORMATS, STREAMABLE_FORMATS, SpeechEncoder, encode_speech
-from audio8_coreai.server import ServerSettings, create_app
+from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
 from audio8_coreai.serving import batched_engines
 
 TEXT = "The meeting has been moved to Thursday afternoon."
@@ -40,22 +37,8 @@ def serving(checkpoint, voices_dir, settings: ServerSettings, batch: int = 0, pr
     else:
         engines = [TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision)
                    for _ in range(settings.workers)]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engines, settings), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with serve_in_thread(create_app(engines, settings)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -454,3 +454,32 @@ async def _stream_body(items: asyncio.Queue, cancel: threading.Event, fmt: str, 
         metrics.count(200)
     finally:
         cancel.set()
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0):
+    """Run ``app`` with uvicorn on a thread of this process (tests, benchmarks, embedding); yields its base URL
+    ``http://HOST:PORT`` once it accepts connections and stops it on exit. ``port`` 0: a free port.
+    Raises RuntimeError when it does not start within ``start_timeout_s`` seconds."""
+    import socket
+
+    import uvicorn
+
+    if port == 0:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="audio8-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the server did not start on {host}:{port}")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
