@@ -10,7 +10,13 @@ import pytest
 from tokenizers import Tokenizer
 
 from audio8_coreai.config import ModelConfig
-from audio8_coreai.prompt import PromptBuilder, PromptError, check_text, clean_text
+from audio8_coreai.prompt import (
+    PromptBuilder,
+    PromptError,
+    check_text,
+    clean_text,
+    split_text,
+)
 from audio8_coreai.tokenizer import build_qwen_tokenizer, build_tiny_tokenizer
 
 # The same place conftest.py serves the oracle from; needed at import time for the parametrisation.
@@ -202,3 +208,44 @@ def test_eos_mismatch(real_config: ModelConfig, qwen: Tokenizer) -> None:
 def test_every_oracle_entry_collected() -> None:
     # Guards the parametrisation above against a moved or truncated prompts.json.
     assert len(PROMPTS) == 19
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Sentence ends in split_text (characters as tokens; each limit is chosen so that a period taken for a
+# sentence end would make a piece end there, e.g. "It is late. Dr." then "Smith came.")
+
+
+@pytest.mark.parametrize("text, limit, pieces", [
+    # titles, Latin abbreviations and initials keep their sentence (en)
+    ("It is late. Dr. Smith came.", 17, ["It is late.", "Dr. Smith came."]),
+    ("We waited. Mr. and Mrs. Jones came.", 26, ["We waited.", "Mr. and Mrs. Jones came."]),
+    ("Bring fruit. E.g. apples or pears.", 22, ["Bring fruit.", "E.g. apples or pears."]),
+    ("Sit. Eat fruit, e.g. apples.", 24, ["Sit.", "Eat fruit, e.g. apples."]),
+    ("He read it. J. K. Rowling wrote it.", 24, ["He read it.", "J. K. Rowling wrote it."]),
+    # an abbreviation that may also close a sentence does so only before a capital
+    ("Take the bus. No. 5 stops here.", 18, ["Take the bus.", "No. 5 stops here."]),
+    ("We sold nuts, etc. and went home.", 20, ["We sold nuts,", "etc. and went home."]),
+    ("We sold nuts, etc. The end came.", 20, ["We sold nuts, etc.", "The end came."]),
+    ("Yes. We met in the U.S. and in Spain.", 33, ["Yes.", "We met in the U.S. and in Spain."]),
+    # "I" is a word, not an initial; an ellipsis goes on before a lowercase word only
+    ("So did I. Then we left.", 14, ["So did I.", "Then we left."]),
+    ("It is. Well... maybe not.", 20, ["It is.", "Well... maybe not."]),
+    ("No. Okay... Let us go.", 15, ["No. Okay...", "Let us go."]),
+    # decimals and thousands, point or comma, stay whole
+    ("It was 3.5 degrees. Then 1,000.50 or 1.000,50 or 3,5 came.", 20,
+     ["It was 3.5 degrees.", "Then 1,000.50 or", "1.000,50 or 3,5", "came."]),
+    # de: Herr, zum Beispiel, an ordinal before a month; "ca." before a number; a number's own sentence end
+    ("Es ist spät. Hr. Müller kommt.", 18, ["Es ist spät.", "Hr. Müller kommt."]),
+    ("Es ist spät. Am 3. Oktober kommt er.", 24, ["Es ist spät.", "Am 3. Oktober kommt er."]),
+    ("Ja. Obst, z.B. Äpfel.", 18, ["Ja.", "Obst, z.B. Äpfel."]),
+    ("Obst. Er bringt ca. 30 Äpfel.", 24, ["Obst.", "Er bringt ca. 30 Äpfel."]),
+    ("Er kommt um 3. Das ist gut.", 16, ["Er kommt um 3.", "Das ist gut."]),
+    # fr: Monsieur, Madame, par exemple
+    ("Il est tard. M. Dupont et Mme. Martin arrivent.", 35, ["Il est tard.", "M. Dupont et Mme. Martin arrivent."]),
+    ("Oui. Du sport, p.ex. le tennis.", 27, ["Oui.", "Du sport, p.ex. le tennis."]),
+    # es: Señor, Señora, aproximadamente
+    ("Es tarde. El Sr. García y la Sra. López llegan.", 38, ["Es tarde.", "El Sr. García y la Sra. López llegan."]),
+    ("Sí. Trajeron aprox. 20 libros.", 27, ["Sí.", "Trajeron aprox. 20 libros."]),
+])
+def test_split_text_sentence_ends(text: str, limit: int, pieces: list[str]) -> None:
+    assert split_text(text, limit, len) == pieces
