@@ -1,13 +1,14 @@
 """Core AI assets on Linux: converted from the tiny oracle checkpoint and run by the coreai.runtime CPU interpreter.
 
-Conversions run once per session: fp32 with every part in this process; fp16 with the DualAR and the decoder,
-and mixed with the DualAR (its decoder recipe is fp16's), in a child process alongside. The buckets and
-contexts are small so the interpreter stays quick: context 128 (fp32) / 96 (fp16, mixed), decoder 24 / 8
-frames, encoder 16 frames.
+Conversions run once per session: fp32 with every part in this process; in a child process alongside, fp16
+with the DualAR and the decoder, mixed with the DualAR and the encoder (its decoder recipe is fp16's), and a
+greedy fp32 DualAR (``audio8 convert --greedy``). The buckets and contexts are small so the interpreter stays
+quick: context 128 (fp32) / 96 (fp16, mixed) / 64 (greedy), decoder 24 / 8 frames, encoder 16 frames.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import platform
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from safetensors.torch import load_file, save_file
 
 # coreai-core publishes wheels for macOS and Linux x86_64: there the tests must run, elsewhere they skip.
 if sys.platform == "darwin" or (sys.platform == "linux" and platform.machine() == "x86_64"):
@@ -37,7 +39,7 @@ from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.cli import app
 from audio8_coreai.engine import EngineError, generate
 from audio8_coreai.graphs import SamplingParams
-from audio8_coreai.parity import load_fixture, replay_codec, replay_forced
+from audio8_coreai.parity import load_fixture, replay_codec, replay_encoder, replay_forced, replay_single
 
 TEXT = "Hello there."  # 76 prompt columns with the tiny byte-level tokenizer: 52 frames fit a context of 128
 
@@ -48,14 +50,18 @@ def oracle(oracle_dir):
 
 
 class _ChildConversions:
-    """fp16 and mixed assets converted by a child process, started before the fp32 conversion so the two run
-    side by side (conversion is mostly single-threaded Python; on 2 cores this saves the longer one's time).
-    ``folder(precision)`` waits for the child and returns the asset folder."""
+    """fp16, mixed and greedy assets converted by a child process, started before the fp32 conversion so the
+    two run side by side (conversion is mostly single-threaded Python; on 2 cores this saves the longer one's
+    time). ``folder(name)`` waits for the child and returns the asset folder."""
 
-    SCRIPT = ("import sys; from audio8_coreai.backends.coreai import convert; out = sys.argv[2]; "
-              "convert(sys.argv[1], out + '/fp16', 'fp16', context=96, decoder_frames=8, "
+    SCRIPT = ("import sys; from audio8_coreai.backends.coreai import convert; from audio8_coreai.cli import app; "
+              "ckpt, out = sys.argv[1:]; "
+              "convert(ckpt, out + '/fp16', 'fp16', context=96, decoder_frames=8, "
               "parts=('dualar', 'codec_decoder'), progress=False); "
-              "convert(sys.argv[1], out + '/mixed', 'mixed', context=96, parts=('dualar',), progress=False)")
+              "convert(ckpt, out + '/mixed', 'mixed', context=96, encoder_frames=16, "
+              "parts=('dualar', 'codec_encoder'), progress=False); "
+              "app(['convert', '--model', ckpt, '--out', out + '/greedy', '--greedy', '--context', '64', "
+              "'--part', 'dualar'], standalone_mode=False)")
 
     def __init__(self, checkpoint: Path, out: Path):
         self.out = out
@@ -64,10 +70,10 @@ class _ChildConversions:
             self.child = subprocess.Popen([sys.executable, "-c", self.SCRIPT, str(checkpoint), str(out)],
                                           stdout=log, stderr=subprocess.STDOUT)
 
-    def folder(self, precision: str) -> Path:
+    def folder(self, name: str) -> Path:
         if self.child.wait(timeout=900) != 0:
-            pytest.fail(f"converting the fp16/mixed assets failed:\n{self.log.read_text()[-3000:]}")
-        return self.out / precision
+            pytest.fail(f"converting the fp16/mixed/greedy assets failed:\n{self.log.read_text()[-3000:]}")
+        return self.out / name
 
     def stop(self) -> None:
         if self.child.poll() is None:
@@ -137,17 +143,73 @@ def test_fp32_assets_reproduce_the_oracle(fp32_assets, oracle_dir):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["passed"] and report["backend"].startswith("coreai fp32")
-    assert [s["name"] for s in report["scenarios"]] == ["plain", "clone"]
+    # The batch's items alone, each up to its eos: item 0 runs to the 24-frame cap, item 1 stops after 3 frames.
+    assert [(s["name"], s["steps"]) for s in report["scenarios"]] == [("plain", 18), ("clone", 24), ("batch[0]", 24),
+                                                                      ("batch[1]", 4)]
     for s in report["scenarios"]:
         assert s["slow_logits_max_diff"] < 1e-4 and s["fast_logits_max_diff"] < 1e-4
         assert s["semantic_draws"] == [s["steps"]] * 2 and s["codebook_draws"] == [9 * s["steps"]] * 2
         assert s["free_run_identical"]
+    assert [s["free_run_eos"] for s in report["scenarios"]] == [True, False, False, True]
     assert [c["name"] for c in report["codec"]] == ["plain[0]", "greedy[0]", "batch[0]", "batch[1]", "clone[0]",
                                                     "codec_clamp[0]"]
     assert all(c["waveform_max_diff"] < 1e-4 for c in report["codec"])
     assert [(e["codes_equal"], e["latent_max_diff"]) for e in report["encoder"]] == [([110, 110], None)]
-    # greedy is not the baked sampling; batch replays drive the torch model directly.
-    assert [r.split(":")[0] for r in report["skipped"]] == ["greedy", "batch"]
+    # greedy is not the baked sampling: it replays on greedy assets (test_greedy_assets_replay_the_greedy_scenario).
+    (skipped,) = report["skipped"]
+    assert skipped.startswith("greedy: it draws greedy (argmax); the backend's graphs bake in T 0.7 top-k 50")
+    assert skipped.endswith("audio8 convert --greedy)")
+
+
+def test_greedy_assets_replay_the_greedy_scenario(oracle_dir, fp32_assets, child_conversions, tmp_path):
+    """``audio8 convert --greedy`` bakes do_sample false into the frame graphs: argmax draws, which replay the
+    oracle's greedy scenario (teacher-forced and free run); the sampled scenarios are then the skipped ones."""
+    assets = tmp_path / "greedy"
+    shutil.copytree(child_conversions.folder("greedy"), assets)
+    for part in ("codec_decoder", "codec_encoder"):  # the same checkpoint's fp32 codec: only the DualAR differs
+        shutil.copytree(fp32_assets / f"{part}.aimodel", assets / f"{part}.aimodel")
+    assert read_manifest(assets / "dualar.aimodel")["sampling"]["do_sample"] is False
+    result = _run("parity", "--model", oracle_dir, "--fixture", oracle_dir / "fixture.npz", "--backend", "coreai",
+                  "--assets", assets, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["passed"]
+    (greedy,) = report["scenarios"]
+    assert greedy["name"] == "greedy" and greedy["steps"] == 7
+    assert greedy["slow_logits_max_diff"] < 1e-4 and greedy["fast_logits_max_diff"] < 1e-4
+    assert greedy["semantic_draws"] == [7, 7] and greedy["codebook_draws"] == [63, 63]
+    assert greedy["free_run_identical"] and greedy["free_run_frames"] == 6 and greedy["free_run_eos"]
+    assert [r.split(":")[0] for r in report["skipped"]] == ["plain", "clone", "batch"]
+    assert all("it draws T 0.7" in r and "bake in greedy (argmax)" in r for r in report["skipped"])
+
+
+def test_batch_items_replay_alone_on_torch_too(torch_backend, oracle_dir):
+    """The per-item batch replay the Core AI backend uses is exact on the torch backend as well: each item's
+    unpadded prompt at batch 1 gives the batch's logits and draws (the pads were hidden from every query)."""
+    fx, meta = load_fixture(oracle_dir / "fixture.npz")
+    for item, steps, frames in ((0, 24, 24), (1, 4, 3)):
+        rep = replay_single(torch_backend, fx, meta, "batch", item)
+        assert (rep.name, rep.key, rep.steps) == (f"batch[{item}]", "batch", steps)
+        assert rep.slow_logits_max_diff < 1e-4 and rep.fast_logits_max_diff < 1e-4
+        assert rep.semantic_draws == (steps, steps) and rep.codebook_draws == (9 * steps, 9 * steps)
+        assert rep.free_run_identical and rep.free_run_frames == frames and not rep.misses
+
+
+def test_gate_on_the_coreai_backend(oracle_dir, fp32_assets, tmp_path):
+    """``audio8 gate --backend coreai`` against the oracle: the tensor rungs over every scenario the assets
+    replay (the batch's items one by one), exact for fp32."""
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "report"
+    result = _run("gate", "--model", oracle_dir, "--against", oracle_dir / "fixture.npz", "--backend", "coreai",
+                  "--assets", fp32_assets, "--out", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] and report["verdicts"]["tensor"] == "pass" and report["verdicts"]["eos"] == "pass"
+    assert [f["name"] for f in report["fixtures"]] == ["plain", "clone", "batch[0]", "batch[1]"]
+    assert report["totals"]["semantic_draws"] == [70, 70] and report["totals"]["codebook_draws"] == [630, 630]
+    assert report["totals"]["free_run_identical"] == [4, 4]
+    assert [s.split(":")[0] for s in report["skipped"][:1]] == ["greedy"]
+    assert sorted(p.name for p in (out / "pictures").iterdir()) == ["clone.png", "plain.png"]
 
 
 def test_one_runtime_call_per_frame(fp32_backend, oracle, fixture):
@@ -217,12 +279,49 @@ def test_fp16_agreement_floors(oracle, oracle_dir, child_conversions):
 
 def test_mixed_agreement_floors(oracle, oracle_dir, child_conversions):
     """int8 slow-AR linears. Measured: 41/42 semantic, 378/378 codebook draws, slow logits cos 0.99994, fast
-    0.99997. The decoder is fp16's recipe (see the fp16 test)."""
+    0.99997. The decoder is fp16's recipe (see the fp16 test). The encoder, weights stored fp16 but for the
+    vector quantizers' and computed fp32, gives every code of the oracle's clip."""
     assets = child_conversions.folder("mixed")
     assert read_manifest(assets / "dualar.aimodel")["precision"] == "mixed"
     sem, cb, slow_cos, fast_cos, _ = _agreement(oracle, assets, oracle_dir / "fixture.npz", codec=False)
     assert sem >= 40 and cb >= 372  # of 42 and 378
     assert slow_cos > 0.9995 and fast_cos > 0.9995
+    encoder = CoreAIBackend(oracle, assets)
+    try:
+        assert replay_encoder(encoder, load_fixture(oracle_dir / "fixture.npz")[0]).codes_equal == (110, 110)
+    finally:
+        encoder.close()
+
+
+def test_fp16_stored_weights_compute_in_fp32(tmp_path):
+    """The mixed/fp16 encoder's recipe (``_store_fp16``): the asset holds float16 weights and every op computes
+    in float32, so the output is torch's float32 result on the float16-rounded weights (within 1e-5; float16
+    arithmetic is off by ~1e-3 here). coreai-torch folds the cast of constants under about 250,000 elements
+    back into float32 ones (measured), so the conv here is a 0.6b-sized one (458,752 weights)."""
+    import coreai.runtime as rt
+    import coreai_torch
+    from coreai.authoring import AIModelAsset
+
+    from audio8_coreai.backends.coreai import _export, _store_fp16
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(256, 256, 7, padding=3).eval()
+    x = torch.randn(1, 256, 40)
+    with torch.no_grad():
+        want = torch.nn.functional.conv1d(x, conv.weight.half().float(), conv.bias.half().float(), padding=3)
+    _store_fp16(conv)
+    assert {p.dtype for p in conv.parameters()} == {torch.float16} and conv.weight.dtype == torch.float32
+    converter = coreai_torch.TorchConverter(mode=coreai_torch.TorchConverter.Mode.RELEASE)
+    converter.add_exported_program(_export(conv, (x,)), input_names=["x"], output_names=["y"], entrypoint_name="main")
+    asset = converter.to_coreai().save_asset(tmp_path / "conv.aimodel")
+    stored = sum(f.stat().st_size for f in asset.path.rglob("*") if f.is_file())
+    assert 2 * 256 * 256 * 7 < stored < 1.1 * 2 * 256 * 256 * 7  # float16: 0.92 MB (float32 would be 1.84 MB)
+
+    async def run() -> np.ndarray:
+        async with AIModelAsset.load(asset.path).executable() as model:
+            return (await model.load_function("main")(inputs={"x": rt.NDArray(x.numpy())}))["y"].numpy().copy()
+
+    assert np.abs(asyncio.run(run()) - want.numpy()).max() < 1e-5
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -252,6 +351,24 @@ def test_back_to_back_utterances_give_what_each_gives_fresh(fp32_backend, oracle
         fresh.close()
 
 
+def test_calls_from_inside_a_running_event_loop(fp32_backend, oracle, fp32_assets, fixture):
+    """An async caller (a web handler, a notebook) can use the backend directly: its runtime calls run on a
+    loop of its own thread, so a running loop in the caller's thread is no obstacle."""
+    prompt = fixture["plain__prompt_input_ids"][0]
+    want = generate(fp32_backend, prompt, _params(oracle), seed=8, max_frames=10).codes
+
+    async def speak() -> tuple[np.ndarray, np.ndarray]:
+        fresh = CoreAIBackend(oracle, fp32_assets)  # loaded inside the running loop too
+        try:
+            return (generate(fp32_backend, prompt, _params(oracle), seed=8, max_frames=10).codes,
+                    generate(fresh, prompt, _params(oracle), seed=8, max_frames=10).codes)
+        finally:
+            fresh.close()
+
+    got, fresh_codes = asyncio.run(speak())
+    assert want.shape[1] > 0 and np.array_equal(got, want) and np.array_equal(fresh_codes, want)
+
+
 def test_long_utterance_decodes_in_windows(fp32_backend, torch_backend):
     """36 frames through the 24-frame decoder bucket: two calls, the second keeping 12 frames of context. The
     first bucket is exact; past it the window-128 attention sees 12 earlier frames instead of all, which on the
@@ -269,8 +386,6 @@ def test_long_utterance_decodes_in_windows(fp32_backend, torch_backend):
 def test_transposed_convolutions_on_the_cpu_runtime(tmp_path):
     """ConvTranspose1d at the codec decoder's (kernel 16, stride 8) and its other strides is numerically wrong
     on Apple's cpu_only delegate (PORT-NOTES section 7); on this runtime it must equal torch."""
-    import asyncio
-
     import coreai.runtime as rt
     import coreai_torch
     from coreai.authoring import AIModelAsset
@@ -335,9 +450,17 @@ def test_stale_asset_is_refused(oracle, fp32_assets, tmp_path):
         CoreAIBackend(oracle, stale)
 
 
-def test_assets_of_another_checkpoint_are_refused(tiny_checkpoint, fp32_assets):
+def test_assets_of_another_checkpoint_are_refused(tiny_checkpoint, oracle_dir, fp32_assets, tmp_path):
     with pytest.raises(AssetError, match="converted from another checkpoint"):
         CoreAIBackend(load_checkpoint(tiny_checkpoint), fp32_assets)
+    # Same config, sizes and names, other weights (a re-seeded or fine-tuned checkpoint).
+    retrained = tmp_path / "retrained"
+    shutil.copytree(oracle_dir, retrained)
+    weights = load_file(retrained / "model.safetensors")
+    save_file({k: v + 0.01 if v.is_floating_point() else v for k, v in weights.items()},
+              retrained / "model.safetensors")
+    with pytest.raises(AssetError, match="converted from another checkpoint"):
+        CoreAIBackend(load_checkpoint(retrained), fp32_assets)
 
 
 def test_prompt_longer_than_the_context(fp32_backend, oracle, speakable, fp32_assets):

@@ -267,6 +267,78 @@ def test_gate_against_fp32_on_a_tiny_checkpoint(tiny_checkpoint, tmp_path):
         assert _read_png(p).ndim == 3
 
 
+FAKE_RECOGNIZER = """
+import numpy as np
+
+CALLS = []
+
+
+def hear(audio, sample_rate, language):
+    CALLS.append((audio.dtype, audio.ndim, len(audio), sample_rate, language))
+    return {"en": "please call me today", "ja": "今日はいい天気"}[language]
+
+
+def japanese(audio, sample_rate, language):
+    return "今日は"
+
+
+japanese.languages = ["ja"]
+not_callable = 3
+
+
+def no_text(audio, sample_rate, language):
+    return None
+"""
+
+
+def test_gate_with_a_plugged_recognizer(tiny_checkpoint, tmp_path, monkeypatch):
+    """``audio8 gate --recognizer MODULE:CALLABLE``: a module file in the current folder, called with float32
+    audio, the rate and each fixture's language; its text is scored like pocketsphinx's (WER en, CER ja)."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("jiwer")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "audio8_fake_asr.py").write_text(FAKE_RECOGNIZER)
+    fixtures = tmp_path / "fixtures.json"
+    fixtures.write_text(json.dumps([
+        {"name": "en_a", "language": "en", "seed": 3, "text": "Please call me tomorrow.", "reference": None},
+        {"name": "ja_a", "language": "ja", "seed": 4, "text": "今日はいい天気です。", "reference": None}]))
+    result = CliRunner().invoke(app, ["gate", "--model", str(tiny_checkpoint), "--fixtures", str(fixtures),
+                                      "--max-frames", "4", "--device", "cpu", "--out", "report",
+                                      "--recognizer", "audio8_fake_asr:hear"])
+    assert result.exit_code == 0, result.output
+    import audio8_fake_asr
+
+    # Reference and port audio of each fixture, in fixture order: 4 frames of 2048 samples at 44.1 kHz.
+    assert audio8_fake_asr.CALLS == [(np.float32, 1, 4 * 2048, 44100, lang) for lang in ("en", "en", "ja", "ja")]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["asr"]["en"]["recognizer"] == "audio8_fake_asr:hear"
+    # "please call me tomorrow" heard as "please call me today": 1 of 4 words; "今日はいい天気です" (9) loses 2.
+    for label in ("reference", "port"):
+        assert report["asr"]["en"][label] == {"edits": 1, "units": 4, "rate": 0.25}
+        assert report["asr"]["ja"][label] == {"edits": 2, "units": 9, "rate": pytest.approx(2 / 9)}
+    assert report["verdicts"]["asr"] == {"en": "pass", "ja": "pass"}
+    assert report["verdicts"]["speaker"] == "skipped" and report["speaker"] == {}  # no clone fixtures
+
+
+def test_load_recognizer(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "audio8_fake_asr2.py").write_text(FAKE_RECOGNIZER)
+    from audio8_coreai.gate import covers, load_recognizer
+
+    japanese = load_recognizer("audio8_fake_asr2:japanese")
+    assert japanese.languages == frozenset({"ja"}) and covers(japanese, "ja") and not covers(japanese, "en")
+    assert japanese.transcribe(np.zeros(10, np.float64), 16000.0, "ja") == "今日は"
+    assert load_recognizer("audio8_fake_asr2:hear").languages is None
+    with pytest.raises(GateError, match="returned NoneType, not the text heard"):
+        load_recognizer("audio8_fake_asr2:no_text").transcribe(np.zeros(10), 16000, "en")
+    for spec, message in (("audio8_fake_asr2", "expected MODULE:CALLABLE"),
+                          ("no_such_module_here:fn", "cannot import no_such_module_here"),
+                          ("audio8_fake_asr2:missing", "audio8_fake_asr2 has no missing"),
+                          ("audio8_fake_asr2:not_callable", "not_callable is a int, not a callable")):
+        with pytest.raises(GateError, match=message):
+            load_recognizer(spec)
+
+
 def test_gate_cli_bad_input(oracle_dir, tmp_path):
     pytest.importorskip("matplotlib")  # checked first: a missing extra is reported before anything else
     runner = CliRunner()

@@ -303,14 +303,23 @@ def gate(
                                                    "reference per language.")] = 0.05,
     speaker_margin: Annotated[float, typer.Option(help="Mean speaker cosine the port may lose to the "
                                                        "reference.")] = 0.05,
+    recognizer: Annotated[Optional[list[str]], typer.Option(
+        metavar="MODULE:CALLABLE",
+        help="A stronger recogniser, MODULE:CALLABLE: fn(audio float32 [N], sample_rate Hz, language code) -> "
+             "text, for the languages in its optional `languages` attribute (else all); imported from the current "
+             "folder or PYTHONPATH; repeatable, the first that covers a language is used, pocketsphinx after.")]
+    = None,
 ) -> None:
     """Judge the port by its speech: teacher-forced agreement, codec, free run, ASR round trip and speaker
     similarity against an fp32 run or an oracle fixture; exit 1 when a verdict fails."""
-    from .gate import run_gate
+    from .gate import default_recognizers, load_recognizer, run_gate
 
+    recognizers = None  # the defaults, and why they are missing if they are
+    if recognizer:
+        recognizers = [load_recognizer(spec) for spec in recognizer] + default_recognizers()[0]
     report = run_gate(model, out_dir, against=against, backend=backend, device=device, dtype=dtype, assets=assets,
                       fixtures=fixtures, names=fixture, reference_device=reference_device, max_frames=max_frames,
-                      asr_margin=asr_margin, speaker_margin=speaker_margin,
+                      recognizers=recognizers, asr_margin=asr_margin, speaker_margin=speaker_margin,
                       log=lambda line: err.print(line, highlight=False))
     t = report.totals()
     out.print(f"teacher-forced: semantic {t['semantic_draws'][0]}/{t['semantic_draws'][1]}, codebook "
@@ -347,15 +356,24 @@ def convert(
     encoder_frames: Annotated[int, typer.Option(help="Codec encoder bucket, frames per call.")] = ENCODER_FRAMES,
     part: Annotated[Optional[list[str]], typer.Option(help="Convert only this part (repeatable): dualar, "
                                                            "codec_decoder, codec_encoder.")] = None,
+    greedy: Annotated[bool, typer.Option(help="Bake do_sample false into the frame graphs (argmax draws, the "
+                                              "publisher's greedy path) instead of the checkpoint's sampling.")]
+    = False,
 ) -> None:
     """Convert a checkpoint into Core AI assets (dualar, codec decoder, codec encoder .aimodel folders)."""
+    import dataclasses
     import time
 
     from .backends.coreai import convert as convert_assets
+    from .checkpoint import load_checkpoint
+    from .graphs import SamplingParams
 
     t0 = time.perf_counter()
-    path = convert_assets(model, out_dir, precision.value, context, decoder_frames=decoder_frames,
-                          encoder_frames=encoder_frames, parts=part or PARTS)
+    ckpt = load_checkpoint(model)
+    sampling = SamplingParams.from_configs(ckpt.config, ckpt.generation)
+    path = convert_assets(ckpt, out_dir, precision.value, context,
+                          sampling=dataclasses.replace(sampling, do_sample=False) if greedy else sampling,
+                          decoder_frames=decoder_frames, encoder_frames=encoder_frames, parts=part or PARTS)
     sizes = ", ".join(f"{p.name} {sum(f.stat().st_size for f in p.rglob('*') if f.is_file()) / 1e6:.1f} MB"
                       for p in sorted(path.glob("*.aimodel")))
     out.print(f"wrote {path} in {time.perf_counter() - t0:.0f} s: {sizes}", highlight=False)

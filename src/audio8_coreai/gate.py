@@ -15,8 +15,9 @@ precisions; the gate measures the port the way its users hear it, beside a refer
 4. **ASR round trip.** A :class:`Recognizer` transcribes the reference's and the port's audio; errors are
    counted with jiwer after :func:`normalise_text` as corpus rates per language: WER for en, CER for every
    other language (ja and zh without spaces). The default recogniser is pocketsphinx, whose PyPI package ships
-   an English model; languages without an offline recogniser are reported as skipped. A language passes when
-   the port's rate is at most the reference's plus ``asr_margin`` (absolute).
+   an English model; a stronger one plugs in as a Python callable (:func:`load_recognizer`, ``audio8 gate
+   --recognizer MODULE:CALLABLE``); languages without a recogniser are reported as skipped. A language passes
+   when the port's rate is at most the reference's plus ``asr_margin`` (absolute).
 5. **Speaker similarity** (clone fixtures): cosine of :class:`SpeakerEncoder` embeddings (resemblyzer's, whose
    PyPI package ships its model) of the generated speech and the reference clip, for the reference run and
    the port. It passes when the port's mean is at least the reference's mean minus ``speaker_margin``.
@@ -316,14 +317,20 @@ def count_errors(language: str, reference: str, hypothesis: str) -> ErrorCount:
 
 
 class Recognizer(Protocol):
-    """Speech to text, offline. ``languages``: the ISO 639-1 codes it transcribes."""
+    """Speech to text. ``languages``: the ISO 639-1 codes it transcribes (None: any language)."""
 
     name: str
-    languages: frozenset[str]
+    languages: frozenset[str] | None
 
-    def transcribe(self, audio: np.ndarray, sample_rate: int) -> str:
-        """Mono float ``audio`` [N] at ``sample_rate`` Hz -> the words heard (may be empty)."""
+    def transcribe(self, audio: np.ndarray, sample_rate: int, language: str) -> str:
+        """Mono float ``audio`` [N] at ``sample_rate`` Hz, spoken in ``language`` -> the words heard (may be
+        empty)."""
         ...
+
+
+def covers(recognizer: Recognizer, language: str) -> bool:
+    """Whether ``recognizer`` transcribes ``language``."""
+    return recognizer.languages is None or language in recognizer.languages
 
 
 class PocketSphinxRecognizer:
@@ -349,7 +356,7 @@ class PocketSphinxRecognizer:
             raise GateError(f"pocketsphinx is not installed: {_GATE_EXTRA}") from e
         self._decoder = Decoder(samprate=self.RATE, loglevel="FATAL")
 
-    def transcribe(self, audio: np.ndarray, sample_rate: int) -> str:
+    def transcribe(self, audio: np.ndarray, sample_rate: int, language: str = "en") -> str:
         import soxr
 
         x = np.asarray(audio, dtype=np.float64).reshape(-1)
@@ -404,6 +411,59 @@ class ResemblyzerEncoder:
             return np.asarray(self._encoder.embed_utterance(wav), dtype=np.float64)
         finally:
             torch.set_num_threads(threads)
+
+
+class CallableRecognizer:
+    """A recogniser plugged in as a Python callable ``fn(audio, sample_rate, language) -> text``: ``audio``
+    mono float32 [N], ``sample_rate`` in Hz (44100 for the gate's speech), ``language`` an ISO 639-1 code.
+    ``name`` names it in the report; ``languages`` is the callable's ``languages`` attribute (an iterable of
+    codes) when it has one, else None (every language)."""
+
+    def __init__(self, fn: Callable[[np.ndarray, int, str], str], name: str):
+        self._fn = fn
+        self.name = name
+        codes = getattr(fn, "languages", None)
+        self.languages = None if codes is None else frozenset(codes)
+
+    def transcribe(self, audio: np.ndarray, sample_rate: int, language: str) -> str:
+        """Raises GateError when the callable returns anything but a string."""
+        text = self._fn(np.ascontiguousarray(audio, dtype=np.float32).reshape(-1), int(sample_rate), language)
+        if not isinstance(text, str):
+            raise GateError(f"recogniser {self.name} returned {type(text).__name__}, not the text heard (str)")
+        return text
+
+
+def load_recognizer(spec: str) -> CallableRecognizer:
+    """``MODULE:CALLABLE`` (``CALLABLE`` may be dotted: ``pkg.asr:Model.transcribe``) -> the callable as a
+    :class:`CallableRecognizer`. The module is imported with the current folder first on ``sys.path`` (as
+    ``python -m`` would), so a module file beside the command works without installing it.
+
+    Raises GateError for a malformed spec, a module that cannot be imported, a missing attribute or one
+    that is not callable.
+    """
+    import importlib
+    import sys
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise GateError(f"--recognizer {spec!r}: expected MODULE:CALLABLE, e.g. my_asr:transcribe")
+    cwd = str(Path.cwd())
+    sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise GateError(f"--recognizer {spec!r}: cannot import {module_name} ({e}); put it in the current folder "
+                        "or on PYTHONPATH") from e
+    finally:
+        sys.path.remove(cwd)
+    fn = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise GateError(f"--recognizer {spec!r}: {module_name} has no {attr}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise GateError(f"--recognizer {spec!r}: {attr} is a {type(fn).__name__}, not a callable")
+    return CallableRecognizer(fn, spec)
 
 
 def default_recognizers() -> tuple[list[Recognizer], str | None]:
@@ -714,7 +774,7 @@ def _codec_stage(reference: np.ndarray, port: np.ndarray, sample_rate: int) -> d
 
 def _teacher_forced(rep: ScenarioReport, fx: dict, params: SamplingParams, cfg) -> dict:
     out = asdict(rep)
-    out["misses"] = miss_margins(rep, fx, rep.name, params, cfg)
+    out["misses"] = miss_margins(rep, fx, rep.key, params, cfg)
     return out
 
 
@@ -823,13 +883,13 @@ def _against_oracle(model, out: Path, fixture: Path, backend: str, device: str, 
     why = "an oracle fixture records no text (its random weights make no speech)"
     report.skipped += [f"ASR round trip: {why}", f"speaker similarity: {why}"]
     for rep in parity.scenarios:
-        params = _params(meta, rep.name, port)
-        result = FixtureResult(rep.name, None, None, None, rep.name == "clone",
-                               _teacher_forced(rep, fx, params, port.cfg))
-        if fx[f"{rep.name}__prompt_input_ids"].shape[0] == 1:  # batch scenarios: parity's codec rung covers them
-            n = int(fx[f"{rep.name}__code_lengths"][0])
-            reference = fx[f"{rep.name}__decode_waveform"][0, :n * hop]
-            decoded = port.decode_window(fx[f"{rep.name}__codes"][0, :, :n]) if n else np.zeros(0, np.float32)
+        sc = rep.key  # "batch" for the batch items a Core AI port replays one by one ("batch[1]")
+        params = _params(meta, sc, port)
+        result = FixtureResult(rep.name, None, None, None, sc == "clone", _teacher_forced(rep, fx, params, port.cfg))
+        if fx[f"{sc}__prompt_input_ids"].shape[0] == 1:  # batch scenarios: parity's codec rung covers them
+            n = int(fx[f"{sc}__code_lengths"][0])
+            reference = fx[f"{sc}__decode_waveform"][0, :n * hop]
+            decoded = port.decode_window(fx[f"{sc}__codes"][0, :, :n]) if n else np.zeros(0, np.float32)
             result.codec = _codec_stage(reference, decoded, rate)
             result.picture = f"pictures/{rep.name}.png"
             plot_fixture(out / result.picture, f"{rep.name}: the port decodes the oracle's codes",
@@ -890,7 +950,7 @@ def _against_fp32(model, out: Path, backend: str, device: str, dtype: str, asset
         else:
             ok = (a["port"]["rate"] or 0.0) <= (a["reference"]["rate"] or 0.0) + asr_margin
             asr_verdicts[lang] = "pass" if ok else "fail"
-    speaker = "skipped" if "skipped" in report.speaker else (
+    speaker = "skipped" if not report.speaker or "skipped" in report.speaker else (  # empty: no clone fixtures
         "pass" if report.speaker["port_mean"] >= report.speaker["reference_mean"] - speaker_margin else "fail")
     report.verdicts = {"tensor": _tensor_verdict(report.fixtures, report.precision),
                        "eos": _eos_verdict(report.fixtures), "asr": asr_verdicts, "speaker": speaker}
@@ -947,12 +1007,12 @@ def _fp32_fixture(fixture: Fixture, port, ref, params: SamplingParams, cfg, rate
 
 def _asr_fixture(fixture: Fixture, ref_audio, port_audio, rate: int, recognizers) -> dict:
     """Transcripts and error counts of both runs' audio, or why there are none."""
-    recognizer = next((r for r in recognizers or () if fixture.language in r.languages), None)
+    recognizer = next((r for r in recognizers or () if covers(r, fixture.language)), None)
     if recognizer is None:
-        return {"skipped": f"no offline recogniser for {fixture.language!r}"}
+        return {"skipped": f"no recogniser for {fixture.language!r}"}
     out = {"recognizer": recognizer.name, "metric": metric_for(fixture.language)}
     for label, audio in (("reference", ref_audio), ("port", port_audio)):
-        text = recognizer.transcribe(audio, rate) if len(audio) else ""
+        text = recognizer.transcribe(audio, rate, fixture.language) if len(audio) else ""
         count = count_errors(fixture.language, fixture.text, text)
         out[label] = {"text": text, "edits": count.edits, "units": count.units, "rate": count.rate}
     return out
@@ -964,9 +1024,9 @@ def _asr_summary(by_language: dict[str, list[FixtureResult]], recognizers) -> di
     for lang, results in by_language.items():
         scored = [r.asr for r in results if r.asr and "port" in r.asr]
         if not scored:
-            have = ", ".join(sorted({x for r in recognizers or () for x in r.languages})) or "none"
+            have = ", ".join(sorted({x for r in recognizers or () for x in r.languages or ()})) or "none"
             out[lang] = {"fixtures": len(results),
-                         "skipped": f"no offline recogniser for {lang!r} (recognisers here cover: {have})"}
+                         "skipped": f"no recogniser for {lang!r} (recognisers here cover: {have})"}
             continue
         entry = {"fixtures": len(scored), "metric": scored[0]["metric"], "recognizer": scored[0]["recognizer"]}
         for label in ("reference", "port"):

@@ -8,6 +8,11 @@ Three stages per scenario (oracle README, "What matches means"):
 4. codec encoder (``clone``): the reference clip's codes and the SEANet encoder latent.
 fp32 passes when every logit, waveform and latent is within ``tolerance`` (1e-4) and every draw, code and eos
 step is equal.
+
+The torch backend replays a batch scenario as the recorded batch (:func:`replay_batch`); backends of batch-1
+graphs (Core AI assets) replay each item alone up to its eos, teacher-forced and free run
+(:func:`replay_forced` with ``item``). A backend whose graphs bake their sampling in (Core AI) replays only the
+scenarios drawn with it and lists the others as skipped.
 """
 
 from __future__ import annotations
@@ -48,7 +53,9 @@ class DrawMiss:
 @dataclass
 class ScenarioReport:
     """Agreement for one scenario; counts are (agreeing, total); ``misses`` lists every draw that differs;
-    ``free_run_prefix`` is how many leading free-run frames equal the recording's (all codebooks)."""
+    ``free_run_prefix`` is how many leading free-run frames equal the recording's (all codebooks).
+    ``name`` is the scenario's, or ``batch[i]`` for item i of a batch scenario replayed alone (``scenario`` then
+    names the fixture's scenario)."""
 
     name: str
     steps: int
@@ -66,6 +73,12 @@ class ScenarioReport:
     slow_logits_min_cos: float = 1.0
     fast_logits_min_cos: float = 1.0
     misses: list[DrawMiss] = field(default_factory=list)
+    scenario: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The fixture's scenario key (``batch`` for ``batch[1]``)."""
+        return self.scenario or self.name
 
 
 @dataclass
@@ -139,15 +152,16 @@ def load_fixture(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
 
 
 class _RecordedNoise:
-    """Replays a scenario's recorded uniforms (item 0) in NoiseSource's interface."""
+    """Replays the recorded uniforms of a scenario's batch ``item`` in NoiseSource's interface."""
 
-    def __init__(self, fx: dict[str, np.ndarray], sc: str, num_semantic: int, codebook_size: int, num_fast: int):
-        self.fx, self.sc, self.step = fx, sc, 0
+    def __init__(self, fx: dict[str, np.ndarray], sc: str, num_semantic: int, codebook_size: int, num_fast: int,
+                 item: int = 0):
+        self.fx, self.sc, self.item, self.step = fx, sc, item, 0
         self.shapes = ((2, num_semantic + 1), (num_fast, codebook_size))
 
     def next_frame(self) -> tuple[np.ndarray, np.ndarray]:
         s, self.step = self.step, self.step + 1
-        return _step_noise(self.fx, self.sc, s, 0, self.shapes)
+        return _step_noise(self.fx, self.sc, s, self.item, self.shapes)
 
 
 def _step_noise(fx, sc, s, b, shapes):
@@ -201,51 +215,71 @@ def _forced(fx, sc, s, b) -> np.ndarray:
     return np.concatenate([[fx[f"{sc}__semantic"][s, b]], fx[f"{sc}__codebooks"][s, b]]).astype(np.int64)
 
 
-def replay_single(backend: TorchBackend, fx: dict, meta: dict, sc: str) -> ScenarioReport:
-    """Teacher-forced and free-run replay of a batch-1 scenario through the backend's public calls."""
-    rep = replay_forced(backend, fx, meta, sc)
+def replay_single(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: int | None = None) -> ScenarioReport:
+    """Teacher-forced and free-run replay of a batch-1 scenario, or of one ``item`` of a batch scenario on its
+    own (:func:`replay_forced`), through the backend's public calls."""
+    rep = replay_forced(backend, fx, meta, sc, item)
     # Free run: the engine's own loop, fed the recorded uniforms.
     cfg = backend.cfg
     max_new = int(meta["scenarios"][sc]["max_new_tokens"])
-    noise = _RecordedNoise(fx, sc, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
-    gen = generate(backend, fx[f"{sc}__prompt_input_ids"][0], _params(meta, sc, backend), seed=0,
-                   max_frames=max_new, noise=noise)
-    compare_free_run(rep, fx, sc, gen.codes, gen.reached_eos)
+    noise = _RecordedNoise(fx, sc, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1, item or 0)
+    gen = generate(backend, _item_prompt(fx, sc, item), _params(meta, sc, backend), seed=0, max_frames=max_new,
+                   noise=noise)
+    compare_free_run(rep, fx, sc, gen.codes, gen.reached_eos, item or 0)
     return rep
 
 
-def replay_forced(backend: TorchBackend, fx: dict, meta: dict, sc: str) -> ScenarioReport:
+def _item_prompt(fx: dict, sc: str, item: int | None) -> np.ndarray:
+    """The prompt int [1+C, P] of a batch-1 scenario, or batch ``item``'s without its left padding."""
+    prompt = fx[f"{sc}__prompt_input_ids"][item or 0]
+    return prompt if item is None else prompt[:, fx[f"{sc}__prompt_attention_mask"][item].astype(bool)]
+
+
+def replay_forced(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: int | None = None) -> ScenarioReport:
     """The teacher-forced half of :func:`replay_single`: every recorded step of batch-1 scenario ``sc``
-    through the backend's ``prefill``/``first_frame``/``frame``, fed the recorded columns and uniforms."""
+    through the backend's ``prefill``/``first_frame``/``frame``, fed the recorded columns and uniforms.
+
+    With ``item``, batch ``item`` of a left-padded batch scenario is replayed alone (report ``sc[item]``): its
+    prompt without the padding, each column at the slot of its RoPE position (the publisher hides the pads
+    from every query, so the item's keys, positions and logits are the batch's), up to its eos step; the
+    steps after it are not replayed (the publisher masks the finished item's later columns, which a batch-1
+    graph cannot).
+    """
     cfg = backend.cfg
     params = _params(meta, sc, backend)
-    steps = int(fx[f"{sc}__num_steps"])
-    rep = ScenarioReport(sc, steps)
-    prompt = fx[f"{sc}__prompt_input_ids"][0]
+    b = item or 0
+    if item is None:
+        steps = int(fx[f"{sc}__num_steps"])
+        rep = ScenarioReport(sc, steps)
+        positions = fx[f"{sc}__step_physical_position"][:, 0]
+    else:
+        steps = min(int(fx[f"{sc}__num_steps"]), int(fx[f"{sc}__code_lengths"][b]) + int(fx[f"{sc}__finished"][b]))
+        rep = ScenarioReport(f"{sc}[{b}]", steps, scenario=sc)
+        positions = fx[f"{sc}__step_token_position"][:, b]
     shapes = ((2, cfg.num_semantic + 1), (cfg.num_codebooks - 1, cfg.codebook_size))
-    backend.prefill(prompt)
+    backend.prefill(_item_prompt(fx, sc, item))
     for s in range(steps):
-        noise_slow, noise_fast = _step_noise(fx, sc, s, 0, shapes)
-        window = fx[f"{sc}__ras_previous"][s, 0]
-        forced = _forced(fx, sc, s, 0)
+        noise_slow, noise_fast = _step_noise(fx, sc, s, b, shapes)
+        window = fx[f"{sc}__ras_previous"][s, b]
+        forced = _forced(fx, sc, s, b)
         if s == 0:
             res = backend.first_frame(params, noise_slow, window, noise_fast, forced)
         else:
-            column = fx[f"{sc}__step_input_column"][s - 1, 0]
-            pos = int(fx[f"{sc}__step_physical_position"][s - 1, 0])
-            res = backend.frame(params, column, pos, noise_slow, window, noise_fast, forced)
-        _compare_frame(rep, fx, sc, s, 0, res, params.do_sample)
+            column = fx[f"{sc}__step_input_column"][s - 1, b]
+            res = backend.frame(params, column, int(positions[s - 1]), noise_slow, window, noise_fast, forced)
+        _compare_frame(rep, fx, sc, s, b, res, params.do_sample)
     return rep
 
 
-def compare_free_run(rep: ScenarioReport, fx: dict, sc: str, codes: np.ndarray, reached_eos: bool) -> None:
+def compare_free_run(rep: ScenarioReport, fx: dict, sc: str, codes: np.ndarray, reached_eos: bool,
+                     item: int = 0) -> None:
     """Fill ``rep``'s free-run fields from a free run's ``codes`` int [C, T] and whether it ended on eos,
-    against the recording of batch-1 scenario ``sc``."""
-    n_want = int(fx[f"{sc}__code_lengths"][0])
-    want = fx[f"{sc}__codes"][0, :, :n_want]
+    against the recording of scenario ``sc`` (batch ``item``)."""
+    n_want = int(fx[f"{sc}__code_lengths"][item])
+    want = fx[f"{sc}__codes"][item, :, :n_want]
     frames = codes.shape[1]
     rep.free_run_frames, rep.free_run_expected_frames = frames, n_want
-    rep.free_run_eos, rep.free_run_expected_eos = reached_eos, bool(fx[f"{sc}__finished"][0])
+    rep.free_run_eos, rep.free_run_expected_eos = reached_eos, bool(fx[f"{sc}__finished"][item])
     same = (codes[:, :n_want] == want[:, :frames]).all(axis=0)
     rep.free_run_prefix = len(same) if same.all() else int(np.argmin(same))
     rep.free_run_identical = (frames == n_want and reached_eos == rep.free_run_expected_eos
@@ -341,15 +375,22 @@ def replay_encoder(backend: TorchBackend, fx: dict, sc: str = "clone") -> Encode
     return EncoderReport(f"{sc}[0]", (equal, int(want.size)), diff)
 
 
-def _cannot_replay(backend, meta: dict, sc: str, batched: bool) -> str | None:
+def _cannot_replay(backend, meta: dict, sc: str) -> str | None:
     """Why ``backend`` cannot replay scenario ``sc`` (None: it can)."""
-    if batched and not isinstance(backend, TorchBackend):
-        return "batch replay drives the torch model directly (per-item RoPE positions and key masks)"
-    # Backends with sampling baked into their graphs (Core AI assets) say so with a ``sampling`` attribute.
-    baked = getattr(backend, "sampling", None)
-    if baked is not None and _params(meta, sc, backend) != baked:
-        return f"its sampling differs from the one baked into the backend's graphs ({baked})"
+    # Backends with sampling baked into their graphs (Core AI assets) say which settings they draw with.
+    draws_like = getattr(backend, "draws_like", None)
+    params = _params(meta, sc, backend)
+    if draws_like is not None and not draws_like(params):
+        fix = ": audio8 convert --greedy" if not params.do_sample else ""
+        return (f"it draws {_describe(params)}; the backend's graphs bake in {_describe(backend.sampling)} (replay "
+                f"it on assets converted with its sampling{fix})")
     return None
+
+
+def _describe(p: SamplingParams) -> str:
+    if not p.do_sample:
+        return "greedy (argmax)"
+    return f"T {p.temperature:g} top-k {p.top_k} top-p {p.top_p:g} (RAS T {p.ras_temperature:g} top-p {p.ras_top_p:g})"
 
 
 def run_parity(backend: TorchBackend, fixture_path: str | Path, tolerance: float = TOLERANCE) -> ParityReport:
@@ -368,13 +409,16 @@ def run_parity(backend: TorchBackend, fixture_path: str | Path, tolerance: float
     for sc in SCENARIOS:
         if f"{sc}__num_steps" not in fx:
             continue
-        batched = fx[f"{sc}__prompt_input_ids"].shape[0] > 1
-        reason = _cannot_replay(backend, meta, sc, batched)
+        batch = fx[f"{sc}__prompt_input_ids"].shape[0]
+        reason = _cannot_replay(backend, meta, sc)
         if reason:
             report.skipped.append(f"{sc}: {reason}")
-        else:
-            report.scenarios.append(replay_batch(backend, fx, meta, sc) if batched
-                                    else replay_single(backend, fx, meta, sc))
+        elif batch == 1:
+            report.scenarios.append(replay_single(backend, fx, meta, sc))
+        elif isinstance(backend, TorchBackend):
+            report.scenarios.append(replay_batch(backend, fx, meta, sc))
+        else:  # batch-1 graphs (Core AI assets): each item alone, see replay_forced
+            report.scenarios += [replay_single(backend, fx, meta, sc, b) for b in range(batch)]
     for sc in CODEC_SCENARIOS:
         if f"{sc}__decode_waveform" in fx:
             report.codec.extend(replay_codec(backend, fx, sc))

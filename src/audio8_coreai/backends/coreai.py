@@ -33,7 +33,8 @@ The dualar contract (V = semantic ids + 1 (eos), C = num_codebooks, W = 32, ``~`
 
 Sampling is baked into ``first_frame``/``frame``: top-k, top-p, temperature, do_sample and the RAS settings
 are graph constants, by default the checkpoint's generation_config.json and config.json at conversion time.
-The backend refuses other settings with a clear error; :func:`convert` with ``sampling=`` makes a variant.
+The backend refuses other settings with a clear error; :func:`convert` with ``sampling=`` makes a variant
+(``audio8 convert --greedy``: do_sample false, argmax draws, which replays the oracle's greedy scenario).
 
 Precisions: ``fp32`` (reference: reproduces the oracle), ``fp16`` (the DualAR's and the decoder's weights,
 activations and KV state in fp16; RMSNorm, RoPE and the sampler in fp32 inside the graph), ``mixed`` (``fp16``
@@ -54,16 +55,18 @@ import importlib.metadata
 import json
 import shutil
 import sys
+import threading
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 from ..checkpoint import CODEC_SPEC_FILE, CONFIG_FILE, GENERATION_FILE, Checkpoint, load_checkpoint
 from ..config import ModelConfig
@@ -179,6 +182,38 @@ class _EncodeFn(nn.Module):
 
     def forward(self, audio: Tensor) -> Tensor:
         return self.encoder(audio).to(torch.int32)
+
+
+class _Upcast(nn.Module):
+    """A parametrization that hands its module the stored tensor cast to float32."""
+
+    def forward(self, stored: Tensor) -> Tensor:
+        return stored.float()
+
+
+def _store_fp16(module: nn.Module) -> None:
+    """Store ``module``'s float32 parameters as float16, each cast back to float32 where it is used, in place.
+
+    The exported program then holds float16 constants followed by a cast, which coreai-torch keeps as they
+    are: the asset stores half the bytes while every op computes in float32.
+    """
+    for sub in list(module.modules()):
+        for name, param in list(sub.named_parameters(recurse=False)):
+            setattr(sub, name, nn.Parameter(param.detach().half(), requires_grad=False))
+            # unsafe: the parametrization changes the dtype (float16 stored, float32 seen).
+            parametrize.register_parametrization(sub, name, _Upcast(), unsafe=True)
+
+
+def _encoder_module(cc: Any, state: dict[str, Tensor], precision: str, frames: int) -> CodecEncoder:
+    """The codec encoder for ``precision``: float32 compute always (float16 arithmetic flips its
+    nearest-neighbour code choices); for fp16 and mixed, every weight but the vector quantizers' is stored
+    float16 (the VQ projections and codebooks, 0.3M of the 0.6b encoder's 207M weights, stay float32: stored
+    float16 they flip 5 of the tiny oracle clip's 110 codes, the rest flips none)."""
+    encoder = CodecEncoder.from_state_dict(cc, state, max_frames=frames)
+    if precision != "fp32":
+        for part in (encoder.encoder, encoder.quantizer.downsample, encoder.quantizer.pre_module):
+            _store_fp16(part)
+    return encoder
 
 
 def _quantize_slow_linears(model: DualAR, context: int) -> None:
@@ -375,7 +410,7 @@ def _convert_codec(ckpt: Checkpoint, path: Path, part: str, precision: str, fram
         inputs = {"codes": torch.zeros(1, cc.num_codebooks, frames, dtype=torch.int32)}
         outputs, extra = ["wav"], {"decode_context": decoder_context(frames, cc.quantizer_transformer.window_size)}
     else:
-        module = _EncodeFn(CodecEncoder.from_state_dict(cc, state, max_frames=frames))
+        module = _EncodeFn(_encoder_module(cc, state, precision, frames))
         inputs = {"audio": torch.zeros(1, 1, frames * cc.frame_length)}
         outputs, extra = ["codes"], {}
     del state
@@ -496,10 +531,34 @@ def _specialization() -> Any:
     return rt.SpecializationOptions.from_preferred_compute_unit_kind(rt.ComputeUnitKind.gpu())
 
 
-def _shutdown(loop: asyncio.AbstractEventLoop, stack: contextlib.AsyncExitStack) -> None:
-    if not loop.is_closed():
-        loop.run_until_complete(stack.aclose())
-        loop.close()
+class _RuntimeLoop:
+    """An event loop on its own daemon thread, running coreai.runtime's coroutines for synchronous callers.
+
+    coreai.runtime loads models and runs functions as coroutines. A loop driven from the caller's thread
+    (``run_until_complete``) fails whenever that thread already runs a loop, as in an async web handler or a
+    notebook: asyncio allows one running loop per thread ("Cannot run the event loop while another loop is
+    running"). A loop on a thread of its own serves any caller; the caller blocks until the call is done.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="coreai-runtime", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the loop's thread and return its result (its exception is raised here)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self, stack: contextlib.AsyncExitStack) -> None:
+        """Exit ``stack`` (releasing the loaded models) on the loop, then stop the loop and its thread."""
+        if self.loop.is_closed():
+            return
+        try:
+            self.run(stack.aclose())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+            self.loop.close()
 
 
 class CoreAIBackend:
@@ -507,9 +566,11 @@ class CoreAIBackend:
 
     ``checkpoint`` is the one the assets were converted from (its fingerprint is checked; its config,
     tokenizer and codec sizes are used); ``assets`` is the folder :func:`convert` wrote. ``cfg`` is the
-    checkpoint's config with ``max_seq_len`` set to the assets' context. Each runtime call runs on this
-    object's own event loop, so the calls are synchronous; do not call from inside a running event loop.
-    Not thread-safe: one utterance at a time (the KV state is the backend's).
+    checkpoint's config with ``max_seq_len`` set to the assets' context. The calls are synchronous: each
+    runtime call runs on this object's own event loop in a thread of its own (:class:`_RuntimeLoop`), so they
+    work from any thread, inside a running event loop too (which they block for the call, as a torch call
+    would: an async server should call them from a worker thread). Not thread-safe: one utterance at a time
+    (the KV state is the backend's).
 
     The loaded models are held for the backend's life (a function whose model was collected returns
     garbage); :meth:`close` releases them. The KV state is allocated as explicit zeros (the Linux runtime
@@ -536,9 +597,9 @@ class CoreAIBackend:
         contract = self.manifest["contract"]
         self._state_specs = contract["prefill"]["states"]
         self._logit_dtype = np.dtype(contract["first_frame"]["inputs"]["logits"]["dtype"])
-        self._loop = asyncio.new_event_loop()
+        self._runtime = _RuntimeLoop()
         self._stack = contextlib.AsyncExitStack()
-        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._stack)
+        self._finalizer = weakref.finalize(self, self._runtime.close, self._stack)
         self._models: dict[str, Any] = {}
         self._fns = {name: self._model("dualar").load_function(name) for name in DUALAR_FUNCTIONS}
         self._codec: dict[str, tuple[Any, dict[str, Any]]] = {}
@@ -578,8 +639,7 @@ class CoreAIBackend:
             from coreai.authoring import AIModelAsset
 
             asset = AIModelAsset.load(self.folder / f"{part}.aimodel")
-            self._models[part] = self._loop.run_until_complete(
-                self._stack.enter_async_context(asset.executable(_specialization())))
+            self._models[part] = self._runtime.run(self._stack.enter_async_context(asset.executable(_specialization())))
         return self._models[part]
 
     def _call(self, fn: Any, inputs: dict[str, np.ndarray],
@@ -588,7 +648,7 @@ class CoreAIBackend:
         import coreai.runtime as rt
 
         args = {k: rt.NDArray(np.ascontiguousarray(v)) for k, v in inputs.items()}
-        out = self._loop.run_until_complete(fn(inputs=args, state=state or {}))
+        out = self._runtime.run(fn(inputs=args, state=state or {}))
         self.calls += 1
         # Copies: numpy() is a view of the runtime's buffer, which lives only as long as its NDArray.
         return {k: np.array(v.numpy()) for k, v in out.items()}
@@ -625,9 +685,14 @@ class CoreAIBackend:
         self._last = (out["logits"][real - 1], out["hidden"][real - 1])
         return self._last[0].astype(np.float32), self._last[1].astype(np.float32)
 
+    def draws_like(self, params: SamplingParams) -> bool:
+        """Whether ``params`` draw what the baked sampling draws: the same settings, or both greedy (argmax
+        ignores temperature, top-k, top-p and RAS)."""
+        return params == self.sampling or not (params.do_sample or self.sampling.do_sample)
+
     def _tail(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray, noise_fast: np.ndarray,
               forced: np.ndarray | None) -> dict[str, np.ndarray]:
-        if params != self.sampling:
+        if not self.draws_like(params):
             raise BackendError(f"these Core AI assets were converted with sampling {self.sampling} baked into the "
                                f"frame graphs; {params} was asked for: use the converted settings, or convert "
                                "a variant with them")
