@@ -25,15 +25,18 @@ def tts_int16(tiny_checkpoint):
     return TTS.load(tiny_checkpoint, device="cpu", precision="int16")
 
 
-def test_slow_step_rows_equals_batch_one_steps(tts_fp32):
-    """Rows at different positions (3 prompts of different lengths) step as each would alone."""
+@pytest.mark.parametrize("gather", [False, True], ids=["per-row", "gathered"])
+def test_slow_step_rows_equals_batch_one_steps(tts_fp32, gather):
+    """Utterances at different positions (3 prompts of different lengths) in rows 2, 0 and 3 of a 4-row state
+    step as each would alone, with attention per row (CPU) or gathered under a key mask (GPU)."""
     backend, cfg = tts_fp32.backend, tts_fp32.config
     model = backend.model
     prompts = [tts_fp32.prompts.plain(t) for t in TEXTS[:3]]
-    k, v = model.new_kv_cache(batch=3)
+    k, v = model.new_kv_cache(batch=4)
+    rows = [2, 0, 3]
     columns, alone, written = [], [], []
     rng = np.random.default_rng(0)
-    for row, prompt in enumerate(prompts):
+    for row, prompt in zip(rows, prompts):
         backend.prefill(prompt)
         n = prompt.shape[1]
         k[:, row, :, :n], v[:, row, :, :n] = backend.k_cache[:, 0, :, :n], backend.v_cache[:, 0, :, :n]
@@ -45,14 +48,17 @@ def test_slow_step_rows_equals_batch_one_steps(tts_fp32):
         written.append(backend.k_cache[:, 0, :, n].clone())
     pos = [p.shape[1] for p in prompts]
     assert len(set(pos)) == 3
+    runner = FastFrame(model, batch=3)
+    runner.gather_attention = gather  # the GPU's way, checked here on the CPU
     with torch.inference_mode():
-        logits, hidden = FastFrame(model, batch=3).slow_step_rows(
-            torch.as_tensor(np.stack(columns)).view(3, -1, 1), [0, 1, 2], pos, k, v)
-    for row, (lg, hd) in enumerate(alone):
-        assert torch.allclose(logits[row], lg[0], atol=1e-5, rtol=0)
-        assert torch.allclose(hidden[row], hd[0], atol=1e-5, rtol=0)
-        assert torch.allclose(k[:, row, :, pos[row]], written[row], atol=1e-5, rtol=0)  # its own slot
-        assert not k[:, row, :, pos[row] + 1:].any()  # and nothing past it
+        logits, hidden = runner.slow_step_rows(
+            torch.as_tensor(np.stack(columns)).view(3, -1, 1), rows, pos, k, v)
+    for j, (row, (lg, hd)) in enumerate(zip(rows, alone)):
+        assert torch.allclose(logits[j], lg[0], atol=1e-5, rtol=0)
+        assert torch.allclose(hidden[j], hd[0], atol=1e-5, rtol=0)
+        assert torch.allclose(k[:, row, :, pos[j]], written[j], atol=1e-5, rtol=0)  # its own slot
+        assert not k[:, row, :, pos[j] + 1:].any()  # and nothing past it
+    assert not k[:, 1].any()  # the row no utterance holds
 
 
 def test_generate_batch_equals_generate_fp32(tts_fp32):

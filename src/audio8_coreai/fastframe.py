@@ -44,21 +44,31 @@ def _block_step(layer, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor
 
 
 def _block_step_rows(layer, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor, rows: Sequence[int],
-                     positions: Sequence[int]) -> Tensor:
+                     positions: Sequence[int], gathered: tuple[Tensor, Tensor, Tensor] | None) -> Tensor:
     """``layer`` on one column per utterance, ``x`` [n, 1, dim]: utterance j lives in row ``rows[j]`` of
     ``k_cache``/``v_cache`` [max_batch, n_kv, L, D], writes its slot ``positions[j]`` (in place) and attends its
-    slots ``[0, positions[j]]`` alone. The linears run on all n at once (the weights are read once); attention,
-    a small part of a step, runs per utterance exactly as the batch-1 step does, so rows need be neither
-    contiguous nor at the same position."""
+    slots ``[0, positions[j]]``. The linears run on all n at once (the weights are read once). Attention, a small
+    part of a step, runs either per utterance exactly as the batch-1 step does (``gathered`` None: the CPU way,
+    no copies), or in one call on the utterances' rows gathered up to the longest and a key mask (``gathered`` =
+    (rows int64 [n], positions int64 [n], mask bool [n, 1, 1, K]): the GPU way, one launch instead of n)."""
     att = layer.attention
     q, k, v = att.qkv(layer.attention_norm(x), rope)
-    outs = []
-    for j, (r, p) in enumerate(zip(rows, positions)):
-        k_cache[r, :, p] = k[j, :, 0].to(k_cache.dtype)
-        v_cache[r, :, p] = v[j, :, 0].to(v_cache.dtype)
-        outs.append(F.scaled_dot_product_attention(q[j:j + 1], k_cache[r:r + 1, :, :p + 1],
-                                                   v_cache[r:r + 1, :, :p + 1], enable_gqa=att.n_head != att.n_kv))
-    out = torch.cat(outs)
+    gqa = att.n_head != att.n_kv
+    if gathered is None:
+        outs = []
+        for j, (r, p) in enumerate(zip(rows, positions)):
+            k_cache[r, :, p] = k[j, :, 0].to(k_cache.dtype)
+            v_cache[r, :, p] = v[j, :, 0].to(v_cache.dtype)
+            outs.append(F.scaled_dot_product_attention(q[j:j + 1], k_cache[r:r + 1, :, :p + 1],
+                                                       v_cache[r:r + 1, :, :p + 1], enable_gqa=gqa))
+        out = torch.cat(outs)
+    else:
+        row_t, pos_t, mask = gathered
+        k_cache[row_t, :, pos_t] = k[:, :, 0].to(k_cache.dtype)
+        v_cache[row_t, :, pos_t] = v[:, :, 0].to(v_cache.dtype)
+        end = mask.shape[-1]
+        out = F.scaled_dot_product_attention(q, k_cache[row_t, :, :end], v_cache[row_t, :, :end], attn_mask=mask,
+                                             enable_gqa=gqa)
     b, _, s, _ = out.shape
     h = x + att.wo(out.transpose(1, 2).reshape(b, s, att.n_head * att.head_dim))
     return h + layer.feed_forward(layer.ffn_norm(h))
@@ -79,6 +89,9 @@ class FastFrame:
         shape = (cfg.n_fast_layer, batch, cfg.fast_n_local_heads, cfg.num_codebooks, cfg.fast_head_dim)
         self.fast_k = torch.zeros(shape, dtype=self.fast_dtype, device=dev)
         self.fast_v = torch.zeros(shape, dtype=self.fast_dtype, device=dev)
+        # Batched steps at several positions: attention per row on the CPU, gathered in one call on a GPU
+        # (where each call is a kernel launch); see _block_step_rows.
+        self.gather_attention = dev.type == "cuda"
 
     # --- slow AR ---------------------------------------------------------------------------------------
 
@@ -105,8 +118,14 @@ class FastFrame:
         slow = self.model.slow
         x = slow.embed(column)
         rope = slow.rope[list(positions)].unsqueeze(1)
+        gathered = None
+        if self.gather_attention:
+            dev = column.device
+            pos_t = torch.tensor(list(positions), device=dev)
+            mask = (torch.arange(max(positions) + 1, device=dev)[None, :] <= pos_t[:, None])[:, None, None]
+            gathered = (torch.tensor(list(rows), device=dev), pos_t, mask)
         for i, layer in enumerate(slow.layers):
-            x = _block_step_rows(layer, x, rope, k_cache[i], v_cache[i], rows, positions)
+            x = _block_step_rows(layer, x, rope, k_cache[i], v_cache[i], rows, positions, gathered)
         hidden = slow.norm(x)
         return slow.head(hidden)[:, 0], hidden[:, 0]
 
