@@ -195,10 +195,19 @@ def test_batch_items_replay_alone_on_torch_too(torch_backend, oracle_dir):
         assert rep.free_run_identical and rep.free_run_frames == frames and not rep.misses
 
 
-def test_gate_on_the_coreai_backend(oracle_dir, fp32_assets, tmp_path):
-    """``audio8 gate --backend coreai`` against the oracle: the tensor rungs over every scenario the assets
-    replay (the batch's items one by one), exact for fp32."""
+def test_gate_on_the_coreai_backend(oracle_dir, speakable, fp32_assets, tmp_path):
+    """``audio8 gate --backend coreai``: against the fp32 torch run of a fixtures file (the reference draws with
+    the assets' baked sampling), and against the oracle, the tensor rungs over every scenario the assets
+    replay (the batch's items one by one); exact for fp32."""
     pytest.importorskip("matplotlib")
+    fixtures = tmp_path / "fixtures.json"
+    fixtures.write_text(json.dumps([{"name": "en_a", "language": "en", "seed": 3, "text": TEXT, "reference": None}]))
+    result = _run("gate", "--model", speakable, "--backend", "coreai", "--assets", fp32_assets, "--fixtures", fixtures,
+                  "--max-frames", 6, "--out", tmp_path / "fp32")
+    assert result.exit_code == 0, result.output
+    (en,) = json.loads((tmp_path / "fp32" / "report.json").read_text())["fixtures"]
+    assert en["teacher_forced"]["semantic_draws"] == [6, 6] and en["teacher_forced"]["free_run_prefix"] == 6
+    assert en["codec"]["waveform_max_diff"] < 1e-4
     out = tmp_path / "report"
     result = _run("gate", "--model", oracle_dir, "--against", oracle_dir / "fixture.npz", "--backend", "coreai",
                   "--assets", fp32_assets, "--out", out)
