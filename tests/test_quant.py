@@ -11,7 +11,7 @@ from torch import nn
 from audio8_coreai.agreement import CODEBOOK_BAR, SEMANTIC_BAR, Agreement, record, replay
 from audio8_coreai.backends.torch import BackendError, TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
-from audio8_coreai.graphs import Frame, SamplingParams
+from audio8_coreai.graphs import Frame, Prefill, SamplingParams
 from audio8_coreai.model.layers import FeedForward
 from audio8_coreai.model.quant import (PRECISIONS, NBitsFeedForward, NBitsLinear, PackedBf16Linear, pack_nbits,
                                        resolve_precision)
@@ -60,6 +60,22 @@ def test_two_int8_pieces_are_16_bit_fixed_point():
     err16 = ((NBitsLinear(lin, 8, 32, pieces=2)(x).double() - want).abs().max() / scale).item()
     assert err16 < 2e-4 and err16 < err8 / 50
     assert NBitsLinear(lin, 8, 32, pieces=2)(torch.zeros(1, 64)).sub(lin.bias).abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize("lo_bits", [8, 4])
+def test_many_rows_at_once_equal_rows_one_at_a_time(lo_bits):
+    """Prefill's rows (M = 32) and a frame's single row go through the same three int8 products: the rows of
+    one call equal those rows called alone, to float rounding; int16 stays within 2e-4 of the exact product."""
+    lin = _linear(n=96, k=128)
+    x = torch.randn(32, 128)
+    x[:, :2] *= 30  # outlier channels
+    q = NBitsLinear(lin, 8, 32, pieces=2, lo_bits=lo_bits)
+    together = q(x)
+    alone = torch.cat([q(row[None]) for row in x])
+    torch.testing.assert_close(together, alone, rtol=1e-6, atol=1e-5)
+    want = x.double() @ lin.weight.double().T + lin.bias.double()
+    err = ((together.double() - want).abs().max() / want.abs().max()).item()
+    assert err < (2e-4 if lo_bits == 8 else 2e-3)
 
 
 def test_feed_forward_in_one_session_matches_swiglu():
@@ -115,6 +131,28 @@ def test_fast_frame_matches_the_exported_frame_graph(oracle_dir):
         for i in (2, 5, 6):  # fast logits, slow logits, hidden
             torch.testing.assert_close(got[i], want[i], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(backend.k_cache, k0, rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-5), ("int16", 5e-3)])
+def test_prefill_windows_equal_one_pass_over_the_prompt(oracle_dir, precision, tolerance):
+    """TorchBackend.prefill (32-column windows, the last one as wide as what is left) against the whole prompt
+    in one fp32 pass (the publisher's prefill): same last logits and hidden, and the same KV state."""
+    ckpt = load_checkpoint(oracle_dir)
+    ref = TorchBackend(ckpt, "cpu", "fp32")
+    cfg = ref.cfg
+    rng = np.random.default_rng(1)
+    prompt = np.zeros((cfg.num_codebooks + 1, 45), dtype=np.int64)
+    prompt[0] = rng.integers(0, cfg.semantic_begin_id, 45)
+    k, v = ref.model.new_kv_cache()
+    logits, hidden = Prefill(ref.model)(torch.as_tensor(prompt)[None], torch.tensor([0]), k, v, 45)
+    backend = ref if precision == "fp32" else TorchBackend(ckpt, "cpu", precision=precision)
+    got_logits, got_hidden = backend.prefill(prompt)
+    np.testing.assert_allclose(got_logits, logits[0, -1].numpy(), rtol=0, atol=tolerance)
+    np.testing.assert_allclose(got_hidden, hidden[0, -1].numpy(), rtol=0, atol=tolerance)
+    assert got_logits.argmax() == logits[0, -1].argmax().item()
+    torch.testing.assert_close(backend.k_cache[:, :, :, :45], k[:, :, :, :45], rtol=0, atol=tolerance)
+    assert not backend.k_cache[:, :, :, 45:].any()  # no padding columns were written
 
 
 def test_int16_keeps_every_oracle_draw(oracle_dir):

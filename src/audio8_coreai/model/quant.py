@@ -114,50 +114,47 @@ def _split16(helper, numpy_helper, name: str, x: str, out: str, k: int, block: i
 def _matmul_nbits(helper, numpy_helper, name: str, x: str, y: str, weight: Tensor, bias: Tensor | None,
                   bits: int, block: int, accuracy: int, inits: list, nodes: list, pieces: int = 1,
                   lo_bits: int = 8) -> None:
-    """``y = x @ weight.T (+ bias)`` as MatMulNBits. ``pieces`` 2: 16-bit fixed point from int8 kernels: the
-    weight as int8 plus its int8-quantized residual (stacked: one matmul of 2N outputs) and the input as
-    :func:`_split16`'s two rows; the four partial products are summed. ``lo_bits`` 4 stores the residual in 4
-    bits (a second, 4-bit matmul): 12-bit weights, 16-bit inputs."""
+    """``y = x @ weight.T (+ bias)`` as MatMulNBits. ``pieces`` 2: 16-bit fixed point from int8 kernels, see
+    :func:`_two_pieces`."""
     n, k = weight.shape
     codes, scales, deq = pack_nbits(weight, bits, block)
-    if pieces == 2 and lo_bits == 4:
-        lo_codes, lo_scales, _ = pack_nbits(weight.detach().float().cpu() - torch.from_numpy(deq), 4, block)
-        _split16(helper, numpy_helper, f"{name}_a", x, f"{name}_x2", k, block, inits, nodes)
-        inits += [numpy_helper.from_array(codes, f"{name}_q"), numpy_helper.from_array(scales, f"{name}_s"),
-                  numpy_helper.from_array(lo_codes, f"{name}_q4"), numpy_helper.from_array(lo_scales, f"{name}_s4"),
-                  numpy_helper.from_array(np.array([2, -1, n], np.int64), f"{name}_sh3"),
-                  numpy_helper.from_array(np.array([0], np.int64), f"{name}_ax")]
-        out = y if bias is None else f"{name}_ys"
-        nodes += [helper.make_node("MatMulNBits", [f"{name}_x2", f"{name}_q", f"{name}_s"], [f"{name}_hi"],
-                                   domain=ORT_DOMAIN, K=k, N=n, bits=bits, block_size=block, accuracy_level=accuracy),
-                  helper.make_node("MatMulNBits", [f"{name}_x2", f"{name}_q4", f"{name}_s4"], [f"{name}_lo"],
-                                   domain=ORT_DOMAIN, K=k, N=n, bits=4, block_size=block, accuracy_level=accuracy),
-                  helper.make_node("Add", [f"{name}_hi", f"{name}_lo"], [f"{name}_y2"]),
-                  helper.make_node("Reshape", [f"{name}_y2", f"{name}_sh3"], [f"{name}_y3"]),
-                  helper.make_node("ReduceSum", [f"{name}_y3", f"{name}_ax"], [out], keepdims=0)]
-        if bias is not None:
-            inits.append(numpy_helper.from_array(bias.detach().float().cpu().numpy(), f"{name}_b"))
-            nodes.append(helper.make_node("Add", [out, f"{name}_b"], [y]))
-        return
+    out = y if bias is None else f"{name}_ys"
     if pieces == 2:
-        codes2, scales2, _ = pack_nbits(weight.detach().float().cpu() - torch.from_numpy(deq), bits, block)
-        codes, scales = np.concatenate([codes, codes2]), np.concatenate([scales, scales2])
-        _split16(helper, numpy_helper, f"{name}_a", x, f"{name}_x2", k, block, inits, nodes)
-        x = f"{name}_x2"
-    inits += [numpy_helper.from_array(codes, f"{name}_q"), numpy_helper.from_array(scales, f"{name}_s")]
-    out = y if bias is None and pieces == 1 else f"{name}_mm"
-    nodes.append(helper.make_node("MatMulNBits", [x, f"{name}_q", f"{name}_s"], [out], domain=ORT_DOMAIN,
-                                  K=k, N=n * pieces, bits=bits, block_size=block, accuracy_level=accuracy))
-    if pieces == 2:  # [2M, 2N] -> [2, M, 2, N] -> sum over both 2s -> [M, N]
-        inits += [numpy_helper.from_array(np.array([2, -1, 2, n], np.int64), f"{name}_sh4"),
-                  numpy_helper.from_array(np.array([0, 2], np.int64), f"{name}_ax")]
-        nodes += [helper.make_node("Reshape", [out, f"{name}_sh4"], [f"{name}_y4"]),
-                  helper.make_node("ReduceSum", [f"{name}_y4", f"{name}_ax"],
-                                   [y if bias is None else f"{name}_ys"], keepdims=0)]
-        out = f"{name}_ys"
+        lo_codes, lo_scales, _ = pack_nbits(weight.detach().float().cpu() - torch.from_numpy(deq), lo_bits, block)
+        _two_pieces(helper, numpy_helper, name, x, out, (codes, scales, bits), (lo_codes, lo_scales, lo_bits), n,
+                    k, block, accuracy, inits, nodes)
+    else:
+        inits += [numpy_helper.from_array(codes, f"{name}_q"), numpy_helper.from_array(scales, f"{name}_s")]
+        nodes.append(helper.make_node("MatMulNBits", [x, f"{name}_q", f"{name}_s"], [out], domain=ORT_DOMAIN,
+                                      K=k, N=n, bits=bits, block_size=block, accuracy_level=accuracy))
     if bias is not None:
         inits.append(numpy_helper.from_array(bias.detach().float().cpu().numpy(), f"{name}_b"))
         nodes.append(helper.make_node("Add", [out, f"{name}_b"], [y]))
+
+
+def _two_pieces(helper, numpy_helper, name: str, x: str, y: str, hi: tuple, lo: tuple, n: int, k: int, block: int,
+                accuracy: int, inits: list, nodes: list) -> None:
+    """``y`` [M, N] = ``x`` [M, K] @ (w_hi + w_lo).T from int8 kernels: the weight as ``hi`` (codes, scales, bits:
+    int8 per block) plus ``lo``, its quantized residual (int8: 16-bit fixed point; int4: 12-bit), and the input as
+    :func:`_split16`'s x_hi + x_lo (16-bit fixed point per block).
+
+    Three products, ``(x_hi + x_lo) @ w_hi + x_hi @ w_lo``: the fourth, ``x_lo @ w_lo``, is under 1/127^2 of a
+    block's product and dropping it saves a quarter of the work, which at M > 1 (prefill) is the time: MLAS's int8
+    kernel costs about as much per row at M = 32 as at M = 1 (measured). ``x_hi @ w_lo`` is fed ``x`` itself:
+    the int8 quantization MatMulNBits applies to its input per block is x_hi. Each weight piece is one node
+    (ONNX Runtime prepacks a weight once per consuming node)."""
+    p = lambda s: f"{name}_{s}"
+    _split16(helper, numpy_helper, p("a"), x, p("x2"), k, block, inits, nodes)  # [x_hi; x_lo]: 2M rows
+    for piece, rows, (codes, scales, bits) in (("hi", p("x2"), hi), ("lo", x, lo)):
+        inits += [numpy_helper.from_array(codes, p(f"q_{piece}")), numpy_helper.from_array(scales, p(f"s_{piece}"))]
+        nodes.append(helper.make_node("MatMulNBits", [rows, p(f"q_{piece}"), p(f"s_{piece}")], [p(f"y_{piece}")],
+                                      domain=ORT_DOMAIN, K=k, N=n, bits=bits, block_size=block,
+                                      accuracy_level=accuracy))
+    # Split + Sum, not a ReduceSum over [2, M, N]: ONNX Runtime's reduction took ~10 % of a prefill pass.
+    nodes += [helper.make_node("Shape", [x], [p("m")], start=0, end=1),
+              helper.make_node("Concat", [p("m"), p("m")], [p("halves")], axis=0),
+              helper.make_node("Split", [p("y_hi"), p("halves")], [p("y_xhi"), p("y_xlo")], axis=0),
+              helper.make_node("Sum", [p("y_xhi"), p("y_xlo"), p("y_lo")], [y])]
 
 
 class _OrtModule(nn.Module):
