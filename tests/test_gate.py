@@ -340,14 +340,15 @@ def test_load_recognizer(tmp_path, monkeypatch):
 
 
 def test_gate_cli_bad_input(oracle_dir, tmp_path):
+    """One clear line each (rich wraps it at the terminal width: the checks join the wrapped lines)."""
     pytest.importorskip("matplotlib")  # checked first: a missing extra is reported before anything else
     runner = CliRunner()
     result = runner.invoke(app, ["gate", "--model", str(oracle_dir), "--against", str(tmp_path / "nope.npz"),
                                  "--out", str(tmp_path / "r")])
-    assert result.exit_code == 2 and "must be fp32 or an oracle fixture.npz" in result.output
+    assert result.exit_code == 2 and "must be fp32 or an oracle fixture.npz" in " ".join(result.output.split())
     result = runner.invoke(app, ["gate", "--model", str(oracle_dir), "--against", str(oracle_dir / "fixture.npz"),
                                  "--fixtures", str(DEFAULT_FIXTURES), "--out", str(tmp_path / "r")])
-    assert result.exit_code == 2 and "fixtures apply to --against fp32" in result.output
+    assert result.exit_code == 2 and "fixtures apply to --against fp32" in " ".join(result.output.split())
     (tmp_path / "file").write_text("x")
     result = runner.invoke(app, ["gate", "--model", str(oracle_dir), "--out", str(tmp_path / "file")])
-    assert result.exit_code == 2 and "is a file" in result.output
+    assert result.exit_code == 2 and "is a file" in " ".join(result.output.split())
