@@ -139,8 +139,9 @@ def _two_pieces(helper, numpy_helper, name: str, x: str, y: str, hi: tuple, lo: 
     :func:`_split16`'s x_hi + x_lo (16-bit fixed point per block).
 
     Three products, ``(x_hi + x_lo) @ w_hi + x_hi @ w_lo``: the fourth, ``x_lo @ w_lo``, is under 1/127^2 of a
-    block's product and dropping it saves a quarter of the work, which at M > 1 (prefill) is the time: MLAS's int8
-    kernel costs about as much per row at M = 32 as at M = 1 (measured). ``x_hi @ w_lo`` is fed ``x`` itself:
+    block's product and dropping it saves a quarter of the work, which at M > 1 (prefill) is the time: there MLAS's
+    int8 kernel is compute-bound (about 65 GMAC/s on one core here, about twice torch's fp32 GEMM at M = 32; its
+    time grows with the rows, and tiling N does not help: measured). ``x_hi @ w_lo`` is fed ``x`` itself:
     the int8 quantization MatMulNBits applies to its input per block is x_hi. Each weight piece is one node
     (ONNX Runtime prepacks a weight once per consuming node)."""
     p = lambda s: f"{name}_{s}"
