@@ -1,7 +1,8 @@
 """Streaming figures on the random 0.6b checkpoint: exactness and cost of the incremental codec, and TTFA.
 
-    python benchmarks/bench_streaming.py [--model DIR] [--device cpu] [--chunk-frames 16] [--chunks 4]
-                                         [--runs 2] [--frames 48] [--json out.json]
+    python benchmarks/bench_streaming.py [--model DIR] [--device cpu] [--threads 1] [--chunk-frames 16]
+                                         [--first-chunk-frames 4 ...] [--chunks 4] [--runs 2] [--frames 48]
+                                         [--json out.json]
 
 **Codec** (random codes, the 0.6b codec: 8-layer window-128 post transformer): the utterance is decoded whole
 (the reference), then chunk by chunk with ``StreamingDecoder`` (per-layer keys/values and conv tails kept), and,
@@ -10,10 +11,14 @@ chunk. Printed: max |diff| to the whole decode of each (the incremental one must
 re-decode is not exact on this codec, whose stacked layers see ~1000 frames back), and the median ms per chunk
 of each, measured on the chunks after the first 160 frames (where a window re-decode is full size).
 
-**TTFA** (time to first audio): ``TTS.stream`` of a 26-word sentence, from the call to the first chunk of
-``--chunk-frames`` frames (prefill + those frames + their decode), median of ``--runs`` after a warm-up; also
-the steady-state ms per frame (model + codec) and RTF of the stream. The random checkpoint never emits eos, so
-every run stops at ``--frames``.
+**TTFA** (time to first audio): ``TTS.stream`` of a 26-word sentence (the prompt's columns are printed), from
+the call to its first chunk, for each ``--first-chunk-frames`` (default 1, 2, 4, 8 and ``--chunk-frames``, the
+last being a stream without a shorter first chunk), taking turns within each round so load changes hit them
+alike; median of ``--runs`` rounds after a warm-up round, split into prefill, the first chunk's frames and its
+decode (the decode's ms per frame shows what a short chunk costs). Then the steady state of one whole stream of
+``--frames`` frames (the random checkpoint never emits eos): ms per frame (model + codec) after the first chunk,
+and its RTF. ``--threads`` sets torch's threads (and so ONNX Runtime's) before the model loads. The load average
+is printed before and after: other processes on the machine inflate every time.
 """
 
 from __future__ import annotations
@@ -62,31 +67,56 @@ def bench_codec(decoder, chunk: int, chunks: int) -> dict:
             "window_redecode_max_diff": win_diff, "window_redecode_ms_per_chunk": statistics.median(win_ms)}
 
 
-def bench_ttfa(tts: TTS, chunk: int, frames: int, runs: int) -> dict:
-    ttfa, steady = [], []
+def bench_ttfa(tts: TTS, firsts: list[int], chunk: int, runs: int) -> list[dict]:
+    """Median TTFA and its split per first-chunk size, the sizes taking turns within each round."""
+    marks: dict[int, list[tuple[float, float, float, float]]] = {f: [] for f in firsts}
     for run in range(runs + 1):
-        t0 = time.perf_counter()
-        stream = tts.stream(SENTENCE, seed=run, max_frames=frames, chunk_frames=chunk)
-        marks = [time.perf_counter() - t0 for _ in stream]
-        if run:  # the first run warms up
-            ttfa.append(marks[0])
-            steady.append(1e3 * (marks[-1] - marks[0]) / max(1, stream.frames - chunk))
-    return {"chunk_frames": chunk, "frames": frames, "ttfa_s": statistics.median(ttfa),
-            "steady_ms_per_frame": statistics.median(steady),
-            "steady_rtf": statistics.median(steady) / (1e3 * 2048 / 44100)}
+        for first in firsts:
+            t0 = time.perf_counter()
+            stream = tts.stream(SENTENCE, seed=run, chunk_frames=chunk, first_chunk_frames=first)
+            chunks = iter(stream)
+            next(chunks)
+            ttfa = time.perf_counter() - t0
+            chunks.close()
+            if run:  # the first round warms up
+                marks[first].append((ttfa, stream.prefill_s, stream.frames_s, stream.codec_s))
+    rows = []
+    for first, m in marks.items():
+        ttfa, prefill, frames, codec = (statistics.median(x) for x in zip(*m))
+        rows.append({"first_chunk_frames": first, "ttfa_s": ttfa, "prefill_s": prefill, "frames_s": frames,
+                     "codec_s": codec, "codec_ms_per_frame": 1e3 * codec / first})
+    return rows
+
+
+def bench_steady(tts: TTS, chunk: int, frames: int) -> dict:
+    """ms per frame (model + codec) of one stream after its first chunk, and the RTF that makes."""
+    t0 = time.perf_counter()
+    stream = tts.stream(SENTENCE, seed=0, max_frames=frames, chunk_frames=chunk)
+    marks = [time.perf_counter() - t0 for _ in stream]
+    ms = 1e3 * (marks[-1] - marks[0]) / max(1, stream.frames - stream.first_chunk_frames)
+    return {"chunk_frames": chunk, "first_chunk_frames": stream.first_chunk_frames, "frames": stream.frames,
+            "steady_ms_per_frame": ms, "steady_rtf": ms / (1e3 * 2048 / 44100)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=Path("~/.cache/audio8-coreai/bench-0.6b"))
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1, help="torch (and ONNX Runtime) threads.")
     ap.add_argument("--chunk-frames", type=int, default=16)
+    ap.add_argument("--first-chunk-frames", type=int, action="append",
+                    help="First-chunk sizes to time (repeatable; default 1, 2, 4, 8 and --chunk-frames).")
     ap.add_argument("--chunks", type=int, default=4, help="Codec chunks timed after the first 160 frames.")
     ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--frames", type=int, default=48, help="Frames per TTFA run (the random model never stops).")
+    ap.add_argument("--frames", type=int, default=48, help="Frames of the steady-state stream (the random model "
+                                                           "never stops).")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    firsts = args.first_chunk_frames or sorted({1, 2, 4, 8, args.chunk_frames})
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
 
+    torch.set_num_threads(args.threads)
     tts = TTS.load(ensure_checkpoint(args.model), device=args.device)
     codec = bench_codec(tts.backend.decoder, args.chunk_frames, args.chunks)
     print(f"codec, {args.chunk_frames}-frame chunks ({tts.backend.description}, {torch.get_num_threads()} threads):")
@@ -95,11 +125,20 @@ def main() -> None:
     print(f"  160-window redo  {codec['window_redecode_ms_per_chunk']:9.0f} ms/chunk  max|diff| "
           f"{codec['window_redecode_max_diff']:.1e}")
     print(f"  -> {codec['window_redecode_ms_per_chunk'] / codec['incremental_ms_per_chunk']:.1f}x cheaper")
-    ttfa = bench_ttfa(tts, args.chunk_frames, args.frames, args.runs)
-    print(f"TTFA {ttfa['ttfa_s']:.2f} s (first {args.chunk_frames}-frame chunk), then "
-          f"{ttfa['steady_ms_per_frame']:.0f} ms/frame with decode (RTF {ttfa['steady_rtf']:.2f})")
+    columns = tts.prompts.plain(SENTENCE).shape[1]
+    ttfa = bench_ttfa(tts, firsts, args.chunk_frames, args.runs)
+    print(f"TTFA, then {args.chunk_frames}-frame chunks ({columns}-column prompt; median of {args.runs}):")
+    print("  first chunk   TTFA s   prefill s   frames s   decode s   decode ms/frame")
+    for r in ttfa:
+        print(f"  {r['first_chunk_frames']:5d} frames {r['ttfa_s']:8.2f} {r['prefill_s']:11.2f} {r['frames_s']:10.2f} "
+              f"{r['codec_s']:10.2f} {r['codec_ms_per_frame']:17.0f}")
+    steady = bench_steady(tts, args.chunk_frames, args.frames)
+    print(f"steady state: {steady['steady_ms_per_frame']:.0f} ms/frame with decode (RTF {steady['steady_rtf']:.2f})")
+    load_after = os.getloadavg()
+    print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"codec": codec, "ttfa": ttfa, "load_average": os.getloadavg()},
+        args.json.write_text(json.dumps({"codec": codec, "ttfa": ttfa, "steady": steady, "threads": args.threads,
+                                         "prompt_columns": columns, "load_average": [load_before, load_after]},
                                         indent=2) + "\n")
 
 

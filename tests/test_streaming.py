@@ -18,7 +18,7 @@ from audio8_coreai.cli import app
 from audio8_coreai.config import CodecConfig
 from audio8_coreai.model.codec import CodecDecoder, StreamingDecoder
 from audio8_coreai.prompt import PromptError, split_text
-from audio8_coreai.streaming import PAUSE_S, RedecodeStream
+from audio8_coreai.streaming import DEFAULT_FIRST_CHUNK_FRAMES, PAUSE_S, RedecodeStream
 
 EXACT = 1e-5  # the issue's bar: streamed samples equal the whole-utterance decode's at fp32
 TEXT = "The meeting has been moved to Thursday afternoon."
@@ -99,12 +99,33 @@ def test_stream_equals_generate_chunk_by_chunk(tiny_tts):
     whole = tiny_tts.generate(TEXT, seed=1, max_frames=20)
     speech = tiny_tts.stream(TEXT, seed=1, max_frames=20, chunk_frames=8)
     chunks = list(speech)
-    assert whole.frames > 8 and speech.frames == whole.frames
-    assert [len(c) for c in chunks[:-1]] == [8 * 2048] * (len(chunks) - 1)
+    assert whole.frames > 12 and speech.frames == whole.frames
+    assert speech.first_chunk_frames == DEFAULT_FIRST_CHUNK_FRAMES == 4
+    assert [len(c) for c in chunks[:-1]] == [4 * 2048] + [8 * 2048] * (len(chunks) - 2)
     assert all(c.dtype == np.float32 for c in chunks)
     assert float(np.abs(np.concatenate(chunks) - whole.audio).max()) <= EXACT
     assert speech.reached_eos == [whole.reached_eos] and speech.seed == 1
     assert 0 < speech.first_audio_s and speech.pieces[0].text == TEXT
+
+
+@pytest.mark.parametrize("first, chunk, sizes", [(1, 8, [1, 8, 8, 3]), (3, 3, [3] * 6 + [2]), (None, 2, [2] * 10),
+                                                 (12, 5, [12, 5, 3])])
+def test_first_chunk_frames_changes_when_audio_comes_not_what_it_is(tiny_tts, first, chunk, sizes):
+    """The first chunk holds ``first_chunk_frames`` (None: 4, at most ``chunk_frames``), the rest
+    ``chunk_frames``: the samples are the whole utterance's whatever the sizes."""
+    whole = tiny_tts.generate(TEXT, seed=1, max_frames=20)
+    assert whole.frames == 20
+    chunks = list(tiny_tts.stream(TEXT, seed=1, max_frames=20, chunk_frames=chunk, first_chunk_frames=first))
+    assert [len(c) // 2048 for c in chunks] == sizes
+    assert float(np.abs(np.concatenate(chunks) - whole.audio).max()) <= EXACT
+
+
+def test_only_the_streams_first_chunk_is_short(tiny_tts):
+    text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(3))
+    speech = tiny_tts.stream(text, seed=2, max_frames=7, chunk_frames=4, first_chunk_frames=2)
+    sizes = [len(c) // 2048 if c.any() else "pause" for c in speech]
+    assert len(speech.pieces) == 3
+    assert sizes == [2, 4, 1, "pause", 4, 3, "pause", 4, 3]
 
 
 def test_fallback_redecode_stream_matches_the_backend_stream(tiny_tts):
@@ -152,7 +173,8 @@ def test_on_frame_can_stop_a_stream(tiny_tts):
     assert speech.frames == 5
 
 
-@pytest.mark.parametrize("kwargs", [{"chunk_frames": 0}, {"seed": -1}, {"temperature": 0.0}])
+@pytest.mark.parametrize("kwargs", [{"chunk_frames": 0}, {"first_chunk_frames": 0}, {"seed": -1},
+                                    {"temperature": 0.0}])
 def test_stream_checks_before_the_first_frame(tiny_tts, kwargs):
     with pytest.raises(ValueError):
         tiny_tts.stream(TEXT, **kwargs)
@@ -198,7 +220,8 @@ def test_split_text_refuses_a_run_it_cannot_split():
 def test_say_stream_writes_the_streamed_audio(tiny_checkpoint, tiny_tts, tmp_path):
     out = tmp_path / "streamed.wav"
     result = CliRunner().invoke(app, ["say", TEXT, "-o", str(out), "--model", str(tiny_checkpoint), "--seed", "1",
-                                      "--max-frames", "20", "--device", "cpu", "--stream", "--chunk-frames", "8"])
+                                      "--max-frames", "20", "--device", "cpu", "--stream", "--chunk-frames", "8",
+                                      "--first-chunk-frames", "2"])
     assert result.exit_code == 0, result.output
     assert "first audio after" in result.output and "1 piece(s)" in result.output
     data, rate = sf.read(out, dtype="float32")

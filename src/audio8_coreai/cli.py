@@ -99,6 +99,9 @@ def say(
                                                           "frames; text too long for one utterance is split into "
                                                           "sentences.")] = False,
     chunk_frames: Annotated[int, typer.Option(help="With --stream: frames per chunk (46 ms each).")] = 16,
+    first_chunk_frames: Annotated[Optional[int], typer.Option(
+        help="With --stream: frames in the first chunk, so the first audio comes sooner (default 4, at most "
+             "--chunk-frames).")] = None,
 ) -> None:
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
     from .audio import read_reference, write_audio
@@ -120,8 +123,9 @@ def say(
                         console=err, transient=True)
     spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
     if stream:
-        speech = tts.stream(text, chunk_frames=chunk_frames, seed=seed, temperature=temperature, top_k=top_k,
-                            top_p=top_p, max_frames=max_frames, voice=voice, ref_audio=ref_audio, ref_text=ref_text)
+        speech = tts.stream(text, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames, seed=seed,
+                            temperature=temperature, top_k=top_k, top_p=top_p, max_frames=max_frames, voice=voice,
+                            ref_audio=ref_audio, ref_text=ref_text)
         with progress:
             task = progress.add_task("frames", total=speech.max_frames)
             speech.on_frame = lambda step: progress.update(task, completed=step + 1)
@@ -457,6 +461,8 @@ def serve(
     max_frames: Annotated[Optional[int], typer.Option(help="Frame cap per utterance (default: the model's).")]
     = None,
     chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")] = 16,
+    first_chunk_frames: Annotated[Optional[int], typer.Option(
+        help="Frames in a stream's first chunk (default 4, at most --chunk-frames).")] = None,
     max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")] = 4096,
     batch: Annotated[int, typer.Option(
         help="Serve N requests at once from ONE model instance, their frames batched (torch backend; "
@@ -469,8 +475,10 @@ def serve(
     from .serving import batched_engines
     from .tts import TTS
 
-    if workers < 1 or max_queue < 0 or chunk_frames < 1 or max_input_chars < 1 or (max_frames or 1) < 1 or batch < 0:
-        raise ConfigError("--workers, --chunk-frames, --max-input-chars and --max-frames must be >= 1, "
+    if (workers < 1 or max_queue < 0 or chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1)
+            or max_input_chars < 1 or (max_frames or 1) < 1 or batch < 0):
+        raise ConfigError("--workers, --chunk-frames, --first-chunk-frames, --max-input-chars and --max-frames must "
+                          "be >= 1, "
                           "--max-queue and --batch >= 0")
     if batch and workers != 1:
         raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
@@ -482,7 +490,7 @@ def serve(
         _, engines = batched_engines(engines[0], batch)
         workers = batch
     settings = ServerSettings(workers=workers, max_queue=max_queue, max_input_chars=max_input_chars,
-                              max_frames=max_frames, chunk_frames=chunk_frames)
+                              max_frames=max_frames, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames)
     uvicorn.run(create_app(engines, settings), host=host, port=port, log_level="info")
 
 

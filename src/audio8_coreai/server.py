@@ -70,7 +70,8 @@ MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a 30-s clip is 5.3 MB as 16-bit stereo wa
 @dataclass
 class ServerSettings:
     """What ``audio8 serve`` can set. ``max_frames``: the cap per piece (None: the model's default budget);
-    a request may ask for less, never more. ``chunk_frames``: frames per streamed chunk."""
+    a request may ask for less, never more. ``chunk_frames``: frames per streamed chunk; ``first_chunk_frames``:
+    frames in a stream's first chunk (None: the default of :class:`.streaming.SpeechStream`)."""
 
     workers: int = 1
     max_queue: int = 8
@@ -78,6 +79,7 @@ class ServerSettings:
     max_upload_bytes: int = MAX_UPLOAD_BYTES
     max_frames: int | None = None
     chunk_frames: int = DEFAULT_CHUNK_FRAMES
+    first_chunk_frames: int | None = None
 
 
 class ApiError(Exception):
@@ -271,7 +273,7 @@ def _speech_kwargs(req: SpeechRequest, settings: ServerSettings, engine: TTS) ->
                            "such as alloy, speak in the model's own voice)", "voice", "voice_not_found")
     return {"seed": req.seed, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
             "max_frames": req.max_frames if req.max_frames is not None else settings.max_frames,
-            "voice": voice, "chunk_frames": settings.chunk_frames}
+            "voice": voice, "chunk_frames": settings.chunk_frames, "first_chunk_frames": settings.first_chunk_frames}
 
 
 def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -> FastAPI:

@@ -3,8 +3,10 @@
 A :class:`SpeechStream` speaks one or more pieces of text (long text split by :func:`.prompt.split_text`) in
 order: per piece, prefill, then every ``chunk_frames`` new frames the codec decodes just those frames (keeping
 its own state, see :class:`.model.codec.StreamingDecoder`) and the stream yields their audio; pieces are
-joined by a short silence. The samples are those of a whole-utterance decode of each piece (to float
-rounding, about 1e-6 at fp32), so streaming changes when audio arrives, not what it is.
+joined by a short silence. The stream's first chunk is shorter (``first_chunk_frames``), so the first audio
+comes after fewer frames: time to first audio (TTFA) is prefill + the first chunk's frames + its decode. The
+samples are those of a whole-utterance decode of each piece (to float rounding, about 1e-6 at fp32), so
+streaming changes when audio arrives, not what it is.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from .engine import Backend, frame_steps, noise_source
 from .graphs import SamplingParams
 
 DEFAULT_CHUNK_FRAMES = 16  # 16 x 2048 samples = 0.74 s of audio per chunk
+# The stream's first chunk, whose frames TTFA waits for: 4 frames (0.19 s of audio) cut TTFA from 6.2 s to 2.6 s
+# on the 0.6b random checkpoint on the 2-core CPU (benchmarks/bench_streaming.py, one thread). 1 or 2 frames cut
+# another 1.1 or 0.8 s but bring only 46-92 ms of audio, which a player has played long before the next chunk,
+# and decode at 2-3x the cost per frame (a codec call has a fixed cost: 330 ms for 1 frame, 134 ms/frame for 4).
+DEFAULT_FIRST_CHUNK_FRAMES = 4
 PAUSE_S = 0.25  # silence between the pieces of a split text: a sentence break's pause in read speech
 # Frames one text token takes when spoken, with margin: English and Chinese run at about 6 frames (46 ms each)
 # per token of the Qwen tokenizer. Text is split so each piece's estimate fits its utterance's frame budget.
@@ -70,8 +77,10 @@ class SpeechStream:
     """An iterable of float32 mono chunks at ``sample_rate`` Hz: the speech of ``pieces``, made as it is read.
 
     Build with :meth:`.tts.TTS.stream` (which checks everything before the first frame). Iterating runs the
-    model: each chunk holds ``chunk_frames`` frames (``chunk_frames * frame_length`` samples), a piece's last
-    chunk what is left when it ends (eos or its cap), and a silence of ``pause_s`` seconds separates pieces.
+    model: each chunk holds ``chunk_frames`` frames (``chunk_frames * frame_length`` samples), except the
+    stream's first, which holds ``first_chunk_frames`` (None: DEFAULT_FIRST_CHUNK_FRAMES, at most
+    ``chunk_frames``), and a piece's last, which holds what is left when it ends (eos or its cap); a silence of
+    ``pause_s`` seconds separates pieces.
     The seeded noise stream (``seed``) runs on across pieces, so a split text is as reproducible as one
     utterance; a one-piece stream gives the samples of ``TTS.generate`` with the same seed. ``on_frame(step)``
     is called after each model step (steps numbered across pieces; eos steps included); raising there, or
@@ -80,19 +89,24 @@ class SpeechStream:
     Filled in while iterating: ``frames`` (frames made), ``reached_eos`` (one bool per finished piece),
     ``first_audio_s`` (time to first audio: seconds from the start of iteration to the first chunk, prefill
     included), ``prefill_s``, ``frames_s``, ``codec_s`` (seconds). Not thread-safe: it drives the backend's
-    single KV state, so run one stream (or utterance) at a time per backend.
+    single KV state, so run one stream (or utterance) at a time per backend. Raises ValueError for
+    ``chunk_frames`` or ``first_chunk_frames`` < 1.
     """
 
     def __init__(self, backend: Backend, pieces: list[Piece], params: SamplingParams, seed: int, *,
-                 chunk_frames: int, sample_rate: int, frame_length: int, pause_s: float = PAUSE_S,
-                 on_frame: Callable[[int], None] | None = None):
-        if chunk_frames < 1:
-            raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
+                 chunk_frames: int, sample_rate: int, frame_length: int, first_chunk_frames: int | None = None,
+                 pause_s: float = PAUSE_S, on_frame: Callable[[int], None] | None = None):
+        if first_chunk_frames is None:
+            first_chunk_frames = min(DEFAULT_FIRST_CHUNK_FRAMES, chunk_frames)
+        for name, value in (("chunk_frames", chunk_frames), ("first_chunk_frames", first_chunk_frames)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         self.backend = backend
         self.pieces = pieces
         self.params = params
         self.seed = seed
         self.chunk_frames = chunk_frames
+        self.first_chunk_frames = first_chunk_frames
         self.sample_rate = sample_rate
         self.frame_length = frame_length
         self.pause_s = pause_s
@@ -142,7 +156,8 @@ class SpeechStream:
                     break
                 pending.append(res.codes)
                 self.frames += 1
-                if len(pending) == self.chunk_frames:
+                size = self.first_chunk_frames if self.first_audio_s is None else self.chunk_frames
+                if len(pending) == size:
                     yield self._decode(decoder, pending, start)
             if pending:
                 yield self._decode(decoder, pending, start)

@@ -199,12 +199,14 @@ class TTS:
         out = self.generate(text, **kwargs)
         return out.audio, out.sample_rate
 
-    def stream(self, text: str, *, chunk_frames: int = DEFAULT_CHUNK_FRAMES, seed: int | None = None,
+    def stream(self, text: str, *, chunk_frames: int = DEFAULT_CHUNK_FRAMES, first_chunk_frames: int | None = None,
+               seed: int | None = None,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                max_frames: int | None = None, voice: str | Voice | None = None, ref_audio: str | Path | None = None,
                ref_text: str | None = None, on_frame: Callable[[int], None] | None = None) -> SpeechStream:
         """Speak ``text`` as it is made: a :class:`.streaming.SpeechStream` of float32 chunks (mono, 44.1 kHz),
-        one every ``chunk_frames`` frames (default 16, 0.74 s), exact to the whole-utterance decode.
+        one every ``chunk_frames`` frames (default 16, 0.74 s), exact to the whole-utterance decode; the first
+        holds ``first_chunk_frames`` (None: 4, at most ``chunk_frames``), so the first audio comes sooner.
 
         Text too long for one utterance is split (:func:`.prompt.split_text`) into pieces whose estimated
         speech (``FRAMES_PER_TOKEN`` frames per text token) fits the context and the checkpoint's
@@ -214,7 +216,7 @@ class TTS:
         :class:`.streaming.SpeechStream`; the other arguments as :meth:`generate`.
         Everything is checked here, before any frame (the stream's ``seed`` tells the one drawn when None):
         raises as :meth:`generate` does, PromptError for a run of text that cannot be split to fit, and
-        ValueError for ``chunk_frames`` < 1.
+        ValueError for ``chunk_frames`` or ``first_chunk_frames`` < 1.
         """
         params = self.sampling(temperature, top_k, top_p)
         text = check_text(text)
@@ -236,7 +238,8 @@ class TTS:
             pieces.append(Piece(words, prompt, budget))
         codec = self.checkpoint.codec_config
         return SpeechStream(self.backend, pieces, params, check_seed(seed), chunk_frames=chunk_frames,
-                            sample_rate=self.sample_rate, frame_length=codec.frame_length, on_frame=on_frame)
+                            first_chunk_frames=first_chunk_frames, sample_rate=self.sample_rate,
+                            frame_length=codec.frame_length, on_frame=on_frame)
 
     def voice_from_clip(self, audio: str | Path, text: str, name: str = "") -> Voice:
         """A voice from a reference clip file and its transcript, not stored (see :meth:`register_voice`).
