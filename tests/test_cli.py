@@ -127,6 +127,16 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
     assert not (tmp_path / "o.wav").exists()
 
 
+def test_error_line_is_one_line_and_not_markup(tmp_path):
+    """A long path in an error is printed whole on one line, and brackets in it are text, not rich markup."""
+    missing = tmp_path / ("a-long-folder-name-" * 6) / "[bold]ckpt"
+    result = run("say", "Hi", "-o", tmp_path / "o.wav", "--model", missing)
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:")
+    assert str(missing) in lines[0]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Voices
 

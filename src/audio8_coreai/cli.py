@@ -17,6 +17,7 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .audio import AudioError
@@ -48,7 +49,8 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False)
+            # One line (greppable, paths never cut); the message escaped: "[1, 11, 32]" is text, not markup.
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err.print("interrupted")
