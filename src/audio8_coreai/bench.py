@@ -23,7 +23,8 @@ subprocess. Figures (milliseconds unless named):
   codec is the same module whatever the precision, so it is timed once per codec dtype and thread count;
 * ``rtf`` (whole utterance of ``frames`` frames: prefill + frames + one decode, per second of audio),
   ``rtf_streaming`` (steady state: 32 frames plus one 32-frame chunk decode per 32 frames of audio),
-  ``ttfa_ms`` (time to first audio when streaming: prefill + 32 frames + the first chunk decode);
+  ``ttfa_ms`` (time to first audio when streaming: prefill + the first chunk's frames (``DEFAULT_FIRST_CHUNK_FRAMES``)
+  + their decode);
 * ``peak_rss_gb`` (``ru_maxrss`` of the configuration's own subprocess: load, prefill, frames, a chunk) and
   ``cpu_use`` (CPU s / wall s of the side-by-side run: well under the thread count means other processes
   took the cores and every wall time is inflated).
@@ -36,7 +37,6 @@ row's, from the same side-by-side run.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import resource
@@ -50,9 +50,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .streaming import DEFAULT_FIRST_CHUNK_FRAMES
+
 SENTENCE = ("The meeting has been moved to Thursday afternoon, so please update your calendars and let "
             "the rest of the team know before the end of the day.")
 STREAM_CHUNK = 32  # frames emitted per streaming decode
+FIRST_CHUNK = DEFAULT_FIRST_CHUNK_FRAMES  # frames of a stream's first chunk (streaming.py)
 STREAM_WINDOW = 160  # frames decoded per streaming chunk (128 of context, attention window of the codec)
 FAST_PASSES = 9  # rows 0+1 in one pass, then rows 2..9
 DEFAULT_CHECKPOINT = Path("~/.cache/audio8-coreai/bench-0.6b")
@@ -363,10 +366,11 @@ class _Run:
 
 def measure_codec(backend, runs: int) -> dict:
     """The codec, median of ``runs`` after a warm-up: ``decode_window`` of a [10, 160] window (the whole-utterance
-    cost per frame) and, when the backend streams (``codec_stream``), pushes of 32 frames into a fresh stream:
-    the first (``codec_first_chunk_ms``) and the steady state (``codec_ms_per_chunk``, the 2nd and 3rd pushes).
-    Without a stream, a streaming chunk is a [10, 160] window decode (128 frames of context, 32 new) and the
-    first chunk a [10, 32] one."""
+    cost per frame) and, when the backend streams (``codec_stream``), pushes into a fresh stream: the first, of
+    ``DEFAULT_FIRST_CHUNK_FRAMES`` frames as :class:`.streaming.SpeechStream` sends first (``codec_first_chunk_ms``),
+    and the steady state (``codec_ms_per_chunk``: the 2nd and 3rd pushes of 32 frames). Without a stream, a
+    streaming chunk is a [10, 160] window decode (128 frames of context, 32 new) and the first chunk a
+    [10, DEFAULT_FIRST_CHUNK_FRAMES] one."""
     cc = backend.checkpoint.codec_config
     rng = np.random.default_rng(0)
     window = _random_codes(cc, STREAM_WINDOW, rng)
@@ -377,16 +381,16 @@ def measure_codec(backend, runs: int) -> dict:
         for _ in range(runs + 1):
             stream = backend.codec_stream()
             t0 = time.perf_counter()
-            stream.push(window[:, :STREAM_CHUNK])
+            stream.push(window[:, :FIRST_CHUNK])
             first.append((time.perf_counter() - t0) * 1e3)
             for i in (1, 2):
                 t0 = time.perf_counter()
-                stream.push(window[:, i * STREAM_CHUNK:(i + 1) * STREAM_CHUNK])
+                stream.push(window[:, FIRST_CHUNK + (i - 1) * STREAM_CHUNK:FIRST_CHUNK + i * STREAM_CHUNK])
                 steady.append((time.perf_counter() - t0) * 1e3)
         out.update(codec_first_chunk_ms=statistics.median(first[1:]), codec_ms_per_chunk=statistics.median(steady[2:]),
                    codec_streaming="incremental")
     else:
-        first = _random_codes(cc, STREAM_CHUNK, rng)
+        first = _random_codes(cc, FIRST_CHUNK, rng)
         out.update(codec_first_chunk_ms=median_ms(lambda: backend.decode_window(first), runs)[0],
                    codec_ms_per_chunk=out["codec_ms_per_window"], codec_streaming="window")
     return out
@@ -401,7 +405,7 @@ def with_totals(row: dict, codec: dict) -> dict:
     row["codec_ms_per_frame"] = per_frame
     row["rtf"] = (row["prefill_ms"] + n * (f + per_frame)) / (n * frame_audio_ms)
     row["rtf_streaming"] = (STREAM_CHUNK * f + codec["codec_ms_per_chunk"]) / (STREAM_CHUNK * frame_audio_ms)
-    row["ttfa_ms"] = row["prefill_ms"] + STREAM_CHUNK * f + codec["codec_first_chunk_ms"]
+    row["ttfa_ms"] = row["prefill_ms"] + FIRST_CHUNK * f + codec["codec_first_chunk_ms"]
     return row
 
 
