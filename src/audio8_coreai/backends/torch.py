@@ -14,7 +14,7 @@ import torch
 
 from ..checkpoint import Checkpoint
 from ..config import ModelConfig
-from ..graphs import PREFILL_WIDTH, FirstFrame, Frame, Prefill, SamplingParams
+from ..graphs import PREFILL_WIDTH, Prefill, SamplingParams
 from ..model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ..model.dualar import DualAR
 from ..fastframe import FastFrame
