@@ -108,6 +108,23 @@ def test_stream_equals_generate_chunk_by_chunk(tiny_tts):
     assert 0 < speech.first_audio_s and speech.pieces[0].text == TEXT
 
 
+def test_codec_thread_gives_the_same_chunks(tiny_tts):
+    """Decoding on a thread beside the frames changes when chunks are ready, not what or in which order; a split
+    text (pieces, pauses) included; closing the stream early stops the thread's work."""
+    text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(3))
+    plain = list(tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=3))
+    threaded = tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=3, codec_thread=True)
+    assert threaded.codec_thread and len(threaded.pieces) == 3
+    chunks = list(threaded)
+    assert [len(c) for c in chunks] == [len(c) for c in plain] and len(chunks) > 6
+    assert max(float(np.abs(a - b).max()) for a, b in zip(chunks, plain)) <= EXACT
+    early = iter(tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=3, codec_thread=True))
+    next(early), next(early)
+    early.close()  # the worker is shut down in the stream's finally
+    again = list(tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=3))
+    assert max(float(np.abs(a - b).max()) for a, b in zip(again, plain)) <= EXACT  # nothing leaked
+
+
 @pytest.mark.parametrize("first, chunk, sizes", [(1, 8, [1, 8, 8, 3]), (3, 3, [3] * 6 + [2]), (None, 2, [2] * 10),
                                                  (12, 5, [12, 5, 3])])
 def test_first_chunk_frames_changes_when_audio_comes_not_what_it_is(tiny_tts, first, chunk, sizes):

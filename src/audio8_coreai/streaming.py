@@ -12,7 +12,9 @@ streaming changes when audio arrives, not what it is.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -89,13 +91,16 @@ class SpeechStream:
     Filled in while iterating: ``frames`` (frames made), ``reached_eos`` (one bool per finished piece),
     ``first_audio_s`` (time to first audio: seconds from the start of iteration to the first chunk, prefill
     included), ``prefill_s``, ``frames_s``, ``codec_s`` (seconds). Not thread-safe: it drives the backend's
-    single KV state, so run one stream (or utterance) at a time per backend. Raises ValueError for
+    single KV state, so run one stream (or utterance) at a time per backend. ``codec_thread``: decode chunk k
+    on a thread of its own while the frames of chunk k+1 are made (the first chunk is decoded at once; the
+    samples are the same); only for a backend with its own ``codec_stream``. Raises ValueError for
     ``chunk_frames`` or ``first_chunk_frames`` < 1.
     """
 
     def __init__(self, backend: Backend, pieces: list[Piece], params: SamplingParams, seed: int, *,
                  chunk_frames: int, sample_rate: int, frame_length: int, first_chunk_frames: int | None = None,
-                 pause_s: float = PAUSE_S, on_frame: Callable[[int], None] | None = None):
+                 pause_s: float = PAUSE_S, on_frame: Callable[[int], None] | None = None,
+                 codec_thread: bool = False):
         if first_chunk_frames is None:
             first_chunk_frames = min(DEFAULT_FIRST_CHUNK_FRAMES, chunk_frames)
         for name, value in (("chunk_frames", chunk_frames), ("first_chunk_frames", first_chunk_frames)):
@@ -111,6 +116,9 @@ class SpeechStream:
         self.frame_length = frame_length
         self.pause_s = pause_s
         self.on_frame = on_frame
+        # Only a backend's own incremental codec (torch) runs beside its frames; a re-decode goes through
+        # the same backend calls as the frames.
+        self.codec_thread = codec_thread and getattr(backend, "codec_stream", None) is not None
         self._reset_stats()
 
     def _reset_stats(self) -> None:
@@ -137,31 +145,58 @@ class SpeechStream:
         pause = np.zeros(round(self.pause_s * self.sample_rate), dtype=np.float32)
         start = time.perf_counter()
         step = 0
-        for index, piece in enumerate(self.pieces):
-            if index:
-                yield pause
-            t0 = time.perf_counter()
-            self.backend.prefill(piece.prompt)
-            self.prefill_s += time.perf_counter() - t0
-            decoder = codec_stream(self.backend)
-            steps = frame_steps(self.backend, piece.prompt.shape[1], self.params, piece.max_frames, noise)
-            pending: list[np.ndarray] = []
-            eos = False
-            for res in self._timed(steps):
-                if self.on_frame is not None:
-                    self.on_frame(step)
-                step += 1
-                if res.semantic == cfg.eos_token_id:
-                    eos = True
-                    break
-                pending.append(res.codes)
-                self.frames += 1
-                size = self.first_chunk_frames if self.first_audio_s is None else self.chunk_frames
-                if len(pending) == size:
-                    yield self._decode(decoder, pending, start)
-            if pending:
-                yield self._decode(decoder, pending, start)
-            self.reached_eos.append(eos)
+        # The codec of chunk k runs on this worker while the frames of chunk k+1 are made (on a 2-core CPU
+        # the two overlap); the first chunk is decoded at once, for the earliest first audio.
+        pool = ThreadPoolExecutor(1, thread_name_prefix="audio8-codec") if self.codec_thread else None
+        try:
+            for index, piece in enumerate(self.pieces):
+                if index:
+                    yield pause
+                t0 = time.perf_counter()
+                self.backend.prefill(piece.prompt)
+                self.prefill_s += time.perf_counter() - t0
+                decoder = codec_stream(self.backend)
+                steps = frame_steps(self.backend, piece.prompt.shape[1], self.params, piece.max_frames, noise)
+                pending: list[np.ndarray] = []
+                decoding: deque[Future] = deque()
+                eos = False
+                for res in self._timed(steps):
+                    if self.on_frame is not None:
+                        self.on_frame(step)
+                    step += 1
+                    if res.semantic == cfg.eos_token_id:
+                        eos = True
+                        break
+                    pending.append(res.codes)
+                    self.frames += 1
+                    size = self.first_chunk_frames if self.first_audio_s is None else self.chunk_frames
+                    if len(pending) == size:
+                        codes = np.stack(pending, axis=1)
+                        pending = []
+                        if pool is None or self.first_audio_s is None:
+                            yield self._first_audio(self._decode(decoder, codes), start)
+                        else:
+                            decoding.append(pool.submit(self._decode, decoder, codes))
+                    while decoding and decoding[0].done():
+                        yield decoding.popleft().result()
+                if pending:
+                    codes = np.stack(pending, axis=1)
+                    if pool is None:  # nothing is in flight: in order
+                        yield self._first_audio(self._decode(decoder, codes), start)
+                    else:
+                        decoding.append(pool.submit(self._decode, decoder, codes))
+                while decoding:
+                    yield self._first_audio(decoding.popleft().result(), start)
+                self.reached_eos.append(eos)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _first_audio(self, audio: np.ndarray, start: float) -> np.ndarray:
+        """``audio``, noting the time to first audio when it is the stream's first chunk."""
+        if self.first_audio_s is None:
+            self.first_audio_s = time.perf_counter() - start
+        return audio
 
     def _timed(self, steps: Iterator) -> Iterator:
         """``steps`` with the time spent inside them added to ``frames_s`` (not the consumer's time)."""
@@ -173,12 +208,10 @@ class SpeechStream:
                 return
             yield res
 
-    def _decode(self, decoder: CodecStream, pending: list[np.ndarray], start: float) -> np.ndarray:
-        """The audio float32 [n * frame_length] of the ``pending`` frames (emptied), timed."""
+    def _decode(self, decoder: CodecStream, codes: np.ndarray) -> np.ndarray:
+        """The audio float32 [n * frame_length] of ``codes`` int [C, n], timed (``codec_s``)."""
         t0 = time.perf_counter()
-        audio = np.asarray(decoder.push(np.stack(pending, axis=1)), dtype=np.float32)
+        audio = np.asarray(decoder.push(codes), dtype=np.float32)
         self.codec_s += time.perf_counter() - t0
-        pending.clear()
-        if self.first_audio_s is None:
-            self.first_audio_s = time.perf_counter() - start
         return audio
+

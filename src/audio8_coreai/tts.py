@@ -203,7 +203,8 @@ class TTS:
                seed: int | None = None,
                temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
                max_frames: int | None = None, voice: str | Voice | None = None, ref_audio: str | Path | None = None,
-               ref_text: str | None = None, on_frame: Callable[[int], None] | None = None) -> SpeechStream:
+               ref_text: str | None = None, on_frame: Callable[[int], None] | None = None,
+               codec_thread: bool = False) -> SpeechStream:
         """Speak ``text`` as it is made: a :class:`.streaming.SpeechStream` of float32 chunks (mono, 44.1 kHz),
         one every ``chunk_frames`` frames (default 16, 0.74 s), exact to the whole-utterance decode; the first
         holds ``first_chunk_frames`` (None: 4, at most ``chunk_frames``), so the first audio comes sooner.
@@ -213,7 +214,8 @@ class TTS:
         ``max_new_tokens``; they are spoken in order in the same voice, the seed's noise stream running on, with
         a short pause between. Text that fits is one piece and the stream's samples are :meth:`generate`'s with
         the same arguments. ``max_frames`` caps every piece (None: as :meth:`generate`); ``on_frame`` as in
-        :class:`.streaming.SpeechStream`; the other arguments as :meth:`generate`.
+        :class:`.streaming.SpeechStream`; ``codec_thread`` decodes each chunk on a thread of its own while the next
+        chunk's frames are made (same samples; see SpeechStream); the other arguments as :meth:`generate`.
         Everything is checked here, before any frame (the stream's ``seed`` tells the one drawn when None):
         raises as :meth:`generate` does, PromptError for a run of text that cannot be split to fit, and
         ValueError for ``chunk_frames`` or ``first_chunk_frames`` < 1.
@@ -239,7 +241,7 @@ class TTS:
         codec = self.checkpoint.codec_config
         return SpeechStream(self.backend, pieces, params, check_seed(seed), chunk_frames=chunk_frames,
                             first_chunk_frames=first_chunk_frames, sample_rate=self.sample_rate,
-                            frame_length=codec.frame_length, on_frame=on_frame)
+                            frame_length=codec.frame_length, on_frame=on_frame, codec_thread=codec_thread)
 
     def voice_from_clip(self, audio: str | Path, text: str, name: str = "") -> Voice:
         """A voice from a reference clip file and its transcript, not stored (see :meth:`register_voice`).
