@@ -127,6 +127,59 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
     assert not (tmp_path / "o.wav").exists()
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["say", "Hi", "-o", "{tmp}/o.wav", "--stream", "--chunk-frames", "0"], "--chunk-frames must be >= 1"),
+    (["say", "Hi", "-o", "{tmp}/o.wav", "--stream", "--chunk-frames", "4", "--first-chunk-frames", "5"],
+     "--first-chunk-frames 1 to --chunk-frames"),
+    (["serve", "--port", "99999"], "--port must be 1 to 65535"),
+    (["serve", "--max-frames", "0"], "must be >= 1"),
+    (["serve", "--port", "{busy}"], "pick another --port"),
+])
+def test_stream_and_serve_options_are_checked_before_loading(args, needle, tmp_path):
+    import socket
+
+    with socket.socket() as busy:  # a port something already listens on
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        args = [a.format(tmp=tmp_path, busy=busy.getsockname()[1]) for a in args]
+        result = run(*args, "--model", tmp_path / "no-such-checkpoint")  # never reached: the check comes first
+    assert result.exit_code == 2 and needle in result.output, result.output
+
+
+def test_an_interrupted_stream_leaves_an_existing_file_alone(tiny_checkpoint, tmp_path, monkeypatch):
+    """say --stream writes into a partial file and renames it at the end: a run that fails midway leaves the old
+    file as it was; a finished one replaces it, readable by others (not the temp file's owner-only mode)."""
+    import os
+
+    import soundfile as sf
+
+    from audio8_coreai.streaming import SpeechStream
+
+    out = tmp_path / "keep.wav"
+    sf.write(out, np.zeros(4410, dtype=np.float32), 44100)
+    before = out.read_bytes()
+    real_iter = SpeechStream.__iter__
+
+    def interrupted(self):
+        for i, chunk in enumerate(real_iter(self)):
+            if i == 2:
+                raise KeyboardInterrupt
+            yield chunk
+
+    monkeypatch.setattr(SpeechStream, "__iter__", interrupted)
+    args = ["say", "Hello there, this is a test.", "-o", out, "--model", tiny_checkpoint, "--seed", 1, "--stream",
+            "--chunk-frames", 2, "--max-frames", 30, "--device", "cpu"]
+    assert run(*args).exit_code == 130
+    assert out.read_bytes() == before
+    assert sf.info(tmp_path / ".keep.partial.wav").frames > 0  # what was made, kept aside
+    monkeypatch.setattr(SpeechStream, "__iter__", real_iter)
+    assert run(*args).exit_code == 0
+    assert sf.info(out).frames > 4410 and not (tmp_path / ".keep.partial.wav").exists()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_error_line_is_one_line_and_not_markup(tmp_path):
     """A long path in an error is printed whole on one line, and brackets in it are text, not rich markup."""
     missing = tmp_path / ("a-long-folder-name-" * 6) / "[bold]ckpt"

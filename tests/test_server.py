@@ -210,8 +210,11 @@ def test_bad_requests_get_clear_json_errors(base, body, status, code):
 
 
 def test_a_body_that_is_not_json_is_a_400(base):
-    r = httpx.post(f"{base}/v1/audio/speech", content=b"not json", headers={"content-type": "application/json"})
-    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+    for body, at in ((b"not json", 0), (b'{"input": "Hi", "voice": ', 25)):
+        r = httpx.post(f"{base}/v1/audio/speech", content=body, headers={"content-type": "application/json"})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["code"] == "invalid_json"
+        assert f"not valid JSON (at character {at})" in error["message"]
 
 
 # ------------------------------------------------------------------------------------------------------------

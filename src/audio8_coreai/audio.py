@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +40,7 @@ def write_audio(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
     os.close(fd)
     try:
         sf.write(tmp, data, sample_rate, format=fmt, subtype=subtype)
-        os.replace(tmp, path)
+        publish(tmp, path)
     except (OSError, sf.LibsndfileError) as e:
         raise AudioError(f"cannot write {path}: {e}") from e
     finally:
@@ -62,19 +64,44 @@ def _writable(path: str | Path) -> tuple[Path, Path]:
     return path, folder
 
 
-def open_audio_writer(path: str | Path, sample_rate: int) -> sf.SoundFile:
-    """Open ``path`` to write mono audio at ``sample_rate`` Hz chunk by chunk, as it is made (``say --stream``).
+@contextlib.contextmanager
+def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[sf.SoundFile]:
+    """Write mono audio at ``sample_rate`` Hz to ``path`` chunk by chunk, as it is made (``say --stream``).
 
-    Formats as :func:`write_audio`. Unlike it, the file is written in place and grows with every
-    ``write(chunk float32 [n])``; call ``flush()`` after each to keep a wav's header sizes current, so the file
-    so far is playable, and ``close()`` at the end (an interrupted run leaves the audio made until then).
+    Formats as :func:`write_audio`. The audio grows in ``.NAME.partial.EXT`` beside ``path`` with every
+    ``write(chunk float32 [n])`` (call ``flush()`` after each to keep a wav's header sizes current, so the file so
+    far plays) and becomes ``path`` when the block ends without an error; an interrupted run leaves ``path`` as it
+    was (an existing file is never clobbered) and the audio made until then in the partial file.
     Raises AudioError as :func:`write_audio`.
     """
-    path, _ = _writable(path)
+    path, folder = _writable(path)
     fmt, subtype = WRITE_FORMATS[path.suffix.lower()]
+    partial = folder / f".{path.stem}.partial{path.suffix}"
     try:
-        return sf.SoundFile(str(path), "w", sample_rate, 1, subtype, format=fmt)
+        f = sf.SoundFile(str(partial), "w", sample_rate, 1, subtype, format=fmt)
     except (OSError, sf.LibsndfileError) as e:
+        raise AudioError(f"cannot write {partial}: {e}") from e
+    with f:
+        yield f
+    publish(partial, path)
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only way to read it; done once, at import, before any thread writes files
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+def publish(tmp: str | Path, path: Path) -> None:
+    """Rename the finished file ``tmp`` over ``path`` (atomic), with the usual permissions (0666 less the
+    umask; ``mkstemp`` makes its files owner-only). Raises AudioError when it cannot."""
+    try:
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except OSError as e:
         raise AudioError(f"cannot write {path}: {e}") from e
 
 

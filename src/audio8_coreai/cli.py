@@ -113,6 +113,8 @@ def say(
 
     check_text(text)  # fail before loading a model
     _check_output(output)
+    if stream:
+        _check_chunks(chunk_frames, first_chunk_frames)
     check_voice_choice(voice, ref_audio, ref_text)
     if ref_audio is not None:
         check_text(ref_text, "reference text")
@@ -148,7 +150,8 @@ def say(
     write_audio(output, result.audio, result.sample_rate)
     if not result.reached_eos:
         err.print(f"[yellow]warning:[/] stopped at the frame cap ({result.max_frames} frames) before the model "
-                  "ended the utterance; the audio may be cut (raise --max-frames or shorten the text)")
+                  "ended the utterance; the audio may be cut (raise --max-frames if the context allows, or shorten the "
+                  "text; --stream splits long text)")
     out.print(f"{output}: {result.frames} frames, {result.duration_s:.2f} s of audio, RTF {result.rtf:.2f} "
               f"({spoken_as}seed {result.seed}, {tts.backend.description})", highlight=False)
 
@@ -169,6 +172,27 @@ def _write_stream(speech, output: Path) -> None:
         which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {', '.join(map(str, capped))}"
         err.print(f"[yellow]warning:[/] {which} stopped at the frame cap before the model ended it; the audio may "
                   "be cut (raise --max-frames)", highlight=False)
+
+
+def _check_chunks(chunk_frames: int, first_chunk_frames: int | None) -> None:
+    if chunk_frames < 1 or (first_chunk_frames is not None and not 1 <= first_chunk_frames <= chunk_frames):
+        raise ConfigError(f"--chunk-frames must be >= 1 and --first-chunk-frames 1 to --chunk-frames; got "
+                          f"{chunk_frames} and {first_chunk_frames}")
+
+
+def _check_port(host: str, port: int) -> None:
+    """Raise ConfigError unless ``host:port`` can be listened on now."""
+    import socket
+
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port must be 1 to 65535, got {port}")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            s.bind((host, port))
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}): pick another --port, or stop what "
+                          "uses it") from None
 
 
 def _warn(warnings) -> None:
@@ -478,10 +502,12 @@ def serve(
     from .tts import TTS
 
     if (workers < 1 or max_queue < 0 or chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1)
-            or max_input_chars < 1 or (max_frames or 1) < 1 or batch < 0):
+            or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0):
         raise ConfigError("--workers, --chunk-frames, --first-chunk-frames, --max-input-chars and --max-frames must "
                           "be >= 1, "
                           "--max-queue and --batch >= 0")
+    _check_chunks(chunk_frames, first_chunk_frames)
+    _check_port(host, port)  # before minutes of loading
     if batch and workers != 1:
         raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
     instances = 1 if batch else workers

@@ -301,6 +301,11 @@ def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first_error = exc.errors()[0]
+        if first_error.get("type") == "json_invalid":  # loc is (body, character offset): say it in words
+            at = first_error.get("loc", ("body", "?"))[-1]
+            return await api_error(request, ApiError(
+                400, f"the body is not valid JSON (at character {at}): send a JSON object such as "
+                     '{"model": "tts-1", "input": "Hello", "voice": "alloy"}', None, "invalid_json"))
         where = ".".join(str(p) for p in first_error.get("loc", ())[1:]) or None
         return await api_error(request, ApiError(400, f"{where or 'body'}: {first_error.get('msg')}", where,
                                                  "invalid_request"))

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import platformdirs
 
+from .audio import AudioError, publish
+
 FORMAT = 1  # the on-disk format version in ``meta``; a newer file is refused rather than misread
 SUFFIX = ".npz"
 MAX_NAME = 64  # fits every file system's name limit with room for the suffix and temporary names
@@ -198,9 +200,9 @@ class VoiceStore:
                 np.savez(f, codes=codes.astype(np.int16), meta=np.array(json.dumps(voice.meta(), ensure_ascii=False)))
                 f.flush()
                 os.fsync(f.fileno())  # the bytes reach the disk before the rename makes them the voice
-            os.replace(tmp, target)
+            publish(tmp, target)
             tmp = None
-        except OSError as e:
+        except (OSError, AudioError) as e:
             raise VoiceError(f"cannot write voice {voice.name!r} to {target}: {e}") from e
         finally:
             if tmp is not None and os.path.exists(tmp):
