@@ -242,12 +242,15 @@ def test_voices_register_speak_list_and_delete(base, tmp_path):
 @pytest.mark.parametrize("form, files, status", [
     ({"name": "big", "transcript": "t"}, {"audio": ("big.wav", b"\0" * 1_100_000, "audio/wav")}, 413),
     ({"name": "bad/name", "transcript": "t"}, {"audio": ("c.wav", b"RIFF", "audio/wav")}, 400),
-    ({"name": "junk", "transcript": "t"}, {"audio": ("c.wav", b"not audio at all", "audio/wav")}, 400),
+    ({"name": "junk", "transcript": "t"}, {"audio": ("my take.wav", b"not audio at all", "audio/wav")}, 400),
     ({"name": "nofile", "transcript": "t"}, None, 400),
 ])
 def test_bad_voice_uploads(base, form, files, status):
     r = httpx.post(f"{base}/v1/voices", data=form, files=files, timeout=60)
-    assert r.status_code == status and r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    assert r.status_code == status and message
+    if form["name"] == "junk":  # the client's file name, never the server's temporary path
+        assert "my take.wav" in message and "/tmp" not in message
 
 
 def test_health_and_metrics(base):

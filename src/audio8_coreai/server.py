@@ -411,21 +411,25 @@ def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -
         except VoiceError as e:
             raise ApiError(400, str(e), "name", "invalid_voice") from None
         workers.admit()
-        suffix = Path(upload.filename or "clip.wav").suffix[:16]
+        shown = Path(upload.filename or "clip.wav").name[-100:] or "clip.wav"  # the client's name, in messages
 
         def job(engine: TTS):
-            with tempfile.NamedTemporaryFile(suffix=suffix) as f:
-                f.write(data)
-                f.flush()
-                return engine.register_voice(name, f.name, transcript, replace=replace)
+            with tempfile.TemporaryDirectory() as folder:
+                path = Path(folder) / ("clip" + Path(shown).suffix[:16])
+                path.write_bytes(data)
+                try:
+                    return engine.register_voice(name, path, transcript, replace=replace)
+                except USER_ERRORS as e:  # say the uploaded file's name, not the server's temporary path
+                    raise type(e)(str(e).replace(str(path), shown).replace(path.name, shown)) from None
 
         try:
             voice = await workers.submit(job)
         except USER_ERRORS as e:
             raise ApiError(400, str(e), None, "invalid_voice") from None
+        warnings = [w.replace("clip" + Path(shown).suffix[:16], shown) for w in voice.warnings]
         metrics.count(201)
         return {"name": voice.name, "transcript": voice.transcript, "duration_s": voice.duration_s,
-                "frames": voice.frames, "created": voice.created, "warnings": list(voice.warnings)}
+                "frames": voice.frames, "created": voice.created, "warnings": warnings}
 
     @app.delete("/v1/voices/{name}")
     def delete_voice(name: str) -> dict[str, Any]:
