@@ -132,17 +132,19 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
     (["say", "Hi", "-o", "{tmp}/o.wav", "--stream", "--chunk-frames", "4", "--first-chunk-frames", "5"],
      "--first-chunk-frames 1 to --chunk-frames"),
     (["serve", "--port", "99999"], "--port must be 1 to 65535"),
+    (["say", "Hi", "-o", "{tmp}/o.wav", "--assets", "{tmp}"], "add backend='coreai' (--backend coreai)"),
+    (["say", "Hi", "-o", "{tmp}/o.wav", "--backend", "coreai"], "give assets=DIR (--assets)"),
     (["serve", "--max-frames", "0"], "must be >= 1"),
     (["serve", "--port", "{busy}"], "pick another --port"),
 ])
-def test_stream_and_serve_options_are_checked_before_loading(args, needle, tmp_path):
+def test_options_are_checked_before_loading(args, needle, tmp_path):
     import socket
 
     with socket.socket() as busy:  # a port something already listens on
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         args = [a.format(tmp=tmp_path, busy=busy.getsockname()[1]) for a in args]
-        result = run(*args, "--model", tmp_path / "no-such-checkpoint")  # never reached: the check comes first
+        result = run(*args, "--model", tmp_path / "no-such-checkpoint")  # the checks come before the model's
     assert result.exit_code == 2 and needle in result.output, result.output
 
 

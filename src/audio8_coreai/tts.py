@@ -97,9 +97,12 @@ class TTS:
 
         if backend not in BACKENDS:
             raise BackendError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
-        if (backend == "coreai") != (assets is not None):
+        if backend == "coreai" and assets is None:
             raise BackendError("the coreai backend runs converted assets: give assets=DIR (--assets), a folder "
-                               "written by audio8 convert; assets apply to the coreai backend only")
+                               "written by audio8 convert")
+        if backend != "coreai" and assets is not None:
+            raise BackendError("assets (--assets) are run by the coreai backend: add backend='coreai' "
+                               "(--backend coreai), or drop the assets to use the torch backend")
         ckpt = load_checkpoint(model)
         if ckpt.tokenizer_dir is None:
             raise CheckpointError(f"{ckpt.path} has no tokenizer.json: a checkpoint folder must hold the "
