@@ -25,31 +25,16 @@ import os
 import statistics
 import time
 
-import numpy as np
 import torch
 
 from audio8_coreai import TTS
 from audio8_coreai.batching import BatchEngine
 from pathlib import Path
 
-from audio8_coreai.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
+from audio8_coreai.bench import DEFAULT_CHECKPOINT, STREAM_CHUNK, ensure_checkpoint, measure_codec
 
 SENTENCE = ("The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "
             "approved the new hiring plan for the engineering team.")
-
-
-def codec_ms_per_frame(tts: TTS, frames: int = 32, runs: int = 2) -> float:
-    """Median ms per frame of audio of the exact incremental codec on random codes, ``frames`` per push."""
-    rng = np.random.default_rng(0)
-    codes = rng.integers(0, 1024, size=(tts.config.num_codebooks, frames * (runs + 1)))
-    stream = tts.backend.codec_stream()
-    times = []
-    for r in range(runs + 1):
-        t0 = time.perf_counter()
-        stream.push(codes[:, r * frames:(r + 1) * frames])
-        if r:  # the first push is the warm-up
-            times.append(1e3 * (time.perf_counter() - t0) / frames)
-    return statistics.median(times)
 
 
 def fill(tts: TTS, batch: int) -> BatchEngine:
@@ -84,7 +69,7 @@ def main() -> None:
     for precision in args.precision or ["int16"]:
         tts = TTS.load(model, device=args.device, precision=precision)
         frame_s = tts.checkpoint.codec_config.frame_length / tts.sample_rate
-        codec_ms = codec_ms_per_frame(tts)
+        codec_ms = measure_codec(tts.backend, runs=2)["codec_ms_per_chunk"] / STREAM_CHUNK
         engines = {b: fill(tts, b) for b in sizes}
         steps: dict[int, list[float]] = {b: [] for b in sizes}
         for _ in range(args.runs):

@@ -3,7 +3,7 @@
 :class:`BatchModel` holds ``max_batch`` rows of KV state [n_layer, max_batch, n_kv, max_seq_len, head_dim], one
 utterance per row. A row is filled by a prefill (run alone); then :meth:`BatchModel.frames` runs one frame for
 any set of rows in one call: the linears of the slow AR, the fast AR and the heads on all of them at once,
-attention per row at its own position (:meth:`.fastframe.FastFrame.frame_rows`), frame-0 rows (drawn from their
+attention per row at its own position (:meth:`.fastframe.FastFrame.slow_step_rows`), frame-0 rows (drawn from their
 prefill) in the same sampler pass. Rows come and go between frames (continuous batching): :class:`BatchEngine`
 drives it for a caller that owns the loop (:func:`generate_batch`), and the server drives it from many request
 threads (:mod:`.serving`).
@@ -51,9 +51,9 @@ class BatchModel:
     """The rows of a batch over a :class:`.backends.torch.TorchBackend`'s model (same weights, same precision).
 
     Holds the KV state [n_layer, max_batch, n_kv, max_seq_len, head_dim] (each row about 100 MB at fp32 for the
-    0.6b model) and which rows are taken. :meth:`prefill` fills one row (through the backend's batch-1 prefill:
-    its KV state is borrowed, so the backend must not run an utterance of its own meanwhile); :meth:`frames`
-    runs one frame for any set of rows in one call. Not thread-safe: one thread drives it.
+    0.6b model) and which rows are taken. :meth:`prefill` fills one row (the backend's prefill, written into
+    that row); :meth:`frames` runs one frame for any set of rows in one call. Not thread-safe: one thread
+    drives it.
     """
 
     def __init__(self, backend: TorchBackend, max_batch: int):
@@ -87,10 +87,7 @@ class BatchModel:
         """Prefill ``prompt`` int [1+C, P] into ``row``; returns its last logits [V+1] and hidden [dim]
         (float32, as the backend's prefill) and keeps them for the row's frame 0."""
         b = self.backend
-        logits, hidden = b.prefill(prompt)
-        n = prompt.shape[1]
-        self.k_cache[:, row, :, :n] = b.k_cache[:, 0, :, :n]
-        self.v_cache[:, row, :, :n] = b.v_cache[:, 0, :, :n]
+        logits, hidden = b.prefill(prompt, self.k_cache[:, row:row + 1], self.v_cache[:, row:row + 1])
         dtype = b.model.slow.norm.weight.dtype
         self._prefilled[row] = (torch.as_tensor(logits, device=b.device).to(dtype),
                                 torch.as_tensor(hidden, device=b.device).to(dtype))

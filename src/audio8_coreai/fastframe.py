@@ -193,15 +193,6 @@ class FastFrame:
         return (*self.sample(params, logits, hidden, noise_slow, window, noise_fast, forced, use_forced),
                 logits, hidden)
 
-    def frame_rows(self, params: SamplingParams, column: Tensor, rows: Sequence[int], positions: Sequence[int],
-                   k_cache: Tensor, v_cache: Tensor, noise_slow: Tensor, window: Tensor, noise_fast: Tensor,
-                   forced: Tensor, use_forced: Tensor) -> tuple[Tensor, ...]:
-        """:meth:`frame` for n utterances at their own rows and positions (see :meth:`slow_step_rows`); the
-        tail inputs carry a leading axis n."""
-        logits, hidden = self.slow_step_rows(column, rows, positions, k_cache, v_cache)
-        return (*self.sample(params, logits, hidden, noise_slow, window, noise_fast, forced, use_forced),
-                logits, hidden)
-
 
 def frame_parts(runner: FastFrame, params: SamplingParams, pos: int, k_cache: Tensor,
                 v_cache: Tensor) -> dict[str, Callable[[], object]]:

@@ -175,9 +175,6 @@ class RowBackend:
     def decode_window(self, codes: np.ndarray) -> np.ndarray:
         return self.shared.decode_window(codes)
 
-    def decode_batch(self, codes: list[np.ndarray]) -> list[np.ndarray]:
-        return self.shared.decode_batch(codes)
-
     def codec_stream(self):
         return self.shared.codec_stream()
 

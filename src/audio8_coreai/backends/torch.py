@@ -134,21 +134,26 @@ class TorchBackend:
         self.v_cache.zero_()
 
     @torch.inference_mode()
-    def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def prefill(self, prompt: np.ndarray, k_cache: torch.Tensor | None = None,
+                v_cache: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Run the prompt int [1+C, P] in windows of 32 columns from slot 0.
 
         Returns the last column's compact logits [V+1] and post-norm hidden [dim] (float32), the
         inputs of :meth:`first_frame`. The last window is as wide as what is left of the prompt: eager
         PyTorch needs no static shape, and padding a 49-column prompt to 64 cost a quarter more work.
+        Writes this backend's KV state (zeroed first), or ``k_cache``/``v_cache`` [n_layer, 1, n_kv, L, D] when
+        given (a row of a batch, see batching.py: slots past the prompt are left as they are, never attended).
         """
-        self.reset()
+        if k_cache is None:
+            self.reset()
+            k_cache, v_cache = self.k_cache, self.v_cache
         n = prompt.shape[1]
         logits = hidden = None
         for start in range(0, n, PREFILL_WIDTH):
             window = np.ascontiguousarray(prompt[:, start:start + PREFILL_WIDTH], dtype=np.int64)
             codes = torch.from_numpy(window)[None].to(self.device)
             pos = torch.tensor([start], device=self.device)
-            lg, hd = self._prefill(codes, pos, self.k_cache, self.v_cache, start + window.shape[1])
+            lg, hd = self._prefill(codes, pos, k_cache, v_cache, start + window.shape[1])
             logits, hidden = lg[0, -1], hd[0, -1]
         self._last = (logits, hidden)
         return logits.float().cpu().numpy(), hidden.float().cpu().numpy()
