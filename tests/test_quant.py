@@ -49,6 +49,26 @@ def test_nbits_linear_fp32_compute_is_the_dequantized_product(bits):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_sessions_load_from_a_temporary_file_and_from_bytes_alike(tmp_path, monkeypatch):
+    """Sessions load their weights from a temporary file (ONNX Runtime then keeps only the prepacked copy) that is
+    gone once loaded; without a writable temporary folder they load from bytes, with the same products."""
+    import tempfile
+
+    lin = _linear()
+    x = torch.randn(2, 64)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    from_file = NBitsLinear(lin, 8, 32, pieces=2)(x)
+    assert list(tmp_path.iterdir()) == []
+
+    def unwritable(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", unwritable)
+    from_bytes = NBitsLinear(lin, 8, 32, pieces=2)(x)
+    assert torch.equal(from_file, from_bytes)
+    assert from_file.shape == (2, 96)
+
+
 def test_two_int8_pieces_are_16_bit_fixed_point():
     """int16 = int8 weights + int8 residual, inputs as int8 + residual rows: ~250x the int8 accuracy."""
     lin = _linear()
