@@ -46,6 +46,20 @@ def test_say_same_seed_identical_samples(tiny_checkpoint, tmp_path):
     assert np.array_equal(a, b)
 
 
+def test_say_splits_long_text_as_say_stream_does(tiny_checkpoint, tmp_path):
+    text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(3))
+    plain, streamed = tmp_path / "plain.wav", tmp_path / "streamed.wav"
+    common = ("--model", tiny_checkpoint, "--seed", 2, "--max-frames", 5, "--device", "cpu")
+    result = run("say", text, "-o", plain, *common)
+    assert result.exit_code == 0, result.output
+    assert "spoken in 3 pieces" in result.output and "in 3 piece(s)" in result.output
+    assert run("say", text, "-o", streamed, "--stream", *common).exit_code == 0
+    a, _ = sf.read(plain, dtype="float32")
+    b, _ = sf.read(streamed, dtype="float32")
+    assert a.shape == b.shape and a.shape[0] > 3 * 5 * 2048
+    assert np.array_equal(a, b)
+
+
 def test_prompt_json_needs_only_config_and_tokenizer(tiny_checkpoint, tmp_path):
     light = tmp_path / "light"
     light.mkdir()

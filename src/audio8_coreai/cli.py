@@ -87,7 +87,9 @@ def say(
     temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature (default 0.7).")] = None,
     top_k: Annotated[Optional[int], typer.Option(help="Top-k (default 50).")] = None,
     top_p: Annotated[Optional[float], typer.Option(help="Top-p (default 0.9).")] = None,
-    max_frames: Annotated[Optional[int], typer.Option(help="Frame cap (46 ms each; default 512).")] = None,
+    max_frames: Annotated[Optional[int], typer.Option(
+        help="Frame cap (46 ms each; default: the checkpoint's max_new_tokens, 512, or what the context leaves)."
+    )] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
     backend: BackendOpt = "torch",
@@ -126,10 +128,14 @@ def say(
     progress = Progress(TextColumn("frames"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
     spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
+    chosen = voice if ref_audio is None else tts.voice_from_clip(ref_audio, ref_text)  # encoded once
+    speech = tts.stream(text, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames, seed=seed,
+                        temperature=temperature, top_k=top_k, top_p=top_p, max_frames=max_frames, voice=chosen)
+    if not stream and len(speech.pieces) > 1:  # too long for one utterance: split, as --stream does
+        err.print(f"note: the text is longer than one utterance; it is spoken in {len(speech.pieces)} pieces, "
+                  "as with --stream", highlight=False)
+        stream = True
     if stream:
-        speech = tts.stream(text, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames, seed=seed,
-                            temperature=temperature, top_k=top_k, top_p=top_p, max_frames=max_frames, voice=voice,
-                            ref_audio=ref_audio, ref_text=ref_text)
         with progress:
             task = progress.add_task("frames", total=speech.max_frames)
             speech.on_frame = lambda step: progress.update(task, completed=step + 1)
@@ -140,8 +146,8 @@ def say(
         return
     with progress:
         task = progress.add_task("frames", total=None)
-        result = tts.generate(text, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
-                              max_frames=max_frames, voice=voice, ref_audio=ref_audio, ref_text=ref_text,
+        result = tts.generate(text, seed=speech.seed, temperature=temperature, top_k=top_k, top_p=top_p,
+                              max_frames=max_frames, voice=chosen,
                               on_start=lambda n: progress.update(task, total=n),
                               on_frame=lambda step: progress.update(task, completed=step + 1))
     if result.frames == 0:
@@ -149,9 +155,11 @@ def say(
                           "try another --seed")
     write_audio(output, result.audio, result.sample_rate)
     if not result.reached_eos:
+        full = result.prompt_length + result.max_frames >= tts.config.max_seq_len
+        remedy = ("the context is full: shorten the text" if full
+                  else "raise --max-frames if the context allows, or shorten the text")
         err.print(f"[yellow]warning:[/] stopped at the frame cap ({result.max_frames} frames) before the model "
-                  "ended the utterance; the audio may be cut (raise --max-frames if the context allows, or shorten the "
-                  "text; --stream splits long text)")
+                  f"ended the utterance; the audio may be cut ({remedy})")
     out.print(f"{output}: {result.frames} frames, {result.duration_s:.2f} s of audio, RTF {result.rtf:.2f} "
               f"({spoken_as}seed {result.seed}, {tts.backend.description})", highlight=False)
 

@@ -196,8 +196,8 @@ class PromptBuilder:
         if prompt_len >= limit:
             raise PromptError(f"the prompt is {prompt_len} tokens{content} but the model's context "
                               f"(max_seq_len) is {limit}, which must also hold the generated frames: "
-                              "shorten the text or use a shorter reference clip, or stream it (audio8 say --stream, "
-                              "TTS.stream), which splits long text into sentences")
+                              "shorten the text or use a shorter reference clip, or let it be split into sentences "
+                              "(audio8 say, TTS.synthesize and TTS.stream split long text)")
         raise PromptError(f"the prompt is {prompt_len} tokens{content}; with max_new_frames {max_new_frames} "
                           f"that is {prompt_len + max_new_frames} positions, over max_seq_len {limit}: at most "
                           f"{limit - prompt_len} frames fit, so lower max_new_frames or shorten the text")

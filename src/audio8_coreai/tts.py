@@ -197,10 +197,27 @@ class TTS:
         return [Synthesis(a, self.sample_rate, g.codes, g.reached_eos, s, g.prompt_length, b, g.prefill_s,
                           g.frames_s, codec_s) for a, g, s, b in zip(audio, gens, seeds, budgets)]
 
-    def synthesize(self, text: str, **kwargs) -> tuple[np.ndarray, int]:
-        """``(audio float32 [N], sample_rate)`` for ``text``; keyword arguments as :meth:`generate`."""
-        out = self.generate(text, **kwargs)
-        return out.audio, out.sample_rate
+    def synthesize(self, text: str, *, on_start: Callable[[int], None] | None = None,
+                   voice: str | Voice | None = None, ref_audio: str | Path | None = None,
+                   ref_text: str | None = None, **kwargs) -> tuple[np.ndarray, int]:
+        """``(audio float32 [N], sample_rate)`` for ``text`` of any length; keyword arguments as :meth:`generate`.
+
+        Text that :meth:`stream` keeps in one piece (its estimated speech fits the context and the checkpoint's
+        ``max_new_tokens``) is :meth:`generate`'s audio. Longer text is split and spoken piece by piece as
+        :meth:`stream` does (the same samples, pauses included) and the pieces' audio joined; ``on_start`` then
+        gets the most frames all pieces together may make. Raises as :meth:`generate` and :meth:`stream`.
+        """
+        chosen = self._voice(voice, ref_audio, ref_text)  # a clip is encoded once
+        frames = self.config.max_seq_len  # chunks as long as any piece: each piece decodes in one call
+        speech = self.stream(text, chunk_frames=frames, first_chunk_frames=frames, voice=chosen, **kwargs)
+        if len(speech.pieces) == 1:
+            kwargs["seed"] = speech.seed
+            out = self.generate(text, on_start=on_start, voice=chosen, **kwargs)
+            return out.audio, out.sample_rate
+        if on_start is not None:
+            on_start(speech.max_frames)
+        chunks = list(speech)
+        return (np.concatenate(chunks) if chunks else np.zeros(0, np.float32)), self.sample_rate
 
     def stream(self, text: str, *, chunk_frames: int = DEFAULT_CHUNK_FRAMES, first_chunk_frames: int | None = None,
                seed: int | None = None,
