@@ -140,6 +140,8 @@ def test_tts_generate_batch_bad_input(tts_fp32):
         tts_fp32.generate_batch(["fine", "   "], seeds=[1, 2])
     with pytest.raises(EngineError, match="max frames"):
         tts_fp32.generate_batch(["fine"], max_frames=0)
+    with pytest.raises(TypeError, match="not one string"):
+        tts_fp32.generate_batch("hello")
 
 
 def test_frame_server_rows_from_threads_equal_generate(tts_fp32):

@@ -204,6 +204,13 @@ def test_a_reference_too_long_for_the_context_is_refused_with_the_numbers(tts, t
     assert tts.voices.names() == []
 
 
+def test_a_transcript_too_long_for_the_context_is_refused_with_its_length(tts, ref_clip):
+    # 300 x "word " is 1499 byte tokens (the last space is trimmed): the transcript alone overfills 512 positions.
+    with pytest.raises(VoiceError, match=r"transcript is too long for this model: 1499 tokens.*holds 512 positions"):
+        tts.register_voice("wordy", ref_clip, "word " * 300)
+    assert tts.voices.names() == []
+
+
 def test_voice_from_another_checkpoint_is_refused_at_synthesis(tts):
     tts.voices.save(make_voice("other", fingerprint="0" * 64))
     with pytest.raises(VoiceError, match="another checkpoint"):

@@ -151,7 +151,8 @@ class PromptBuilder:
         if not SPEAKER_TAG.search(transcript):
             transcript = DEFAULT_SPEAKER + transcript
         codes = self._check_codes(ref_codes)
-        prefix = self._system_open + self._clone_instruction + self.encode(transcript) + self._clone_speech
+        transcript_ids = self.encode(transcript)
+        prefix = self._system_open + self._clone_instruction + transcript_ids + self._clone_speech
         suffix = self._suffix(target_ids)
         n_ref = codes.shape[1]
         start = len(prefix)
@@ -160,8 +161,8 @@ class PromptBuilder:
         prompt[0, start:start + n_ref] = codes[0] + self.config.semantic_begin_id
         prompt[0, start + n_ref:] = suffix
         prompt[1:, start:start + n_ref] = codes
-        self.check_fits(prompt.shape[1], what=f"text of {len(target_ids)} tokens and a reference of "
-                                              f"{n_ref} frames")
+        self.check_fits(prompt.shape[1], what=f"text of {len(target_ids)} tokens, a reference transcript of "
+                                              f"{len(transcript_ids)} tokens and a reference of {n_ref} frames")
         return prompt
 
     def _check_codes(self, ref_codes: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from .checkpoint import DEFAULT_MODEL, Checkpoint, CheckpointError, load_checkpo
 from .config import ConfigError
 from .engine import frame_budget, generate
 from .graphs import SamplingParams
-from .prompt import PromptBuilder, check_text, split_text
+from .prompt import PromptBuilder, PromptError, check_text, split_text
 from .streaming import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
 from .tokenizer import load_tokenizer
 from .voices import Voice, VoiceError, VoiceStore, check_name, check_voice_choice, now_utc
@@ -174,12 +174,15 @@ class TTS:
         fresh ones. Each text must fit one utterance (no splitting). ``frames_s`` is an utterance's time from
         its admission to its last frame (shared frame calls included), ``codec_s`` the batched decode's time.
         Raises as :meth:`generate`, and BackendError on a backend other than torch, ValueError when ``seeds``
-        does not match ``texts`` or ``max_batch`` < 1.
+        does not match ``texts`` or ``max_batch`` < 1, TypeError when ``texts`` is one string.
         """
         from .backends.torch import BackendError
 
         if not isinstance(self.backend, TorchBackend):
             raise BackendError(f"batched generation runs on the torch backend, not {self.backend.name}")
+        if isinstance(texts, str):  # a str is a sequence too: its characters would become texts
+            raise TypeError("texts must be a list of strings, not one string: use generate() for one text, or "
+                            "generate_batch([text])")
         if seeds is None:
             seeds = [None] * len(texts)
         if len(seeds) != len(texts):
@@ -325,8 +328,14 @@ class TTS:
         and frames). Checked before encoding, from the sample count: a refusal costs no codec time."""
         # The prompt's length without the reference: the template, the transcript and a one-token target.
         one_frame = np.zeros((self.config.num_codebooks, 1), dtype=np.int64)
-        overhead = self.prompts.clone("a", transcript, one_frame).shape[1] - 1
         context = self.config.max_seq_len
+        try:
+            overhead = self.prompts.clone("a", transcript, one_frame).shape[1] - 1
+        except PromptError:  # the transcript alone overfills the context
+            raise VoiceError(f"the reference transcript is too long for this model: {len(self.prompts.encode(transcript))}"
+                             f" tokens, while the model's context holds {context} positions for the whole prompt "
+                             f"(reference and transcript included) and at least {MIN_VOICE_FRAMES} frames of speech; "
+                             "use a shorter clip (0.5-30 s) with its transcript") from None
         room = context - overhead - frames
         if room >= MIN_VOICE_FRAMES:
             return
