@@ -198,6 +198,8 @@ BAD_REQUESTS = [
     ({"seed": -1}, 400, "invalid_request"),
     ({"max_frames": 201}, 400, "max_frames_too_large"),
     ({"input": None}, 400, "invalid_request"),
+    ({"stream": "yes"}, 400, "invalid_request"),
+    ({"stream": "false"}, 400, "invalid_request"),
 ]
 
 
@@ -215,6 +217,16 @@ def test_a_body_that_is_not_json_is_a_400(base):
         error = r.json()["error"]
         assert r.status_code == 400 and error["code"] == "invalid_json"
         assert f"not valid JSON (at character {at})" in error["message"]
+
+
+def test_unknown_routes_and_methods_get_the_same_error_shape(base):
+    r = httpx.post(f"{base}/v1/audio/speak", json={"input": "Hi"})
+    error = r.json()["error"]
+    assert r.status_code == 404 and error["code"] == "unknown_url" and error["type"] == "invalid_request_error"
+    assert "POST /v1/audio/speak" in error["message"] and "POST /v1/audio/speech" in error["message"]
+    r = httpx.get(f"{base}/v1/audio/speech")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert r.headers["allow"] == "POST"
 
 
 # ------------------------------------------------------------------------------------------------------------

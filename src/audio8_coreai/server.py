@@ -49,7 +49,8 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictBool
+from starlette.exceptions import HTTPException
 
 from .audio import MEDIA_TYPES, AudioError, SpeechEncoder, check_speech_format, encode_speech
 from .config import ConfigError
@@ -112,7 +113,7 @@ class SpeechRequest(BaseModel):
     speed: float = 1.0
     stream_format: str = "audio"
     instructions: str | None = None
-    stream: bool = False
+    stream: StrictBool = False  # JSON true/false only: "yes" or "false" as strings are mistakes, not choices
     seed: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -297,6 +298,16 @@ def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         metrics.count(exc.status)
         return exc.response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # Unknown routes (404) and wrong methods (405) in the same error shape as every other refusal.
+        routes = "POST /v1/audio/speech, GET and POST /v1/voices, DELETE /v1/voices/NAME, GET /health, GET /metrics"
+        message = {404: f"no such endpoint: {request.method} {request.url.path}; this server has {routes}",
+                   405: f"{request.method} is not allowed on {request.url.path}; this server has {routes}"}.get(
+            exc.status_code, str(exc.detail))
+        code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code)
+        return await api_error(request, ApiError(exc.status_code, message, None, code, exc.headers))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
