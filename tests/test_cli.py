@@ -95,6 +95,22 @@ def test_parity_command_passes_on_the_oracle(oracle_dir):
     assert re.search(r"encoder clone\[0\] +codes 110/110 equal", result.output)
 
 
+def test_parity_against_other_weights_names_the_fixture_checkpoint(oracle_dir, tiny_checkpoint):
+    result = run("parity", "--model", tiny_checkpoint, "--fixture", oracle_dir / "fixture.npz", "--dtype", "fp32")
+    assert result.exit_code == 1 and "FAIL" in result.output
+    assert f"recorded from the checkpoint in {oracle_dir}" in result.output
+    assert f"run with --model {oracle_dir}" in result.output
+
+
+def test_parity_refuses_a_file_that_is_not_a_fixture(oracle_dir, tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("not an archive")
+    result = run("parity", "--model", oracle_dir, "--fixture", text)
+    assert result.exit_code == 2
+    assert "notes.txt is not an oracle fixture (a .npz archive" in result.output
+    assert "pickle" not in result.output
+
+
 def test_make_checkpoint_refuses_a_non_empty_folder(tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "keep.txt").write_text("data")

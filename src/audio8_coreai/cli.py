@@ -272,7 +272,7 @@ def parity(
     fp16 and mixed). Core AI assets replay what their baked sampling allows and say what they skip."""
     from .backends.torch import TorchBackend
     from .checkpoint import load_checkpoint
-    from .parity import run_parity
+    from .parity import recorded_from_another, run_parity
 
     ckpt = load_checkpoint(model)
     if backend == "coreai" and assets is not None:
@@ -291,6 +291,10 @@ def parity(
         out.print_json(report.to_json())
     else:
         _print_parity(report)
+    recorded = None if report.passed else recorded_from_another(fixture, ckpt.model_file)
+    if recorded is not None:
+        err.print(f"note: {fixture} was recorded from the checkpoint in {recorded}, whose weights differ from "
+                  f"{ckpt.model_file}: run with --model {recorded}", highlight=False, soft_wrap=True)
     if exact and not report.passed:
         raise typer.Exit(1)
 

@@ -17,7 +17,9 @@ scenarios drawn with it and lists the others as skipped.
 
 from __future__ import annotations
 
+import filecmp
 import json
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -142,6 +144,9 @@ def load_fixture(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     path = Path(path)
     if not path.is_file():
         raise ParityError(f"fixture not found: {path} (give the fixture.npz of an oracle folder)")
+    if not zipfile.is_zipfile(path):  # np.load would try it as a pickle and say so
+        raise ParityError(f"{path} is not an oracle fixture (a .npz archive, such as the fixture.npz of an oracle "
+                          "folder)")
     try:
         with np.load(path) as f:
             arrays = {k: f[k] for k in f.files}
@@ -149,6 +154,16 @@ def load_fixture(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     except Exception as e:  # a corrupt npz raises zipfile/pickle/value errors alike
         raise ParityError(f"cannot read fixture {path}: {e}") from e
     return arrays, meta
+
+
+def recorded_from_another(fixture_path: str | Path, model_file: str | Path) -> Path | None:
+    """The oracle folder of ``fixture_path`` when it holds the ``model.safetensors`` the fixture was recorded from
+    and that file's bytes differ from ``model_file`` (a run against the wrong weights); else None."""
+    folder = Path(fixture_path).parent
+    recorded = folder / "model.safetensors"
+    if not recorded.is_file() or filecmp.cmp(recorded, model_file, shallow=False):
+        return None
+    return folder
 
 
 class _RecordedNoise:
