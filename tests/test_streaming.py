@@ -125,11 +125,11 @@ def test_codec_thread_gives_the_same_chunks(tiny_tts):
     assert max(float(np.abs(a - b).max()) for a, b in zip(again, plain)) <= EXACT  # nothing leaked
 
 
-@pytest.mark.parametrize("first, chunk, sizes", [(1, 8, [1, 8, 8, 3]), (3, 3, [3] * 6 + [2]), (None, 2, [2] * 10),
-                                                 (12, 5, [12, 5, 3])])
+@pytest.mark.parametrize("first, chunk, sizes", [(1, 8, [1, 2, 4, 8, 5]), (3, 3, [3] * 6 + [2]),
+                                                 (None, 2, [2] * 10), (12, 5, [12, 5, 3]), (None, 16, [4, 8, 8])])
 def test_first_chunk_frames_changes_when_audio_comes_not_what_it_is(tiny_tts, first, chunk, sizes):
-    """The first chunk holds ``first_chunk_frames`` (None: 4, at most ``chunk_frames``), the rest
-    ``chunk_frames``: the samples are the whole utterance's whatever the sizes."""
+    """The first chunk holds ``first_chunk_frames`` (None: 4, at most ``chunk_frames``), each next one twice the
+    last up to ``chunk_frames``: the samples are the whole utterance's whatever the sizes."""
     whole = tiny_tts.generate(TEXT, seed=1, max_frames=20)
     assert whole.frames == 20
     chunks = list(tiny_tts.stream(TEXT, seed=1, max_frames=20, chunk_frames=chunk, first_chunk_frames=first))

@@ -79,9 +79,10 @@ class SpeechStream:
     """An iterable of float32 mono chunks at ``sample_rate`` Hz: the speech of ``pieces``, made as it is read.
 
     Build with :meth:`.tts.TTS.stream` (which checks everything before the first frame). Iterating runs the
-    model: each chunk holds ``chunk_frames`` frames (``chunk_frames * frame_length`` samples), except the
-    stream's first, which holds ``first_chunk_frames`` (None: DEFAULT_FIRST_CHUNK_FRAMES, at most
-    ``chunk_frames``), and a piece's last, which holds what is left when it ends (eos or its cap); a silence of
+    model: the stream's first chunk holds ``first_chunk_frames`` frames (None: DEFAULT_FIRST_CHUNK_FRAMES, at
+    most ``chunk_frames``), each next one twice the last up to ``chunk_frames`` (``n`` frames are ``n *
+    frame_length`` samples), so audio already sent covers the making of the next chunk whenever frames come
+    faster than real time; a piece's last chunk holds what is left when it ends (eos or its cap); a silence of
     ``pause_s`` seconds separates pieces.
     The seeded noise stream (``seed``) runs on across pieces, so a split text is as reproducible as one
     utterance; a one-piece stream gives the samples of ``TTS.generate`` with the same seed. ``on_frame(step)``
@@ -145,6 +146,7 @@ class SpeechStream:
         pause = np.zeros(round(self.pause_s * self.sample_rate), dtype=np.float32)
         start = time.perf_counter()
         step = 0
+        size = self.first_chunk_frames
         # The codec of chunk k runs on this worker while the frames of chunk k+1 are made (on a 2-core CPU
         # the two overlap); the first chunk is decoded at once, for the earliest first audio.
         pool = ThreadPoolExecutor(1, thread_name_prefix="audio8-codec") if self.codec_thread else None
@@ -169,10 +171,10 @@ class SpeechStream:
                         break
                     pending.append(res.codes)
                     self.frames += 1
-                    size = self.first_chunk_frames if self.first_audio_s is None else self.chunk_frames
                     if len(pending) == size:
                         codes = np.stack(pending, axis=1)
                         pending = []
+                        size = min(self.chunk_frames, 2 * size)
                         if pool is None or self.first_audio_s is None:
                             yield self._first_audio(self._decode(decoder, codes), start)
                         else:

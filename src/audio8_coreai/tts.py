@@ -229,8 +229,10 @@ class TTS:
                ref_text: str | None = None, on_frame: Callable[[int], None] | None = None,
                codec_thread: bool = False) -> SpeechStream:
         """Speak ``text`` as it is made: a :class:`.streaming.SpeechStream` of float32 chunks (mono, 44.1 kHz),
-        one every ``chunk_frames`` frames (default 16, 0.74 s), exact to the whole-utterance decode; the first
-        holds ``first_chunk_frames`` (None: 4, at most ``chunk_frames``), so the first audio comes sooner.
+        exact to the whole-utterance decode. The first chunk holds ``first_chunk_frames`` (None: 4, at most
+        ``chunk_frames``), so the first audio comes sooner, and each next one twice the last up to
+        ``chunk_frames`` (default 16 frames, 0.74 s), so sent audio covers the next chunk's making when frames
+        come faster than real time.
 
         Text too long for one utterance is split (:func:`.prompt.split_text`) into pieces whose estimated
         speech (``FRAMES_PER_TOKEN`` frames per text token) fits the context and the checkpoint's
