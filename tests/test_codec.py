@@ -265,3 +265,19 @@ def test_chunked_synthesis_equals_whole(oracle_dir):
     assert chunked.shape == whole.shape == (1, 300 * 2048)
     assert (chunked - whole).abs().max() < 1e-5
     assert (short - whole).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("length", [1, 2, 4, 5])
+def test_short_transposed_conv_through_a_matrix_product_equals_the_convolution(length):
+    """Inputs with 16 L <= C_in take the matrix-product path (4 steps of 64 channels do, 5 do not); both give
+    ConvTranspose1d's numbers, uncropped (``full``) and causally cropped (``forward``)."""
+    from audio8_coreai.model.codec import _CausalConvTranspose
+
+    torch.manual_seed(0)
+    layer = _CausalConvTranspose(64, 24, 16, 8)
+    x = torch.randn(2, 64, length)
+    want = torch.nn.functional.conv_transpose1d(x, layer.conv.weight, layer.conv.bias, stride=8)
+    got = layer.full(x)
+    assert got.shape == want.shape == (2, 24, (length + 1) * 8)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert torch.equal(layer(x), got[..., : length * 8])
