@@ -100,8 +100,8 @@ def test_stream_equals_generate_chunk_by_chunk(tiny_tts):
     speech = tiny_tts.stream(TEXT, seed=1, max_frames=20, chunk_frames=8)
     chunks = list(speech)
     assert whole.frames > 12 and speech.frames == whole.frames
-    assert speech.first_chunk_frames == DEFAULT_FIRST_CHUNK_FRAMES == 4
-    assert [len(c) for c in chunks[:-1]] == [4 * 2048] + [8 * 2048] * (len(chunks) - 2)
+    assert speech.first_chunk_frames == DEFAULT_FIRST_CHUNK_FRAMES == 1
+    assert [len(c) for c in chunks[:-1]] == [1 * 2048, 2 * 2048, 4 * 2048] + [8 * 2048] * (len(chunks) - 4)
     assert all(c.dtype == np.float32 for c in chunks)
     assert float(np.abs(np.concatenate(chunks) - whole.audio).max()) <= EXACT
     assert speech.reached_eos == [whole.reached_eos] and speech.seed == 1
@@ -126,9 +126,9 @@ def test_codec_thread_gives_the_same_chunks(tiny_tts):
 
 
 @pytest.mark.parametrize("first, chunk, sizes", [(1, 8, [1, 2, 4, 8, 5]), (3, 3, [3] * 6 + [2]),
-                                                 (None, 2, [2] * 10), (12, 5, [12, 5, 3]), (None, 16, [4, 8, 8])])
+                                                 (None, 2, [1] + [2] * 9 + [1]), (12, 5, [12, 5, 3]), (None, 16, [1, 2, 4, 8, 5])])
 def test_first_chunk_frames_changes_when_audio_comes_not_what_it_is(tiny_tts, first, chunk, sizes):
-    """The first chunk holds ``first_chunk_frames`` (None: 4, at most ``chunk_frames``), each next one twice the
+    """The first chunk holds ``first_chunk_frames`` (None: 1, at most ``chunk_frames``), each next one twice the
     last up to ``chunk_frames``: the samples are the whole utterance's whatever the sizes."""
     whole = tiny_tts.generate(TEXT, seed=1, max_frames=20)
     assert whole.frames == 20

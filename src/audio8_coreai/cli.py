@@ -104,7 +104,7 @@ def say(
                                                           "sentences.")] = False,
     chunk_frames: Annotated[int, typer.Option(help="With --stream: frames per chunk (46 ms each).")] = 16,
     first_chunk_frames: Annotated[Optional[int], typer.Option(
-        help="With --stream: frames in the first chunk, so the first audio comes sooner (default 4, at most "
+        help="With --stream: frames in the first chunk, so the first audio comes sooner (default 1, at most "
              "--chunk-frames).")] = None,
 ) -> None:
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
@@ -129,13 +129,14 @@ def say(
                         console=err, transient=True)
     spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
     chosen = voice if ref_audio is None else tts.voice_from_clip(ref_audio, ref_text)  # encoded once
-    speech = tts.stream(text, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames, seed=seed,
-                        temperature=temperature, top_k=top_k, top_p=top_p, max_frames=max_frames, voice=chosen)
-    if not stream and len(speech.pieces) > 1:  # too long for one utterance: split, as --stream does
-        err.print(f"note: the text is longer than one utterance; it is spoken in {len(speech.pieces)} pieces, "
-                  "as with --stream", highlight=False)
+    if not stream and not tts.fits_one_utterance(text, chosen):
+        err.print("note: the text is too long for one utterance; it is split into sentences, as with --stream",
+                  highlight=False)
         stream = True
     if stream:
+        speech = tts.stream(text, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames, seed=seed,
+                            temperature=temperature, top_k=top_k, top_p=top_p, max_frames=max_frames,
+                            voice=chosen)
         with progress:
             task = progress.add_task("frames", total=speech.max_frames)
             speech.on_frame = lambda step: progress.update(task, completed=step + 1)
@@ -146,7 +147,7 @@ def say(
         return
     with progress:
         task = progress.add_task("frames", total=None)
-        result = tts.generate(text, seed=speech.seed, temperature=temperature, top_k=top_k, top_p=top_p,
+        result = tts.generate(text, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
                               max_frames=max_frames, voice=chosen,
                               on_start=lambda n: progress.update(task, total=n),
                               on_frame=lambda step: progress.update(task, completed=step + 1))
@@ -500,7 +501,7 @@ def serve(
     = None,
     chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")] = 16,
     first_chunk_frames: Annotated[Optional[int], typer.Option(
-        help="Frames in a stream's first chunk (default 4, at most --chunk-frames).")] = None,
+        help="Frames in a stream's first chunk (default 1, at most --chunk-frames).")] = None,
     max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")] = 4096,
     batch: Annotated[int, typer.Option(
         help="Serve N requests at once from ONE model instance, their frames batched (torch backend; "

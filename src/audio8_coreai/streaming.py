@@ -24,11 +24,11 @@ from .engine import Backend, frame_steps, noise_source
 from .graphs import SamplingParams
 
 DEFAULT_CHUNK_FRAMES = 16  # 16 x 2048 samples = 0.74 s of audio per chunk
-# The stream's first chunk, whose frames TTFA waits for: 4 frames (0.19 s of audio) cut TTFA from 6.2 s to 2.6 s
-# on the 0.6b random checkpoint on the 2-core CPU (benchmarks/bench_streaming.py, one thread). 1 or 2 frames cut
-# another 1.1 or 0.8 s but bring only 46-92 ms of audio, which a player has played long before the next chunk,
-# and decode at 2-3x the cost per frame (a codec call has a fixed cost: 330 ms for 1 frame, 134 ms/frame for 4).
-DEFAULT_FIRST_CHUNK_FRAMES = 4
+# The stream's first chunk, whose frames TTFA waits for. On the 0.6b random checkpoint on the 2-core CPU
+# (benchmarks/bench_streaming.py, 2 threads, 48-column prompt) TTFA is 0.91 s with 1 frame, 1.16 s with 2, 1.61 s
+# with 4 and about 4 s with 16. Chunks then double (1, 2, 4, 8, 16 frames), so the 46 ms of the first is followed
+# by ever longer ones; a short chunk decodes dearer per frame (118 ms for 1 frame, 70 ms/frame for 4).
+DEFAULT_FIRST_CHUNK_FRAMES = 1
 PAUSE_S = 0.25  # silence between the pieces of a split text: a sentence break's pause in read speech
 # Frames one text token takes when spoken, with margin: English and Chinese run at about 6 frames (46 ms each)
 # per token of the Qwen tokenizer. Text is split so each piece's estimate fits its utterance's frame budget.

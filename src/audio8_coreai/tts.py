@@ -205,22 +205,33 @@ class TTS:
                    ref_text: str | None = None, **kwargs) -> tuple[np.ndarray, int]:
         """``(audio float32 [N], sample_rate)`` for ``text`` of any length; keyword arguments as :meth:`generate`.
 
-        Text that :meth:`stream` keeps in one piece (its estimated speech fits the context and the checkpoint's
-        ``max_new_tokens``) is :meth:`generate`'s audio. Longer text is split and spoken piece by piece as
-        :meth:`stream` does (the same samples, pauses included) and the pieces' audio joined; ``on_start`` then
-        gets the most frames all pieces together may make. Raises as :meth:`generate` and :meth:`stream`.
+        Text that fits one utterance (:meth:`fits_one_utterance`) is :meth:`generate`'s audio. Longer text is
+        split and spoken piece by piece as :meth:`stream` does (the same samples, pauses included) and the pieces'
+        audio joined; ``on_start`` then gets the most frames all pieces together may make. Raises as
+        :meth:`generate` and :meth:`stream`.
         """
         chosen = self._voice(voice, ref_audio, ref_text)  # a clip is encoded once
-        frames = self.config.max_seq_len  # chunks as long as any piece: each piece decodes in one call
-        speech = self.stream(text, chunk_frames=frames, first_chunk_frames=frames, voice=chosen, **kwargs)
-        if len(speech.pieces) == 1:
-            kwargs["seed"] = speech.seed
+        if self.fits_one_utterance(text, chosen):
             out = self.generate(text, on_start=on_start, voice=chosen, **kwargs)
             return out.audio, out.sample_rate
+        frames = self.config.max_seq_len  # chunks as long as any piece: each piece decodes in one call
+        speech = self.stream(text, chunk_frames=frames, first_chunk_frames=frames, voice=chosen, **kwargs)
         if on_start is not None:
             on_start(speech.max_frames)
         chunks = list(speech)
         return (np.concatenate(chunks) if chunks else np.zeros(0, np.float32)), self.sample_rate
+
+    def fits_one_utterance(self, text: str, voice: str | Voice | None = None) -> bool:
+        """Whether ``text`` spoken in ``voice`` (a name, a :class:`Voice` or None) fits one utterance: its
+        prompt leaves the context room for a frame. :meth:`generate` speaks only such text; :meth:`synthesize`
+        and ``audio8 say`` split the rest as :meth:`stream` does. Raises PromptError for unspeakable text,
+        VoiceError as :meth:`generate`."""
+        text, chosen = check_text(text), self._voice(voice, None, None)
+        try:
+            self._prompt(text, chosen)
+        except PromptError:  # the prompt alone fills the context
+            return False
+        return True
 
     def stream(self, text: str, *, chunk_frames: int = DEFAULT_CHUNK_FRAMES, first_chunk_frames: int | None = None,
                seed: int | None = None,
@@ -229,7 +240,7 @@ class TTS:
                ref_text: str | None = None, on_frame: Callable[[int], None] | None = None,
                codec_thread: bool = False) -> SpeechStream:
         """Speak ``text`` as it is made: a :class:`.streaming.SpeechStream` of float32 chunks (mono, 44.1 kHz),
-        exact to the whole-utterance decode. The first chunk holds ``first_chunk_frames`` (None: 4, at most
+        exact to the whole-utterance decode. The first chunk holds ``first_chunk_frames`` (None: 1, at most
         ``chunk_frames``), so the first audio comes sooner, and each next one twice the last up to
         ``chunk_frames`` (default 16 frames, 0.74 s), so sent audio covers the next chunk's making when frames
         come faster than real time.

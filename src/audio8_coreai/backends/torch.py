@@ -21,6 +21,12 @@ from ..fastframe import FastFrame
 from ..model.quant import (PRECISIONS, QuantError, apply_precision, default_precision, release_freed_memory,
                            resolve_precision)
 
+# Frames per push when decoding a whole utterance. 16-32-frame pushes of the incremental decoder keep the SEANet
+# activations in cache: 47.6 ms per frame against 72.0 for the whole run in 256-step pieces with 32 steps of
+# context, and 70.3 for 64-frame pushes (0.6b codec, 160 frames, 2 threads); the peak RSS of a 160-frame decode
+# drops by 0.5 GB.
+DECODE_CHUNK_FRAMES = 16
+
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
@@ -204,8 +210,9 @@ class TorchBackend:
     def decode_window(self, codes: np.ndarray) -> np.ndarray:
         """Codec decode of codes int [C, T] -> float32 audio [T * frame_length] at 44.1 kHz.
 
-        The quantizer, window transformer and upsample run over the whole utterance (as the publisher's
-        decode); the SEANet decoder runs in exact causal chunks so long utterances stay small in memory.
+        The publisher's whole-utterance decode, run as the exact incremental decoder
+        (:class:`.model.codec.StreamingDecoder`) in pushes of ``DECODE_CHUNK_FRAMES``: equal to one whole run up
+        to float rounding (about 6e-6 on the 0.6b codec), faster and smaller (see DECODE_CHUNK_FRAMES).
         """
         return self.decode_batch([np.asarray(codes)])[0]
 
@@ -224,9 +231,10 @@ class TorchBackend:
         batch = np.zeros((len(codes), self.cfg.num_codebooks, longest), dtype=np.int64)
         for i, c in enumerate(codes):
             batch[i, :, :c.shape[1]] = c
-        dec = self.decoder
-        latent = dec.upsample(dec.post_transform(dec.dequantize(torch.as_tensor(batch, device=self.device))))
-        wav = dec.synthesize_chunked(latent).float().cpu().numpy()
+        stream = StreamingDecoder(self.decoder)
+        batch = torch.as_tensor(batch, device=self.device)
+        wav = torch.cat([stream.push(batch[..., start:start + DECODE_CHUNK_FRAMES])
+                         for start in range(0, longest, DECODE_CHUNK_FRAMES)], dim=-1).cpu().numpy()
         return [wav[i, :c.shape[1] * hop] for i, c in enumerate(codes)]
 
     def codec_stream(self) -> "TorchCodecStream":

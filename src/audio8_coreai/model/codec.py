@@ -599,13 +599,6 @@ class _SEANetEncoder(nn.Module):
 # Public modules
 
 
-# SEANet decoder receptive field, in latent steps (hop_length samples each): 6 for the first k7 conv, 1 per
-# causal ConvTranspose (kernel 2s), 78 samples per block's three residual units (dilations 1, 3, 9, k7) at
-# that block's rate, 6 for the last conv: under 20 steps for strides (8, 8, 4, 2). 32 leaves margin.
-SYNTH_CONTEXT = 32
-SYNTH_CHUNK = 256
-
-
 class CodecDecoder(nn.Module):
     """Codes -> 44.1 kHz audio: the publisher's ``ArkttsCodec.decode`` (SPEC.md section 8).
 
@@ -661,25 +654,6 @@ class CodecDecoder(nn.Module):
     def synthesize(self, latent: Tensor) -> Tensor:
         """``[B, latent, 4 T]`` -> waveform ``[B, 4 T * hop_length]`` (the SEANet decoder, tanh included)."""
         return self.decoder.model(latent).squeeze(1)
-
-    def synthesize_chunked(self, latent: Tensor, chunk: int = SYNTH_CHUNK, context: int = SYNTH_CONTEXT) -> Tensor:
-        """:meth:`synthesize` in pieces of ``chunk`` latent steps (``hop_length`` samples each), each run with
-        ``context`` earlier steps and the context's samples dropped.
-
-        Exact (equal to a whole run up to float rounding) because the SEANet decoder is all causal
-        convolutions with a receptive field under ``SYNTH_CONTEXT`` latent steps; it bounds the memory of
-        long utterances (the last block's activations are 96 channels at 44.1 kHz).
-        """
-        steps = latent.shape[-1]
-        if steps <= chunk:
-            return self.synthesize(latent)
-        hop = self.cfg.hop_length
-        pieces = []
-        for start in range(0, steps, chunk):
-            left = max(0, start - context)
-            wav = self.synthesize(latent[..., left:start + chunk])
-            pieces.append(wav[..., (start - left) * hop:])
-        return torch.cat(pieces, dim=-1)
 
     def intermediates(self, codes: Tensor) -> dict[str, Tensor]:
         """Every stage for codes ``[B, 10, T]``: ``post_in``, ``post_out``, ``upsample_out``, ``waveform``
