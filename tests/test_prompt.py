@@ -249,3 +249,17 @@ def test_every_oracle_entry_collected() -> None:
 ])
 def test_split_text_sentence_ends(text: str, limit: int, pieces: list[str]) -> None:
     assert split_text(text, limit, len) == pieces
+
+
+def test_prefix_length_ends_at_the_user_turn_opening(builder: PromptBuilder) -> None:
+    """Plain: system turn + user opening, 14 columns with the Qwen tokenizer ("Hi" is 21: 14 + 1 + 6); a clone's
+    head adds its transcript and reference columns; the text itself never counts."""
+    plain = builder.plain("Hi")
+    assert plain.shape[1] == 21 and builder.prefix_length(plain) == 14
+    assert builder.prefix_length(builder.plain("A much longer sentence than that.")) == 14
+    codes = np.arange(30).reshape(10, 3) % 7
+    clone = builder.clone("Hi", "Hello there.", codes)
+    head = builder.prefix_length(clone)
+    assert head == clone.shape[1] - 7  # the text (1) and the assistant opening (6) follow it
+    assert np.array_equal(builder.clone("Other words here.", "Hello there.", codes)[:, :head], clone[:, :head])
+    assert builder.prefix_length(plain[:, :5]) == 0

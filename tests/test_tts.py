@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from audio8_coreai.config import ConfigError
 from audio8_coreai.engine import EngineError
@@ -84,3 +85,42 @@ def test_explicit_frame_cap_beyond_the_context_is_refused(tiny_tts):
 def test_bad_sampling_settings(tiny_tts, kwargs):
     with pytest.raises(ConfigError):
         tiny_tts.generate(TEXT, **{"seed": 0, **kwargs})
+
+
+def test_prompt_heads_are_kept_and_give_the_same_state(tiny_tts):
+    """The second prompt with a known head runs only its rest: the same logits and KV state as when the head
+    was computed (bitwise), within float rounding of one sweep over the whole prompt, and the same audio."""
+    backend = tiny_tts.backend
+    backend._heads.clear()
+    prompt = tiny_tts.prompts.plain(TEXT)
+    head = tiny_tts.prompts.prefix_length(prompt)
+    assert 0 < head < prompt.shape[1]
+    computed = backend.prefill(prompt)
+    k_computed = backend.k_cache[:, :, :, :prompt.shape[1]].clone()
+    assert len(backend._heads) == 1
+    kept = backend.prefill(prompt)
+    assert np.array_equal(computed[0], kept[0]) and np.array_equal(computed[1], kept[1])
+    assert torch.equal(backend.k_cache[:, :, :, :prompt.shape[1]], k_computed)
+    backend.prefix_length = None  # one sweep, nothing kept
+    try:
+        sweep = backend.prefill(prompt)
+    finally:
+        backend.prefix_length = tiny_tts.prompts.prefix_length
+    np.testing.assert_allclose(sweep[0], kept[0], rtol=0, atol=1e-3)  # int16 products, other windows
+    assert np.array_equal(tiny_tts.generate(TEXT, seed=3, max_frames=12).audio,
+                          tiny_tts.generate(TEXT, seed=3, max_frames=12).audio)
+
+
+def test_at_most_prefix_cache_heads_are_kept(tiny_tts):
+    from audio8_coreai.backends.torch import PREFIX_CACHE
+
+    backend = tiny_tts.backend
+    backend._heads.clear()
+    codes = np.zeros((10, 2), np.int64)
+    prompts = [tiny_tts.prompts.clone(TEXT, f"Voice number {i}.", codes) for i in range(PREFIX_CACHE + 2)]
+    for p in prompts:  # a voice per transcript: each its own head
+        backend.prefill(p)
+    heads = [p[:, :tiny_tts.prompts.prefix_length(p)].tobytes() for p in prompts]
+    assert list(backend._heads) == heads[2:]  # the least recently used went first
+    backend.prefill(tiny_tts.prompts.plain(TEXT))
+    assert len(backend._heads) == PREFIX_CACHE

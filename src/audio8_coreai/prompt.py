@@ -115,6 +115,18 @@ class PromptBuilder:
                               "it does not belong to this checkpoint")
         return ids
 
+    def prefix_length(self, prompt: np.ndarray) -> int:
+        """Columns of ``prompt`` (int [1+C, P], built here) before the target text: the system turn (a clone's
+        reference and transcript included) and the user turn's opening, up to the first ``<|im_end|>\n
+        <|im_start|>user\n`` in row 0; 0 when there is none. Every prompt of one voice starts with the same
+        ones, so a backend can keep their KV state (see ``TorchBackend.prefix_length``)."""
+        head = np.asarray(self._turn_end + self._user_open)
+        row = np.asarray(prompt[0])
+        if row.shape[0] < head.shape[0]:
+            return 0
+        hits = np.flatnonzero((np.lib.stride_tricks.sliding_window_view(row, head.shape[0]) == head).all(axis=1))
+        return int(hits[0]) + head.shape[0] if hits.size else 0
+
     def _suffix(self, target_ids: list[int]) -> list[int]:
         # The user turn and the assistant opening shared by both prompt kinds (SPEC.md section 5, steps 3-7).
         return self._turn_end + self._user_open + target_ids + self._turn_end + self._assistant_voice

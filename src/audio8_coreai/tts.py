@@ -114,6 +114,7 @@ class TTS:
             engine_backend = CoreAIBackend(ckpt, assets)
         else:
             engine_backend = TorchBackend(ckpt, device, dtype, precision, codec_dtype)
+            engine_backend.prefix_length = prompts.prefix_length  # keep the KV state of prompt heads
         return cls(ckpt, engine_backend, prompts, VoiceStore(voices_dir))
 
     @property
