@@ -62,6 +62,18 @@ def test_say_splits_text_too_long_for_one_utterance_as_say_stream_does(tiny_chec
     assert np.array_equal(a, b)
 
 
+def test_frame_cap_warning_says_when_the_context_is_full(tiny_checkpoint, tmp_path):
+    text = " ".join(["Words go here."] * 28)  # fits the 512-position context with 28 frames to spare
+    result = run("say", text, "-o", tmp_path / "full.wav", "--model", tiny_checkpoint, "--seed", 1, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "stopped at the frame cap (28 frames)" in said and "the context is full" in said
+    result = run("say", "Words go here.", "-o", tmp_path / "cap.wav", "--model", tiny_checkpoint, "--seed", 1,
+                 "--max-frames", 3, "--device", "cpu")
+    said = " ".join(result.output.split())
+    assert "stopped at the frame cap (3 frames)" in said and "raise --max-frames" in said
+
+
 def test_prompt_json_needs_only_config_and_tokenizer(tiny_checkpoint, tmp_path):
     light = tmp_path / "light"
     light.mkdir()

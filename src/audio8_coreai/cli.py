@@ -157,7 +157,8 @@ def say(
     write_audio(output, result.audio, result.sample_rate)
     if not result.reached_eos:
         full = result.prompt_length + result.max_frames >= tts.config.max_seq_len
-        remedy = ("the context is full: shorten the text" if full
+        remedy = ("the context is full: shorten the text, or use --stream, which splits it by its estimated "
+                  "speech" if full
                   else "raise --max-frames if the context allows, or shorten the text")
         err.print(f"[yellow]warning:[/] stopped at the frame cap ({result.max_frames} frames) before the model "
                   f"ended the utterance; the audio may be cut ({remedy})")
