@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -223,3 +225,22 @@ def test_codec_bf16_is_opt_in(oracle_dir):
     a, b = exact.decode_window(codes), fast.decode_window(codes)
     assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
     assert np.abs(a - b).max() < 0.2 and np.abs(a - b).max() > 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's memory map (Linux)")
+def test_quantized_backend_reads_its_embedding_tables_from_the_mapped_file(tiny_checkpoint):
+    """At a quantized precision the embedding tables are views of model.safetensors mapped in memory (only the
+    rows read become resident), with the stored values."""
+    from safetensors.torch import load_file
+
+    backend = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="int16")
+    model_file = str((tiny_checkpoint / "model.safetensors").resolve())
+    spans = [tuple(int(a, 16) for a in line.split()[0].split("-")) for line in open("/proc/self/maps")
+             if line.rstrip().endswith(model_file)]
+    stored = load_file(tiny_checkpoint / "model.safetensors")
+    for table, key in ((backend.model.slow.embeddings, "embeddings.weight"),
+                       (backend.model.slow.codebook_embeddings, "codebook_embeddings.weight"),
+                       (backend.model.fast.fast_embeddings, "fast_embeddings.weight")):
+        ptr = table.weight.data_ptr()
+        assert any(lo <= ptr < hi for lo, hi in spans), key
+        assert torch.equal(table.weight, stored[key])

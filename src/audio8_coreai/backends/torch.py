@@ -20,8 +20,8 @@ from ..graphs import PREFILL_WIDTH, Prefill, SamplingParams
 from ..model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ..model.dualar import DualAR
 from ..fastframe import FastFrame
-from ..model.quant import (PRECISIONS, QuantError, apply_precision, default_precision, release_freed_memory,
-                           resolve_precision)
+from ..model.quant import (PRECISIONS, QuantError, apply_precision, default_precision, map_embeddings,
+                           release_freed_memory, resolve_precision)
 
 # Frames per push when decoding a whole utterance. 16-32-frame pushes of the incremental decoder keep the SEANet
 # activations in cache: 47.6 ms per frame against 72.0 for the whole run in 256-step pieces with 32 steps of
@@ -117,6 +117,7 @@ class TorchBackend:
                 apply_precision(self.model, self.precision)
             except QuantError as e:
                 raise BackendError(str(e)) from None
+            map_embeddings(self.model, checkpoint.model_state_dict())  # the tables read in place
         self._fast = FastFrame(self.model)  # the frame, arranged for speed (fastframe.py)
         self.codec_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
         if codec_dtype is not None:  # opt-in: bf16 on CPU is about 1.5x faster and not exact (max |diff| ~5e-2)
