@@ -74,6 +74,16 @@ def test_frame_cap_warning_says_when_the_context_is_full(tiny_checkpoint, tmp_pa
     assert "stopped at the frame cap (3 frames)" in said and "raise --max-frames" in said
 
 
+def test_say_stream_ending_at_once_leaves_an_existing_file_untouched(tiny_checkpoint, tmp_path):
+    out = tmp_path / "out.wav"
+    out.write_bytes(b"keep me")
+    result = run("say", "Hi.", "-o", out, "--model", tiny_checkpoint, "--seed", 17, "--max-frames", 5,
+                 "--device", "cpu", "--stream")
+    assert result.exit_code == 2 and "eos on the first frame" in result.output
+    assert out.read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.wav"]  # no empty partial file either
+
+
 def test_prompt_json_needs_only_config_and_tokenizer(tiny_checkpoint, tmp_path):
     light = tmp_path / "light"
     light.mkdir()
@@ -123,6 +133,12 @@ def test_parity_refuses_a_file_that_is_not_a_fixture(oracle_dir, tmp_path):
     assert result.exit_code == 2
     assert "notes.txt is not an oracle fixture (a .npz archive" in result.output
     assert "pickle" not in result.output
+    np.savez(tmp_path / "other.npz", codes=np.zeros(3))
+    result = run("parity", "--model", oracle_dir, "--fixture", tmp_path / "other.npz")
+    assert result.exit_code == 2 and "other.npz is not an oracle fixture: it has no meta_json (its arrays: codes)" \
+        in " ".join(result.output.split())
+    result = run("parity", "--model", oracle_dir, "--fixture", oracle_dir)
+    assert result.exit_code == 2 and f"give {oracle_dir / 'fixture.npz'}" in " ".join(result.output.split())
 
 
 def test_make_checkpoint_refuses_a_non_empty_folder(tmp_path):
@@ -175,6 +191,7 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
     (["say", "Hi", "-o", "{tmp}/o.wav", "--stream", "--chunk-frames", "0"], "--chunk-frames must be >= 1"),
     (["say", "Hi", "-o", "{tmp}/o.wav", "--stream", "--chunk-frames", "4", "--first-chunk-frames", "5"],
      "--first-chunk-frames 1 to --chunk-frames"),
+    (["say", "Hi", "-o", "{tmp}/o.wav", "--chunk-frames", "0"], "--chunk-frames must be >= 1"),  # long text streams
     (["serve", "--port", "99999"], "--port must be 1 to 65535"),
     (["say", "Hi", "-o", "{tmp}/o.wav", "--assets", "{tmp}"], "add backend='coreai' (--backend coreai)"),
     (["say", "Hi", "-o", "{tmp}/o.wav", "--backend", "coreai"], "give assets=DIR (--assets)"),

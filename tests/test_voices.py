@@ -11,6 +11,7 @@ import pytest
 
 import clips
 from audio8_coreai.audio import AudioError
+from audio8_coreai.prompt import PromptError
 from audio8_coreai.voices import Voice, VoiceError, VoiceStore, check_name, default_voices_dir
 
 TEXT = "The meeting has been moved to Thursday afternoon."
@@ -209,6 +210,13 @@ def test_a_transcript_too_long_for_the_context_is_refused_with_its_length(tts, r
     with pytest.raises(VoiceError, match=r"transcript is too long for this model: 1499 tokens.*holds 512 positions"):
         tts.register_voice("wordy", ref_clip, "word " * 300)
     assert tts.voices.names() == []
+
+
+def test_a_voice_that_leaves_little_room_says_so_when_text_cannot_be_split(tts, tmp_path):
+    clip = clips.write(tmp_path / "long.flac", clips.bursts(16000, 14.0), 16000)
+    tts.register_voice("roomy", clip, "Hello.")
+    with pytest.raises(PromptError, match=r"cannot split.*takes \d+ of the context's 512 positions.*shorter clip"):
+        tts.stream("Hello there, everyone. Wonderful weather today.", voice="roomy", seed=1)
 
 
 def test_voice_from_another_checkpoint_is_refused_at_synthesis(tts):

@@ -70,8 +70,9 @@ def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[sf.SoundFi
 
     Formats as :func:`write_audio`. The audio grows in ``.NAME.partial.EXT`` beside ``path`` with every
     ``write(chunk float32 [n])`` (call ``flush()`` after each to keep a wav's header sizes current, so the file so
-    far plays) and becomes ``path`` when the block ends without an error; an interrupted run leaves ``path`` as it
-    was (an existing file is never clobbered) and the audio made until then in the partial file.
+    far plays) and becomes ``path`` when the block ends without an error; an interrupted run (an exception in the
+    block) leaves ``path`` as it was (an existing file is never clobbered) and the audio made until then in the
+    partial file, which is removed when it holds none.
     Raises AudioError as :func:`write_audio`.
     """
     path, folder = _writable(path)
@@ -81,8 +82,13 @@ def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[sf.SoundFi
         f = sf.SoundFile(str(partial), "w", sample_rate, 1, subtype, format=fmt)
     except (OSError, sf.LibsndfileError) as e:
         raise AudioError(f"cannot write {partial}: {e}") from e
-    with f:
-        yield f
+    try:
+        with f:
+            yield f
+    except BaseException:
+        if f.frames == 0:  # nothing was made: no partial file to keep
+            partial.unlink(missing_ok=True)
+        raise
     publish(partial, path)
 
 

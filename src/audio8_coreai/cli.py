@@ -115,8 +115,7 @@ def say(
 
     check_text(text)  # fail before loading a model
     _check_output(output)
-    if stream:
-        _check_chunks(chunk_frames, first_chunk_frames)
+    _check_chunks(chunk_frames, first_chunk_frames)  # long text is streamed even without --stream
     check_voice_choice(voice, ref_audio, ref_text)
     if ref_audio is not None:
         check_text(ref_text, "reference text")
@@ -174,9 +173,9 @@ def _write_stream(speech, output: Path) -> None:
         for chunk in speech:
             f.write(chunk)
             f.flush()
-    if speech.frames == 0:
-        raise EngineError(f"the model ended the utterance at once (eos on the first frame): {output} holds no "
-                          "speech; try another --seed")
+        if speech.frames == 0:  # raised inside: the writer then leaves an existing file as it was
+            raise EngineError(f"the model ended the utterance at once (eos on the first frame): nothing written to "
+                              f"{output}; try another --seed")
     capped = [i + 1 for i, eos in enumerate(speech.reached_eos) if not eos]
     if capped:
         which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {', '.join(map(str, capped))}"

@@ -142,6 +142,9 @@ class ParityReport:
 def load_fixture(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     """Read ``fixture.npz`` -> (arrays by key, meta dict). Raises ParityError with what to do."""
     path = Path(path)
+    if path.is_dir():
+        hint = f": give {path / 'fixture.npz'}" if (path / "fixture.npz").is_file() else ""
+        raise ParityError(f"{path} is a folder, not a fixture file (an oracle folder's fixture.npz){hint}")
     if not path.is_file():
         raise ParityError(f"fixture not found: {path} (give the fixture.npz of an oracle folder)")
     if not zipfile.is_zipfile(path):  # np.load would try it as a pickle and say so
@@ -150,9 +153,15 @@ def load_fixture(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     try:
         with np.load(path) as f:
             arrays = {k: f[k] for k in f.files}
-        meta = json.loads(str(arrays["meta_json"]))
     except Exception as e:  # a corrupt npz raises zipfile/pickle/value errors alike
         raise ParityError(f"cannot read fixture {path}: {e}") from e
+    if "meta_json" not in arrays:
+        raise ParityError(f"{path} is not an oracle fixture: it has no meta_json (its arrays: "
+                          f"{', '.join(sorted(arrays)[:5]) or 'none'})")
+    try:
+        meta = json.loads(str(arrays["meta_json"]))
+    except ValueError as e:
+        raise ParityError(f"cannot read fixture {path}: its meta_json is not JSON ({e})") from e
     return arrays, meta
 
 

@@ -246,11 +246,11 @@ class TTS:
         ``chunk_frames`` (default 16 frames, 0.74 s), so sent audio covers the next chunk's making when frames
         come faster than real time.
 
-        Text too long for one utterance is split (:func:`.prompt.split_text`) into pieces whose estimated
-        speech (``FRAMES_PER_TOKEN`` frames per text token) fits the context and the checkpoint's
-        ``max_new_tokens``; they are spoken in order in the same voice, the seed's noise stream running on, with
-        a short pause between. Text that fits is one piece and the stream's samples are :meth:`generate`'s with
-        the same arguments. ``max_frames`` caps every piece (None: as :meth:`generate`); ``on_frame`` as in
+        Text is split (:func:`.prompt.split_text`) into pieces whose estimated speech (``FRAMES_PER_TOKEN``
+        frames per text token) fits the context and the checkpoint's ``max_new_tokens``; they are spoken in
+        order in the same voice, the seed's noise stream running on, with a short pause between. Text the
+        splitter keeps in one piece gives :meth:`generate`'s samples with the same arguments (a prompt that fits
+        the context may still be split, when its estimated speech would not fit). ``max_frames`` caps every piece (None: as :meth:`generate`); ``on_frame`` as in
         :class:`.streaming.SpeechStream`; ``codec_thread`` decodes each chunk on a thread of its own while the next
         chunk's frames are made (same samples; see SpeechStream); the other arguments as :meth:`generate`.
         Everything is checked here, before any frame (the stream's ``seed`` tells the one drawn when None):
@@ -270,8 +270,16 @@ class TTS:
         default_frames = self.checkpoint.generation.max_new_tokens
         max_tokens = min((self.config.max_seq_len - overhead) // (1 + FRAMES_PER_TOKEN),
                          default_frames // FRAMES_PER_TOKEN)
+        try:
+            parts = split_text(text, max_tokens, count)
+        except PromptError as e:
+            if chosen is None:
+                raise
+            raise PromptError(f"{e}; here the prompt around the text (the voice's reference clip and transcript "
+                              f"included) takes {overhead} of the context's {self.config.max_seq_len} positions, so a "
+                              "voice made from a shorter clip leaves room for longer pieces") from None
         pieces = []
-        for words in split_text(text, max_tokens, count):
+        for words in parts:
             prompt = self._prompt(words, chosen)
             budget = frame_budget(self.config, prompt.shape[1], max_frames, default_frames)
             pieces.append(Piece(words, prompt, budget))
