@@ -86,7 +86,8 @@ def frame_budget(cfg: ModelConfig, prompt_length: int, max_frames: int | None, d
     if max_frames > room:
         raise EngineError(
             f"the prompt is {prompt_length} tokens, so at most {room} frames fit the model's context of "
-            f"{cfg.max_seq_len}; asked for {max_frames}: lower --max-frames or shorten the text")
+            f"{cfg.max_seq_len}; asked for {max_frames}: lower the frame cap (max_frames, --max-frames) or shorten the "
+            "text")
     return max_frames
 
 

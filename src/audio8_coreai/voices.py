@@ -173,7 +173,8 @@ class VoiceStore:
         target = self.path(name)
         if target.exists() and not replace:
             raise VoiceError(f"a voice named {name!r} already exists in {self.root}: choose another name, "
-                             f"or replace it (--force; replace=True in Python)")
+                             f"or replace it (audio8 voice add --force, replace=True in Python, "
+                             "replace=true in POST /v1/voices)")
         return target
 
     def save(self, voice: Voice, replace: bool = False) -> Path:
