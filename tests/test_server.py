@@ -242,6 +242,7 @@ def test_voices_register_speak_list_and_delete(base, tmp_path):
     assert r.json()["name"] == "ana" and r.json()["frames"] == 33
     again = httpx.post(f"{base}/v1/voices", data={"name": "ana", "transcript": "x"}, files=files)
     assert again.status_code == 400 and "exists" in again.json()["error"]["message"]
+    assert "replace=true in POST /v1/voices" in again.json()["error"]["message"]
     assert [v["name"] for v in httpx.get(f"{base}/v1/voices").json()["data"]] == ["ana"]
     cloned = speech(base, voice="ana", response_format="wav")
     assert cloned.status_code == 200 and cloned.content != speech(base, response_format="wav").content
