@@ -126,7 +126,8 @@ def test_codec_thread_gives_the_same_chunks(tiny_tts):
 
 
 @pytest.mark.parametrize("first, chunk, sizes", [(1, 8, [1, 2, 4, 8, 5]), (3, 3, [3] * 6 + [2]),
-                                                 (None, 2, [1] + [2] * 9 + [1]), (12, 5, [12, 5, 3]), (None, 16, [1, 2, 4, 8, 5])])
+                                                 (None, 2, [1] + [2] * 9 + [1]), (12, 5, [12, 5, 3]),
+                                                 (None, 16, [1, 2, 4, 8, 5])])
 def test_first_chunk_frames_changes_when_audio_comes_not_what_it_is(tiny_tts, first, chunk, sizes):
     """The first chunk holds ``first_chunk_frames`` (None: 1, at most ``chunk_frames``), each next one twice the
     last up to ``chunk_frames``: the samples are the whole utterance's whatever the sizes."""

@@ -250,9 +250,10 @@ class TTS:
         frames per text token) fits the context and the checkpoint's ``max_new_tokens``; they are spoken in
         order in the same voice, the seed's noise stream running on, with a short pause between. Text the
         splitter keeps in one piece gives :meth:`generate`'s samples with the same arguments (a prompt that fits
-        the context may still be split, when its estimated speech would not fit). ``max_frames`` caps every piece (None: as :meth:`generate`); ``on_frame`` as in
-        :class:`.streaming.SpeechStream`; ``codec_thread`` decodes each chunk on a thread of its own while the next
-        chunk's frames are made (same samples; see SpeechStream); the other arguments as :meth:`generate`.
+        the context may still be split, when its estimated speech would not fit). ``max_frames`` caps every
+        piece (None: as :meth:`generate`); ``on_frame`` as in :class:`.streaming.SpeechStream`;
+        ``codec_thread`` decodes each chunk on a thread of its own while the next chunk's frames are made (same
+        samples; see SpeechStream); the other arguments as :meth:`generate`.
         Everything is checked here, before any frame (the stream's ``seed`` tells the one drawn when None):
         raises as :meth:`generate` does, PromptError for a run of text that cannot be split to fit, and
         ValueError for ``chunk_frames`` or ``first_chunk_frames`` < 1.
@@ -354,9 +355,10 @@ class TTS:
         try:
             overhead = self.prompts.clone("a", transcript, one_frame).shape[1] - 1
         except PromptError:  # the transcript alone overfills the context
-            raise VoiceError(f"the reference transcript is too long for this model: {len(self.prompts.encode(transcript))}"
-                             f" tokens, while the model's context holds {context} positions for the whole prompt "
-                             f"(reference and transcript included) and at least {MIN_VOICE_FRAMES} frames of speech; "
+            tokens = len(self.prompts.encode(transcript))
+            raise VoiceError(f"the reference transcript is too long for this model: {tokens} tokens, while the "
+                             f"model's context holds {context} positions for the whole prompt (reference and "
+                             f"transcript included) and at least {MIN_VOICE_FRAMES} frames of speech; "
                              "use a shorter clip (0.5-30 s) with its transcript") from None
         room = context - overhead - frames
         if room >= MIN_VOICE_FRAMES:

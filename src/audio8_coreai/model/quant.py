@@ -435,10 +435,12 @@ def apply_precision(model, precision: Precision, threads: int | None = None) -> 
 
 def map_embeddings(model, state: dict[str, Tensor]) -> None:
     """Point ``model``'s (dualar.DualAR) embedding tables (:class:`UpcastEmbedding` or ``nn.Embedding``) at the
-    tensors of ``state`` instead of their own copies, where dtype and shape match. ``state`` is a fresh ``Checkpoint.model_state_dict()``: views
-    of model.safetensors memory-mapped (copy on write), so only the pages of the rows a prompt or frame reads
-    become resident (the 0.6b model's tables are 0.36 GB in bf16) and the values are the stored ones."""
-    for owner, name in ((model.slow, "embeddings"), (model.slow, "codebook_embeddings"), (model.fast, "fast_embeddings")):
+    tensors of ``state`` instead of their own copies, where dtype and shape match. ``state`` is a fresh
+    ``Checkpoint.model_state_dict()``: views of model.safetensors memory-mapped (copy on write), so only the
+    pages of the rows a prompt or frame reads become resident (the 0.6b model's tables are 0.36 GB in bf16) and
+    the values are the stored ones."""
+    tables = ((model.slow, "embeddings"), (model.slow, "codebook_embeddings"), (model.fast, "fast_embeddings"))
+    for owner, name in tables:
         emb, stored = getattr(owner, name), state.get(f"{name}.weight")
         if (isinstance(emb, (UpcastEmbedding, nn.Embedding)) and stored is not None and stored.dtype == emb.weight.dtype
                 and stored.shape == emb.weight.shape and stored.device == emb.weight.device):
