@@ -1,8 +1,8 @@
 """Streaming figures on the random 0.6b checkpoint: exactness and cost of the incremental codec, and TTFA.
 
     python benchmarks/bench_streaming.py [--model DIR] [--device cpu] [--threads 1] [--chunk-frames 16]
-                                         [--first-chunk-frames 4 ...] [--chunks 4] [--runs 2] [--frames 48]
-                                         [--json out.json]
+                                         [--first-chunk-frames 1 ...] [--chunks 4] [--runs 2] [--frames 48]
+                                         [--voice-seconds 10] [--json out.json]
 
 **Codec** (random codes, the 0.6b codec: 8-layer window-128 post transformer): the utterance is decoded whole
 (the reference), then chunk by chunk with ``StreamingDecoder`` (per-layer keys/values and conv tails kept), and,
@@ -15,7 +15,9 @@ of each, measured on the chunks after the first 160 frames (where a window re-de
 the call to its first chunk, for each ``--first-chunk-frames`` (default 1, 2, 4, 8 and ``--chunk-frames``, the
 last being a stream without a shorter first chunk), taking turns within each round so load changes hit them
 alike; median of ``--runs`` rounds after a warm-up round, split into prefill, the first chunk's frames and its
-decode (the decode's ms per frame shows what a short chunk costs). Then the steady state of one whole stream of
+decode (the decode's ms per frame shows what a short chunk costs). With ``--voice-seconds S``, TTFA in a voice
+cloned from S seconds of a synthetic clip: its first request (the prompt's head, reference included, computed)
+and the median of ``--runs`` more (the head kept by the torch backend). Then the steady state of one whole stream of
 ``--frames`` frames (the random checkpoint never emits eos): ms per frame (model + codec) after the first chunk,
 and its RTF. ``--threads`` sets torch's threads (and so ONNX Runtime's) before the model loads. The load average
 is printed before and after: other processes on the machine inflate every time.
@@ -30,6 +32,7 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from audio8_coreai import TTS
@@ -88,6 +91,36 @@ def bench_ttfa(tts: TTS, firsts: list[int], chunk: int, runs: int) -> list[dict]
     return rows
 
 
+def bench_voice_ttfa(tts: TTS, seconds: float, runs: int) -> dict:
+    """TTFA of the sentence in a voice cloned from ``seconds`` of a synthetic clip (noise bursts): its first
+    request, which computes the prompt's head (reference included), then the median of ``runs`` more, which
+    find the head kept. The clip is encoded once, before any timing."""
+    import tempfile
+
+    import soundfile as sf
+
+    rng = np.random.default_rng(0)
+    t = np.arange(int(seconds * 44100)) / 44100
+    clip = (0.3 * rng.standard_normal(t.shape) * (np.sin(2 * np.pi * 3 * t) > 0)).astype(np.float32)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "clip.wav"
+        sf.write(path, clip, 44100)
+        voice = tts.voice_from_clip(path, "A synthetic reference clip.")
+    marks = []
+    for run in range(runs + 1):
+        t0 = time.perf_counter()
+        stream = tts.stream(SENTENCE, seed=run, voice=voice)
+        chunks = iter(stream)
+        next(chunks)
+        marks.append((time.perf_counter() - t0, stream.prefill_s))
+        chunks.close()
+    kept = [statistics.median(x) for x in zip(*marks[1:])]
+    return {"voice_seconds": seconds, "prompt_columns": int(tts.prompts.clone(SENTENCE, voice.transcript,
+                                                                               voice.codes).shape[1]),
+            "first_ttfa_s": marks[0][0], "first_prefill_s": marks[0][1], "kept_ttfa_s": kept[0],
+            "kept_prefill_s": kept[1]}
+
+
 def bench_steady(tts: TTS, chunk: int, frames: int) -> dict:
     """ms per frame (model + codec) of one stream after its first chunk, and the RTF that makes."""
     t0 = time.perf_counter()
@@ -110,6 +143,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--frames", type=int, default=48, help="Frames of the steady-state stream (the random model "
                                                            "never stops).")
+    ap.add_argument("--voice-seconds", type=float, default=0.0,
+                    help="Also time TTFA in a voice cloned from a clip this long (its first request, then with its "
+                         "prompt head kept); 0: skip.")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     firsts = args.first_chunk_frames or sorted({1, 2, 4, 8, args.chunk_frames})
@@ -132,12 +168,18 @@ def main() -> None:
     for r in ttfa:
         print(f"  {r['first_chunk_frames']:5d} frames {r['ttfa_s']:8.2f} {r['prefill_s']:11.2f} {r['frames_s']:10.2f} "
               f"{r['codec_s']:10.2f} {r['codec_ms_per_frame']:17.0f}")
+    voice = bench_voice_ttfa(tts, args.voice_seconds, args.runs) if args.voice_seconds else None
+    if voice:
+        print(f"TTFA in a voice from a {args.voice_seconds:g} s clip ({voice['prompt_columns']}-column prompt): first "
+              f"request {voice['first_ttfa_s']:.2f} s (prefill {voice['first_prefill_s']:.2f} s), with its head kept "
+              f"{voice['kept_ttfa_s']:.2f} s (prefill {voice['kept_prefill_s']:.2f} s)")
     steady = bench_steady(tts, args.chunk_frames, args.frames)
     print(f"steady state: {steady['steady_ms_per_frame']:.0f} ms/frame with decode (RTF {steady['steady_rtf']:.2f})")
     load_after = os.getloadavg()
     print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"codec": codec, "ttfa": ttfa, "steady": steady, "threads": args.threads,
+        args.json.write_text(json.dumps({"codec": codec, "ttfa": ttfa, "voice": voice, "steady": steady,
+                                         "threads": args.threads,
                                          "prompt_columns": columns, "load_average": [load_before, load_after]},
                                         indent=2) + "\n")
 
