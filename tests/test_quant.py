@@ -41,6 +41,26 @@ def test_pack_nbits_is_symmetric_per_block(bits):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
+def test_pack_nbits_equals_the_rule_computed_in_numpy(bits):
+    """Codes, scales and dequantized weights bit for bit as the rule says, in NumPy: scale = max|w| / qmax per
+    block (1 for an all-zero block), q = clip(rint(w / scale)), deq = q * scale rounded once to fp32."""
+    torch.manual_seed(1)
+    w = torch.cat([torch.randn(6, 64).bfloat16().float(), torch.zeros(1, 64), torch.randn(1, 64) * 1e-30])
+    codes, scales, deq = pack_nbits(w, bits, 32)
+    qmax = (1 << (bits - 1)) - 1
+    blocks = w.numpy().reshape(8, 2, 32)
+    want_scale = np.abs(blocks).max(-1) / np.float32(qmax)
+    want_scale = np.where(want_scale > 0, want_scale, np.float32(1)).astype(np.float32)
+    q = np.clip(np.rint(blocks / want_scale[..., None]), -qmax, qmax).astype(np.int32)
+    want_codes = (q + (1 << (bits - 1))).astype(np.uint8)
+    if bits == 4:
+        want_codes = want_codes[..., 0::2] | (want_codes[..., 1::2] << 4)
+    assert np.array_equal(scales, want_scale.reshape(-1)) and scales.dtype == np.float32
+    assert np.array_equal(codes, want_codes) and codes.dtype == np.uint8
+    assert np.array_equal(deq, (q * want_scale[..., None].astype(np.float64)).astype(np.float32).reshape(8, 64))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
 def test_nbits_linear_fp32_compute_is_the_dequantized_product(bits):
     lin = _linear()
     x = torch.randn(3, 1, 64)
