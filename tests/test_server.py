@@ -196,6 +196,7 @@ BAD_REQUESTS = [
     ({"temperature": 0}, 400, "invalid_request"),
     ({"top_k": 0}, 400, "invalid_request"),
     ({"seed": -1}, 400, "invalid_request"),
+    ({"top_p": 1.5}, 400, "invalid_request"),
     ({"max_frames": 201}, 400, "max_frames_too_large"),
     ({"input": None}, 400, "invalid_request"),
     ({"stream": "yes"}, 400, "invalid_request"),
@@ -209,6 +210,8 @@ def test_bad_requests_get_clear_json_errors(base, body, status, code):
     assert r.status_code == status
     error = r.json()["error"]
     assert error["code"] == code and error["type"] == "invalid_request_error" and len(error["message"]) > 10
+    if code == "invalid_request" and set(body) <= {"temperature", "top_k", "top_p", "seed"}:
+        assert error["param"] == next(iter(body))  # the field to change
 
 
 def test_a_body_that_is_not_json_is_a_400(base):
