@@ -232,9 +232,11 @@ def test_an_interrupted_stream_leaves_an_existing_file_alone(tiny_checkpoint, tm
     monkeypatch.setattr(SpeechStream, "__iter__", interrupted)
     args = ["say", "Hello there, this is a test.", "-o", out, "--model", tiny_checkpoint, "--seed", 1, "--stream",
             "--chunk-frames", 2, "--max-frames", 30, "--device", "cpu"]
-    assert run(*args).exit_code == 130
+    result = run(*args)
+    assert result.exit_code == 130
     assert out.read_bytes() == before
     assert sf.info(tmp_path / ".keep.partial.wav").frames > 0  # what was made, kept aside
+    assert f"the audio made so far is in {tmp_path / '.keep.partial.wav'}" in " ".join(result.output.split())
     monkeypatch.setattr(SpeechStream, "__iter__", real_iter)
     assert run(*args).exit_code == 0
     assert sf.info(out).frames > 4410 and not (tmp_path / ".keep.partial.wav").exists()

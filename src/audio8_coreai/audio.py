@@ -64,6 +64,12 @@ def _writable(path: str | Path) -> tuple[Path, Path]:
     return path, folder
 
 
+def partial_path(path: str | Path) -> Path:
+    """Where :func:`open_audio_writer` grows the audio for ``path``: ``.NAME.partial.EXT`` beside it."""
+    path = Path(path)
+    return path.parent / f".{path.stem}.partial{path.suffix}"
+
+
 @contextlib.contextmanager
 def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[sf.SoundFile]:
     """Write mono audio at ``sample_rate`` Hz to ``path`` chunk by chunk, as it is made (``say --stream``).
@@ -77,7 +83,7 @@ def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[sf.SoundFi
     """
     path, folder = _writable(path)
     fmt, subtype = WRITE_FORMATS[path.suffix.lower()]
-    partial = folder / f".{path.stem}.partial{path.suffix}"
+    partial = partial_path(path)
     try:
         f = sf.SoundFile(str(partial), "w", sample_rate, 1, subtype, format=fmt)
     except (OSError, sf.LibsndfileError) as e:

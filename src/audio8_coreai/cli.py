@@ -167,15 +167,21 @@ def say(
 
 def _write_stream(speech, output: Path) -> None:
     """Write the chunks of ``speech`` (a SpeechStream) to ``output`` as they come; warn about capped pieces."""
-    from .audio import open_audio_writer
+    from .audio import open_audio_writer, partial_path
 
-    with open_audio_writer(output, speech.sample_rate) as f:
-        for chunk in speech:
-            f.write(chunk)
-            f.flush()
-        if speech.frames == 0:  # raised inside: the writer then leaves an existing file as it was
-            raise EngineError(f"the model ended the utterance at once (eos on the first frame): nothing written to "
-                              f"{output}; try another --seed")
+    try:
+        with open_audio_writer(output, speech.sample_rate) as f:
+            for chunk in speech:
+                f.write(chunk)
+                f.flush()
+            if speech.frames == 0:  # raised inside: the writer then leaves an existing file as it was
+                raise EngineError(f"the model ended the utterance at once (eos on the first frame): nothing written "
+                                  f"to {output}; try another --seed")
+    except KeyboardInterrupt:
+        if partial_path(output).exists():
+            err.print(f"{output} is left as it was; the audio made so far is in {partial_path(output)}",
+                      highlight=False, soft_wrap=True)
+        raise
     capped = [i + 1 for i, eos in enumerate(speech.reached_eos) if not eos]
     if capped:
         which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {', '.join(map(str, capped))}"
