@@ -219,6 +219,32 @@ def test_a_voice_that_leaves_little_room_says_so_when_text_cannot_be_split(tts, 
         tts.stream("Hello there, everyone. Wonderful weather today.", voice="roomy", seed=1)
 
 
+def test_files_moved_into_place_after_load_change_neither_fingerprint_nor_codec(tiny_checkpoint, tmp_path):
+    """A loaded model keeps its fingerprint and encodes voices with its own codec when new checkpoint files are
+    moved into place (as an update does), even when the encoder is first built, or rebuilt, after the move."""
+    import shutil
+
+    from audio8_coreai import TTS
+    from audio8_coreai.checkpoint import make_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt)
+    other = make_checkpoint(tmp_path / "other", "tiny", seed=5)
+    short = clips.write(tmp_path / "short.wav", clips.stereo(44100, 0.75), 44100)
+    long = clips.write(tmp_path / "long.wav", clips.bursts(44100, 3.0), 44100)
+    loaded = TTS.load(ckpt, device="cpu", voices_dir=tmp_path / "voices")
+    fingerprint = loaded.checkpoint.fingerprint()
+    loaded.voice_from_clip(short, "Short.")  # the encoder is built, sized for the short clip
+    for name in ("model.safetensors", "codec.pth"):
+        shutil.copy(other / name, ckpt / f"{name}.new")
+        (ckpt / f"{name}.new").rename(ckpt / name)
+    voice = loaded.voice_from_clip(long, "Long.")  # rebuilt for the longer clip, after the move
+    fresh = TTS.load(tiny_checkpoint, device="cpu").voice_from_clip(long, "Long.")
+    assert voice.fingerprint == fingerprint == fresh.fingerprint
+    assert np.array_equal(voice.codes, fresh.codes)
+    assert loaded.generate("Hello.", voice=voice, seed=1, max_frames=4).frames > 0
+
+
 def test_voice_from_another_checkpoint_is_refused_at_synthesis(tts):
     tts.voices.save(make_voice("other", fingerprint="0" * 64))
     with pytest.raises(VoiceError, match="another checkpoint"):

@@ -362,6 +362,12 @@ class Checkpoint:
         st = self.path / CODEC_SAFETENSORS_FILE
         return st if st.is_file() else self.path / self.config.codec_filename
 
+    @property
+    def codec_mapped(self) -> bool:
+        """Whether :meth:`codec_state_dict` with ``mapped`` maps the codec file rather than reading it whole
+        (a ``.safetensors`` or zip-format ``.pth``: every file ``torch.save`` writes; not a legacy pickle)."""
+        return self.codec_file.suffix == ".safetensors" or zipfile.is_zipfile(self.codec_file)
+
     def check_model(self) -> None:
         """Validate ``model.safetensors`` against ``config.json`` from its header (no tensor data read).
 

@@ -104,6 +104,7 @@ class TTS:
             raise BackendError("assets (--assets) are run by the coreai backend: add backend='coreai' "
                                "(--backend coreai), or drop the assets to use the torch backend")
         ckpt = load_checkpoint(model)
+        ckpt.fingerprint()  # of the files as loaded: voices are checked against these weights, not later files
         if ckpt.tokenizer_dir is None:
             raise CheckpointError(f"{ckpt.path} has no tokenizer.json: a checkpoint folder must hold the "
                                   "tokenizer files (tokenizer.json, tokenizer_config.json) to speak text")

@@ -123,12 +123,15 @@ class TorchBackend:
         if codec_dtype is not None:  # opt-in: bf16 on CPU is about 1.5x faster and not exact (max |diff| ~5e-2)
             self.codec_dtype = resolve_dtype(codec_dtype)
         codec_state = checkpoint.codec_state_dict(mapped=True)  # read only what the decoder uses
-        self._codec_state = None  # not kept (1.6 GB for the release): the encoder re-reads it on first use
+        # Kept for the encoder (built on first use) when it maps the file: nothing is resident until read, and
+        # voices are encoded by the codec loaded here even when a new file is moved into place later. A legacy
+        # pickle is read whole (1.6 GB for the release), so the encoder re-reads that one.
+        self._codec_state = codec_state if checkpoint.codec_mapped else None
         # Sized for the longest utterance the context allows, so whole-utterance decodes never need windows.
         self.decoder = CodecDecoder.from_state_dict(checkpoint.codec_config, codec_state,
                                                     max_frames=self.cfg.max_seq_len)
         self.decoder = self.decoder.to(self.device, self.codec_dtype).eval().requires_grad_(False)
-        del codec_state
+        del codec_state  # a full read (legacy pickle) is freed here; a mapping may stay in _codec_state
         release_freed_memory()
         self._encoder: CodecEncoder | None = None
         self._encoder_frames = 0
