@@ -76,6 +76,12 @@ def test_synthesize_splits_text_too_long_for_one_utterance_as_the_stream_does(ti
     np.testing.assert_allclose(audio, np.concatenate(list(speech)), rtol=0, atol=1e-5)
 
 
+def test_a_frame_cap_beyond_the_context_names_the_piece_of_a_split_text(tiny_tts):
+    text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(16))
+    with pytest.raises(EngineError, match=r"piece 1 of \d+ \('Sentence 0 is here.*'\): the prompt is \d+ tokens"):
+        tiny_tts.synthesize(text, seed=0, max_frames=10_000)
+
+
 def test_explicit_frame_cap_beyond_the_context_is_refused(tiny_tts):
     with pytest.raises(EngineError, match=r"at most \d+ frames"):
         tiny_tts.generate(TEXT, seed=0, max_frames=10_000)

@@ -16,7 +16,7 @@ from .backends.torch import TorchBackend
 from .batching import generate_batch
 from .checkpoint import DEFAULT_MODEL, Checkpoint, CheckpointError, load_checkpoint
 from .config import ConfigError
-from .engine import frame_budget, generate
+from .engine import EngineError, frame_budget, generate
 from .graphs import SamplingParams
 from .prompt import PromptBuilder, PromptError, check_text, split_text
 from .streaming import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
@@ -281,9 +281,15 @@ class TTS:
                               f"included) takes {overhead} of the context's {self.config.max_seq_len} positions, so a "
                               "voice made from a shorter clip leaves room for longer pieces") from None
         pieces = []
-        for words in parts:
+        for index, words in enumerate(parts):
             prompt = self._prompt(words, chosen)
-            budget = frame_budget(self.config, prompt.shape[1], max_frames, default_frames)
+            try:
+                budget = frame_budget(self.config, prompt.shape[1], max_frames, default_frames)
+            except EngineError as e:
+                if len(parts) == 1:
+                    raise
+                start = words if len(words) <= 40 else words[:40] + "..."
+                raise EngineError(f"piece {index + 1} of {len(parts)} ({start!r}): {e}") from None
             pieces.append(Piece(words, prompt, budget))
         codec = self.checkpoint.codec_config
         return SpeechStream(self.backend, pieces, params, check_seed(seed), chunk_frames=chunk_frames,
