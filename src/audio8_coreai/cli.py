@@ -520,11 +520,8 @@ def serve(
     from .serving import batched_engines
     from .tts import TTS
 
-    if (workers < 1 or max_queue < 0 or chunk_frames < 1 or (first_chunk_frames is not None and first_chunk_frames < 1)
-            or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0):
-        raise ConfigError("--workers, --chunk-frames, --first-chunk-frames, --max-input-chars and --max-frames must "
-                          "be >= 1, "
-                          "--max-queue and --batch >= 0")
+    if workers < 1 or max_queue < 0 or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0:
+        raise ConfigError("--workers, --max-input-chars and --max-frames must be >= 1, --max-queue and --batch >= 0")
     _check_chunks(chunk_frames, first_chunk_frames)
     _check_port(host, port)  # before minutes of loading
     if batch and workers != 1:

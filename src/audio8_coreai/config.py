@@ -16,7 +16,13 @@ MODEL_TYPE = "arktts"
 
 
 class ConfigError(ValueError):
-    """A config file is missing a key, has a wrong type or describes another model."""
+    """A config file is missing a key, has a wrong type or describes another model, or a setting is out of
+    range; ``field`` names that setting when there is one (``temperature``, ``seed``...), for the HTTP error's
+    ``param``."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 def _req(d: dict[str, Any], key: str, kind: type, where: str) -> Any:
@@ -169,15 +175,16 @@ class GenerationConfig:
         return cfg
 
     def check(self, where: str = "sampling settings") -> None:
-        """Raise :class:`ConfigError` for a temperature <= 0, top-k < 1, top-p outside (0, 1] or frames < 1."""
+        """Raise :class:`ConfigError` (its ``field`` the setting) for a temperature <= 0, top-k < 1, top-p
+        outside (0, 1] or frames < 1."""
         if not self.temperature > 0:
-            raise ConfigError(f"{where}: temperature must be > 0, got {self.temperature}")
+            raise ConfigError(f"{where}: temperature must be > 0, got {self.temperature}", "temperature")
         if self.top_k < 1:
-            raise ConfigError(f"{where}: top_k must be >= 1, got {self.top_k}")
+            raise ConfigError(f"{where}: top_k must be >= 1, got {self.top_k}", "top_k")
         if not 0 < self.top_p <= 1:
-            raise ConfigError(f"{where}: top_p must be in (0, 1], got {self.top_p}")
+            raise ConfigError(f"{where}: top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.max_new_tokens < 1:
-            raise ConfigError(f"{where}: max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise ConfigError(f"{where}: max_new_tokens must be >= 1, got {self.max_new_tokens}", "max_new_tokens")
 
 
 @dataclass(frozen=True)

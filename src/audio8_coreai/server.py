@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import math
 import queue
-import re
 import tempfile
 import threading
 import time
@@ -100,16 +99,6 @@ class ApiError(Exception):
 
 # The project's user-facing errors: the message says what to change, so they become 400s.
 USER_ERRORS = (AudioError, ConfigError, EngineError, PromptError, VoiceError)
-
-
-_SETTING = re.compile(r"\b(seed|temperature|top_k|top_p|max[ _]frames) must\b")
-
-
-def _param_named(message: str) -> str | None:
-    """The request field a setting's error names ("... temperature must be > 0 ..."), for the error's
-    ``param``; None when it names none."""
-    found = _SETTING.search(message)
-    return found.group(1).replace(" ", "_") if found else None
 
 
 class SpeechRequest(BaseModel):
@@ -353,7 +342,7 @@ def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -
             # worker builds its own stream with the seed drawn here.
             kwargs["seed"] = first.stream(req.input, **kwargs).seed
         except USER_ERRORS as e:
-            raise ApiError(400, str(e), _param_named(str(e)), "invalid_request") from None
+            raise ApiError(400, str(e), getattr(e, "field", None), "invalid_request") from None
         workers.admit()
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()

@@ -216,8 +216,9 @@ class TTS:
         if self.fits_one_utterance(text, chosen):
             out = self.generate(text, on_start=on_start, voice=chosen, **kwargs)
             return out.audio, out.sample_rate
-        frames = self.config.max_seq_len  # chunks as long as any piece: each piece decodes in one call
-        speech = self.stream(text, chunk_frames=frames, first_chunk_frames=frames, voice=chosen, **kwargs)
+        # Every chunk DEFAULT_CHUNK_FRAMES long, the push size that decodes fastest (see TorchBackend.decode_window).
+        speech = self.stream(text, chunk_frames=DEFAULT_CHUNK_FRAMES, first_chunk_frames=DEFAULT_CHUNK_FRAMES,
+                             voice=chosen, **kwargs)
         if on_start is not None:
             on_start(speech.max_frames)
         chunks = list(speech)
@@ -383,5 +384,5 @@ def check_seed(seed: int | None) -> int:
     if seed is None:
         return secrets.randbelow(2**31)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}")
+        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}", "seed")
     return seed

@@ -79,7 +79,8 @@ def pack_nbits(weight: Tensor, bits: int, block: int) -> tuple[np.ndarray, np.nd
 
 def _session(nodes, inits, inputs, outputs, threads: int):
     ort, helper, _, _ = _ort()
-    import onnx
+    import onnx  # installed with onnxruntime's extra (_ort checked it)
+
     def model():  # a fresh proto each time: saving with external data rewrites the one it saves
         graph = helper.make_graph(nodes, "audio8_linear", inputs, outputs, inits)
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
@@ -422,8 +423,7 @@ def apply_precision(model, precision: Precision, threads: int | None = None) -> 
     model.slow.head = quantize_linear(model.slow.head, precision.heads, precision.block, threads)
     model.fast.fast_output = quantize_linear(model.fast.fast_output, precision.heads, precision.block, threads)
     dt = precision.dtype
-    for owner, name in ((model.slow, "embeddings"), (model.slow, "codebook_embeddings"),
-                        (model.fast, "fast_embeddings")):
+    for owner, name in _embedding_tables(model):
         emb = getattr(owner, name)
         if emb.weight.dtype != dt:
             setattr(owner, name, UpcastEmbedding(emb, dt))
@@ -436,17 +436,23 @@ def apply_precision(model, precision: Precision, threads: int | None = None) -> 
     release_freed_memory()
 
 
+def _embedding_tables(model) -> tuple[tuple[nn.Module, str], ...]:
+    """(owner module, attribute) of a DualAR's embedding tables; the attribute is also the tensor's name in
+    model.safetensors (``NAME.weight``)."""
+    return ((model.slow, "embeddings"), (model.slow, "codebook_embeddings"), (model.fast, "fast_embeddings"))
+
+
 def map_embeddings(model, state: dict[str, Tensor]) -> None:
     """Point ``model``'s (dualar.DualAR) embedding tables (:class:`UpcastEmbedding` or ``nn.Embedding``) at the
     tensors of ``state`` instead of their own copies, where dtype and shape match. ``state`` is a fresh
     ``Checkpoint.model_state_dict()``: views of model.safetensors memory-mapped (copy on write), so only the
     pages of the rows a prompt or frame reads become resident (the 0.6b model's tables are 0.36 GB in bf16) and
     the values are the stored ones."""
-    tables = ((model.slow, "embeddings"), (model.slow, "codebook_embeddings"), (model.fast, "fast_embeddings"))
-    for owner, name in tables:
+    for owner, name in _embedding_tables(model):
         emb, stored = getattr(owner, name), state.get(f"{name}.weight")
-        if (isinstance(emb, (UpcastEmbedding, nn.Embedding)) and stored is not None and stored.dtype == emb.weight.dtype
-                and stored.shape == emb.weight.shape and stored.device == emb.weight.device):
+        same = stored is not None and (stored.dtype, stored.shape, stored.device) == (
+            emb.weight.dtype, emb.weight.shape, emb.weight.device)
+        if isinstance(emb, (UpcastEmbedding, nn.Embedding)) and same:
             emb.weight = nn.Parameter(stored, requires_grad=False)
     release_freed_memory()
 
