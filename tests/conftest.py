@@ -1,14 +1,16 @@
-"""Shared test fixtures: where the oracle recordings live (../shared/oracle beside the project)."""
+"""Shared test fixtures: where the oracle recordings live (../shared/oracle beside the project, or the folder
+AUDIO8_ORACLE names: the device check carries a copy)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-ORACLE = SHARED / "oracle"
+ORACLE = Path(os.environ.get("AUDIO8_ORACLE") or SHARED / "oracle")
 
 
 @pytest.fixture(scope="session")

@@ -168,6 +168,8 @@ def wrong_type(tiny_checkpoint, tmp_path):
     ("device", ["say", "Hi", "-o", "{tmp}/o.wav", "--device", "tpu"], "device"),
     ("dtype", ["say", "Hi", "-o", "{tmp}/o.wav", "--dtype", "fp8"], "dtype"),
     ("cuda absent", ["say", "Hi", "-o", "{tmp}/o.wav", "--device", "cuda"], "CUDA"),
+    ("graphs on cpu", ["say", "Hi", "-o", "{tmp}/o.wav", "--device", "cpu", "--cuda-graphs"],
+     "CUDA graphs need a CUDA device, not cpu"),
     ("wrong type", ["say", "Hi", "-o", "{tmp}/o.wav", "--model", "{wrong}"], "arktts"),
     ("frames", ["say", "Hi", "-o", "{tmp}/o.wav", "--max-frames", "100000"], "frames"),
     ("temperature", ["say", "Hi", "-o", "{tmp}/o.wav", "--temperature", "0"], "temperature"),
@@ -196,6 +198,8 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
     (["say", "Hi", "-o", "{tmp}/o.wav", "--assets", "{tmp}"], "add backend='coreai' (--backend coreai)"),
     (["say", "Hi", "-o", "{tmp}/o.wav", "--backend", "coreai"], "give assets=DIR (--assets)"),
     (["serve", "--max-frames", "0"], "must be >= 1"),
+    (["serve", "--batch", "4", "--cuda-graphs"], "give one of them"),
+    (["bench", "--cuda-graphs"], "add --device cuda (not cpu)"),
     (["serve", "--port", "{busy}"], "pick another --port"),
 ])
 def test_options_are_checked_before_loading(args, needle, tmp_path):

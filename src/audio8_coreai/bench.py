@@ -77,12 +77,13 @@ class BenchConfig:
     frames: int = 32
     baseline: bool = False  # measure the publisher-style frame instead of the backend's
     codec_dtype: str | None = None  # None: the backend's default (fp32 on CPU); bf16 opts in
+    cuda_graphs: bool = False  # the frame replayed as one CUDA graph (cudagraphs.py)
 
     @property
     def label(self) -> str:
         name = "baseline" if self.baseline else self.precision
         codec = f" codec {self.codec_dtype}" if self.codec_dtype else ""
-        return f"{name} {self.threads or 'auto'}t{codec}"
+        return f"{name} {self.threads or 'auto'}t{codec}" + (" graphs" if self.cuda_graphs else "")
 
 
 def median_ms(fn: Callable[[], object], runs: int, inner: int = 1) -> tuple[float, list[float]]:
@@ -268,7 +269,7 @@ def _load(cfg: BenchConfig):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)  # before loading: ONNX Runtime sessions take the count then
     return TTS.load(cfg.checkpoint, device=cfg.device, precision="fp32" if cfg.baseline else cfg.precision,
-                    codec_dtype=cfg.codec_dtype)
+                    codec_dtype=cfg.codec_dtype, cuda_graphs=cfg.cuda_graphs)
 
 
 def _random_codes(cc, n: int, rng) -> np.ndarray:

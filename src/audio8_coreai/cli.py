@@ -70,6 +70,8 @@ DtypeOpt = Annotated[Optional[str], typer.Option(
     "--dtype", "--precision", help="Torch precision: fp32 (exact), bf16, int16 (16-bit fixed point, near-exact), "
     "int12, int8 or mixed (int8 slow AR: these miss draws); default int16 on CPU, fp32 on CUDA. The codec stays "
     "fp32 on CPU.")]
+CudaGraphsOpt = Annotated[bool, typer.Option(
+    "--cuda-graphs", help="With --device cuda: replay each frame as one captured CUDA graph (torch backend).")]
 VoicesOpt = Annotated[Optional[Path], typer.Option("--voices", help="Voices folder (default: the per-user one).")]
 BackendOpt = Annotated[str, typer.Option(help="torch, or coreai (runs the assets given with --assets).")]
 AssetsOpt = Annotated[Optional[Path], typer.Option(help="Core AI asset folder written by `audio8 convert` "
@@ -92,6 +94,7 @@ def say(
     )] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
+    cuda_graphs: CudaGraphsOpt = False,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     voice: Annotated[Optional[str], typer.Option(help="Speak in this stored voice (see `audio8 voice`).")] = None,
@@ -123,7 +126,8 @@ def say(
     elif voice is not None:
         VoiceStore(voices).load(voice)  # an unknown or damaged voice fails here; the checkpoint check follows
     with err.status("loading the model..."):
-        tts = TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets)
+        tts = TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets,
+                       cuda_graphs=cuda_graphs)
     progress = Progress(TextColumn("frames"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
     spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
@@ -463,19 +467,25 @@ def bench(
     codec_dtype: Annotated[Optional[list[str]], typer.Option(help="Codec dtype (repeatable): fp32 (default on CPU, "
                                                                   "exact) or bf16 (opt-in, faster, not exact).")]
     = None,
+    cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", help="With --device cuda: also time each "
+                                                                    "configuration with its frame replayed as one "
+                                                                    "CUDA graph.")] = False,
 ) -> None:
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
     from .bench import BenchConfig, ensure_checkpoint, format_table, meta, run_configs
 
     if frames < 1 or runs < 1:
         raise ConfigError("--frames and --runs must be >= 1")
+    if cuda_graphs and not device.startswith("cuda"):
+        raise ConfigError(f"--cuda-graphs times CUDA graphs: add --device cuda (not {device})")
     log = functools.partial(err.print, highlight=False)
     ckpt = str(ensure_checkpoint(model, log))
     thread_list = threads or [None]
     configs = [BenchConfig(ckpt, "torch", device, "fp32", t, runs, frames, baseline=True)
                for t in thread_list] if baseline else []
-    configs += [BenchConfig(ckpt, "torch", device, p, t, runs, frames, codec_dtype=c) for p in precision or ["fp32"]
-                for t in thread_list for c in codec_dtype or [None]]
+    configs += [BenchConfig(ckpt, "torch", device, p, t, runs, frames, codec_dtype=c, cuda_graphs=g)
+                for p in precision or ["fp32"] for t in thread_list for c in codec_dtype or [None]
+                for g in ((False, True) if cuda_graphs else (False,))]
     busy = meta()["load_average"][0]
     if busy > 0.5:
         log(f"[yellow]warning:[/] load average {busy:.1f} before starting: other processes use the CPU, so times "
@@ -499,6 +509,7 @@ def serve(
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
+    cuda_graphs: CudaGraphsOpt = False,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     workers: Annotated[int, typer.Option(help="Model instances, each serving one request at a time.")] = 1,
@@ -526,10 +537,13 @@ def serve(
     _check_port(host, port)  # before minutes of loading
     if batch and workers != 1:
         raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
+    if batch and cuda_graphs:
+        raise ConfigError("--cuda-graphs replays one utterance's frame (--workers instances); --batch runs its own "
+                          "batched frames: give one of them")
     instances = 1 if batch else workers
     with err.status(f"loading {instances} model instance(s)..."):
-        engines = [TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets)
-                   for _ in range(instances)]
+        engines = [TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets,
+                            cuda_graphs=cuda_graphs) for _ in range(instances)]
     if batch:
         _, engines = batched_engines(engines[0], batch)
         workers = batch

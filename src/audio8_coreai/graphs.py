@@ -47,19 +47,21 @@ class Prefill(nn.Module):
 
     Writes the KV state at slots ``pos .. pos+W-1``; RoPE positions equal the slots (single stream).
     Padding columns past the prompt's end are harmless: later frames overwrite their slots before any
-    query at or above them attends there.
+    query at or above them attends there. ``index_write``: see ``SlowAR.forward`` (True for a CUDA graph).
     """
 
-    def __init__(self, model: DualAR):
+    def __init__(self, model: DualAR, index_write: bool = False):
         super().__init__()
         self.model = model
+        self.index_write = index_write
 
     def forward(self, codes: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor,
                 kv_len: int | None = None) -> tuple[Tensor, Tensor]:
         width = codes.shape[-1]
         slots = pos.long() + torch.arange(width, device=codes.device)
         mask = causal_cache_mask(pos, width, k_cache.shape[3])
-        return self.model.slow(codes, slots.expand(codes.shape[0], width), slots, mask, k_cache, v_cache, kv_len)
+        return self.model.slow(codes, slots.expand(codes.shape[0], width), slots, mask, k_cache, v_cache, kv_len,
+                               self.index_write)
 
 
 class FirstFrame(nn.Module):
@@ -114,12 +116,12 @@ class Frame(nn.Module):
 
     Inputs: column [B, 1+C, 1] int64 (previous frame: semantic id, c_0..c_{C-1}), pos [1] int64 (its
     slot and RoPE position), then FirstFrame's tail inputs. Returns FirstFrame's outputs plus the slow
-    logits [B, V+1] and hidden [B, dim] of this step.
+    logits [B, V+1] and hidden [B, dim] of this step. ``index_write``: see :class:`Prefill`.
     """
 
-    def __init__(self, model: DualAR, params: SamplingParams):
+    def __init__(self, model: DualAR, params: SamplingParams, index_write: bool = False):
         super().__init__()
-        self.prefill = Prefill(model)
+        self.prefill = Prefill(model, index_write)
         self.sample = FirstFrame(model, params)
 
     def forward(self, column: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, noise_slow: Tensor,

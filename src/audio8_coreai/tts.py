@@ -79,7 +79,7 @@ class TTS:
     def load(cls, model: str | Path = DEFAULT_MODEL, *, device: str = "auto", dtype: str | None = None,
              backend: str = "torch", voices_dir: str | Path | None = None,
              assets: str | Path | None = None, precision: str | None = None,
-             codec_dtype: str | None = None) -> "TTS":
+             codec_dtype: str | None = None, cuda_graphs: bool = False) -> "TTS":
         """Load a checkpoint folder (publisher layout) or hub id, validate it and build the backend.
 
         ``device``: auto | cpu | cuda[:N]; ``dtype``: fp32 | bf16 (the codec stays fp32 on CPU).
@@ -87,11 +87,12 @@ class TTS:
         ``dtype``; with neither, the default: int16 on CPU (near-exact: every draw kept in our measurements;
         about half the weight bytes of fp32), fp32 on CUDA. ``codec_dtype`` (torch): bf16 opts the codec decoder
         into bf16 on CPU (about 1.5x faster here, not exact); default fp32 on CPU, as the publisher.
+        ``cuda_graphs`` (torch on CUDA, opt-in): replay each frame as one captured CUDA graph (cudagraphs.py).
         ``voices_dir``: the voice store's folder (default: the per-user one, see :mod:`.voices`).
         ``backend``: torch, or coreai with ``assets`` the folder ``audio8 convert`` wrote from this
         checkpoint (``device``/``dtype`` then do not apply: the assets fix the precision).
         Raises CheckpointError (missing/corrupt files, wrong shapes, no tokenizer), BackendError
-        (unknown device/dtype/backend; missing, stale or foreign assets).
+        (unknown device/dtype/backend; missing, stale or foreign assets; cuda_graphs off CUDA).
         """
         from .backends.torch import BackendError
 
@@ -103,6 +104,8 @@ class TTS:
         if backend != "coreai" and assets is not None:
             raise BackendError("assets (--assets) are run by the coreai backend: add backend='coreai' "
                                "(--backend coreai), or drop the assets to use the torch backend")
+        if backend == "coreai" and cuda_graphs:
+            raise BackendError("CUDA graphs (--cuda-graphs) are a torch-backend option: drop them for coreai")
         ckpt = load_checkpoint(model)
         ckpt.fingerprint()  # of the files as loaded: voices are checked against these weights, not later files
         if ckpt.tokenizer_dir is None:
@@ -114,7 +117,7 @@ class TTS:
 
             engine_backend = CoreAIBackend(ckpt, assets)
         else:
-            engine_backend = TorchBackend(ckpt, device, dtype, precision, codec_dtype)
+            engine_backend = TorchBackend(ckpt, device, dtype, precision, codec_dtype, cuda_graphs)
             engine_backend.prefix_length = prompts.prefix_length  # keep the KV state of prompt heads
         return cls(ckpt, engine_backend, prompts, VoiceStore(voices_dir))
 

