@@ -214,6 +214,14 @@ def test_bad_requests_get_clear_json_errors(base, body, status, code):
         assert error["param"] == next(iter(body))  # the field to change
 
 
+def test_an_utterance_that_ends_at_once_is_a_422_not_an_empty_file(base):
+    """Seed 22 on the tiny checkpoint draws eos on the first frame for this text: no audio, said so."""
+    r = speech(base, input="Hello there.", seed=22)
+    error = r.json()["error"]
+    assert r.status_code == 422 and error["code"] == "no_audio" and error["param"] == "seed"
+    assert speech(base, input="Hello there.", seed=21).status_code == 200
+
+
 def test_a_body_that_is_not_json_is_a_400(base):
     for body, at in ((b"not json", 0), (b'{"input": "Hi", "voice": ', 25)):
         r = httpx.post(f"{base}/v1/audio/speech", content=body, headers={"content-type": "application/json"})

@@ -382,6 +382,9 @@ def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -
             cancel.set()  # also when this handler is cancelled: the worker stops at its next frame
         if item.error is not None:
             raise ApiError(500, f"synthesis failed: {type(item.error).__name__}: {item.error}", code="server_error")
+        if item.stream.frames == 0:  # not an empty file: a client would play silence and not know why
+            raise ApiError(422, "the model ended the utterance at once (eos on the first frame): no audio to send; "
+                           "send the request again without a seed, or with another one", "seed", "no_audio")
         audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
         metrics.count(200)
         # Off the event loop: a long mp3 or opus takes a noticeable time to encode.
