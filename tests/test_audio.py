@@ -150,3 +150,38 @@ def test_espeak_speech_reads_without_warnings(tmp_path):
     audio, info = read_reference(path)
     assert info.sample_rate == 22050 and info.warnings == []
     assert len(audio) == pytest.approx(info.duration_s * 44100, abs=1)
+
+
+def test_a_failed_write_is_an_audio_error_that_names_a_full_disk(tmp_path, monkeypatch):
+    """A full disk mid-stream (libsndfile says only 'System error.') and a folder that refuses new files: one
+    clear AudioError, the target left as it was, never a traceback."""
+    import shutil
+    from collections import namedtuple
+
+    from audio8_coreai.audio import open_audio_writer, partial_path, write_audio
+
+    out = tmp_path / "keep.wav"
+    out.write_bytes(b"old")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(10 << 20, 10 << 20, 0))
+
+    def full(self, data):
+        raise sf.LibsndfileError(0, "System error.")
+
+    with pytest.raises(AudioError, match=r"keep\.partial\.wav: .*the disk is full"):
+        with open_audio_writer(out, 44100) as f:
+            f.write(np.zeros(4096, np.float32))
+            f.flush()
+            assert f.frames == 4096
+            monkeypatch.setattr(sf.SoundFile, "write", full)
+            f.write(np.zeros(4096, np.float32))
+    assert out.read_bytes() == b"old" and partial_path(out).exists()  # what was made so far is kept
+
+    def no_temp_file(**kwargs):
+        raise FileNotFoundError(2, "No such file or directory")
+
+    import tempfile
+    monkeypatch.setattr(tempfile, "mkstemp", no_temp_file)
+    with pytest.raises(AudioError, match=r"cannot write .*keep\.wav: \[Errno 2\]"):
+        write_audio(out, np.zeros(100, np.float32), 44100)
+    assert out.read_bytes() == b"old"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fractions
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -317,3 +318,32 @@ def test_fingerprint_follows_config_and_weights(tiny_checkpoint, tmp_path):
     assert load_checkpoint(copy).fingerprint() == base  # content, not location
     _config(copy, ras_top_p=0.8)
     assert load_checkpoint(copy).fingerprint() != base
+
+
+@pytest.mark.parametrize("part", ["model", "codec"])
+def test_nan_weights_are_named_not_spoken(part, tiny_checkpoint, tmp_path):
+    """Weights that pass every load check but hold NaN (a damaged download): the synthesis stops with the file to
+    fetch again, never a 'try another seed' or a WAV of NaN."""
+    from audio8_coreai import TTS
+    from audio8_coreai.checkpoint import CheckpointError
+
+    bad = tmp_path / "nan"
+    shutil.copytree(tiny_checkpoint, bad)
+    if part == "model":
+        with safe_open(str(bad / "model.safetensors"), "pt") as f:
+            state = {k: f.get_tensor(k) for k in f.keys()}
+        state["embeddings.weight"][:] = float("nan")
+        save_file(state, str(bad / "model.safetensors"))
+        needle = "model produced NaN or infinite values: model.safetensors is damaged"
+    else:
+        state = torch.load(bad / "codec.pth", weights_only=True)
+        weights = state.get("state_dict", state)
+        name = next(k for k in weights if k.startswith("decoder.") and weights[k].is_floating_point())
+        weights[name][:] = float("nan")
+        torch.save(state, bad / "codec.pth")
+        needle = "codec produced NaN or infinite values: the codec file (codec.pth or codec.safetensors) is damaged"
+    tts = TTS.load(bad, device="cpu", precision="fp32")
+    with pytest.raises(CheckpointError, match=re.escape(needle)):
+        tts.generate("Hello there.", seed=1, max_frames=4)
+    with pytest.raises(CheckpointError, match=re.escape(needle)):
+        list(tts.stream("Hello there.", seed=1, max_frames=4, chunk_frames=2))

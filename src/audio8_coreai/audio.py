@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,17 +37,28 @@ def write_audio(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
     ext = path.suffix.lower()
     fmt, subtype = WRITE_FORMATS[ext]
     data = np.asarray(audio, dtype=np.float32).reshape(-1)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=ext, dir=folder)
-    os.close(fd)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=ext, dir=folder)
+        os.close(fd)
         sf.write(tmp, data, sample_rate, format=fmt, subtype=subtype)
         publish(tmp, path)
     except (OSError, sf.LibsndfileError) as e:
-        raise AudioError(f"cannot write {path}: {e}") from e
+        raise _write_error(path, folder, e) from e
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _write_error(path: Path, folder: Path, e: BaseException) -> AudioError:
+    """AudioError for a failed write of ``path``; libsndfile says only 'System error.' when the disk is full."""
+    try:
+        full = shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        full = False
+    return AudioError(f"cannot write {path}: {e}" + (" (the disk is full: free some space or write elsewhere)"
+                                                     if full else ""))
 
 
 def _writable(path: str | Path) -> tuple[Path, Path]:
@@ -87,15 +99,39 @@ def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[sf.SoundFi
     try:
         f = sf.SoundFile(str(partial), "w", sample_rate, 1, subtype, format=fmt)
     except (OSError, sf.LibsndfileError) as e:
-        raise AudioError(f"cannot write {partial}: {e}") from e
+        raise _write_error(partial, folder, e) from e
     try:
         with f:
-            yield f
+            yield _ChunkWriter(f, partial, folder)
     except BaseException:
         if f.frames == 0:  # nothing was made: no partial file to keep
             partial.unlink(missing_ok=True)
         raise
     publish(partial, path)
+
+
+class _ChunkWriter:
+    """:func:`open_audio_writer`'s file: ``write(chunk)``, ``flush()`` and ``frames`` of a ``soundfile.SoundFile``,
+    whose failures (a full disk mid-stream) raise AudioError naming the partial file."""
+
+    def __init__(self, f: sf.SoundFile, partial: Path, folder: Path):
+        self._f, self._partial, self._folder = f, partial, folder
+
+    @property
+    def frames(self) -> int:
+        return self._f.frames
+
+    def write(self, chunk: np.ndarray) -> None:
+        self._call(self._f.write, chunk)
+
+    def flush(self) -> None:
+        self._call(self._f.flush)
+
+    def _call(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except (OSError, sf.LibsndfileError) as e:
+            raise _write_error(self._partial, self._folder, e) from e
 
 
 def _read_umask() -> int:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .backends.torch import FrameResult, TorchBackend
+from .backends.torch import MODEL_FILE, FrameResult, TorchBackend
+from .checkpoint import require_finite
 from .engine import EngineError, Generation, NoiseLike, check_context, noise_source
 from .fastframe import FastFrame
 from .graphs import SamplingParams
@@ -129,7 +130,7 @@ class BatchModel:
                             torch.as_tensor(np.stack([x.noise_fast for x in calls]), device=dev),
                             torch.as_tensor(forced, device=dev), use_forced)
         semantic, codes, fast_logits, sampled_sem, sampled_codes = (t.cpu() for t in out)
-        lg, hd = lg.float().cpu().numpy(), hd.float().cpu().numpy()
+        lg, hd = require_finite(lg.float().cpu().numpy(), "model", MODEL_FILE), hd.float().cpu().numpy()
         return [FrameResult(int(semantic[i]), codes[i].numpy(), lg[i], hd[i], fast_logits[i].float().numpy(),
                             int(sampled_sem[i]), sampled_codes[i].numpy()) for i in range(n)]
 

@@ -81,6 +81,18 @@ class CheckpointError(Exception):
     """A checkpoint cannot be found, read or used; the message names the file and what to do."""
 
 
+def require_finite(values, part: str, file: str):
+    """``values`` (a NumPy array: logits, audio) unchanged when every entry is finite; else CheckpointError naming
+    ``file``: NaN or inf out of the model or codec means damaged weights (a bad download or disk), whose
+    headers and shapes still pass the load's checks. A check per prefill, frame and codec push: microseconds."""
+    import numpy as np
+
+    if not np.isfinite(values).all():
+        raise CheckpointError(f"the {part} produced NaN or infinite values: {file} is damaged (a bad download or "
+                              f"disk); download the checkpoint again")
+    return values
+
+
 # --------------------------------------------------------------------------------------------------------
 # Finding a checkpoint
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..checkpoint import Checkpoint
+from ..checkpoint import Checkpoint, require_finite
 from ..config import ModelConfig
 from ..graphs import PREFILL_WIDTH, Prefill, SamplingParams
 from ..model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
@@ -33,6 +33,9 @@ DECODE_CHUNK_FRAMES = 16
 # Prompt heads (TorchBackend.prefix_length) whose KV state is kept, least recently used dropped first: a plain
 # head is 14 columns (0.3 MB of fp32 KV on the 0.6b model), a 10 s voice's about 240 (6 MB).
 PREFIX_CACHE = 8
+
+# Named in the error a damaged checkpoint raises (NaN or inf out of the model or the codec).
+MODEL_FILE, CODEC_FILE = "model.safetensors", "the codec file (codec.pth or codec.safetensors)"
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
@@ -208,7 +211,7 @@ class TorchBackend:
             lg, hd = self._prefill(codes, pos, k_cache, v_cache, start + window.shape[1])
             logits, hidden = lg[0, -1], hd[0, -1]
         self._last = (logits, hidden)
-        return logits.float().cpu().numpy(), hidden.float().cpu().numpy()
+        return require_finite(logits.float().cpu().numpy(), "model", MODEL_FILE), hidden.float().cpu().numpy()
 
     @torch.inference_mode()
     def first_frame(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray,
@@ -251,9 +254,11 @@ class TorchBackend:
     @staticmethod
     def _result(out, logits, hidden) -> FrameResult:
         semantic, codes, fast_logits, sampled_sem, sampled_codes = (t[0].cpu() for t in out)
-        return FrameResult(int(semantic), codes.numpy(), logits.float().cpu().numpy(),
-                           hidden.float().cpu().numpy(), fast_logits.float().numpy(), int(sampled_sem),
-                           sampled_codes.numpy())
+        return FrameResult(int(semantic), codes.numpy(), require_finite(logits.float().cpu().numpy(), "model",
+                                                                        MODEL_FILE),
+                           hidden.float().cpu().numpy(), require_finite(fast_logits.float().numpy(), "model",
+                                                                        MODEL_FILE),
+                           int(sampled_sem), sampled_codes.numpy())
 
     @torch.inference_mode()
     def decode_window(self, codes: np.ndarray) -> np.ndarray:
@@ -284,6 +289,7 @@ class TorchBackend:
         batch = torch.as_tensor(batch, device=self.device)
         wav = torch.cat([stream.push(batch[..., start:start + DECODE_CHUNK_FRAMES])
                          for start in range(0, longest, DECODE_CHUNK_FRAMES)], dim=-1).cpu().numpy()
+        require_finite(wav, "codec", CODEC_FILE)
         return [wav[i, :c.shape[1] * hop] for i, c in enumerate(codes)]
 
     def codec_stream(self) -> "TorchCodecStream":
@@ -322,4 +328,4 @@ class TorchCodecStream:
     @torch.inference_mode()
     def push(self, codes: np.ndarray) -> np.ndarray:
         t = torch.as_tensor(np.asarray(codes, dtype=np.int64), device=self._device)[None]
-        return self._stream.push(t)[0].cpu().numpy()
+        return require_finite(self._stream.push(t)[0].cpu().numpy(), "codec", CODEC_FILE)
