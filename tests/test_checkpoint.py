@@ -240,6 +240,7 @@ BAD = {
     "config not json": (lambda f: (f / "config.json").write_text("{not json"), "config.json", "not valid JSON"),
     "wrong model_type": (lambda f: _config(f, model_type="qwen2"), "config.json", "not an Audio8/arktts"),
     "inconsistent config": (lambda f: _config(f, semantic_end_id=9999), "config.json", "vocab_size"),
+    "negative size": (lambda f: _config(f, max_seq_len=-5), "config.json", "max_seq_len must be >= 1, got -5"),
     "bad generation config": (lambda f: (f / "generation_config.json").write_text('{"temperature": 0}'),
                               "generation_config.json", "temperature"),
     "missing model": (lambda f: (f / "model.safetensors").unlink(), "model.safetensors", "must hold"),

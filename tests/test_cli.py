@@ -200,6 +200,11 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
     (["serve", "--max-frames", "0"], "must be >= 1"),
     (["serve", "--batch", "4", "--cuda-graphs"], "give one of them"),
     (["bench", "--cuda-graphs"], "add --device cuda (not cpu)"),
+    (["parity", "--fixture", "{tmp}/f.npz", "--tolerance", "-1"], "--tolerance must be a number > 0"),
+    (["bench", "--precision", "int3"], "unknown dtype or precision 'int3': use one of fp32, bf16"),
+    (["bench", "--codec-dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["bench", "--device", "tpu"], "device"),
+    (["bench", "--json", "{tmp}/missing/b.json"], "missing does not exist"),
     (["serve", "--port", "{busy}"], "pick another --port"),
 ])
 def test_options_are_checked_before_loading(args, needle, tmp_path):

@@ -476,7 +476,10 @@ def ensure_checkpoint(path: Path, log=print) -> Path:
     path = path.expanduser()
     if path.is_dir() and any(path.iterdir()):
         return path
-    from .checkpoint import make_checkpoint
+    from .checkpoint import CheckpointError, make_checkpoint
+
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path} is a file: give a checkpoint folder, or a new folder for the random 0.6b one")
 
     log(f"making the random 0.6b checkpoint in {path} (about 2.8 GB, a minute or more)...")
     make_checkpoint(path, "0.6b", seed=0)

@@ -273,10 +273,12 @@ def parity(
     fixture: Annotated[Path, typer.Option(help="An oracle fixture.npz recorded from the publisher's code.")],
     model: ModelOpt = DEFAULT_MODEL,
     device: DeviceOpt = "cpu",
-    dtype: DtypeOpt = "fp32",
+    dtype: Annotated[str, typer.Option("--dtype", "--precision", help="Torch precision to replay: fp32 (the parity "
+                                       "criterion), or bf16, int16, int12, int8, mixed (agreement counts).")]
+    = "fp32",
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
-    tolerance: Annotated[float, typer.Option(help="Max |logit/waveform diff| for fp32 parity.")] = 1e-4,
+    tolerance: Annotated[float, typer.Option(help="Max |logit/waveform diff| for fp32 parity (> 0).")] = 1e-4,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full report as JSON.")] = False,
 ) -> None:
     """Replay an oracle fixture; exit 0 only when fp32 parity holds (reports agreement counts for bf16,
@@ -285,6 +287,8 @@ def parity(
     from .checkpoint import load_checkpoint
     from .parity import recorded_from_another, run_parity
 
+    if not tolerance > 0 or tolerance == float("inf"):
+        raise ConfigError(f"--tolerance must be a number > 0, got {tolerance}")
     ckpt = load_checkpoint(model)
     if backend == "coreai" and assets is not None:
         from .backends.coreai import CoreAIBackend
@@ -454,7 +458,7 @@ def bench(
                                                               "about 2.8 GB) is written there when absent.")]
     = Path("~/.cache/audio8-coreai/bench-0.6b"),
     precision: Annotated[Optional[list[str]], typer.Option(help="Torch precision to measure (repeatable): fp32, "
-                                                                "bf16, int8, mixed.")] = None,
+                                                                "bf16, int16, int12, int8, mixed.")] = None,
     threads: Annotated[Optional[list[int]], typer.Option(help="Torch threads (repeatable; default torch's).")]
     = None,
     baseline: Annotated[bool, typer.Option(help="Also time the publisher-style frame (fp32, full head, host "
@@ -472,12 +476,22 @@ def bench(
                                                                     "CUDA graph.")] = False,
 ) -> None:
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
+    from .backends.torch import resolve_device, resolve_dtype, resolve_torch_precision
     from .bench import BenchConfig, ensure_checkpoint, format_table, meta, run_configs
 
     if frames < 1 or runs < 1:
         raise ConfigError("--frames and --runs must be >= 1")
     if cuda_graphs and not device.startswith("cuda"):
         raise ConfigError(f"--cuda-graphs times CUDA graphs: add --device cuda (not {device})")
+    # Checked here, not in the worker after minutes of loading: the device, every precision and codec dtype, and
+    # where the JSON goes.
+    resolve_device(device)
+    for name in precision or []:
+        resolve_torch_precision(name)
+    for name in codec_dtype or []:
+        resolve_dtype(name)
+    if json_out is not None and not json_out.expanduser().parent.is_dir():
+        raise ConfigError(f"--json {json_out}: the folder {json_out.expanduser().parent} does not exist")
     log = functools.partial(err.print, highlight=False)
     ckpt = str(ensure_checkpoint(model, log))
     thread_list = threads or [None]

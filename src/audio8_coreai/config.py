@@ -122,6 +122,13 @@ class ModelConfig:
         return cfg
 
     def _check(self, where: str) -> None:
+        sizes = ("vocab_size", "dim", "n_layer", "n_head", "n_local_heads", "head_dim", "intermediate_size",
+                 "max_seq_len", "codebook_size", "num_codebooks", "n_fast_layer", "fast_dim", "fast_n_head",
+                 "fast_n_local_heads", "fast_head_dim", "fast_intermediate_size", "ras_window_size",
+                 "codec_sample_rate", "codec_frame_size")
+        for name in sizes:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{where}: {name} must be >= 1, got {getattr(self, name)}", name)
         if not 0 <= self.semantic_begin_id <= self.semantic_end_id < self.vocab_size:
             raise ConfigError(f"{where}: semantic ids {self.semantic_begin_id}..{self.semantic_end_id} "
                               f"do not fit vocab_size {self.vocab_size}")

@@ -21,8 +21,8 @@ from ..model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ..model.dualar import DualAR
 from ..cudagraphs import GraphedFrame
 from ..fastframe import FastFrame
-from ..model.quant import (PRECISIONS, QuantError, apply_precision, default_precision, map_embeddings,
-                           release_freed_memory, resolve_precision)
+from ..model.quant import (PRECISIONS, Precision, QuantError, apply_precision, default_precision,
+                           map_embeddings, release_freed_memory, resolve_precision)
 
 # Frames per push when decoding a whole utterance. 16-32-frame pushes of the incremental decoder keep the SEANet
 # activations in cache: 47.6 ms per frame against 72.0 for the whole run in 256-step pieces with 32 steps of
@@ -67,6 +67,14 @@ def resolve_dtype(dtype: str) -> torch.dtype:
         raise BackendError(f"unknown dtype {dtype!r}: use fp32 or bf16") from None
 
 
+def resolve_torch_precision(name: str) -> Precision:
+    """The precision ``name`` (model/quant.py PRECISIONS; float32/bfloat16 as fp32/bf16); BackendError otherwise."""
+    try:
+        return resolve_precision({"float32": "fp32", "bfloat16": "bf16"}.get(name, name))
+    except QuantError:
+        raise BackendError(f"unknown dtype or precision {name!r}: use one of {', '.join(PRECISIONS)}") from None
+
+
 @dataclass
 class FrameResult:
     """One frame as NumPy: ``semantic`` id, ``codes`` int64 [C], the slow ``logits`` [V+1] and ``hidden``
@@ -105,12 +113,7 @@ class TorchBackend:
         # ``precision`` (model/quant.py PRECISIONS: fp32, bf16, int16, int12, int8, mixed) or else ``dtype`` (fp32,
         # bf16, or a precision name); neither: the default, the fastest that keeps the draws (DEFAULT_PRECISION
         # on CPU, fp32 on CUDA).
-        name = precision or dtype or default_precision(self.device.type)
-        try:
-            self.precision = resolve_precision({"float32": "fp32", "bfloat16": "bf16"}.get(name, name))
-        except QuantError:
-            raise BackendError(f"unknown dtype or precision {name!r}: use fp32 or bf16, or one of "
-                               f"{', '.join(PRECISIONS)}") from None
+        self.precision = resolve_torch_precision(precision or dtype or default_precision(self.device.type))
         self.dtype = self.precision.dtype
         self.cfg: ModelConfig = checkpoint.config
         self.checkpoint = checkpoint
