@@ -206,6 +206,7 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
     (["bench", "--device", "tpu"], "device"),
     (["bench", "--json", "{tmp}/missing/b.json"], "missing does not exist"),
     (["serve", "--port", "{busy}"], "pick another --port"),
+    (["serve", "--host", "999.1.1.1"], "give --host an address of this machine"),
 ])
 def test_options_are_checked_before_loading(args, needle, tmp_path):
     import socket

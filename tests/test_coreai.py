@@ -439,6 +439,8 @@ def test_missing_or_incomplete_asset_folder(oracle, fp32_assets, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(AssetError, match="no dualar.aimodel"):
         CoreAIBackend(oracle, tmp_path / "empty")
+    with pytest.raises(AssetError, match="no dualar.aimodel.*--out NEW_DIR, then --assets NEW_DIR"):
+        CoreAIBackend(oracle, oracle.path)  # a checkpoint folder given as the assets
     partial = tmp_path / "partial"
     shutil.copytree(fp32_assets, partial)
     shutil.rmtree(partial / "codec_encoder.aimodel")

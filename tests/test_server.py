@@ -313,3 +313,19 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(tiny_checkpoint, tmp_
         assert metric(url, 'audio8_requests_total{status="499"}') == 1
         assert metric(url, "audio8_frames_total") < 300
         assert speech(url, response_format="wav").status_code == 200
+
+
+def test_a_client_that_leaves_a_whole_file_request_frees_the_worker(tiny_checkpoint, tmp_path):
+    """Not streamed, nothing is sent until the end: the server still notices the client left and stops."""
+    settings = ServerSettings(workers=1, max_queue=0)
+    body = {"input": TEXT, "seed": 4, "max_frames": 300, "response_format": "wav"}
+    with serving(tiny_checkpoint, tmp_path, settings) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/audio/speech", json=body, timeout=1.0)  # gives up after a second
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/health").json()["running"]:
+            assert time.monotonic() < deadline, "the worker kept generating after the client left"
+            time.sleep(0.05)
+        assert metric(url, 'audio8_requests_total{status="499"}') == 1
+        assert metric(url, "audio8_frames_total") < 300
+        assert speech(url, response_format="wav").status_code == 200

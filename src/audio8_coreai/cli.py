@@ -201,6 +201,7 @@ def _check_chunks(chunk_frames: int, first_chunk_frames: int | None) -> None:
 
 def _check_port(host: str, port: int) -> None:
     """Raise ConfigError unless ``host:port`` can be listened on now."""
+    import errno
     import socket
 
     if not 1 <= port <= 65535:
@@ -210,8 +211,10 @@ def _check_port(host: str, port: int) -> None:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
             s.bind((host, port))
     except OSError as e:
-        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}): pick another --port, or stop what "
-                          "uses it") from None
+        in_use = e.errno in (errno.EADDRINUSE, errno.EACCES)  # taken, or a port below 1024 without root
+        remedy = ("pick another --port, or stop what uses it" if in_use else
+                  "give --host an address of this machine (127.0.0.1 for this machine only, 0.0.0.0 for all)")
+        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}): {remedy}") from None
 
 
 def _warn(warnings) -> None:

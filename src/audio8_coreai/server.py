@@ -125,6 +125,26 @@ class _Cancelled(Exception):
     """Raised in a worker's frame loop when the client of a streaming request has gone."""
 
 
+_GONE = object()
+DISCONNECT_POLL_S = 0.25  # how often a whole-file request checks that its client is still there
+
+
+async def _next_or_gone(items: asyncio.Queue, request: Request) -> Any:
+    """The next item of a job's queue, or ``_GONE`` once the client has disconnected: a whole-file response sends
+    nothing until the end, so nothing else notices a client that gave up (a streamed one notices at its next
+    chunk). One get task, kept across polls, so no item is lost to a cancelled get."""
+    getter = asyncio.ensure_future(items.get())
+    try:
+        while True:
+            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return getter.result()
+            if await request.is_disconnected():
+                return _GONE
+    finally:
+        getter.cancel()
+
+
 class _End:
     """The last item of a job's queue: the stream that ran (its statistics) or the error that stopped it."""
 
@@ -335,7 +355,7 @@ def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -
         return metrics.text(workers.queued, workers.running)
 
     @app.post("/v1/audio/speech")
-    async def speech(req: SpeechRequest) -> Response:
+    async def speech(req: SpeechRequest, request: Request) -> Response:
         kwargs = _speech_kwargs(req, settings, first)
         try:
             # Everything (text, split, voice, sampling, frame budget) is checked before a worker is taken; the
@@ -376,7 +396,9 @@ def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -
                                      media_type=media, headers=headers)
         try:
             chunks = []
-            while not isinstance(item := await items.get(), _End):
+            while not isinstance(item := await _next_or_gone(items, request), _End):
+                if item is _GONE:  # the client left: the worker stops at its next frame (counted 499 there)
+                    return Response(status_code=499)
                 chunks.append(item)
         finally:
             cancel.set()  # also when this handler is cancelled: the worker stops at its next frame
