@@ -68,6 +68,12 @@ def test_synthesize_splits_text_too_long_for_one_utterance_as_the_stream_does(ti
     assert not tiny_tts.fits_one_utterance(text) and tiny_tts.fits_one_utterance(TEXT)
     with pytest.raises(PromptError, match="context"):
         tiny_tts.generate(text, seed=2, max_frames=5)
+    from audio8_coreai.voices import Voice
+
+    c = tiny_tts.config.num_codebooks
+    damaged = Voice(np.full((c, 4), 10**6), "Hello there.", 44100, 0.2, tiny_tts.checkpoint.fingerprint(), "")
+    with pytest.raises(PromptError, match="outside"):  # a damaged voice is named, not taken for long text
+        tiny_tts.fits_one_utterance(TEXT, damaged)
     starts = []
     audio, rate = tiny_tts.synthesize(text, seed=2, max_frames=5, on_start=starts.append)
     speech = tiny_tts.stream(text, seed=2, max_frames=5, chunk_frames=4)

@@ -42,6 +42,10 @@ class PromptError(ValueError):
     """The text, reference or prompt length cannot make a valid prompt; the message says what to change."""
 
 
+class PromptTooLong(PromptError):
+    """A well-formed prompt that, with the frames asked for, does not fit the context (``max_seq_len``)."""
+
+
 def clean_text(text: str) -> str:
     """The publisher's HF processor cleaning: strip, and fold every Unicode whitespace run to one space.
 
@@ -207,11 +211,11 @@ class PromptBuilder:
             return
         content = f" ({what})" if what else ""
         if prompt_len >= limit:
-            raise PromptError(f"the prompt is {prompt_len} tokens{content} but the model's context "
+            raise PromptTooLong(f"the prompt is {prompt_len} tokens{content} but the model's context "
                               f"(max_seq_len) is {limit}, which must also hold the generated frames: "
                               "shorten the text or use a shorter reference clip, or let it be split into sentences "
                               "(audio8 say, TTS.synthesize and TTS.stream split long text)")
-        raise PromptError(f"the prompt is {prompt_len} tokens{content}; with max_new_frames {max_new_frames} "
+        raise PromptTooLong(f"the prompt is {prompt_len} tokens{content}; with max_new_frames {max_new_frames} "
                           f"that is {prompt_len + max_new_frames} positions, over max_seq_len {limit}: at most "
                           f"{limit - prompt_len} frames fit, so lower max_new_frames or shorten the text")
 

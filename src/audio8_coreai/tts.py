@@ -18,7 +18,7 @@ from .checkpoint import DEFAULT_MODEL, Checkpoint, CheckpointError, load_checkpo
 from .config import ConfigError
 from .engine import EngineError, frame_budget, generate
 from .graphs import SamplingParams
-from .prompt import PromptBuilder, PromptError, check_text, split_text
+from .prompt import PromptBuilder, PromptError, PromptTooLong, check_text, split_text
 from .streaming import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
 from .tokenizer import load_tokenizer
 from .voices import Voice, VoiceError, VoiceStore, check_name, check_voice_choice, now_utc
@@ -235,7 +235,7 @@ class TTS:
         text, chosen = check_text(text), self._voice(voice, None, None)
         try:
             self._prompt(text, chosen)
-        except PromptError:  # the prompt alone fills the context
+        except PromptTooLong:  # the prompt alone fills the context (a damaged voice's PromptError is raised)
             return False
         return True
 
@@ -365,7 +365,7 @@ class TTS:
         context = self.config.max_seq_len
         try:
             overhead = self.prompts.clone("a", transcript, one_frame).shape[1] - 1
-        except PromptError:  # the transcript alone overfills the context
+        except PromptTooLong:  # the transcript alone overfills the context
             tokens = len(self.prompts.encode(transcript))
             raise VoiceError(f"the reference transcript is too long for this model: {tokens} tokens, while the "
                              f"model's context holds {context} positions for the whole prompt (reference and "
