@@ -201,6 +201,9 @@ BAD_REQUESTS = [
     ({"input": None}, 400, "invalid_request"),
     ({"stream": "yes"}, 400, "invalid_request"),
     ({"stream": "false"}, 400, "invalid_request"),
+    ({"seed": True}, 400, "invalid_request"),
+    ({"seed": "1"}, 400, "invalid_request"),
+    ({"max_frames": 2.5}, 400, "invalid_request"),
 ]
 
 
@@ -220,6 +223,12 @@ def test_an_utterance_that_ends_at_once_is_a_422_not_an_empty_file(base):
     error = r.json()["error"]
     assert r.status_code == 422 and error["code"] == "no_audio" and error["param"] == "seed"
     assert speech(base, input="Hello there.", seed=21).status_code == 200
+
+
+def test_a_huge_speech_body_is_a_413_before_it_is_parsed(base):
+    body = b'{"input": "Hi", "pad": "' + b"x" * (2 << 20) + b'"}'
+    r = httpx.post(f"{base}/v1/audio/speech", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
 def test_a_body_that_is_not_json_is_a_400(base):

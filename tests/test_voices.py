@@ -84,6 +84,16 @@ def test_a_taken_name_needs_replace(tmp_path):
     assert np.array_equal(store.load("alice").codes, make_voice(seed=2).codes)
 
 
+def test_names_differing_only_in_case_are_refused(tmp_path):
+    """One file on macOS and Windows disks: refused everywhere, so a store moves between machines intact."""
+    store = VoiceStore(tmp_path)
+    store.save(make_voice(seed=1))
+    for replace in (False, True):
+        with pytest.raises(VoiceError, match="'alice' already exists .* differ only in case"):
+            store.save(make_voice(name="Alice", seed=2), replace=replace)
+    assert store.names() == ["alice"]
+
+
 @pytest.mark.parametrize("existing", [False, True])
 def test_a_crash_between_write_and_rename_leaves_no_half_voice(tmp_path, monkeypatch, existing):
     store = VoiceStore(tmp_path)

@@ -49,7 +49,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, StrictBool
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
 from starlette.exceptions import HTTPException
 
 from .audio import MEDIA_TYPES, AudioError, SpeechEncoder, check_speech_format, encode_speech
@@ -65,6 +65,7 @@ from .voices import VoiceError, check_name
 OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx",
                            "sage", "shimmer", "verse"})
 MAX_INPUT_CHARS = 4096  # OpenAI's limit for input
+MAX_SPEECH_BODY_BYTES = 1024 * 1024  # JSON of the longest input, escaped, with room to spare
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a 30-s clip is 5.3 MB as 16-bit stereo wav, 10.6 MB as float
 
 
@@ -114,11 +115,33 @@ class SpeechRequest(BaseModel):
     stream_format: str = "audio"
     instructions: str | None = None
     stream: StrictBool = False  # JSON true/false only: "yes" or "false" as strings are mistakes, not choices
-    seed: int | None = None
+    # JSON integers only: true, 1.5 or "7" are mistakes, not seeds or counts
+    seed: StrictInt | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
-    max_frames: int | None = None
+    top_k: StrictInt | None = None
+    max_frames: StrictInt | None = None
+
+
+class _SpeechBodyLimit:
+    """ASGI middleware: a speech request's body over MAX_SPEECH_BODY_BYTES (by its content-length) is a 413 before
+    it is read and parsed. Plain ASGI, not ``@app.middleware``: that wrapper hides a client's disconnect from the
+    handler, which watches for it (see :func:`_next_or_gone`)."""
+
+    def __init__(self, app, max_input_chars: int, metrics: "Metrics"):
+        self.app, self.max_input_chars, self.metrics = app, max_input_chars, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == "/v1/audio/speech":
+            size = dict(scope["headers"]).get(b"content-length", b"")
+            if size.isdigit() and int(size) > MAX_SPEECH_BODY_BYTES:
+                self.metrics.count(413)
+                refusal = ApiError(413, f"the body is {int(size)} bytes, over {MAX_SPEECH_BODY_BYTES} for a speech "
+                                        f"request: send the text (at most {self.max_input_chars} characters) and "
+                                        "the settings only", None, "body_too_large")
+                await refusal.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class _Cancelled(Exception):
@@ -328,6 +351,8 @@ def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -
             exc.status_code, str(exc.detail))
         code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code)
         return await api_error(request, ApiError(exc.status_code, message, None, code, exc.headers))
+
+    app.add_middleware(_SpeechBodyLimit, max_input_chars=settings.max_input_chars, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -171,6 +171,12 @@ class VoiceStore:
         """The file a new voice ``name`` would take; raises VoiceError for a bad name, or one already taken
         unless ``replace``. Callers check before minutes of work; :meth:`save` checks again."""
         target = self.path(name)
+        # On macOS's and Windows' disks names differing in case are one file: keep stores portable.
+        twin = next((n for n in self.names() if n != name and n.casefold() == name.casefold()), None)
+        if twin is not None:
+            raise VoiceError(f"a voice named {twin!r} already exists in {self.root}, and names that differ only in "
+                             f"case are one file on macOS and Windows disks: choose another name, or remove "
+                             f"{twin!r} first (audio8 voice rm)")
         if target.exists() and not replace:
             raise VoiceError(f"a voice named {name!r} already exists in {self.root}: choose another name, "
                              f"or replace it (audio8 voice add --force, replace=True in Python, "
