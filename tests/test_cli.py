@@ -36,6 +36,22 @@ def test_say_writes_a_44k_mono_wav(tiny_checkpoint, tmp_path):
     assert "RTF" in result.output
 
 
+def test_say_to_stdout_streams_a_16_bit_wav_of_the_same_speech(tiny_checkpoint, tmp_path):
+    """-o -: the wav goes to stdout as it is made (the summary to stderr); the samples are the file's, to 16 bits."""
+    import io
+
+    args = ("say", "Hello there, this is a test.", "--model", tiny_checkpoint, "--seed", 1, "--max-frames", 24,
+            "--device", "cpu")
+    piped = run(*args, "-o", "-")
+    assert piped.exit_code == 0, piped.output
+    assert piped.stdout_bytes[:4] == b"RIFF" and "frames" in piped.stderr and "frames" not in piped.stdout[:200]
+    data, rate = sf.read(io.BytesIO(piped.stdout_bytes), dtype="float32")
+    assert run(*args, "-o", tmp_path / "o.wav").exit_code == 0
+    want, _ = sf.read(tmp_path / "o.wav", dtype="float32")
+    assert rate == 44100 and data.shape == want.shape and want.size >= 2048
+    np.testing.assert_allclose(data, want, rtol=0, atol=2 / 32767)  # 16-bit rounding and the 32767/32768 scales
+
+
 def test_say_same_seed_identical_samples(tiny_checkpoint, tmp_path):
     paths = [tmp_path / "a.wav", tmp_path / "b.wav"]
     for p in paths:

@@ -84,6 +84,17 @@ def test_a_taken_name_needs_replace(tmp_path):
     assert np.array_equal(store.load("alice").codes, make_voice(seed=2).codes)
 
 
+def test_a_folder_named_like_a_voice_is_no_voice(tmp_path):
+    store = VoiceStore(tmp_path)
+    (tmp_path / "dirv.npz").mkdir()
+    assert store.names() == []
+    for call in (store.load, store.remove):
+        with pytest.raises(VoiceError, match="no voice named 'dirv'") as e:
+            call("dirv")
+        assert "did you mean" not in str(e.value)
+    assert (tmp_path / "dirv.npz").is_dir()
+
+
 def test_names_differing_only_in_case_are_refused(tmp_path):
     """One file on macOS and Windows disks: refused everywhere, so a store moves between machines intact."""
     store = VoiceStore(tmp_path)

@@ -33,7 +33,7 @@ def write_audio(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
     Raises:
         AudioError: unknown extension, a missing or unwritable folder, or a path that is a folder.
     """
-    path, folder = _writable(path)
+    path, folder = check_writable(path)
     ext = path.suffix.lower()
     fmt, subtype = WRITE_FORMATS[ext]
     data = np.asarray(audio, dtype=np.float32).reshape(-1)
@@ -61,7 +61,7 @@ def _write_error(path: Path, folder: Path, e: BaseException) -> AudioError:
                                                      if full else ""))
 
 
-def _writable(path: str | Path) -> tuple[Path, Path]:
+def check_writable(path: str | Path) -> tuple[Path, Path]:
     """``(path, its folder)`` if an audio file can be written there (see :func:`write_audio`), else AudioError."""
     path = Path(path).expanduser()
     if path.suffix.lower() not in WRITE_FORMATS:
@@ -93,7 +93,7 @@ def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[sf.SoundFi
     partial file, which is removed when it holds none.
     Raises AudioError as :func:`write_audio`.
     """
-    path, folder = _writable(path)
+    path, folder = check_writable(path)
     fmt, subtype = WRITE_FORMATS[path.suffix.lower()]
     partial = partial_path(path)
     try:

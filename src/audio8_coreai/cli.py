@@ -82,7 +82,8 @@ AssetsOpt = Annotated[Optional[Path], typer.Option(help="Core AI asset folder wr
 @friendly
 def say(
     text: Annotated[str, typer.Argument(help="The text to speak.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the audio (.wav, .flac, .ogg).")]
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the audio (.wav, .flac, .ogg), or "
+                                                                "- for stdout (16-bit wav, streamed as made).")]
     = Path("speech.wav"),
     model: ModelOpt = DEFAULT_MODEL,
     seed: Annotated[Optional[int], typer.Option(help="Same seed, same audio; default: a fresh one.")] = None,
@@ -111,13 +112,18 @@ def say(
              "--chunk-frames).")] = None,
 ) -> None:
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
-    from .audio import read_reference, write_audio
+    from .audio import check_writable, read_reference, write_audio
     from .prompt import check_text
     from .tts import TTS
     from .voices import VoiceStore, check_voice_choice
 
     check_text(text)  # fail before loading a model
-    _check_output(output)
+    to_stdout = str(output) == "-"
+    if to_stdout and sys.stdout.isatty():
+        raise AudioError("-o - writes binary audio to stdout, which is a terminal here: pipe it (| aplay, "
+                         "| ffplay -) or give a file name")
+    if not to_stdout:
+        check_writable(output)
     _check_chunks(chunk_frames, first_chunk_frames)  # long text is streamed even without --stream
     check_voice_choice(voice, ref_audio, ref_text)
     if ref_audio is not None:
@@ -132,19 +138,19 @@ def say(
                         console=err, transient=True)
     spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
     chosen = voice if ref_audio is None else tts.voice_from_clip(ref_audio, ref_text)  # encoded once
-    if not stream and not tts.fits_one_utterance(text, chosen):
+    if not stream and not to_stdout and not tts.fits_one_utterance(text, chosen):
         err.print("note: the text is too long for one utterance; it is split into sentences, as with --stream",
                   highlight=False)
         stream = True
-    if stream:
+    if stream or to_stdout:
         speech = tts.stream(text, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames, seed=seed,
                             temperature=temperature, top_k=top_k, top_p=top_p, max_frames=max_frames,
                             voice=chosen)
         with progress:
             task = progress.add_task("frames", total=speech.max_frames)
             speech.on_frame = lambda step: progress.update(task, completed=step + 1)
-            _write_stream(speech, output)
-        out.print(f"{output}: {speech.frames} frames in {len(speech.pieces)} piece(s), {speech.duration_s:.2f} s of "
+            (_write_stdout if to_stdout else _write_stream)(speech, output)
+        (err if to_stdout else out).print(f"{output}: {speech.frames} frames in {len(speech.pieces)} piece(s), {speech.duration_s:.2f} s of "
                   f"audio, first audio after {speech.first_audio_s or 0:.2f} s ({spoken_as}seed {speech.seed}, "
                   f"{tts.backend.description})", highlight=False)
         return
@@ -169,6 +175,29 @@ def say(
               f"({spoken_as}seed {result.seed}, {tts.backend.description})", highlight=False)
 
 
+def _write_stdout(speech, output: Path) -> None:
+    """Write ``speech`` (a SpeechStream) to stdout as 16-bit wav, each chunk as it comes (the header's sizes say
+    'until the end', as a streamed wav does). A reader that closes the pipe early ends the run quietly."""
+    from .audio import SpeechEncoder
+
+    encoder, sink = SpeechEncoder("wav", speech.sample_rate), sys.stdout.buffer
+    try:
+        for chunk in speech:
+            sink.write(encoder.write(chunk))
+            sink.flush()
+        if speech.frames == 0:  # nothing was written, not even the header
+            raise EngineError("the model ended the utterance at once (eos on the first frame): nothing to write; "
+                              "try another --seed")
+        sink.write(encoder.close())
+        sink.flush()
+    except BrokenPipeError:
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush into the closed pipe at exit
+        raise typer.Exit(0) from None
+    _warn_capped(speech)
+
+
 def _write_stream(speech, output: Path) -> None:
     """Write the chunks of ``speech`` (a SpeechStream) to ``output`` as they come; warn about capped pieces."""
     from .audio import open_audio_writer, partial_path
@@ -186,6 +215,10 @@ def _write_stream(speech, output: Path) -> None:
             err.print(f"{output} is left as it was; the audio made so far is in {partial_path(output)}",
                       highlight=False, soft_wrap=True)
         raise
+    _warn_capped(speech)
+
+
+def _warn_capped(speech) -> None:
     capped = [i + 1 for i, eos in enumerate(speech.reached_eos) if not eos]
     if capped:
         which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {', '.join(map(str, capped))}"
@@ -220,19 +253,6 @@ def _check_port(host: str, port: int) -> None:
 def _warn(warnings) -> None:
     for w in warnings:
         err.print(f"[yellow]warning:[/] {w}", highlight=False)
-
-
-def _check_output(path: Path) -> None:
-    """Catch an unwritable output before minutes of synthesis."""
-    from .audio import WRITE_FORMATS
-
-    if path.suffix.lower() not in WRITE_FORMATS:
-        raise AudioError(f"cannot write {path.name!r}: use a .wav, .flac or .ogg file name")
-    if path.is_dir():
-        raise AudioError(f"{path} is a folder: give a file name such as {path / 'speech.wav'}")
-    folder = path.expanduser().parent
-    if not folder.is_dir():
-        raise AudioError(f"cannot write {path}: the folder {folder} does not exist")
 
 
 @app.command()

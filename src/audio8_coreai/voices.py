@@ -161,6 +161,8 @@ class VoiceStore:
             return []
         found = []
         for p in self.root.glob("*" + SUFFIX):
+            if not p.is_file():  # a folder named like a voice file is none
+                continue
             try:
                 found.append(check_name(p.name[: -len(SUFFIX)]))
             except VoiceError:
@@ -258,6 +260,8 @@ class VoiceStore:
         """Delete voice ``name``; returns the removed file. Raises VoiceError if there is none or it cannot."""
         path = self.path(name)
         try:
+            if path.is_dir():  # not a voice: left alone, reported as absent
+                raise FileNotFoundError(path)
             path.unlink()
         except FileNotFoundError:
             raise VoiceError(f"no voice named {name!r} in {self.root}; `audio8 voice list` shows the voices") from None
