@@ -349,3 +349,9 @@ def test_voice_mistakes_are_one_clear_line(case, args, needle, tmp_path):
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and needle in " ".join(result.output.split())  # rich wraps at 80 columns
     assert VoiceStore(voices).names() == ["taken"] and not (tmp_path / "o.wav").exists()
+
+
+@pytest.mark.parametrize("args, needle", [(["-h"], "say"), (["say", "-h"], "--output"), (["voice", "add", "-h"], "--audio")])
+def test_short_help_flag(args, needle):
+    result = run(*args)
+    assert result.exit_code == 0 and needle in result.output

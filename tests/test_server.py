@@ -301,6 +301,17 @@ def test_health_and_metrics(base):
 # A full queue and a client that goes away
 
 
+def assert_worker_freed(url: str) -> None:
+    """The one worker stops within 30 s of its client leaving a 300-frame request, counted 499, and serves again."""
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{url}/health").json()["running"]:
+        assert time.monotonic() < deadline, "the worker kept generating after the client left"
+        time.sleep(0.05)
+    assert metric(url, 'audio8_requests_total{status="499"}') == 1
+    assert metric(url, "audio8_frames_total") < 300
+    assert speech(url, response_format="wav").status_code == 200
+
+
 def test_full_queue_is_503_and_a_disconnect_frees_the_slot(tiny_checkpoint, tmp_path):
     settings = ServerSettings(workers=1, max_queue=0, chunk_frames=4)
     # seed 4: this text runs the whole 300 frames on the tiny checkpoint (no eos), seconds of work
@@ -315,13 +326,7 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(tiny_checkpoint, tmp_
                 assert busy.status_code == 503 and int(busy.headers["retry-after"]) >= 1
                 assert busy.json()["error"]["code"] == "queue_full"
             # leaving the block closed the connection mid-stream
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{url}/health").json()["running"]:
-            assert time.monotonic() < deadline, "the worker kept generating after the client left"
-            time.sleep(0.05)
-        assert metric(url, 'audio8_requests_total{status="499"}') == 1
-        assert metric(url, "audio8_frames_total") < 300
-        assert speech(url, response_format="wav").status_code == 200
+        assert_worker_freed(url)
 
 
 def test_a_client_that_leaves_a_whole_file_request_frees_the_worker(tiny_checkpoint, tmp_path):
@@ -331,10 +336,4 @@ def test_a_client_that_leaves_a_whole_file_request_frees_the_worker(tiny_checkpo
     with serving(tiny_checkpoint, tmp_path, settings) as url:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/v1/audio/speech", json=body, timeout=1.0)  # gives up after a second
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{url}/health").json()["running"]:
-            assert time.monotonic() < deadline, "the worker kept generating after the client left"
-            time.sleep(0.05)
-        assert metric(url, 'audio8_requests_total{status="499"}') == 1
-        assert metric(url, "audio8_frames_total") < 300
-        assert speech(url, response_format="wav").status_code == 200
+        assert_worker_freed(url)

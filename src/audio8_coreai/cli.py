@@ -36,6 +36,7 @@ USER_ERRORS = (AudioError, BackendError, CheckpointError, ConfigError, EngineErr
                PromptError, TokenizerError, VoiceError)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Audio8-TTS-Preview-0.6b: speak text from the publisher's checkpoint.")
 err = Console(stderr=True)
 out = Console()
@@ -589,7 +590,8 @@ def serve(
     uvicorn.run(create_app(engines, settings), host=host, port=port, log_level="info")
 
 
-voice_app = typer.Typer(no_args_is_help=True, help="Cloned voices: register a clip by name, list, show, remove.")
+voice_app = typer.Typer(no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
+                        help="Cloned voices: register a clip by name, list, show, remove.")
 app.add_typer(voice_app, name="voice")
 
 
