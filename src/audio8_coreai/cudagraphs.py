@@ -16,6 +16,7 @@ With ``capture`` False (the CPU, the tests) the same buffers feed the module eag
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 import torch
@@ -27,6 +28,8 @@ from .model.dualar import DualAR
 GRAPHS_KEPT = 4
 """Captured graphs kept, one per set of sampling settings, least recently used dropped first."""
 
+_CAPTURE = threading.Lock()  # one capture at a time in this process (several model instances serve in threads)
+
 
 class GraphedFrame:
     """:class:`.graphs.Frame` on ``model`` over the KV state ``k_cache``/``v_cache`` [n_layer, 1, n_kv, L, D],
@@ -35,7 +38,8 @@ class GraphedFrame:
     Call with Frame's inputs (column int64 [1, 1+C, 1], pos int64 [1], noise_slow float32 [1, 2, V+1], window
     int64 [1, W], noise_fast float32 [1, C-1, codebook_size], forced int64 [1, 1+C], use_forced float32 [1]);
     returns Frame's outputs (semantic, codes, fast_logits, sampled_semantic, sampled_codes, logits, hidden),
-    which the next call overwrites. Raises ValueError for ``capture`` off a CUDA device.
+    which the next call overwrites, whatever its settings (the graphs share one memory pool): read them first.
+    Raises ValueError for ``capture`` off a CUDA device.
     """
 
     def __init__(self, model: DualAR, k_cache: Tensor, v_cache: Tensor, capture: bool):
@@ -90,7 +94,8 @@ class GraphedFrame:
                 frame(*self._args())
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: CUDA calls of other threads (another request's codec, say) do not void this capture
+        with _CAPTURE, torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             outputs = frame(*self._args())
         self._pool = graph.pool()
         return frame, graph, outputs

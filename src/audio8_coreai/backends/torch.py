@@ -98,6 +98,9 @@ class TorchBackend:
     (as the publisher's load_codec) and in the model dtype on CUDA; the encoder always runs in fp32
     (bf16 flips the VQ's nearest-neighbour choices: 79 % of codes on the tiny oracle).
 
+    fp32 on CUDA turns TF32 off for the process (``torch.backends.cudnn.allow_tf32`` and matmul's), as fp32 parity
+    with the publisher's CPU run needs.
+
     ``cuda_graphs`` (CUDA only, opt-in): each frame after the first replays one captured CUDA graph of the static
     frame (cudagraphs.py) instead of launching its kernels one by one. Raises BackendError off CUDA.
     """
@@ -115,6 +118,11 @@ class TorchBackend:
         # on CPU, fp32 on CUDA).
         self.precision = resolve_torch_precision(precision or dtype or default_precision(self.device.type))
         self.dtype = self.precision.dtype
+        if self.device.type == "cuda" and self.dtype == torch.float32:
+            # cuDNN's convolutions (the codec) default to TF32 on CUDA: 10-bit mantissas, waveform off the fp32
+            # oracle by ~4e-4 and encoder codes changed (measured by emulation on the tiny oracle). fp32 means fp32.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
         self.cfg: ModelConfig = checkpoint.config
         self.checkpoint = checkpoint
         state = checkpoint.model_state_dict()
