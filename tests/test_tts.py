@@ -136,3 +136,32 @@ def test_at_most_prefix_cache_heads_are_kept(tiny_tts):
     assert list(backend._heads) == heads[2:]  # the least recently used went first
     backend.prefill(tiny_tts.prompts.plain(TEXT))
     assert len(backend._heads) == PREFIX_CACHE
+
+
+def test_threads_take_turns_and_an_overtaken_stream_says_so(tiny_tts):
+    """One TTS, several callers: threads' utterances are each what they are alone; a stream resumed after
+    another utterance ran raises instead of continuing from the other's KV state."""
+    import threading
+
+    want = {seed: tiny_tts.generate(f"Thread number {seed} speaks.", seed=seed, max_frames=16).codes
+            for seed in (5, 6, 7)}
+    got: dict = {}
+
+    def speak(seed):
+        got[seed] = tiny_tts.generate(f"Thread number {seed} speaks.", seed=seed, max_frames=16).codes
+
+    threads = [threading.Thread(target=speak, args=(s,)) for s in want]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(np.array_equal(got[s], want[s]) for s in want)
+
+    stream = iter(tiny_tts.stream("Hello there, a paused stream.", seed=9, max_frames=16, chunk_frames=2))
+    next(stream)
+    tiny_tts.generate("Something else.", seed=1, max_frames=4)
+    with pytest.raises(EngineError, match="this stream was overtaken"):
+        list(stream)
+    fresh = np.concatenate(list(tiny_tts.stream("Hello there, a paused stream.", seed=9, max_frames=16,
+                                                chunk_frames=2)))
+    assert fresh.size > 0  # the next stream is whole again

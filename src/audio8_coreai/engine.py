@@ -8,6 +8,8 @@ RAS window skips the step-0 token (SPEC.md section 6).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +25,48 @@ from .sampling import NoiseSource, RasWindow
 
 class EngineError(ValueError):
     """An utterance that cannot be generated as asked (it does not fit the context)."""
+
+
+class Lease:
+    """Who drives a backend's KV state: one utterance at a time, from any thread (see :func:`lease`).
+
+    :meth:`hold` runs a block alone and starts a new utterance (its token); :meth:`resume` runs a later step of
+    the utterance of ``token`` alone, and raises EngineError when another utterance has held the backend since
+    (it overwrote the KV state this one would continue from: going on would give wrong audio, silently).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._epoch = 0
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[int]:
+        with self._lock:
+            self._epoch += 1
+            yield self._epoch
+
+    @contextlib.contextmanager
+    def resume(self, token: int) -> Iterator[None]:
+        with self._lock:
+            if self._epoch != token:
+                raise EngineError("this stream was overtaken: another utterance ran on the same model since its "
+                                  "last frame (a TTS makes one utterance at a time); finish or close a stream "
+                                  "before the next call on that TTS, or give each thread its own TTS")
+            yield
+
+
+_LEASES = threading.Lock()
+
+
+def lease(backend: object) -> Lease:
+    """The :class:`Lease` of ``backend`` (made on first use). Every single-utterance caller takes it: TTS.generate
+    and generate_batch for their whole call, a stream for its prefills and each frame step."""
+    with _LEASES:
+        found = getattr(backend, "_audio8_lease", None)
+        if found is None:
+            found = Lease()
+            backend._audio8_lease = found  # type: ignore[attr-defined]
+        return found
 
 
 class Backend(Protocol):
@@ -106,21 +150,22 @@ def generate(backend: Backend, prompt: np.ndarray, params: SamplingParams, seed:
     if noise is None:
         noise = noise_source(cfg, seed)
     p_len = prompt.shape[1]
-    t0 = time.perf_counter()
-    backend.prefill(prompt)
-    t1 = time.perf_counter()
     frames: list[np.ndarray] = []
     results: list[FrameResult] = []
     reached_eos = False
-    for step, res in enumerate(frame_steps(backend, p_len, params, max_frames, noise)):
-        if keep_results:
-            results.append(res)
-        if on_frame is not None:
-            on_frame(step)
-        if res.semantic == cfg.eos_token_id:
-            reached_eos = True
-        else:
-            frames.append(res.codes)
+    with lease(backend).hold():  # other threads' utterances on this backend wait; a paused stream is overtaken
+        t0 = time.perf_counter()
+        backend.prefill(prompt)
+        t1 = time.perf_counter()
+        for step, res in enumerate(frame_steps(backend, p_len, params, max_frames, noise)):
+            if keep_results:
+                results.append(res)
+            if on_frame is not None:
+                on_frame(step)
+            if res.semantic == cfg.eos_token_id:
+                reached_eos = True
+            else:
+                frames.append(res.codes)
     codes = np.stack(frames, axis=1) if frames else np.zeros((cfg.num_codebooks, 0), dtype=np.int64)
     return Generation(codes, reached_eos, p_len, max_frames, t1 - t0, time.perf_counter() - t1, results)
 

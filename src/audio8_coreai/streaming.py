@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .engine import Backend, frame_steps, noise_source
+from .engine import Backend, frame_steps, lease, noise_source
 from .graphs import SamplingParams
 
 DEFAULT_CHUNK_FRAMES = 16  # 16 x 2048 samples = 0.74 s of audio per chunk
@@ -91,8 +91,9 @@ class SpeechStream:
 
     Filled in while iterating: ``frames`` (frames made), ``reached_eos`` (one bool per finished piece),
     ``first_audio_s`` (time to first audio: seconds from the start of iteration to the first chunk, prefill
-    included), ``prefill_s``, ``frames_s``, ``codec_s`` (seconds). Not thread-safe: it drives the backend's
-    single KV state, so run one stream (or utterance) at a time per backend. ``codec_thread``: decode chunk k
+    included), ``prefill_s``, ``frames_s``, ``codec_s`` (seconds). It drives the backend's single KV state: a
+    stream paused while another utterance runs on the same backend (another stream, a generate, from any thread)
+    raises EngineError when resumed, instead of continuing from the other's state. ``codec_thread``: decode chunk k
     on a thread of its own while the frames of chunk k+1 are made (the first chunk is decoded at once; the
     samples are the same); only for a backend with its own ``codec_stream``. Raises ValueError for
     ``chunk_frames`` or ``first_chunk_frames`` < 1.
@@ -155,14 +156,15 @@ class SpeechStream:
                 if index:
                     yield pause
                 t0 = time.perf_counter()
-                self.backend.prefill(piece.prompt)
+                with lease(self.backend).hold() as token:
+                    self.backend.prefill(piece.prompt)
                 self.prefill_s += time.perf_counter() - t0
                 decoder = codec_stream(self.backend)
                 steps = frame_steps(self.backend, piece.prompt.shape[1], self.params, piece.max_frames, noise)
                 pending: list[np.ndarray] = []
                 decoding: deque[Future] = deque()
                 eos = False
-                for res in self._timed(steps):
+                for res in self._timed(steps, token):
                     if self.on_frame is not None:
                         self.on_frame(step)
                     step += 1
@@ -200,11 +202,14 @@ class SpeechStream:
             self.first_audio_s = time.perf_counter() - start
         return audio
 
-    def _timed(self, steps: Iterator) -> Iterator:
-        """``steps`` with the time spent inside them added to ``frames_s`` (not the consumer's time)."""
+    def _timed(self, steps: Iterator, token: int) -> Iterator:
+        """``steps`` with the time spent inside them added to ``frames_s`` (not the consumer's time), each one
+        run under the backend's lease of the piece's utterance ``token`` (EngineError once it is overtaken)."""
+        lease_ = lease(self.backend)
         while True:
             t0 = time.perf_counter()
-            res = next(steps, None)
+            with lease_.resume(token):
+                res = next(steps, None)
             self.frames_s += time.perf_counter() - t0
             if res is None:
                 return

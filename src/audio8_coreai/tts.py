@@ -16,7 +16,7 @@ from .backends.torch import TorchBackend
 from .batching import generate_batch
 from .checkpoint import DEFAULT_MODEL, Checkpoint, CheckpointError, load_checkpoint
 from .config import ConfigError
-from .engine import EngineError, frame_budget, generate
+from .engine import EngineError, frame_budget, generate, lease
 from .graphs import SamplingParams
 from .prompt import PromptBuilder, PromptError, PromptTooLong, check_text, split_text
 from .streaming import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
@@ -63,8 +63,10 @@ class Synthesis:
 class TTS:
     """Audio8-TTS-Preview-0.6b loaded from a checkpoint, ready to speak.
 
-    Build with :meth:`load`. Not thread-safe: one utterance at a time per instance (the KV state is
-    the backend's).
+    Build with :meth:`load`. One utterance at a time per instance (the KV state is the backend's): calls from
+    several threads take turns (each generate, synthesize or generate_batch whole, a stream step by step), and a
+    stream paused while another utterance runs raises EngineError when resumed (it cannot continue from the
+    other's state). For utterances in parallel use one TTS per thread, or :meth:`generate_batch`.
     """
 
     def __init__(self, checkpoint: Checkpoint, backend: TorchBackend, prompts: PromptBuilder,
@@ -198,7 +200,8 @@ class TTS:
         default = self.checkpoint.generation.max_new_tokens
         budgets = [frame_budget(self.config, p.shape[1], max_frames, default) for p in prompts]
         seeds = [check_seed(s) for s in seeds]
-        gens = generate_batch(self.backend, prompts, params, seeds, budgets, max_batch)
+        with lease(self.backend).hold():  # its prefills pass through the backend (the last logits it keeps)
+            gens = generate_batch(self.backend, prompts, params, seeds, budgets, max_batch)
         t0 = time.perf_counter()
         audio = self.backend.decode_batch([g.codes for g in gens])
         codec_s = time.perf_counter() - t0
