@@ -132,16 +132,21 @@ def test_tts_generate_batch_equals_generate(tts_fp32):
 
 
 def test_tts_generate_batch_bad_input(tts_fp32):
+    from audio8_coreai.config import ConfigError
     from audio8_coreai.prompt import PromptError
 
     with pytest.raises(ValueError, match="one seed per text"):
         tts_fp32.generate_batch(["a", "b"], seeds=[1])
     with pytest.raises(PromptError):
         tts_fp32.generate_batch(["fine", "   "], seeds=[1, 2])
-    with pytest.raises(EngineError, match="max frames"):
+    with pytest.raises(ConfigError, match="max_frames must be >= 1"):
         tts_fp32.generate_batch(["fine"], max_frames=0)
+    with pytest.raises(ConfigError, match="max_batch must be a whole number"):
+        tts_fp32.generate_batch(["fine"], max_batch=1.5)
     with pytest.raises(TypeError, match="not one string"):
         tts_fp32.generate_batch("hello")
+    with pytest.raises(TypeError, match="a list of strings, got set"):
+        tts_fp32.generate_batch({"a", "b"})
 
 
 def test_frame_server_rows_from_threads_equal_generate(tts_fp32):

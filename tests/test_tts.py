@@ -165,3 +165,24 @@ def test_threads_take_turns_and_an_overtaken_stream_says_so(tiny_tts):
     fresh = np.concatenate(list(tiny_tts.stream("Hello there, a paused stream.", seed=9, max_frames=16,
                                                 chunk_frames=2)))
     assert fresh.size > 0  # the next stream is whole again
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"max_frames": 8.5}, "max_frames"), ({"max_frames": True}, "max_frames"), ({"max_frames": "16"}, "max_frames"),
+    ({"max_frames": 0}, "max_frames"), ({"top_k": 2.5}, "top_k"), ({"top_k": "5"}, "top_k"),
+    ({"temperature": "hot"}, "temperature"), ({"temperature": float("inf")}, "temperature"),
+    ({"top_p": None, "seed": 1.0}, "seed"), ({"chunk_frames": 2.5}, "chunk_frames"),
+])
+def test_wrong_types_are_config_errors_naming_the_setting(tiny_tts, kwargs, field):
+    """Before any frame: a float where a count goes is refused (not rounded), as are strings and bools."""
+    stream_only = "chunk_frames" in kwargs
+    call = tiny_tts.stream if stream_only else tiny_tts.generate
+    with pytest.raises(ConfigError) as e:
+        call("Hello there.", **{"max_frames": 4, **kwargs})
+    assert e.value.field == field
+
+
+def test_numpy_integers_are_whole_numbers(tiny_tts):
+    a = tiny_tts.generate("Hello there.", seed=np.int64(3), top_k=np.int32(20), max_frames=np.int64(6))
+    b = tiny_tts.generate("Hello there.", seed=3, top_k=20, max_frames=6)
+    assert np.array_equal(a.codes, b.codes) and a.max_frames == 6 and type(a.max_frames) is int

@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from .backends.torch import FrameResult
-from .config import ModelConfig
+from .config import ModelConfig, check_int
 from .graphs import SamplingParams
 from .sampling import NoiseSource, RasWindow
 
@@ -116,7 +116,7 @@ def frame_budget(cfg: ModelConfig, prompt_length: int, max_frames: int | None, d
     The publisher requires prompt length < max_seq_len and clips max_new_tokens to what is left. An
     explicit ``max_frames`` that does not fit is an error rather than a silent clip; the default is
     clipped like the publisher's (the engine then reports a stop at the cap).
-    Raises EngineError with the numbers.
+    Raises EngineError with the numbers, ConfigError for a ``max_frames`` that is no whole number >= 1.
     """
     room = cfg.max_seq_len - prompt_length
     if room < 1:
@@ -125,8 +125,7 @@ def frame_budget(cfg: ModelConfig, prompt_length: int, max_frames: int | None, d
             "(prompt + frames); shorten the text (or the voice's reference clip)")
     if max_frames is None:
         return min(default_frames, room)
-    if max_frames < 1:
-        raise EngineError(f"max frames must be >= 1, got {max_frames}")
+    max_frames = check_int(max_frames, "max_frames")
     if max_frames > room:
         raise EngineError(
             f"the prompt is {prompt_length} tokens, so at most {room} frames fit the model's context of "

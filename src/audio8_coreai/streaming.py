@@ -20,6 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .config import check_int
 from .engine import Backend, frame_steps, lease, noise_source
 from .graphs import SamplingParams
 
@@ -95,19 +96,18 @@ class SpeechStream:
     stream paused while another utterance runs on the same backend (another stream, a generate, from any thread)
     raises EngineError when resumed, instead of continuing from the other's state. ``codec_thread``: decode chunk k
     on a thread of its own while the frames of chunk k+1 are made (the first chunk is decoded at once; the
-    samples are the same); only for a backend with its own ``codec_stream``. Raises ValueError for
-    ``chunk_frames`` or ``first_chunk_frames`` < 1.
+    samples are the same); only for a backend with its own ``codec_stream``. Raises ConfigError (a ValueError)
+    unless ``chunk_frames`` and ``first_chunk_frames`` are whole numbers >= 1.
     """
 
     def __init__(self, backend: Backend, pieces: list[Piece], params: SamplingParams, seed: int, *,
                  chunk_frames: int, sample_rate: int, frame_length: int, first_chunk_frames: int | None = None,
                  pause_s: float = PAUSE_S, on_frame: Callable[[int], None] | None = None,
                  codec_thread: bool = False):
+        chunk_frames = check_int(chunk_frames, "chunk_frames")
         if first_chunk_frames is None:
             first_chunk_frames = min(DEFAULT_FIRST_CHUNK_FRAMES, chunk_frames)
-        for name, value in (("chunk_frames", chunk_frames), ("first_chunk_frames", first_chunk_frames)):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+        first_chunk_frames = check_int(first_chunk_frames, "first_chunk_frames")
         self.backend = backend
         self.pieces = pieces
         self.params = params

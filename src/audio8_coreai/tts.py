@@ -15,7 +15,7 @@ from .audio import read_reference
 from .backends.torch import TorchBackend
 from .batching import generate_batch
 from .checkpoint import DEFAULT_MODEL, Checkpoint, CheckpointError, load_checkpoint
-from .config import ConfigError
+from .config import check_int, check_number
 from .engine import EngineError, frame_budget, generate, lease
 from .graphs import SamplingParams
 from .prompt import PromptBuilder, PromptError, PromptTooLong, check_text, split_text
@@ -131,7 +131,13 @@ class TTS:
                  top_p: float | None = None) -> SamplingParams:
         """The checkpoint's generation defaults with the given overrides; raises ConfigError if invalid."""
         gen = self.checkpoint.generation
-        over = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
+        over = {}
+        if temperature is not None:
+            over["temperature"] = check_number(temperature, "temperature")
+        if top_k is not None:
+            over["top_k"] = check_int(top_k, "top_k")
+        if top_p is not None:
+            over["top_p"] = check_number(top_p, "top_p")
         gen = dataclasses.replace(gen, **over)
         gen.check("sampling settings")
         return SamplingParams.from_configs(self.config, gen)
@@ -190,10 +196,14 @@ class TTS:
         if isinstance(texts, str):  # a str is a sequence too: its characters would become texts
             raise TypeError("texts must be a list of strings, not one string: use generate() for one text, or "
                             "generate_batch([text])")
+        max_batch = check_int(max_batch, "max_batch")
+        texts = list(texts) if isinstance(texts, (list, tuple)) else texts
+        if not isinstance(texts, list):  # a set or dict has no order to keep; a generator no length
+            raise TypeError(f"texts must be a list of strings, got {type(texts).__name__}")
         if seeds is None:
             seeds = [None] * len(texts)
-        if len(seeds) != len(texts):
-            raise ValueError(f"{len(texts)} texts but {len(seeds)} seeds: give one seed per text (or none)")
+        if not isinstance(seeds, (list, tuple)) or len(seeds) != len(texts):
+            raise ValueError(f"{len(texts)} texts but seeds {seeds!r}: give a list of one seed per text (or none)")
         params = self.sampling(temperature, top_k, top_p)
         chosen = self._voice(voice, None, None)
         prompts = [self._prompt(check_text(t), chosen) for t in texts]
@@ -389,6 +399,4 @@ def check_seed(seed: int | None) -> int:
     """``seed``, or a fresh one (0 .. 2**31 - 1) when None; raises ConfigError unless an integer >= 0."""
     if seed is None:
         return secrets.randbelow(2**31)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ConfigError(f"seed must be an integer >= 0, got {seed!r}", "seed")
-    return seed
+    return check_int(seed, "seed", minimum=0)
