@@ -186,3 +186,15 @@ def test_numpy_integers_are_whole_numbers(tiny_tts):
     a = tiny_tts.generate("Hello there.", seed=np.int64(3), top_k=np.int32(20), max_frames=np.int64(6))
     b = tiny_tts.generate("Hello there.", seed=3, top_k=20, max_frames=6)
     assert np.array_equal(a.codes, b.codes) and a.max_frames == 6 and type(a.max_frames) is int
+
+
+def test_text_whose_speech_would_pass_the_frame_budget_is_split_not_cut(tiny_tts):
+    """The prompt fits the context, the estimated speech does not fit the frame budget: synthesize splits it
+    exactly as stream does (it used to run generate and stop at the cap)."""
+    text = " ".join(["Words go here."] * 10)
+    assert tiny_tts._prompt(text, None).shape[1] < tiny_tts.config.max_seq_len  # one prompt would fit
+    assert not tiny_tts.fits_one_utterance(text)
+    speech = tiny_tts.stream(text, seed=3, max_frames=4, chunk_frames=16, first_chunk_frames=16)
+    streamed = np.concatenate(list(speech))
+    audio, _ = tiny_tts.synthesize(text, seed=3, max_frames=4)
+    assert len(speech.pieces) >= 2 and np.array_equal(audio, streamed)

@@ -241,16 +241,16 @@ class TTS:
         return (np.concatenate(chunks) if chunks else np.zeros(0, np.float32)), self.sample_rate
 
     def fits_one_utterance(self, text: str, voice: str | Voice | None = None) -> bool:
-        """Whether ``text`` spoken in ``voice`` (a name, a :class:`Voice` or None) fits one utterance: its
-        prompt leaves the context room for a frame. :meth:`generate` speaks only such text; :meth:`synthesize`
-        and ``audio8 say`` split the rest as :meth:`stream` does. Raises PromptError for unspeakable text,
-        VoiceError as :meth:`generate`."""
+        """Whether ``text`` spoken in ``voice`` (a name, a :class:`Voice` or None) is one utterance: :meth:`stream`
+        keeps it in one piece (its prompt plus its estimated speech fit the context and the default frame
+        budget). :meth:`synthesize` and ``audio8 say`` speak such text with :meth:`generate` and split the rest
+        as :meth:`stream` does, so a text whose speech would run past the frame budget is not cut at the cap.
+        Raises PromptError for unspeakable text or text that cannot be split, VoiceError as :meth:`generate`."""
         text, chosen = check_text(text), self._voice(voice, None, None)
         try:
-            self._prompt(text, chosen)
-        except PromptTooLong:  # the prompt alone fills the context (a damaged voice's PromptError is raised)
+            return len(self._split(text, chosen)) == 1
+        except PromptTooLong:  # the prompt around the text alone fills the context
             return False
-        return True
 
     def stream(self, text: str, *, chunk_frames: int = DEFAULT_CHUNK_FRAMES, first_chunk_frames: int | None = None,
                seed: int | None = None,
@@ -279,24 +279,8 @@ class TTS:
         params = self.sampling(temperature, top_k, top_p)
         text = check_text(text)
         chosen = self._voice(voice, ref_audio, ref_text)
-
-        def count(words: str) -> int:
-            return len(self.prompts.encode(words))
-
-        # Tokens a piece may hold: its prompt plus its estimated frames must fit the context, and the frames
-        # the default frame budget.
-        overhead = self._prompt("a", chosen).shape[1] - count("a")
+        parts = self._split(text, chosen)
         default_frames = self.checkpoint.generation.max_new_tokens
-        max_tokens = min((self.config.max_seq_len - overhead) // (1 + FRAMES_PER_TOKEN),
-                         default_frames // FRAMES_PER_TOKEN)
-        try:
-            parts = split_text(text, max_tokens, count)
-        except PromptError as e:
-            if chosen is None:
-                raise
-            raise PromptError(f"{e}; here the prompt around the text (the voice's reference clip and transcript "
-                              f"included) takes {overhead} of the context's {self.config.max_seq_len} positions, so a "
-                              "voice made from a shorter clip leaves room for longer pieces") from None
         pieces = []
         for index, words in enumerate(parts):
             prompt = self._prompt(words, chosen)
@@ -347,6 +331,26 @@ class TTS:
         voice = self.voice_from_clip(audio, text, name)
         store.save(voice, replace=replace)
         return voice
+
+    def _split(self, text: str, voice: Voice | None) -> list[str]:
+        """Checked ``text`` as the pieces :meth:`stream` speaks in ``voice``: each one's prompt plus its estimated
+        speech (FRAMES_PER_TOKEN frames per text token) fits the context, and its frames the default frame
+        budget. Raises PromptError for a run of text that cannot be split to fit."""
+
+        def count(words: str) -> int:
+            return len(self.prompts.encode(words))
+
+        overhead = self._prompt("a", voice).shape[1] - count("a")
+        max_tokens = min((self.config.max_seq_len - overhead) // (1 + FRAMES_PER_TOKEN),
+                         self.checkpoint.generation.max_new_tokens // FRAMES_PER_TOKEN)
+        try:
+            return split_text(text, max_tokens, count)
+        except PromptError as e:
+            if voice is None:
+                raise
+            raise PromptError(f"{e}; here the prompt around the text (the voice's reference clip and transcript "
+                              f"included) takes {overhead} of the context's {self.config.max_seq_len} positions, so a "
+                              "voice made from a shorter clip leaves room for longer pieces") from None
 
     def _prompt(self, text: str, voice: Voice | None) -> np.ndarray:
         """The [1+C, P] prompt of checked ``text``: plain, or the clone prompt of ``voice``."""
