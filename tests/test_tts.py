@@ -198,3 +198,23 @@ def test_text_whose_speech_would_pass_the_frame_budget_is_split_not_cut(tiny_tts
     streamed = np.concatenate(list(speech))
     audio, _ = tiny_tts.synthesize(text, seed=3, max_frames=4)
     assert len(speech.pieces) >= 2 and np.array_equal(audio, streamed)
+
+
+def test_every_error_class_is_an_audio8_error_and_exported(tiny_checkpoint, tiny_tts):
+    import audio8_coreai
+    from audio8_coreai.backends.coreai import AssetError
+    from audio8_coreai.gate import GateError
+    from audio8_coreai.model.quant import QuantError
+    from audio8_coreai.parity import ParityError
+    from audio8_coreai.tokenizer import TokenizerError
+
+    exported = [getattr(audio8_coreai, n) for n in audio8_coreai.__all__ if n.endswith("Error")]
+    assert len(exported) == 8
+    for cls in exported + [AssetError, GateError, QuantError, ParityError, TokenizerError]:
+        assert issubclass(cls, audio8_coreai.Audio8Error), cls
+    with pytest.raises(audio8_coreai.Audio8Error, match="device must be a name"):
+        audio8_coreai.TTS.load(tiny_checkpoint, device=None)
+    with pytest.raises(audio8_coreai.Audio8Error, match="voices folder must be a path"):
+        audio8_coreai.TTS.load(tiny_checkpoint, device="cpu", voices_dir=5)
+    with pytest.raises(audio8_coreai.AudioError, match="must be a file path .*got ndarray"):
+        tiny_tts.voice_from_clip(np.zeros(44100, np.float32), "Hello there.")

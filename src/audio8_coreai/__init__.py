@@ -9,10 +9,21 @@ Public API::
     audio, sample_rate = tts.synthesize("Hello again.", voice="ana")
     for chunk in tts.stream("A long text. Spoken as it is made."):   # float32 chunks, exact to the whole
         ...
+
+Every error raised on purpose is an :class:`Audio8Error` (ConfigError, CheckpointError, PromptError, AudioError,
+VoiceError, EngineError, BackendError are exported here too); its message says what to change.
 """
 
+from .audio import AudioError
+from .backends.torch import BackendError
+from .checkpoint import CheckpointError
+from .config import ConfigError
+from .engine import EngineError
+from .errors import Audio8Error
+from .prompt import PromptError
 from .tts import TTS, Synthesis
-from .voices import Voice, VoiceStore
+from .voices import Voice, VoiceError, VoiceStore
 
-__all__ = ["TTS", "Synthesis", "Voice", "VoiceStore"]
+__all__ = ["TTS", "Synthesis", "Voice", "VoiceStore", "Audio8Error", "AudioError", "BackendError", "CheckpointError",
+           "ConfigError", "EngineError", "PromptError", "VoiceError"]
 __version__ = "0.1.0"

@@ -15,11 +15,13 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from .errors import Audio8Error
+
 # Formats written by extension; soundfile (libsndfile) encodes them all.
 WRITE_FORMATS = {".wav": ("WAV", "FLOAT"), ".flac": ("FLAC", "PCM_24"), ".ogg": ("OGG", "VORBIS")}
 
 
-class AudioError(ValueError):
+class AudioError(Audio8Error, ValueError):
     """An audio file cannot be written (or read) as asked; the message says what to do."""
 
 
@@ -205,6 +207,9 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     Warnings (in ``info.warnings``, the clip is still used): clipping (runs of >= 3 equal full-scale samples
     making up over 0.01 % of the clip), a very low level (peak under -30 dBFS), a sample rate under 16 kHz.
     """
+    if not isinstance(path, (str, os.PathLike)):  # samples or an open file: the clip is read from its file
+        raise AudioError(f"the reference clip must be a file path (str or Path), got {type(path).__name__}: "
+                         "write the samples to a .wav first (soundfile.write)")
     path = Path(path).expanduser()
     if path.is_dir():
         raise AudioError(f"{path} is a folder: give the reference clip's audio file")

@@ -43,6 +43,7 @@ from .config import (
     ModelConfig,
     QuantizerTransformerConfig,
 )
+from .errors import Audio8Error
 from .model.codec import codec_param_shapes, normalize_codec_state_dict
 from .model.dualar import dualar_param_shapes
 from .tokenizer import TokenizerError, build_qwen_tokenizer, build_tiny_tokenizer, write_tokenizer_files
@@ -77,7 +78,7 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-class CheckpointError(Exception):
+class CheckpointError(Audio8Error):
     """A checkpoint cannot be found, read or used; the message names the file and what to do."""
 
 

@@ -14,10 +14,12 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import Audio8Error
+
 MODEL_TYPE = "arktts"
 
 
-class ConfigError(ValueError):
+class ConfigError(Audio8Error, ValueError):
     """A config file is missing a key, has a wrong type or describes another model, or a setting is out of
     range; ``field`` names that setting when there is one (``temperature``, ``seed``...), for the HTTP error's
     ``param``."""

@@ -19,11 +19,12 @@ import numpy as np
 
 from .backends.torch import FrameResult
 from .config import ModelConfig, check_int
+from .errors import Audio8Error
 from .graphs import SamplingParams
 from .sampling import NoiseSource, RasWindow
 
 
-class EngineError(ValueError):
+class EngineError(Audio8Error, ValueError):
     """An utterance that cannot be generated as asked (it does not fit the context)."""
 
 

@@ -59,6 +59,7 @@ import torch
 from .audio import REFERENCE_RATE, read_reference, write_audio
 from .backends.torch import TorchBackend
 from .engine import Generation, frame_budget, generate
+from .errors import Audio8Error
 from .graphs import SamplingParams
 from .parity import (ParityReport, ScenarioReport, _cos, _params, compare_free_run, load_fixture, replay_forced,
                      run_parity)
@@ -77,7 +78,7 @@ ESPEAK_VOICES = {"en": "en-us", "ja": "ja", "zh": "cmn", "de": "de", "fr": "fr",
 _GATE_EXTRA = "pip install 'audio8-coreai[gate]'"
 
 
-class GateError(ValueError):
+class GateError(Audio8Error, ValueError):
     """The gate cannot run as asked (bad fixtures file, no espeak-ng for a clip, missing extra)."""
 
 

@@ -28,6 +28,7 @@ import torch
 
 from .backends.torch import FrameResult, TorchBackend
 from .engine import generate
+from .errors import Audio8Error
 from .graphs import FirstFrame, SamplingParams
 from .model.layers import causal_cache_mask
 
@@ -36,7 +37,7 @@ SCENARIOS = ("plain", "greedy", "clone", "batch")
 CODEC_SCENARIOS = ("plain", "greedy", "batch", "clone", "codec_clamp")
 
 
-class ParityError(ValueError):
+class ParityError(Audio8Error, ValueError):
     """The fixture file is missing, unreadable or was recorded for another checkpoint."""
 
 

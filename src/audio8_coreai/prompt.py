@@ -23,6 +23,8 @@ from tokenizers import Tokenizer
 from audio8_coreai.config import ModelConfig
 from audio8_coreai.tokenizer import IM_END, IM_START, VOICE
 
+from .errors import Audio8Error
+
 # Template segments, verbatim from the publisher's processor (SPEC.md section 5).
 SYSTEM_OPEN = "<|im_start|>system\n"
 PLAIN_INSTRUCTION = "convert the provided text to speech"
@@ -38,7 +40,7 @@ SPEAKER_TAG = re.compile(r"<\|speaker:\d+\|>")
 DEFAULT_SPEAKER = "<|speaker:0|>"
 
 
-class PromptError(ValueError):
+class PromptError(Audio8Error, ValueError):
     """The text, reference or prompt length cannot make a valid prompt; the message says what to change."""
 
 

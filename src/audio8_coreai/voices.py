@@ -32,6 +32,7 @@ import numpy as np
 import platformdirs
 
 from .audio import AudioError, publish
+from .errors import Audio8Error
 
 FORMAT = 1  # the on-disk format version in ``meta``; a newer file is refused rather than misread
 SUFFIX = ".npz"
@@ -41,7 +42,7 @@ _NAME_RULE = ("a voice name is 1 to 64 letters, digits, spaces, '_', '-' or '.',
               "or '_' (no path separators, no '..')")
 
 
-class VoiceError(ValueError):
+class VoiceError(Audio8Error, ValueError):
     """A voice cannot be named, saved, found, read or used as asked; the message says what to do."""
 
 
@@ -149,6 +150,8 @@ class VoiceStore:
     """
 
     def __init__(self, folder: str | Path | None = None):
+        if folder is not None and not isinstance(folder, (str, os.PathLike)):
+            raise VoiceError(f"the voices folder must be a path (str or Path), got {type(folder).__name__}")
         self.root = Path(folder).expanduser() if folder is not None else default_voices_dir()
 
     def path(self, name: str) -> Path:

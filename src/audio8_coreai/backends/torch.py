@@ -16,6 +16,7 @@ import torch
 
 from ..checkpoint import Checkpoint, require_finite
 from ..config import ModelConfig
+from ..errors import Audio8Error
 from ..graphs import PREFILL_WIDTH, Prefill, SamplingParams
 from ..model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ..model.dualar import DualAR
@@ -40,12 +41,14 @@ MODEL_FILE, CODEC_FILE = "model.safetensors", "the codec file (codec.pth or code
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
-class BackendError(ValueError):
+class BackendError(Audio8Error, ValueError):
     """A device or dtype this backend cannot use."""
 
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; raises BackendError."""
+    if not isinstance(device, (str, torch.device)):
+        raise BackendError(f"device must be a name (auto, cpu, cuda or cuda:N), got {device!r}")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -32,11 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import Audio8Error
+
 ORT_DOMAIN = "com.microsoft"
 DEFAULT_BLOCK = 32
 
 
-class QuantError(RuntimeError):
+class QuantError(Audio8Error, RuntimeError):
     """The low-precision kernels are unavailable (onnxruntime missing) or a shape does not fit them."""
 
 
