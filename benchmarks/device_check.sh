@@ -49,7 +49,7 @@ step "oracle parity, eager frame on CUDA" timeout 60 "${A8[@]}" parity --model .
 ckpt=/tmp/bench-0.6b
 step "0.6b random checkpoint" timeout 60 "${A8[@]}" make-checkpoint "$ckpt" --size 0.6b --seed 0
 step "single stream: fp32 and bf16, eager and CUDA graphs" timeout 180 "${A8[@]}" bench --model "$ckpt" \
-    --device cuda --precision fp32 --precision bf16 --cuda-graphs --frames 32 --runs 2 --json "$OUT/bench.json"
+    --device cuda --precision fp32 --precision bf16 --cuda-graphs --no-rss --frames 32 --runs 2 --json "$OUT/bench.json"
 step "batched frames: streams per GPU" timeout 120 python3 benchmarks/bench_batch.py --model "$ckpt" --device cuda \
     --precision fp32 --batch 1 --batch 8 --batch 32 --batch 128 --runs 2 --json "$OUT/batch.json"
 echo "== done: $([ $fail = 0 ] && echo all steps passed || echo SOME STEPS FAILED)"

@@ -29,3 +29,19 @@ def test_side_by_side_group_and_rss(tiny_checkpoint):
     assert row["description"].endswith("int16") and row["frame_floor_ratio"] > 0
     assert row["codec_ms_per_chunk"] == base["codec_ms_per_chunk"]  # measured once, shared
     assert measure_rss(cfgs[1])["peak_rss_gb"] > 0
+
+
+def test_bench_command_without_rss_writes_the_json(tiny_checkpoint, tmp_path):
+    """--no-rss skips the per-configuration RSS subprocesses (one load each: device time on a GPU)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from audio8_coreai.cli import app
+
+    out = tmp_path / "b.json"
+    result = CliRunner().invoke(app, ["bench", "--model", str(tiny_checkpoint), "--frames", "2", "--runs", "1",
+                                      "--no-rss", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["ms_per_frame"] > 0 and "peak_rss_gb" not in row and row["label"] == "fp32 autot"

@@ -498,6 +498,8 @@ def bench(
     cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", help="With --device cuda: also time each "
                                                                     "configuration with its frame replayed as one "
                                                                     "CUDA graph.")] = False,
+    rss: Annotated[bool, typer.Option("--rss/--no-rss", help="Measure each configuration's peak RSS alone in a "
+                                                             "subprocess of its own (one more load each).")] = True,
 ) -> None:
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
     from .backends.torch import resolve_device, resolve_dtype, resolve_torch_precision
@@ -529,7 +531,7 @@ def bench(
         log(f"[yellow]warning:[/] load average {busy:.1f} before starting: other processes use the CPU, so times "
             "are inflated and noisy (see CPU use); compare rows of one run")
     try:
-        rows = run_configs(configs, log)
+        rows = run_configs(configs, log, rss=rss)
     except RuntimeError as e:
         raise BackendError(str(e)) from None
     out.print(format_table(rows), highlight=False, soft_wrap=True)
