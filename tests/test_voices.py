@@ -84,6 +84,14 @@ def test_a_taken_name_needs_replace(tmp_path):
     assert np.array_equal(store.load("alice").codes, make_voice(seed=2).codes)
 
 
+def test_a_store_that_cannot_be_written_is_refused_before_any_work(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    for root in (blocker, blocker / "voices"):
+        with pytest.raises(VoiceError, match=r"cannot store voices in .*file is not a folder"):
+            VoiceStore(root).check_new("alice")
+
+
 def test_a_folder_named_like_a_voice_is_no_voice(tmp_path):
     store = VoiceStore(tmp_path)
     (tmp_path / "dirv.npz").mkdir()

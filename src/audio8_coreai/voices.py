@@ -173,8 +173,9 @@ class VoiceStore:
         return sorted(found)
 
     def check_new(self, name: str, replace: bool = False) -> Path:
-        """The file a new voice ``name`` would take; raises VoiceError for a bad name, or one already taken
-        unless ``replace``. Callers check before minutes of work; :meth:`save` checks again."""
+        """The file a new voice ``name`` would take; raises VoiceError for a bad name, one already taken unless
+        ``replace``, or a folder that cannot hold it. Callers check before minutes of work; :meth:`save` checks
+        again."""
         target = self.path(name)
         # On macOS's and Windows' disks names differing in case are one file: keep stores portable.
         twin = next((n for n in self.names() if n != name and n.casefold() == name.casefold()), None)
@@ -182,6 +183,13 @@ class VoiceStore:
             raise VoiceError(f"a voice named {twin!r} already exists in {self.root}, and names that differ only in "
                              f"case are one file on macOS and Windows disks: choose another name, or remove "
                              f"{twin!r} first (audio8 voice rm)")
+        existing = self.root
+        while not existing.exists() and existing != existing.parent:  # the folder is made on the first save
+            existing = existing.parent
+        if not existing.is_dir() or not os.access(existing, os.W_OK):
+            raise VoiceError(f"cannot store voices in {self.root}: {existing} is "
+                             f"{'not a folder' if not existing.is_dir() else 'not writable'}; give another folder "
+                             "(--voices DIR, voices_dir=...)")
         if target.exists() and not replace:
             raise VoiceError(f"a voice named {name!r} already exists in {self.root}: choose another name, "
                              f"or replace it (audio8 voice add --force, replace=True in Python, "
