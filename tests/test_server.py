@@ -6,6 +6,7 @@ Frame caps keep every request to a few dozen tiny frames; streaming servers emit
 from __future__ import annotations
 
 import io
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -229,6 +230,16 @@ def test_a_huge_speech_body_is_a_413_before_it_is_parsed(base):
     body = b'{"input": "Hi", "pad": "' + b"x" * (2 << 20) + b'"}'
     r = httpx.post(f"{base}/v1/audio/speech", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+    def chunked(data: bytes, size: int = 1 << 16):  # no content-length: sent chunked
+        for i in range(0, len(data), size):
+            yield data[i:i + size]
+
+    r = httpx.post(f"{base}/v1/audio/speech", content=chunked(body), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    small = json.dumps({"input": TEXT, "seed": 1, "max_frames": 4, "response_format": "wav"}).encode()
+    r = httpx.post(f"{base}/v1/audio/speech", content=chunked(small, 16), headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.content[:4] == b"RIFF"
 
 
 def test_a_body_that_is_not_json_is_a_400(base):

@@ -124,8 +124,8 @@ class SpeechRequest(BaseModel):
 
 
 class _SpeechBodyLimit:
-    """ASGI middleware: a speech request's body over MAX_SPEECH_BODY_BYTES (by its content-length) is a 413 before
-    it is read and parsed. Plain ASGI, not ``@app.middleware``: that wrapper hides a client's disconnect from the
+    """ASGI middleware: a speech request's body over MAX_SPEECH_BODY_BYTES is a 413 before it is parsed (by its
+    content-length; a chunked body is read here up to the limit). Plain ASGI, not ``@app.middleware``: that wrapper hides a client's disconnect from the
     handler, which watches for it (see :func:`_next_or_gone`)."""
 
     def __init__(self, app, max_input_chars: int, metrics: "Metrics"):
@@ -134,14 +134,45 @@ class _SpeechBodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] == "/v1/audio/speech":
             size = dict(scope["headers"]).get(b"content-length", b"")
-            if size.isdigit() and int(size) > MAX_SPEECH_BODY_BYTES:
-                self.metrics.count(413)
-                refusal = ApiError(413, f"the body is {int(size)} bytes, over {MAX_SPEECH_BODY_BYTES} for a speech "
-                                        f"request: send the text (at most {self.max_input_chars} characters) and "
-                                        "the settings only", None, "body_too_large")
-                await refusal.response()(scope, receive, send)
-                return
+            if size.isdigit():
+                if int(size) > MAX_SPEECH_BODY_BYTES:
+                    await self._refuse(f"{int(size)} bytes", scope, receive, send)
+                    return
+            else:  # chunked: read it here, up to the limit, and hand it on whole
+                body, more = b"", True
+                while more:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return  # the client left
+                    body += message.get("body", b"")
+                    more = message.get("more_body", False)
+                    if len(body) > MAX_SPEECH_BODY_BYTES:
+                        await self._refuse(f"over {MAX_SPEECH_BODY_BYTES} bytes", scope, receive, send)
+                        return
+                receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+    async def _refuse(self, size: str, scope, receive, send) -> None:
+        self.metrics.count(413)
+        refusal = ApiError(413, f"the body is {size}, over {MAX_SPEECH_BODY_BYTES} for a speech request: send the "
+                                f"text (at most {self.max_input_chars} characters) and the settings only", None,
+                           "body_too_large")
+        await refusal.response()(scope, receive, send)
+
+
+def _replay(body: bytes, receive):
+    """An ASGI ``receive`` that gives ``body`` as the whole request first, then what ``receive`` gives (a
+    disconnect)."""
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
 
 
 class _Cancelled(Exception):
