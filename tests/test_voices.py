@@ -26,7 +26,7 @@ def make_voice(name: str = "alice", frames: int = 5, fingerprint: str = "f" * 64
 # Names
 
 
-@pytest.mark.parametrize("name", ["alice", "Bob 2", "narrator_en-GB", "v1.2", "_x", "Zoë", "王小明", "a" * 64])
+@pytest.mark.parametrize("name", ["alice", "Bob 2", "narrator_en-GB", "v1.2", "_x", "Zoë", "王小明", "a" * 64, "console", "null", "com10"])
 def test_good_names(name):
     assert check_name(name) == name
 
@@ -39,7 +39,8 @@ def test_names_are_nfc():
     ("", "empty"), ("a" * 65, "65 characters"), ("a/b", "path separator"), ("..", "'..'"), ("a..b", "'..'"),
     ("..\\x", "path separator"), (".hidden", "starts with '.'"), ("-opt", "starts with '-'"),
     (" lead", "starts with ' '"), ("trail ", "ends with ' '"), ("dot.", "ends with '.'"), ("a:b", "':'"),
-    ("tab\tx", "'\\t'"), ("nul\0", "'\\x00'"),
+    ("tab\tx", "'\\t'"), ("nul\0", "'\\x00'"), ("CON", "Windows reserves"), ("nul", "Windows reserves"),
+    ("com1.voice", "Windows reserves"),
 ])
 def test_bad_names_are_refused_with_the_rule(name, why):
     with pytest.raises(VoiceError, match="bad voice name") as e:

@@ -46,12 +46,17 @@ class VoiceError(Audio8Error, ValueError):
     """A voice cannot be named, saved, found, read or used as asked; the message says what to do."""
 
 
+# File names Windows keeps for devices (with any extension): a voice store should copy to any disk.
+_WINDOWS_DEVICES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+
+
 def check_name(name: str) -> str:
     """Return ``name`` (NFC-normalised) if it is a valid voice name, else raise :class:`VoiceError`.
 
     A name becomes a file name, so it must not reach outside the folder or hide as a dot-file: no path
     separators, no ``..``, no leading dot; at most 64 characters; letters and digits of any script plus
-    space, ``_``, ``-`` and ``.``; no leading or trailing space and no trailing dot (Windows drops them).
+    space, ``_``, ``-`` and ``.``; no leading or trailing space and no trailing dot (Windows drops them); not
+    a Windows device name (CON, NUL, COM1...).
     NFC because macOS may hand back decomposed file names: "é" typed and "é" listed must be one voice.
     """
     if not isinstance(name, str):
@@ -72,6 +77,8 @@ def check_name(name: str) -> str:
         why = f"it ends with {name[-1]!r}"
     elif bad := sorted({c for c in name if not (c.isalnum() or c in _NAME_PUNCTUATION)}):
         why = "it holds " + ", ".join(repr(c) for c in bad)
+    elif name.split(".")[0].rstrip().upper() in _WINDOWS_DEVICES:
+        why = "Windows reserves it for a device"
     if why:
         raise VoiceError(f"bad voice name {name!r}: {why}; {_NAME_RULE}")
     return name
