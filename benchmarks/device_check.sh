@@ -30,8 +30,10 @@ fi
 OUT=${OUT:-/tmp/gpucheck-out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
-[ -d .gpucheck/whl ] || { echo "no .gpucheck/: run 'bash benchmarks/device_check.sh --prepare' here first, and carry .gpucheck"; exit 2; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpucheck/whl/*.whl || exit 2
+[ -d .gpucheck/whl ] || { echo "no .gpucheck/: run 'bash benchmarks/device_check.sh --prepare' here first," \
+                              "and carry .gpucheck"; exit 2; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .gpucheck/whl/*.whl || exit 2
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 AUDIO8_ORACLE=$PWD/.gpucheck/oracle
 A8=(python3 -m audio8_coreai.cli)  # no console script there: the package runs from the tree
 fail=0

@@ -26,7 +26,8 @@ def make_voice(name: str = "alice", frames: int = 5, fingerprint: str = "f" * 64
 # Names
 
 
-@pytest.mark.parametrize("name", ["alice", "Bob 2", "narrator_en-GB", "v1.2", "_x", "Zoë", "王小明", "a" * 64, "console", "null", "com10"])
+@pytest.mark.parametrize("name", ["alice", "Bob 2", "narrator_en-GB", "v1.2", "_x", "Zoë", "王小明", "a" * 64,
+                                  "console", "null", "com10"])
 def test_good_names(name):
     assert check_name(name) == name
 

@@ -151,9 +151,10 @@ def say(
             task = progress.add_task("frames", total=speech.max_frames)
             speech.on_frame = lambda step: progress.update(task, completed=step + 1)
             (_write_stdout if to_stdout else _write_stream)(speech, output)
-        (err if to_stdout else out).print(f"{output}: {speech.frames} frames in {len(speech.pieces)} piece(s), {speech.duration_s:.2f} s of "
-                  f"audio, first audio after {speech.first_audio_s or 0:.2f} s ({spoken_as}seed {speech.seed}, "
-                  f"{tts.backend.description})", highlight=False)
+        (err if to_stdout else out).print(
+            f"{output}: {speech.frames} frames in {len(speech.pieces)} piece(s), {speech.duration_s:.2f} s of audio, "
+            f"first audio after {speech.first_audio_s or 0:.2f} s ({spoken_as}seed {speech.seed}, "
+            f"{tts.backend.description})", highlight=False)
         return
     with progress:
         task = progress.add_task("frames", total=None)

@@ -510,7 +510,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
         names = ", ".join(f"{p}.aimodel" for p in PARTS)
         if path.parent.is_dir() and any(path.parent.iterdir()) and not any(path.parent.glob("*.aimodel")):
             # not an asset folder at all (a checkpoint folder, say): convert writes a new or empty one only
-            fix = "convert the checkpoint into a new folder: audio8 convert --model DIR --out NEW_DIR, then --assets NEW_DIR"
+            fix = ("convert the checkpoint into a new folder: audio8 convert --model DIR --out NEW_DIR, then --assets "
+                   "NEW_DIR")
         raise AssetError(f"{path.parent}: no {path.name}; an asset folder holds {names} written by audio8 convert; "
                          f"{fix}")
     try:
