@@ -348,3 +348,16 @@ def test_a_client_that_leaves_a_whole_file_request_frees_the_worker(tiny_checkpo
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/v1/audio/speech", json=body, timeout=1.0)  # gives up after a second
         assert_worker_freed(url)
+
+
+def test_a_damaged_stored_voice_is_a_500_with_the_http_remedy(tiny_checkpoint, tmp_path):
+    """The server's own file is broken, not the request: 500 voice_damaged, DELETE then POST, no server path."""
+    (tmp_path / "cut.npz").write_bytes(b"not a zip")
+    with serving(tiny_checkpoint, tmp_path, SETTINGS) as url:
+        r = speech(url, voice="cut")
+        error = r.json()["error"]
+        assert r.status_code == 500 and error["code"] == "voice_damaged" and error["param"] == "voice"
+        assert "DELETE /v1/voices/cut" in error["message"] and str(tmp_path) not in error["message"]
+        (listed,) = httpx.get(f"{url}/v1/voices").json()["data"]
+        assert listed["name"] == "cut" and str(tmp_path) not in listed["error"]
+        assert httpx.delete(f"{url}/v1/voices/cut").status_code == 200

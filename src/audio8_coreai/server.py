@@ -58,7 +58,7 @@ from .engine import EngineError
 from .prompt import PromptError
 from .streaming import DEFAULT_CHUNK_FRAMES, SpeechStream
 from .tts import TTS
-from .voices import VoiceError, check_name
+from .voices import DamagedVoice, VoiceError, check_name
 
 # OpenAI's voice names: a client written for OpenAI sends one of these; without a stored voice of that name it
 # gets the model's own voice rather than an error.
@@ -173,6 +173,12 @@ def _replay(body: bytes, receive):
         return await receive()
 
     return replayed
+
+
+def _damaged(e: DamagedVoice) -> ApiError:
+    """A stored voice the server cannot read, said for an HTTP client: a 500 with the API's remedy, no path."""
+    return ApiError(500, f"the stored voice {e.name!r} is damaged or from a newer version on this server: DELETE "
+                         f"/v1/voices/{e.name} and POST it again", "voice", "voice_damaged")
 
 
 class _Cancelled(Exception):
@@ -417,6 +423,8 @@ def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -
             # Everything (text, split, voice, sampling, frame budget) is checked before a worker is taken; the
             # worker builds its own stream with the seed drawn here.
             kwargs["seed"] = first.stream(req.input, **kwargs).seed
+        except DamagedVoice as e:  # the server's file, not the request: no path, the HTTP remedy
+            raise _damaged(e) from None
         except USER_ERRORS as e:
             raise ApiError(400, str(e), getattr(e, "field", None), "invalid_request") from None
         workers.admit()
@@ -477,6 +485,8 @@ def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -
                 v = first.voices.load(name)
                 voices.append({"name": v.name, "transcript": v.transcript, "duration_s": v.duration_s,
                                "frames": v.frames, "created": v.created})
+            except DamagedVoice as e:
+                voices.append({"name": name, "error": _damaged(e).message})
             except VoiceError as e:
                 voices.append({"name": name, "error": str(e)})
         return {"object": "list", "data": voices}

@@ -46,6 +46,15 @@ class VoiceError(Audio8Error, ValueError):
     """A voice cannot be named, saved, found, read or used as asked; the message says what to do."""
 
 
+class DamagedVoice(VoiceError):
+    """A stored voice file that cannot be read (damaged, or written by a newer version); ``name`` is the voice's.
+    The message gives the file and the CLI's remedy; a server says its own (its clients see no paths)."""
+
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
+        self.name = name
+
+
 # File names Windows keeps for devices (with any extension): a voice store should copy to any disk.
 _WINDOWS_DEVICES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 
@@ -251,25 +260,26 @@ class VoiceStore:
                              "(--voices DIR for another folder)")
         damaged = f"; remove it (`audio8 voice rm {name}`) and add it again"
         if not zipfile.is_zipfile(path):  # else np.load guesses a pickle and blames allow_pickle
-            raise VoiceError(f"voice file {path} is damaged (not a NumPy zip archive){damaged}")
+            raise DamagedVoice(f"voice file {path} is damaged (not a NumPy zip archive){damaged}", name)
         try:
             with np.load(path, allow_pickle=False) as f:
                 codes, meta = f["codes"], json.loads(str(f["meta"]))
         except Exception as e:  # zip, key, JSON and value errors alike mean a damaged file
-            raise VoiceError(f"voice file {path} is damaged ({type(e).__name__}: {e}){damaged}") from e
+            raise DamagedVoice(f"voice file {path} is damaged ({type(e).__name__}: {e}){damaged}", name) from e
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             version = meta.get("format") if isinstance(meta, dict) else None
-            raise VoiceError(f"voice file {path} has format {version!r}, this version reads format {FORMAT}: "
-                             f"upgrade audio8-coreai, or{damaged.removeprefix(';')}")
+            raise DamagedVoice(f"voice file {path} has format {version!r}, this version reads format {FORMAT}: "
+                               f"upgrade audio8-coreai, or{damaged.removeprefix(';')}", name)
         if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer) or codes.shape[1] == 0:
-            raise VoiceError(f"voice file {path} is damaged (codes {codes.dtype} {list(codes.shape)}){damaged}")
+            raise DamagedVoice(f"voice file {path} is damaged (codes {codes.dtype} {list(codes.shape)}){damaged}",
+                               name)
         try:
             voice = Voice(codes=codes.astype(np.int64), transcript=str(meta["transcript"]),
                           sample_rate=int(meta["sample_rate"]), duration_s=float(meta["duration_s"]),
                           fingerprint=str(meta["fingerprint"]), created=str(meta["created"]), name=name,
                           source=str(meta.get("source", "")), warnings=tuple(meta.get("warnings", ())))
         except (KeyError, TypeError, ValueError) as e:
-            raise VoiceError(f"voice file {path} is damaged (meta: {type(e).__name__}: {e}){damaged}") from e
+            raise DamagedVoice(f"voice file {path} is damaged (meta: {type(e).__name__}: {e}){damaged}", name) from e
         if fingerprint is not None:
             voice.check_checkpoint(fingerprint)
         return voice
