@@ -36,7 +36,12 @@ def main() -> None:
     from audio8_coreai.tts import TTS
 
     ckpt = ensure_checkpoint(args.checkpoint, lambda m: print(m, file=sys.stderr))
-    cache = args.cache.expanduser() / f"agreement-{ckpt.name}-{args.prompts}x{args.frames}-seed{args.seed}.npz"
+    from audio8_coreai.checkpoint import load_checkpoint
+
+    args.cache.expanduser().mkdir(parents=True, exist_ok=True)
+    weights = load_checkpoint(ckpt).fingerprint()[:12]  # not the folder's name: two folders may share it
+    cache = (args.cache.expanduser()
+             / f"agreement-{ckpt.name}-{weights}-{args.prompts}x{args.frames}-seed{args.seed}.npz")
     ref = None
     if cache.is_file():
         recs, meta = load_recordings(cache)
