@@ -163,8 +163,7 @@ def say(
                               on_start=lambda n: progress.update(task, total=n),
                               on_frame=lambda step: progress.update(task, completed=step + 1))
     if result.frames == 0:
-        raise EngineError("the model ended the utterance at once (eos on the first frame): nothing to write; "
-                          "try another --seed")
+        raise _no_audio(output)
     write_audio(output, result.audio, result.sample_rate)
     if not result.reached_eos:
         full = result.prompt_length + result.max_frames >= tts.config.max_seq_len
@@ -175,6 +174,12 @@ def say(
                   f"ended the utterance; the audio may be cut ({remedy})")
     out.print(f"{output}: {result.frames} frames, {result.duration_s:.2f} s of audio, RTF {result.rtf:.2f} "
               f"({spoken_as}seed {result.seed}, {tts.backend.description})", highlight=False)
+
+
+def _no_audio(output: Path) -> EngineError:
+    """The error for an utterance the model ended on its first frame: nothing is written to ``output``."""
+    return EngineError(f"the model ended the utterance at once (eos on the first frame): nothing written to "
+                       f"{output}; try another --seed")
 
 
 def _write_stdout(speech, output: Path) -> None:
@@ -188,8 +193,7 @@ def _write_stdout(speech, output: Path) -> None:
             sink.write(encoder.write(chunk))
             sink.flush()
         if speech.frames == 0:  # nothing was written, not even the header
-            raise EngineError("the model ended the utterance at once (eos on the first frame): nothing to write; "
-                              "try another --seed")
+            raise _no_audio(output)
         sink.write(encoder.close())
         sink.flush()
     except BrokenPipeError:
@@ -210,8 +214,7 @@ def _write_stream(speech, output: Path) -> None:
                 f.write(chunk)
                 f.flush()
             if speech.frames == 0:  # raised inside: the writer then leaves an existing file as it was
-                raise EngineError(f"the model ended the utterance at once (eos on the first frame): nothing written "
-                                  f"to {output}; try another --seed")
+                raise _no_audio(output)
     except KeyboardInterrupt:
         if partial_path(output).exists():
             err.print(f"{output} is left as it was; the audio made so far is in {partial_path(output)}",

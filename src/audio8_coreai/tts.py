@@ -197,8 +197,7 @@ class TTS:
             raise TypeError("texts must be a list of strings, not one string: use generate() for one text, or "
                             "generate_batch([text])")
         max_batch = check_int(max_batch, "max_batch")
-        texts = list(texts) if isinstance(texts, (list, tuple)) else texts
-        if not isinstance(texts, list):  # a set or dict has no order to keep; a generator no length
+        if not isinstance(texts, (list, tuple)):  # a set or dict has no order to keep; a generator no length
             raise TypeError(f"texts must be a list of strings, got {type(texts).__name__}")
         if seeds is None:
             seeds = [None] * len(texts)
