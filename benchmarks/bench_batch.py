@@ -3,7 +3,7 @@
     python benchmarks/bench_batch.py [--model DIR] [--precision int16 --precision fp32] [--batch 1 --batch 2 ...]
                                      [--device cpu|cuda] [--threads 1] [--frames 16] [--runs 3] [--json out.json]
 
-For each precision, a :class:`audio8_coreai.batching.BatchEngine` on the random 0.6b checkpoint is filled with
+For each precision, a :class:`audio8_coreai.engine.batch.BatchEngine` on the random 0.6b checkpoint is filled with
 ``B`` utterances of the same 26-word sentence (seeds 0..B-1, so their rows are at equal positions and draw
 different codes); after a warm-up step, ``--frames`` steps are timed, median of ``--runs`` rounds, batch sizes
 taking turns round by round so machine load hits them alike. Printed per batch size:
@@ -28,7 +28,7 @@ import time
 import torch
 
 from audio8_coreai import TTS
-from audio8_coreai.batching import BatchEngine
+from audio8_coreai.engine.batch import BatchEngine
 from pathlib import Path
 
 from audio8_coreai.bench import DEFAULT_CHECKPOINT, STREAM_CHUNK, ensure_checkpoint, measure_codec

@@ -25,7 +25,8 @@ import numpy as np
 from audio8_coreai.backends.coreai import CoreAIBackend
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
-from audio8_coreai.graphs import PREFILL_WIDTH, SamplingParams
+from audio8_coreai.config import SamplingParams
+from audio8_coreai.model.frame import PREFILL_WIDTH
 from audio8_coreai.sampling import NoiseSource
 
 PROMPT_COLUMNS = 40  # two prefill windows

@@ -85,13 +85,12 @@ def make_app(args: argparse.Namespace):
     """The app of ``audio8 serve`` for ``--model`` with ``--workers``/``--batch``."""
     from audio8_coreai import TTS
     from audio8_coreai.server import ServerSettings, create_app
-    from audio8_coreai.serving import batched_engines
 
     instances = 1 if args.batch else args.workers
     engines = [TTS.load(args.model, device=args.device, dtype=args.dtype, precision=args.precision)
                for _ in range(instances)]
     if args.batch:
-        _, engines = batched_engines(engines[0], args.batch)
+        _, engines = engines[0].batched(args.batch)
     settings = ServerSettings(workers=len(engines), max_queue=max(args.clients, 1), chunk_frames=args.chunk_frames)
     return create_app(engines, settings)
 

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from audio8_coreai import TTS
-from audio8_coreai.batching import BatchEngine, generate_batch
-from audio8_coreai.engine import EngineError, generate
-from audio8_coreai.fastframe import FastFrame
+from audio8_coreai.backends.base import EngineError
+from audio8_coreai.engine.batch import BatchEngine, generate_batch
+from audio8_coreai.engine.loop import generate
+from audio8_coreai.model.frame import Frame
 
 TEXTS = ("Hello there.", "A much longer sentence, with more words in it, for a longer prompt.", "Short",
          "The fourth one.")
@@ -43,16 +44,14 @@ def test_slow_step_rows_equals_batch_one_steps(tts_fp32, gather):
         col = np.concatenate([[cfg.semantic_begin_id + 7], rng.integers(0, cfg.codebook_size, cfg.num_codebooks)])
         columns.append(col)
         with torch.inference_mode():
-            alone.append(FastFrame(model).slow_step(torch.as_tensor(col).view(1, -1, 1), n, backend.k_cache,
-                                                    backend.v_cache))
+            alone.append(Frame(model).slow_step(torch.as_tensor(col).view(1, -1, 1), n, backend.k_cache,
+                                                backend.v_cache))
         written.append(backend.k_cache[:, 0, :, n].clone())
     pos = [p.shape[1] for p in prompts]
     assert len(set(pos)) == 3
-    runner = FastFrame(model, batch=3)
-    runner.gather_attention = gather  # the GPU's way, checked here on the CPU
-    with torch.inference_mode():
-        logits, hidden = runner.slow_step_rows(
-            torch.as_tensor(np.stack(columns)).view(3, -1, 1), rows, pos, k, v)
+    with torch.inference_mode():  # gather: the GPU's way, checked here on the CPU
+        logits, hidden = Frame(model).slow_rows(torch.as_tensor(np.stack(columns)).view(3, -1, 1), rows, pos, k, v,
+                                                gather=gather)
     for j, (row, (lg, hd)) in enumerate(zip(rows, alone)):
         assert torch.allclose(logits[j], lg[0], atol=1e-5, rtol=0)
         assert torch.allclose(hidden[j], hd[0], atol=1e-5, rtol=0)
@@ -155,9 +154,8 @@ def test_frame_server_rows_from_threads_equal_generate(tts_fp32):
     thread really batched."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from audio8_coreai.serving import batched_engines
 
-    server, engines = batched_engines(tts_fp32, 3)
+    server, engines = tts_fp32.batched(3)
     try:
         jobs = [(engines[i], TEXTS[i], seed) for i, seed in enumerate((20, 21, 23))]  # 16, 6 and 4 frames
         with ThreadPoolExecutor(3) as pool:

@@ -249,7 +249,7 @@ def test_an_interrupted_stream_leaves_an_existing_file_alone(tiny_checkpoint, tm
 
     import soundfile as sf
 
-    from audio8_coreai.streaming import SpeechStream
+    from audio8_coreai.engine.stream import SpeechStream
 
     out = tmp_path / "keep.wav"
     sf.write(out, np.zeros(4410, dtype=np.float32), 44100)

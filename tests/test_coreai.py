@@ -34,11 +34,13 @@ from typer.testing import CliRunner
 
 from audio8_coreai import TTS
 from audio8_coreai.backends.coreai import AssetError, CoreAIBackend, convert, read_manifest
-from audio8_coreai.backends.torch import BackendError, TorchBackend
+from audio8_coreai.backends.base import BackendError
+from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.cli import app
-from audio8_coreai.engine import EngineError, generate
-from audio8_coreai.graphs import SamplingParams
+from audio8_coreai.backends.base import EngineError
+from audio8_coreai.engine.loop import generate
+from audio8_coreai.config import SamplingParams
 from audio8_coreai.parity import load_fixture, replay_codec, replay_encoder, replay_forced, replay_single
 
 TEXT = "Hello there."  # 76 prompt columns with the tiny byte-level tokenizer: 52 frames fit a context of 128
@@ -529,7 +531,7 @@ def test_cli_say_with_coreai(speakable, fp32_assets, tmp_path):
     result = _run("say", TEXT, "-o", out, "--model", speakable, "--seed", 5, "--max-frames", 20,
                   "--backend", "coreai", "--assets", fp32_assets)
     assert result.exit_code == 0, result.output
-    from audio8_coreai.streaming import PAUSE_S
+    from audio8_coreai.engine.stream import PAUSE_S
 
     said = _said(result)
     frames = int(re.search(r"(\d+)\s+frames", said).group(1))

@@ -1,13 +1,14 @@
-"""The frame as a CUDA graph (cudagraphs.py): its static form replays the oracle on the CPU; captured, on CUDA."""
+"""The frame as a CUDA graph (backends/torch/cudagraphs.py): its static form replays the oracle on the CPU; captured, on CUDA."""
 
 import numpy as np
 import pytest
 import torch
 
-from audio8_coreai.backends.torch import BackendError, TorchBackend
+from audio8_coreai.backends.base import BackendError
+from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
-from audio8_coreai.cudagraphs import GRAPHS_KEPT, GraphedFrame
-from audio8_coreai.graphs import SamplingParams
+from audio8_coreai.backends.torch.cudagraphs import GRAPHS_KEPT, GraphedFrame
+from audio8_coreai.config import SamplingParams
 from audio8_coreai.parity import run_parity
 from audio8_coreai.tts import TTS
 
@@ -15,10 +16,8 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 
 def _static_backend(oracle_dir) -> TorchBackend:
-    """An fp32 CPU backend whose frames run GraphedFrame's static form (no capture: the CPU has no graphs)."""
-    backend = TorchBackend(load_checkpoint(oracle_dir), "cpu", "fp32")
-    backend._graphed = GraphedFrame(backend.model, backend.k_cache, backend.v_cache, capture=False)
-    return backend
+    """An fp32 CPU backend whose frames run the frame's graph mode (no capture: the CPU has no graphs)."""
+    return TorchBackend(load_checkpoint(oracle_dir), "cpu", "fp32", frame_mode="graph")
 
 
 def test_static_frame_passes_the_oracle(oracle_dir):
@@ -30,36 +29,32 @@ def test_static_frame_passes_the_oracle(oracle_dir):
 
 
 @torch.inference_mode()
-def test_static_frame_equals_the_fast_frame_and_keeps_one_frame_per_setting(oracle_dir):
-    backend = _static_backend(oracle_dir)
-    cfg = backend.cfg
+def test_static_frame_equals_the_eager_frame(oracle_dir):
+    graphed, eager = _static_backend(oracle_dir), TorchBackend(load_checkpoint(oracle_dir), "cpu", "fp32")
+    assert graphed.description == "torch cpu float32 graph-frame" and eager.description == "torch cpu float32"
+    cfg = eager.cfg
     rng = np.random.default_rng(3)
     prompt = np.zeros((cfg.num_codebooks + 1, 7), dtype=np.int64)
     prompt[0] = rng.integers(cfg.semantic_begin_id, cfg.semantic_end_id, 7)
     prompt[1:] = rng.integers(0, cfg.codebook_size, (cfg.num_codebooks, 7))
     window = np.full(cfg.ras_window_size, -1, dtype=np.int64)
-    settings = [SamplingParams(temperature=0.5 + 0.1 * i, top_k=10 + i) for i in range(GRAPHS_KEPT + 1)]
-    for params in settings:
+    for params in [SamplingParams(temperature=0.5 + 0.1 * i, top_k=10 + i) for i in range(GRAPHS_KEPT + 1)]:
         noise_slow = rng.random((2, cfg.num_semantic + 1), dtype=np.float32).clip(1e-6)
         noise_fast = rng.random((cfg.num_codebooks - 1, cfg.codebook_size), dtype=np.float32).clip(1e-6)
-        backend.prefill(prompt)
-        got = backend.frame(params, prompt[:, -1], 7, noise_slow, window, noise_fast)
-        k_graphed = backend.k_cache.clone()
-        backend.prefill(prompt)
-        eager, backend._graphed = backend._graphed, None
-        want = backend.frame(params, prompt[:, -1], 7, noise_slow, window, noise_fast)
-        backend._graphed = eager
+        graphed.prefill(prompt)
+        eager.prefill(prompt)
+        got = graphed.frame(params, prompt[:, -1], 7, noise_slow, window, noise_fast)
+        want = eager.frame(params, prompt[:, -1], 7, noise_slow, window, noise_fast)
         assert got.semantic == want.semantic and np.array_equal(got.codes, want.codes)
         np.testing.assert_allclose(got.logits, want.logits, rtol=0, atol=1e-5)
         np.testing.assert_allclose(got.fast_logits, want.fast_logits, rtol=0, atol=1e-5)
-        torch.testing.assert_close(backend.k_cache, k_graphed, rtol=0, atol=1e-5)  # slot 7 written alike
-    assert list(backend._graphed._frames) == settings[1:]  # the least recently used setting was dropped
+        torch.testing.assert_close(graphed.k_cache, eager.k_cache, rtol=0, atol=1e-5)  # slot 7 written alike
 
 
 def test_cuda_graphs_need_a_cuda_device(oracle_dir, tiny_checkpoint):
     ckpt = load_checkpoint(oracle_dir)
     with pytest.raises(BackendError, match="CUDA graphs need a CUDA device, not cpu"):
-        TorchBackend(ckpt, "cpu", "fp32", cuda_graphs=True)
+        TTS.load(tiny_checkpoint, device="cpu", cuda_graphs=True)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
         GraphedFrame(TorchBackend(ckpt, "cpu", "fp32").model, *TorchBackend(ckpt, "cpu", "fp32").model.new_kv_cache(),
                      capture=True)
@@ -69,10 +64,10 @@ def test_cuda_graphs_need_a_cuda_device(oracle_dir, tiny_checkpoint):
 
 @cuda
 def test_captured_frame_passes_the_oracle_on_cuda(oracle_dir):
-    backend = TorchBackend(load_checkpoint(oracle_dir), "cuda", "fp32", cuda_graphs=True)
+    backend = TorchBackend(load_checkpoint(oracle_dir), "cuda", "fp32", frame_mode="graph")
     report = run_parity(backend, oracle_dir / "fixture.npz")
     assert report.passed, report.totals()
-    assert len(backend._graphed._frames) >= 1 and backend.description.endswith("cuda-graphs")
+    assert backend.description.endswith("cuda-graphs")
 
 
 @cuda

@@ -1,9 +1,11 @@
-"""Low-precision kernels (model/quant.py), the fast frame runner (fastframe.py) and teacher-forced agreement
+"""Low-precision kernels (backends/torch/kernels.py, quantize.py), the frame's eager mode (model/frame.py) and teacher-forced agreement
 (agreement.py): numerics and draws only, never timing."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -11,12 +13,13 @@ import torch
 from torch import nn
 
 from audio8_coreai.agreement import CODEBOOK_BAR, SEMANTIC_BAR, Agreement, record, replay
-from audio8_coreai.backends.torch import BackendError, TorchBackend
+from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
-from audio8_coreai.graphs import Frame, Prefill, SamplingParams
+from audio8_coreai.config import SamplingParams
+from audio8_coreai.model.frame import Frame, FrameInputs
 from audio8_coreai.model.layers import FeedForward
-from audio8_coreai.model.quant import (PRECISIONS, NBitsFeedForward, NBitsLinear, PackedBf16Linear, pack_nbits,
-                                       resolve_precision)
+from audio8_coreai.backends.torch.kernels import NBitsFeedForward, NBitsLinear, pack_nbits
+from audio8_coreai.precision import PRECISIONS, PrecisionError, resolve_precision
 from audio8_coreai.parity import run_parity
 
 pytest.importorskip("onnxruntime")
@@ -130,25 +133,24 @@ def test_feed_forward_in_one_session_matches_swiglu():
     assert ((got - want).abs().max() / want.abs().max()).item() < 5e-4
 
 
-def test_packed_bf16_linear_keeps_fp32_around_it():
-    lin = _linear()
-    x = torch.randn(2, 64)
-    got = PackedBf16Linear(lin)(x)
-    assert got.dtype == torch.float32
-    torch.testing.assert_close(got, lin(x), rtol=2e-2, atol=2e-2)
-
-
 def test_precision_names(oracle_dir):
-    assert set(PRECISIONS) >= {"fp32", "bf16", "int8", "mixed", "int16"}
+    """One table: each name one meaning, checked against the runtime that is asked to run it."""
+    assert set(PRECISIONS) == {"fp32", "bf16", "fp16", "int16", "int12", "int8", "int8-int16", "int8-fp16"}
     assert resolve_precision("int8").slow == "int8" and resolve_precision("int8").fast == "fp32"
-    with pytest.raises(BackendError, match="unknown dtype or precision"):
+    assert resolve_precision("float32").name == "fp32" and resolve_precision("bfloat16", "torch-cuda").name == "bf16"
+    with pytest.raises(PrecisionError, match="unknown dtype or precision 'int3'"):
         TorchBackend(load_checkpoint(oracle_dir), "cpu", precision="int3")
+    with pytest.raises(PrecisionError, match="'mixed' is now int8-int16 on torch and int8-fp16 on coreai"):
+        resolve_precision("mixed")
+    with pytest.raises(PrecisionError, match="precision int8-fp16 does not run on torch-cpu: use one of fp32, bf16, "
+                                             "int16, int12, int8, int8-int16"):
+        TorchBackend(load_checkpoint(oracle_dir), "cpu", precision="int8-fp16")
 
 
 @torch.inference_mode()
-def test_fast_frame_matches_the_exported_frame_graph(oracle_dir):
-    """The torch backend's frame (2-row first fast pass, preallocated fast KV, eager sampler) against
-    graphs.Frame on identical inputs: same draws, logits to float rounding."""
+def test_eager_frame_matches_the_exported_form(oracle_dir):
+    """The frame's eager mode (slot by host int, filled slots only, eager sampler) against its export mode (slot
+    traced, all slots under a mask, in-graph sampler) on identical inputs: same draws, logits to float rounding."""
     backend = TorchBackend(load_checkpoint(oracle_dir), "cpu", "fp32")
     cfg = backend.cfg
     rng = np.random.default_rng(0)
@@ -156,22 +158,22 @@ def test_fast_frame_matches_the_exported_frame_graph(oracle_dir):
     prompt[0] = rng.integers(cfg.semantic_begin_id, cfg.semantic_end_id, 9)
     prompt[1:] = rng.integers(0, cfg.codebook_size, (cfg.num_codebooks, 9))
     params = SamplingParams()
-    graph = Frame(backend.model, params)
+    exported = Frame(backend.model, "export")
     for step in range(4):
         backend.prefill(prompt)
         k0, v0 = backend.k_cache.clone(), backend.v_cache.clone()
-        col = torch.as_tensor(prompt[:, -1:])[None]
         pos = prompt.shape[1] + step
-        tail = (torch.rand(1, 2, cfg.num_semantic + 1).clamp(min=1e-6),
-                torch.as_tensor([[-1] * cfg.ras_window_size]),
-                torch.rand(1, cfg.num_codebooks - 1, cfg.codebook_size).clamp(min=1e-6),
-                torch.zeros(1, cfg.num_codebooks + 1, dtype=torch.long), torch.zeros(1))
-        want = graph(col, torch.tensor([pos]), k0, v0, *tail, kv_len=pos + 1)
-        got = backend._fast.frame(params, col, pos, backend.k_cache, backend.v_cache, *tail)
-        for i in (0, 1, 3, 4):  # semantic, codes, sampled semantic, sampled codes
-            assert torch.equal(got[i], want[i]), i
-        for i in (2, 5, 6):  # fast logits, slow logits, hidden
-            torch.testing.assert_close(got[i], want[i], rtol=1e-5, atol=1e-5)
+        inputs = FrameInputs(noise_slow=torch.rand(1, 2, cfg.num_semantic + 1).clamp(min=1e-6),
+                             window=torch.as_tensor([[-1] * cfg.ras_window_size]),
+                             noise_fast=torch.rand(1, cfg.num_codebooks - 1, cfg.codebook_size).clamp(min=1e-6),
+                             forced=torch.zeros(1, cfg.num_codebooks + 1, dtype=torch.long),
+                             use_forced=torch.zeros(1), column=torch.as_tensor(prompt[:, -1:])[None])
+        want = exported(params, dataclasses.replace(inputs, pos=torch.tensor([pos])), k0, v0)
+        got = backend.frame_maths(params, dataclasses.replace(inputs, pos=pos), backend.k_cache, backend.v_cache)
+        for name in ("semantic", "codes", "sampled_semantic", "sampled_codes"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+        for name in ("fast_logits", "logits", "hidden"):
+            torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(backend.k_cache, k0, rtol=1e-5, atol=1e-5)
 
 
@@ -187,7 +189,7 @@ def test_prefill_windows_equal_one_pass_over_the_prompt(oracle_dir, precision, t
     prompt = np.zeros((cfg.num_codebooks + 1, 45), dtype=np.int64)
     prompt[0] = rng.integers(0, cfg.semantic_begin_id, 45)
     k, v = ref.model.new_kv_cache()
-    logits, hidden = Prefill(ref.model)(torch.as_tensor(prompt)[None], torch.tensor([0]), k, v, 45)
+    logits, hidden = Frame(ref.model).prefill(torch.as_tensor(prompt)[None], 0, k, v)
     backend = ref if precision == "fp32" else TorchBackend(ckpt, "cpu", precision=precision)
     got_logits, got_hidden = backend.prefill(prompt)
     np.testing.assert_allclose(got_logits, logits[0, -1].numpy(), rtol=0, atol=tolerance)
@@ -209,7 +211,7 @@ def test_int16_keeps_every_oracle_draw(oracle_dir):
     assert max(max(s.slow_logits_max_diff, s.fast_logits_max_diff) for s in report.scenarios) < 5e-3
 
 
-@pytest.mark.parametrize("precision", ["int8", "mixed"])
+@pytest.mark.parametrize("precision", ["int8", "int8-int16"])
 def test_int8_precisions_run_and_report_agreement(oracle_dir, precision):
     """int8 slow-AR weights are counted, not held to the bar here (see README: they fall short of it)."""
     backend = TorchBackend(load_checkpoint(oracle_dir), "cpu", precision=precision)

@@ -21,7 +21,6 @@ import clips
 from audio8_coreai import TTS
 from audio8_coreai.audio import SPEECH_FORMATS, STREAMABLE_FORMATS, SpeechEncoder, encode_speech
 from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
-from audio8_coreai.serving import batched_engines
 
 TEXT = "The meeting has been moved to Thursday afternoon."
 SETTINGS = ServerSettings(workers=2, max_queue=4, max_input_chars=300, max_upload_bytes=1_000_000,
@@ -33,8 +32,7 @@ def serving(checkpoint, voices_dir, settings: ServerSettings, batch: int = 0, pr
     """A uvicorn server on a free port of 127.0.0.1 in a thread (``batch``: N rows of one model, as
     ``audio8 serve --batch N``); yields its base URL."""
     if batch:
-        _, engines = batched_engines(TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision),
-                                     batch)
+        _, engines = TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision).batched(batch)
     else:
         engines = [TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision)
                    for _ in range(settings.workers)]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from audio8_coreai.config import ConfigError
-from audio8_coreai.engine import EngineError
+from audio8_coreai.backends.base import EngineError
 from audio8_coreai.prompt import PromptError
 
 TEXT = "The meeting has been moved to Thursday afternoon."
@@ -124,7 +124,7 @@ def test_prompt_heads_are_kept_and_give_the_same_state(tiny_tts):
 
 
 def test_at_most_prefix_cache_heads_are_kept(tiny_tts):
-    from audio8_coreai.backends.torch import PREFIX_CACHE
+    from audio8_coreai.backends.torch.backend import PREFIX_CACHE
 
     backend = tiny_tts.backend
     backend._heads.clear()
@@ -204,7 +204,7 @@ def test_every_error_class_is_an_audio8_error_and_exported(tiny_checkpoint, tiny
     import audio8_coreai
     from audio8_coreai.backends.coreai import AssetError
     from audio8_coreai.gate import GateError
-    from audio8_coreai.model.quant import QuantError
+    from audio8_coreai.backends.torch.kernels import QuantError
     from audio8_coreai.parity import ParityError
     from audio8_coreai.tokenizer import TokenizerError
 

@@ -15,10 +15,10 @@ VoiceError, EngineError, BackendError are exported here too); its message says w
 """
 
 from .audio import AudioError
-from .backends.torch import BackendError
+from .backends.base import BackendError
 from .checkpoint import CheckpointError
 from .config import ConfigError
-from .engine import EngineError
+from .backends.base import EngineError
 from .errors import Audio8Error
 from .prompt import PromptError
 from .tts import TTS, Synthesis

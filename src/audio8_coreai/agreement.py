@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .graphs import SamplingParams
+from .config import SamplingParams
 from .sampling import NoiseSource, RasWindow
 
 SEMANTIC_BAR = 0.985

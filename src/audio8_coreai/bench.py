@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .streaming import DEFAULT_FIRST_CHUNK_FRAMES
+from .engine.stream import DEFAULT_FIRST_CHUNK_FRAMES
 
 SENTENCE = ("The meeting has been moved to Thursday afternoon, so please update your calendars and let "
             "the rest of the team know before the end of the day.")
@@ -77,7 +77,7 @@ class BenchConfig:
     frames: int = 32
     baseline: bool = False  # measure the publisher-style frame instead of the backend's
     codec_dtype: str | None = None  # None: the backend's default (fp32 on CPU); bf16 opts in
-    cuda_graphs: bool = False  # the frame replayed as one CUDA graph (cudagraphs.py)
+    cuda_graphs: bool = False  # the frame replayed as one CUDA graph (backends/torch/cudagraphs.py)
 
     @property
     def label(self) -> str:
@@ -160,26 +160,18 @@ def _sync(dev) -> None:
 
 
 def frame_parts(backend, params, pos: int) -> dict[str, Callable[[], object]]:
-    """Callables for the parts of one frame at slot ``pos``: ``slow`` (the slow step on one column), ``fast``
-    (the fast AR's rows, fed fixed codes), ``sampler`` (every draw of a frame on fixed logits).
-
-    A backend with its own frame implementation supplies them (``backend.frame_parts(params, pos)``).
-    """
-    own = getattr(backend, "frame_parts", None)
-    if own is not None:
-        return own(params, pos)
+    """Callables for the parts of the torch backend's frame at slot ``pos``: ``slow`` (the slow step on one
+    column, writing that slot), ``fast`` (the fast AR's rows, each fed code 0: no sampling), ``sampler`` (every
+    draw of a frame on fixed logits)."""
     import torch
 
-    from .graphs import Prefill
     from .sampling import sample_semantic, sample_top_k_top_p
 
-    model, cfg, dev = backend.model, backend.cfg, backend.device
+    frame, cfg, dev = backend.frame_maths, backend.cfg, backend.device
     col = torch.zeros(1, cfg.num_codebooks + 1, 1, dtype=torch.long, device=dev)
     col[0, 0] = cfg.semantic_begin_id
-    p = torch.tensor([pos], device=dev)
-    prefill = Prefill(model)
-    hidden = torch.randn(1, cfg.dim, device=dev).to(backend.dtype)
-    code = torch.zeros(1, dtype=torch.long, device=dev)
+    hidden = torch.randn(1, cfg.dim, device=dev)
+    zero = torch.zeros(1, dtype=torch.long, device=dev)
     logits = torch.randn(1, cfg.num_semantic + 1, device=dev) * 3
     fast_logits = torch.randn(1, cfg.codebook_size, device=dev) * 3
     noise = torch.rand(1, 2, cfg.num_semantic + 1, device=dev).clamp(min=1e-6)
@@ -188,14 +180,12 @@ def frame_parts(backend, params, pos: int) -> dict[str, Callable[[], object]]:
 
     @torch.inference_mode()
     def slow():
-        prefill(col, p, backend.k_cache, backend.v_cache, pos + 1)
+        frame.slow_step(col, pos, backend.k_cache, backend.v_cache)
         _sync(dev)
 
     @torch.inference_mode()
     def fast():
-        past = model.fast.start(hidden)
-        for row in range(1, cfg.num_codebooks):
-            model.fast.step(code, row, past)
+        frame.fast_rows(hidden, zero, lambda row, lg: zero)
         _sync(dev)
 
     @torch.inference_mode()
@@ -203,9 +193,9 @@ def frame_parts(backend, params, pos: int) -> dict[str, Callable[[], object]]:
         sample_semantic(logits, noise, window, top_k=params.top_k, top_p=params.top_p,
                         temperature=params.temperature, ras_top_p=params.ras_top_p,
                         ras_temperature=params.ras_temperature, semantic_begin_id=cfg.semantic_begin_id,
-                        eos_id=cfg.eos_token_id)
+                        eos_id=cfg.eos_token_id, eager=True)
         for _ in range(cfg.num_codebooks - 1):
-            sample_top_k_top_p(fast_logits, noise_fast, params.top_k, params.top_p, params.temperature)
+            sample_top_k_top_p(fast_logits, noise_fast, params.top_k, params.top_p, params.temperature, eager=True)
         _sync(dev)
 
     return {"slow": slow, "fast": fast, "sampler": sampler}
@@ -216,14 +206,12 @@ def frame_parts(backend, params, pos: int) -> dict[str, Callable[[], object]]:
 
 class BaselineFrame:
     """The publisher's way of making a frame, on our fp32 modules: the slow step with the full-vocabulary head
-    (155,776 rows: the tied embedding), logits to the host, NumPy sampling with the mask, then one fast-AR call
-    per row with its logits to the host and a NumPy draw. Only for the benchmark's side-by-side ratio."""
+    (155,776 rows: the tied embedding), logits to the host, NumPy sampling with the mask, then the fast AR's rows
+    with each row's logits to the host and a NumPy draw. THE baseline of the benchmark's side-by-side ratio, not a
+    product path."""
 
     def __init__(self, backend, params):
-        from .graphs import Prefill
-
         self.backend, self.params = backend, params
-        self.prefill = Prefill(backend.model)
         cfg = backend.cfg
         self.allowed = np.concatenate([np.arange(cfg.semantic_begin_id, cfg.semantic_end_id + 1),
                                        [cfg.eos_token_id]])
@@ -238,8 +226,8 @@ class BaselineFrame:
         model = b.model
         with torch.inference_mode():
             col = torch.as_tensor(column, dtype=torch.long).view(1, -1, 1)
-            _, hidden = self.prefill(col, torch.tensor([pos]), b.k_cache, b.v_cache, pos + 1)
-            full = torch.nn.functional.linear(hidden[:, -1], model.slow.embeddings.weight)[0].numpy()
+            _, hidden = b.frame_maths.slow_step(col, pos, b.k_cache, b.v_cache)
+            full = torch.nn.functional.linear(hidden, model.slow.embeddings.weight)[0].numpy()
         logits = full[self.allowed]  # the publisher masks every other id to -inf before sampling
         sem, _, _ = np_sample_semantic(logits, noise_slow, window, top_k=p.top_k, top_p=p.top_p,
                                        temperature=p.temperature, ras_top_p=p.ras_top_p,
@@ -247,12 +235,14 @@ class BaselineFrame:
                                        semantic_begin_id=cfg.semantic_begin_id, eos_id=cfg.eos_token_id)
         code = int(np.clip(int(sem) - cfg.semantic_begin_id, 0, cfg.codebook_size - 1))
         codes = [code]
+
+        def draw(row: int, lg: torch.Tensor) -> torch.Tensor:  # each row's logits to the host, a NumPy draw
+            codes.append(int(np_sample_top_k_top_p(lg[0].float().numpy(), noise_fast[row - 1], p.top_k, p.top_p,
+                                                   p.temperature)))
+            return torch.tensor([codes[-1]])
+
         with torch.inference_mode():
-            past = model.fast.start(hidden[:, -1])
-            for row in range(1, cfg.num_codebooks):
-                lg = model.fast.step(torch.tensor([code]), row, past)[0].float().numpy()
-                code = int(np_sample_top_k_top_p(lg, noise_fast[row - 1], p.top_k, p.top_p, p.temperature))
-                codes.append(code)
+            b.frame_maths.fast_rows(hidden, torch.tensor([code]), draw)
         return int(sem), np.asarray(codes, dtype=np.int64)
 
 

@@ -22,10 +22,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .audio import AudioError
 from .backends.coreai import DECODER_FRAMES, ENCODER_FRAMES, PARTS
-from .backends.torch import BackendError
+from .backends.base import BackendError
 from .checkpoint import DEFAULT_MODEL, CheckpointError
 from .config import ConfigError
-from .engine import EngineError
+from .backends.base import EngineError
 from .gate import GateError
 from .parity import ParityError
 from .prompt import PromptError
@@ -455,7 +455,7 @@ def convert(
 
     from .backends.coreai import convert as convert_assets
     from .checkpoint import load_checkpoint
-    from .graphs import SamplingParams
+    from .config import SamplingParams
 
     t0 = time.perf_counter()
     ckpt = load_checkpoint(model)
@@ -510,7 +510,8 @@ def bench(
                                                              "subprocess of its own (one more load each).")] = True,
 ) -> None:
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
-    from .backends.torch import resolve_device, resolve_dtype, resolve_torch_precision
+    from .backends.torch import resolve_device, resolve_dtype
+    from .precision import resolve_precision
     from .bench import BenchConfig, ensure_checkpoint, format_table, meta, run_configs
 
     if frames < 1 or runs < 1:
@@ -521,7 +522,7 @@ def bench(
     # where the JSON goes.
     resolve_device(device)
     for name in precision or []:
-        resolve_torch_precision(name)
+        resolve_precision(name, "torch-cpu")
     for name in codec_dtype or []:
         resolve_dtype(name)
     if json_out is not None and not json_out.expanduser().parent.is_dir():
@@ -576,7 +577,6 @@ def serve(
     import uvicorn
 
     from .server import ServerSettings, create_app
-    from .serving import batched_engines
     from .tts import TTS
 
     if workers < 1 or max_queue < 0 or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0:
@@ -593,7 +593,7 @@ def serve(
         engines = [TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets,
                             cuda_graphs=cuda_graphs) for _ in range(instances)]
     if batch:
-        _, engines = batched_engines(engines[0], batch)
+        _, engines = engines[0].batched(batch)
         workers = batch
     settings = ServerSettings(workers=workers, max_queue=max_queue, max_input_chars=max_input_chars,
                               max_frames=max_frames, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames)

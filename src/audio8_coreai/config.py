@@ -216,6 +216,27 @@ class GenerationConfig:
 
 
 @dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings of one utterance (the publisher's generate arguments); baked into a Core AI frame graph.
+
+    ``do_sample`` False is the publisher's greedy path: argmax everywhere, no RAS, noise ignored.
+    RAS uses ``ras_temperature``/``ras_top_p`` from config.json and the same ``top_k``.
+    """
+
+    temperature: float = 0.7
+    top_k: int = 50
+    top_p: float = 0.9
+    do_sample: bool = True
+    ras_temperature: float = 1.0
+    ras_top_p: float = 0.9
+
+    @classmethod
+    def from_configs(cls, cfg: ModelConfig, gen: GenerationConfig) -> "SamplingParams":
+        return cls(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p, do_sample=gen.do_sample,
+                   ras_temperature=cfg.ras_temperature, ras_top_p=cfg.ras_top_p)
+
+
+@dataclass(frozen=True)
 class QuantizerTransformerConfig:
     """Window transformer of the codec's quantizer (pre_module / post_module)."""
 

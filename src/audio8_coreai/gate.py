@@ -57,10 +57,11 @@ import numpy as np
 import torch
 
 from .audio import REFERENCE_RATE, read_reference, write_audio
+from .backends.base import open_backend
 from .backends.torch import TorchBackend
-from .engine import Generation, frame_budget, generate
+from .engine.loop import Generation, frame_budget, generate
 from .errors import Audio8Error
-from .graphs import SamplingParams
+from .config import SamplingParams
 from .parity import (ParityReport, ScenarioReport, _cos, _params, compare_free_run, load_fixture, replay_forced,
                      run_parity)
 from .prompt import check_text
@@ -779,15 +780,6 @@ def _teacher_forced(rep: ScenarioReport, fx: dict, params: SamplingParams, cfg) 
     return out
 
 
-def _precision(backend) -> str:
-    """The port's precision: Core AI assets say so; the torch backend's dtype otherwise."""
-    precision = getattr(backend, "precision", None)
-    if precision is not None:  # a name (Core AI manifest) or a precision setting with a name (torch)
-        return str(getattr(precision, "name", precision))
-    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(backend.dtype).removeprefix("torch."),
-                                                                          str(backend.dtype))
-
-
 def _eos_verdict(results: list[FixtureResult]) -> str:
     """``fail`` when the port stopped at the cap where the reference reached eos."""
     capped = [f.name for f in results
@@ -819,7 +811,7 @@ def run_gate(model: str | Path, out_dir: str | Path, *, against: str | Path = "f
     defaults (pocketsphinx, resemblyzer). ``log`` receives a line per step (progress).
     Raises GateError, ParityError, CheckpointError, BackendError and the TTS errors for bad input.
     """
-    from .backends.torch import BackendError
+    from .backends.base import BackendError
 
     t0 = time.perf_counter()
     say = log or (lambda line: None)
@@ -859,27 +851,19 @@ def _json(value):
     raise TypeError(f"cannot write {type(value).__name__} to JSON")
 
 
-def _port_backend(checkpoint, backend: str, device: str, dtype: str, assets):
-    if backend == "coreai":
-        from .backends.coreai import CoreAIBackend
-
-        return CoreAIBackend(checkpoint, assets)
-    return TorchBackend(checkpoint, device, dtype)
-
-
 def _against_oracle(model, out: Path, fixture: Path, backend: str, device: str, dtype: str, assets,
                     say) -> GateReport:
     """The oracle rungs: parity's whole replay, margins for its misses, the codec stage and pictures."""
     from .checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(model)
-    port = _port_backend(ckpt, backend, device, dtype, assets)
+    port = open_backend(ckpt, backend, device=device, precision=dtype, assets=assets)
     fx, meta = load_fixture(fixture)
     say(f"replaying {fixture} through {port.description}")
     parity: ParityReport = run_parity(port, fixture)
     rate = ckpt.codec_config.sample_rate
     hop = ckpt.codec_config.frame_length
-    report = GateReport(str(model), port.description, f"oracle {fixture}", _precision(port),
+    report = GateReport(str(model), port.description, f"oracle {fixture}", port.precision,
                         parity=json.loads(parity.to_json()), skipped=list(parity.skipped))
     why = "an oracle fixture records no text (its random weights make no speech)"
     report.skipped += [f"ASR round trip: {why}", f"speaker similarity: {why}"]
@@ -932,10 +916,10 @@ def _against_fp32(model, out: Path, backend: str, device: str, dtype: str, asset
     else:
         spk_why = None if speaker_encoder is not None else "no clone fixtures"
     # Core AI graphs bake their sampling in; the reference must draw with the same settings.
-    params = getattr(port.backend, "sampling", None) or port.sampling()
+    params = port.backend.sampling or port.sampling()
     cfg, rate = port.config, port.sample_rate
     report = GateReport(str(model), port.backend.description, f"fp32 ({ref.backend.description})",
-                        _precision(port.backend))
+                        port.backend.precision)
     by_language: dict[str, list[FixtureResult]] = {}
     for fixture in chosen:
         result = _fp32_fixture(fixture, port, ref, params, cfg, rate, out, max_frames, recognizers,

@@ -26,10 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .backends.torch import FrameResult, TorchBackend
-from .engine import generate
+from .backends.base import FrameResult
+from .backends.torch import TorchBackend, frame_result
+from .engine.loop import generate
 from .errors import Audio8Error
-from .graphs import FirstFrame, SamplingParams
+from .config import SamplingParams
+from .model.frame import FrameInputs
+from .model.layers import IndexKV
 from .model.layers import causal_cache_mask
 
 TOLERANCE = 1e-4
@@ -328,11 +331,10 @@ def replay_batch(backend: TorchBackend, fx: dict, meta: dict, sc: str = "batch")
     key_valid[:, :p] = torch.as_tensor(fx[f"{sc}__prompt_attention_mask"], device=dev).bool()
     mask = causal_cache_mask(torch.tensor([0], device=dev), p, length) & key_valid[:, None, None, :]
     rope = torch.as_tensor(fx[f"{sc}__prompt_position_ids"], device=dev)
-    logits, hidden = model.slow(ids, rope, torch.arange(p, device=dev), mask, k, v)
+    logits, hidden = model.slow(ids, rope, k, v, IndexKV(torch.arange(p, device=dev), mask))
     logits, hidden = logits[:, -1], hidden[:, -1]
     steps = int(fx[f"{sc}__num_steps"])
     rep = ScenarioReport(sc, steps)
-    sample = FirstFrame(model, params)
     shapes = ((2, cfg.num_semantic + 1), (cfg.num_codebooks - 1, cfg.codebook_size))
     for s in range(steps):
         if s > 0:
@@ -341,20 +343,17 @@ def replay_batch(backend: TorchBackend, fx: dict, meta: dict, sc: str = "batch")
             key_valid[:, int(slot[0])] = torch.as_tensor(fx[f"{sc}__step_attention_mask_last"][s - 1], device=dev).bool()
             mask = causal_cache_mask(slot, 1, length) & key_valid[:, None, None, :]
             rope = torch.as_tensor(fx[f"{sc}__step_token_position"][s - 1], device=dev)[:, None]
-            logits, hidden = model.slow(col, rope, slot, mask, k, v)
+            logits, hidden = model.slow(col, rope, k, v, IndexKV(slot, mask))
             logits, hidden = logits[:, -1], hidden[:, -1]
         noises = [_step_noise(fx, sc, s, i, shapes) for i in range(b)]
         forced = torch.as_tensor(np.stack([_forced(fx, sc, s, i) for i in range(b)]), device=dev)
-        out = sample(logits, hidden,
-                     torch.as_tensor(np.stack([n[0] for n in noises]), device=dev),
-                     torch.as_tensor(fx[f"{sc}__ras_previous"][s], device=dev),
-                     torch.as_tensor(np.stack([n[1] for n in noises]), device=dev),
-                     forced, torch.ones(b, device=dev))
+        inputs = FrameInputs(noise_slow=torch.as_tensor(np.stack([n[0] for n in noises]), device=dev),
+                             window=torch.as_tensor(fx[f"{sc}__ras_previous"][s], device=dev),
+                             noise_fast=torch.as_tensor(np.stack([n[1] for n in noises]), device=dev),
+                             forced=forced, use_forced=torch.ones(b, device=dev))
+        out = backend.frame_maths.sample(params, logits, hidden, inputs)
         for i in range(b):
-            res = FrameResult(int(out[0][i]), out[1][i].cpu().numpy(), logits[i].float().cpu().numpy(),
-                              hidden[i].float().cpu().numpy(), out[2][i].float().cpu().numpy(),
-                              int(out[3][i]), out[4][i].cpu().numpy())
-            _compare_frame(rep, fx, sc, s, i, res, params.do_sample)
+            _compare_frame(rep, fx, sc, s, i, frame_result(out, i), params.do_sample)
     return rep
 
 
@@ -403,9 +402,8 @@ def replay_encoder(backend: TorchBackend, fx: dict, sc: str = "clone") -> Encode
 def _cannot_replay(backend, meta: dict, sc: str) -> str | None:
     """Why ``backend`` cannot replay scenario ``sc`` (None: it can)."""
     # Backends with sampling baked into their graphs (Core AI assets) say which settings they draw with.
-    draws_like = getattr(backend, "draws_like", None)
     params = _params(meta, sc, backend)
-    if draws_like is not None and not draws_like(params):
+    if not backend.draws_like(params):
         fix = ": audio8 convert --greedy" if not params.do_sample else ""
         return (f"it draws {_describe(params)}; the backend's graphs bake in {_describe(backend.sampling)} (replay "
                 f"it on assets converted with its sampling{fix})")

@@ -12,18 +12,18 @@ from pathlib import Path
 import numpy as np
 
 from .audio import read_reference
+from .backends.base import Backend, BackendError, EngineError, check_backend_choice, open_backend
 from .backends.torch import TorchBackend
-from .batching import generate_batch
+from .backends.torch.rows import FrameServer
 from .checkpoint import DEFAULT_MODEL, Checkpoint, CheckpointError, load_checkpoint
-from .config import check_int, check_number
-from .engine import EngineError, frame_budget, generate, lease
-from .graphs import SamplingParams
+from .config import SamplingParams, check_int, check_number
+from .engine.batch import generate_batch
+from .engine.loop import frame_budget, generate
+from .engine.stream import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
 from .prompt import PromptBuilder, PromptError, PromptTooLong, check_text, split_text
-from .streaming import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
 from .tokenizer import load_tokenizer
 from .voices import Voice, VoiceError, VoiceStore, check_name, check_voice_choice, now_utc
 
-BACKENDS = ("torch", "coreai")
 # A voice must leave room for this many frames (64 x 2048 samples = 3.0 s) after its clone prompt: a
 # reference that crowds out the speech is refused when registered, not discovered at every utterance.
 MIN_VOICE_FRAMES = 64
@@ -69,7 +69,7 @@ class TTS:
     other's state). For utterances in parallel use one TTS per thread, or :meth:`generate_batch`.
     """
 
-    def __init__(self, checkpoint: Checkpoint, backend: TorchBackend, prompts: PromptBuilder,
+    def __init__(self, checkpoint: Checkpoint, backend: Backend, prompts: PromptBuilder,
                  voices: VoiceStore | None = None):
         self.checkpoint = checkpoint
         self.backend = backend
@@ -85,43 +85,27 @@ class TTS:
         """Load a checkpoint folder (publisher layout) or hub id, validate it and build the backend.
 
         ``device``: auto | cpu | cuda[:N]; ``dtype``: fp32 | bf16 (the codec stays fp32 on CPU).
-        ``precision`` (torch): fp32 | bf16 | int16 | int12 | int8 | mixed (model/quant.py); given, it overrides
+        ``precision`` (torch): fp32 | bf16 | int16 | int12 | int8 | int8-int16 (precision.py); given, it overrides
         ``dtype``; with neither, the default: int16 on CPU (near-exact: every draw kept in our measurements;
         about half the weight bytes of fp32), fp32 on CUDA. ``codec_dtype`` (torch): bf16 opts the codec decoder
         into bf16 on CPU (about 1.5x faster here, not exact); default fp32 on CPU, as the publisher.
-        ``cuda_graphs`` (torch on CUDA, opt-in): replay each frame as one captured CUDA graph (cudagraphs.py).
+        ``cuda_graphs`` (torch on CUDA, opt-in): replay each frame as one captured CUDA graph (backends/torch/cudagraphs.py).
         ``voices_dir``: the voice store's folder (default: the per-user one, see :mod:`.voices`).
         ``backend``: torch, or coreai with ``assets`` the folder ``audio8 convert`` wrote from this
         checkpoint (``device``/``dtype`` then do not apply: the assets fix the precision).
         Raises CheckpointError (missing/corrupt files, wrong shapes, no tokenizer), BackendError
         (unknown device/dtype/backend; missing, stale or foreign assets; cuda_graphs off CUDA).
         """
-        from .backends.torch import BackendError
-
-        if backend not in BACKENDS:
-            raise BackendError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
-        if backend == "coreai" and assets is None:
-            raise BackendError("the coreai backend runs converted assets: give assets=DIR (--assets), a folder "
-                               "written by audio8 convert")
-        if backend != "coreai" and assets is not None:
-            raise BackendError("assets (--assets) are run by the coreai backend: add backend='coreai' "
-                               "(--backend coreai), or drop the assets to use the torch backend")
-        if backend == "coreai" and cuda_graphs:
-            raise BackendError("CUDA graphs (--cuda-graphs) are a torch-backend option: drop them for coreai")
+        check_backend_choice(backend, device, assets, cuda_graphs)
         ckpt = load_checkpoint(model)
         ckpt.fingerprint()  # of the files as loaded: voices are checked against these weights, not later files
         if ckpt.tokenizer_dir is None:
             raise CheckpointError(f"{ckpt.path} has no tokenizer.json: a checkpoint folder must hold the "
                                   "tokenizer files (tokenizer.json, tokenizer_config.json) to speak text")
         prompts = PromptBuilder(load_tokenizer(ckpt.tokenizer_dir), ckpt.config)
-        if backend == "coreai":
-            from .backends.coreai import CoreAIBackend
-
-            engine_backend = CoreAIBackend(ckpt, assets)
-        else:
-            engine_backend = TorchBackend(ckpt, device, dtype, precision, codec_dtype, cuda_graphs)
-            engine_backend.prefix_length = prompts.prefix_length  # keep the KV state of prompt heads
-        return cls(ckpt, engine_backend, prompts, VoiceStore(voices_dir))
+        chosen = open_backend(ckpt, backend, device=device, precision=precision or dtype, codec_dtype=codec_dtype,
+                              cuda_graphs=cuda_graphs, assets=assets, prefix_length=prompts.prefix_length)
+        return cls(ckpt, chosen, prompts, VoiceStore(voices_dir))
 
     @property
     def sample_rate(self) -> int:
@@ -180,7 +164,7 @@ class TTS:
                        max_frames: int | None = None, voice: str | Voice | None = None,
                        max_batch: int = 8) -> list[Synthesis]:
         """:meth:`generate` for several texts at once: up to ``max_batch`` utterances share every frame call
-        (:mod:`.batching`: the weights are read once per frame for all of them), then one batched codec call.
+        (:mod:`.engine.batch`: the weights are read once per frame for all of them), then one batched codec call.
 
         Utterance i is what ``generate(texts[i], seed=seeds[i], ...)`` gives (same codes at fp32; at int16 the
         batched matmuls round differently and a draw may rarely differ). ``seeds`` None (or a None entry) draws
@@ -189,8 +173,6 @@ class TTS:
         Raises as :meth:`generate`, and BackendError on a backend other than torch, ValueError when ``seeds``
         does not match ``texts`` or ``max_batch`` < 1, TypeError when ``texts`` is one string.
         """
-        from .backends.torch import BackendError
-
         if not isinstance(self.backend, TorchBackend):
             raise BackendError(f"batched generation runs on the torch backend, not {self.backend.name}")
         if isinstance(texts, str):  # a str is a sequence too: its characters would become texts
@@ -209,13 +191,22 @@ class TTS:
         default = self.checkpoint.generation.max_new_tokens
         budgets = [frame_budget(self.config, p.shape[1], max_frames, default) for p in prompts]
         seeds = [check_seed(s) for s in seeds]
-        with lease(self.backend).hold():  # its prefills pass through the backend (the last logits it keeps)
+        with self.backend.lease.hold():  # its prefills pass through the backend (the last logits it keeps)
             gens = generate_batch(self.backend, prompts, params, seeds, budgets, max_batch)
         t0 = time.perf_counter()
         audio = self.backend.decode_batch([g.codes for g in gens])
         codec_s = time.perf_counter() - t0
         return [Synthesis(a, self.sample_rate, g.codes, g.reached_eos, s, g.prompt_length, b, g.prefill_s,
                           g.frames_s, codec_s) for a, g, s, b in zip(audio, gens, seeds, budgets)]
+
+    def batched(self, max_batch: int) -> tuple[FrameServer, list[TTS]]:
+        """``max_batch`` TTS instances sharing this one's model through one frame thread
+        (:class:`.backends.torch.rows.FrameServer`): one per server worker, their frames run as one batched call.
+        Raises BackendError on a backend other than torch, ConfigError for ``max_batch`` < 1."""
+        if not isinstance(self.backend, TorchBackend):
+            raise BackendError(f"batching runs on the torch backend, not {self.backend.name}: drop --batch")
+        server = FrameServer(self.backend, check_int(max_batch, "max_batch"))
+        return server, [TTS(self.checkpoint, row, self.prompts, self.voices) for row in server.rows()]
 
     def synthesize(self, text: str, *, on_start: Callable[[int], None] | None = None,
                    voice: str | Voice | None = None, ref_audio: str | Path | None = None,

@@ -73,11 +73,12 @@ from torch.nn.utils import parametrize
 
 from ..checkpoint import CODEC_SPEC_FILE, CONFIG_FILE, GENERATION_FILE, Checkpoint, load_checkpoint
 from ..config import ModelConfig
-from ..graphs import PREFILL_WIDTH, FirstFrame, Frame, Prefill, SamplingParams
+from ..config import SamplingParams
+from ..model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
 from ..model.codec import CodecDecoder, CodecEncoder
 from ..model.dualar import DualAR
 from ..model.layers import causal_cache_mask
-from .torch import BackendError, FrameResult
+from .base import Backend, BackendError, CodecStream, FrameResult, RedecodeStream
 
 FORMAT = 1  # bump when the graphs, their contract or the manifest change: older folders are then refused
 MANIFEST_KEY = "audio8"
@@ -116,12 +117,18 @@ def _require_coreai() -> None:
 # The asset functions: the graphs of graphs.py behind the contract's exact names, shapes and dtypes.
 
 
-def _frame_outputs(out: tuple[Tensor, ...], logits: Tensor, hidden: Tensor) -> tuple[Tensor, ...]:
-    """FirstFrame's batch-1 outputs in FRAME_OUTPUTS order, ids as int32, batch axis dropped."""
-    semantic, codes, fast_logits, sampled_semantic, sampled_codes = out
+def _frame_outputs(out: FrameOutputs) -> tuple[Tensor, ...]:
+    """A frame's batch-1 outputs in FRAME_OUTPUTS order, ids as int32, batch axis dropped."""
     i32 = torch.int32
-    return (semantic.to(i32), codes[0].to(i32), logits, hidden, fast_logits[0], sampled_semantic.to(i32),
-            sampled_codes[0].to(i32))
+    return (out.semantic.to(i32), out.codes[0].to(i32), out.logits[0], out.hidden[0], out.fast_logits[0],
+            out.sampled_semantic.to(i32), out.sampled_codes[0].to(i32))
+
+
+def _inputs(noise_slow: Tensor, window: Tensor, noise_fast: Tensor, forced: Tensor, use_forced: Tensor,
+            column: Tensor | None = None, pos: Tensor | None = None) -> FrameInputs:
+    """The asset's unbatched inputs as the frame's batch-1 inputs."""
+    return FrameInputs(noise_slow[None], window[None], noise_fast[None], forced[None], use_forced,
+                       column, 0 if pos is None else pos)
 
 
 class _PrefillFn(nn.Module):
@@ -129,10 +136,10 @@ class _PrefillFn(nn.Module):
 
     def __init__(self, model: DualAR):
         super().__init__()
-        self.fn = Prefill(model)
+        self.frame = Frame(model, mode="export")
 
     def forward(self, codes: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor) -> tuple[Tensor, Tensor]:
-        logits, hidden = self.fn(codes, pos, k_cache, v_cache)
+        logits, hidden = self.frame.prefill(codes, pos, k_cache, v_cache)
         return logits[0], hidden[0]
 
 
@@ -141,14 +148,14 @@ class _FirstFrameFn(nn.Module):
 
     def __init__(self, model: DualAR, params: SamplingParams):
         super().__init__()
-        self.fn = FirstFrame(model, params)
+        self.frame, self.params = Frame(model, mode="export"), params
 
     def forward(self, logits: Tensor, hidden: Tensor, noise_slow: Tensor, window: Tensor, noise_fast: Tensor,
                 forced: Tensor, use_forced: Tensor) -> tuple[Tensor, ...]:
-        out = self.fn(logits[None], hidden[None], noise_slow[None], window[None], noise_fast[None],
-                         forced[None], use_forced)
         # Outputs that are inputs unchanged would be graph arguments, not results: pass them through an op.
-        return _frame_outputs(out, logits.clone(), hidden.clone())
+        out = self.frame.sample(self.params, logits.clone()[None], hidden.clone()[None],
+                                _inputs(noise_slow, window, noise_fast, forced, use_forced))
+        return _frame_outputs(out)
 
 
 class _FrameFn(nn.Module):
@@ -156,13 +163,12 @@ class _FrameFn(nn.Module):
 
     def __init__(self, model: DualAR, params: SamplingParams):
         super().__init__()
-        self.fn = Frame(model, params)
+        self.frame, self.params = Frame(model, mode="export"), params
 
     def forward(self, codes: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, noise_slow: Tensor,
                 window: Tensor, noise_fast: Tensor, forced: Tensor, use_forced: Tensor) -> tuple[Tensor, ...]:
-        *sampled, logits, hidden = self.fn(codes, pos, k_cache, v_cache, noise_slow[None], window[None],
-                                              noise_fast[None], forced[None], use_forced)
-        return _frame_outputs(tuple(sampled), logits[0], hidden[0])
+        inputs = _inputs(noise_slow, window, noise_fast, forced, use_forced, codes, pos)
+        return _frame_outputs(self.frame(self.params, inputs, k_cache, v_cache))
 
 
 class _DecodeFn(nn.Module):
@@ -569,8 +575,8 @@ class _RuntimeLoop:
             self.loop.close()
 
 
-class CoreAIBackend:
-    """The DualAR and the codec as Core AI assets, with :class:`TorchBackend`'s interface (batch 1).
+class CoreAIBackend(Backend):
+    """The DualAR and the codec as Core AI assets, behind :class:`.base.Backend` (batch 1).
 
     ``checkpoint`` is the one the assets were converted from (its fingerprint is checked; its config,
     tokenizer and codec sizes are used); ``assets`` is the folder :func:`convert` wrote. ``cfg`` is the
@@ -591,6 +597,7 @@ class CoreAIBackend:
     name = "coreai"
 
     def __init__(self, checkpoint: Checkpoint, assets: str | Path):
+        super().__init__()
         _require_coreai()
         self.checkpoint = checkpoint
         self.folder = Path(assets).expanduser()
@@ -693,10 +700,9 @@ class CoreAIBackend:
         self._last = (out["logits"][real - 1], out["hidden"][real - 1])
         return self._last[0].astype(np.float32), self._last[1].astype(np.float32)
 
-    def draws_like(self, params: SamplingParams) -> bool:
-        """Whether ``params`` draw what the baked sampling draws: the same settings, or both greedy (argmax
-        ignores temperature, top-k, top-p and RAS)."""
-        return params == self.sampling or not (params.do_sample or self.sampling.do_sample)
+    def codec_stream(self) -> CodecStream:
+        """A stream that re-decodes the utterance so far at every push (:class:`.base.RedecodeStream`)."""
+        return RedecodeStream(self)
 
     def _tail(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray, noise_fast: np.ndarray,
               forced: np.ndarray | None) -> dict[str, np.ndarray]:

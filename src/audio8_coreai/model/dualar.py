@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from .layers import Block, RMSNorm, rope_table
+from .layers import Block, KVStep, RMSNorm, SpanKV, rope_table
 
 
 def dualar_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -91,42 +91,35 @@ class SlowAR(nn.Module):
         is_sem = ((ids >= cfg.semantic_begin_id) & (ids <= cfg.semantic_end_id)).to(x.dtype)
         return x + cb.sum(dim=2) * is_sem.unsqueeze(-1)
 
-    def forward(self, codes: Tensor, rope_pos: Tensor, slots: Tensor, mask: Tensor, k_cache: Tensor,
-                v_cache: Tensor, kv_len: int | None = None, index_write: bool = False) -> tuple[Tensor, Tensor]:
+    def forward(self, codes: Tensor, rope_pos: Tensor | int, k_cache: Tensor, v_cache: Tensor,
+                kv: KVStep) -> tuple[Tensor, Tensor]:
         """Run S columns through the slow AR, writing the KV cache in place.
 
         Args:
             codes: int [B, 1 + num_codebooks, S] code columns.
-            rope_pos: int64 [B, S] RoPE positions (the publisher's position ids).
-            slots: int64 [S] cache slots the columns are written to; consecutive when ``kv_len`` is None.
-            mask: bool [B or 1, 1, S, L], True where a query may attend a cache slot.
-            k_cache, v_cache: [n_layer, B, n_kv, L, head_dim] state, written at ``slots``.
-            kv_len: attend only slots [0, kv_len) (eager speed-up); None = all L (static graph).
-            index_write: write ``slots`` with ``index_copy_`` even when ``kv_len`` is None, instead of one slice
-                from ``slots[0]`` read on the host (which torch.export needs): a CUDA graph captures no host
-                read, and its slot must stay an input.
+            rope_pos: int64 [B, S] RoPE positions (the publisher's position ids), or an int: the first of S
+                consecutive positions shared by the batch.
+            k_cache, v_cache: [n_layer, B, n_kv, L, head_dim] state, written as ``kv`` says.
+            kv: where the columns' keys and values go and what they attend (see :class:`.layers.KVStep`).
         Returns:
             compact logits [B, S, num_semantic + 1] and post-norm hidden [B, S, dim], model dtype.
         """
         x = self.embed(codes)
-        rope = self.rope[rope_pos]
-        write: Tensor | int = slots
-        if kv_len is None and not index_write:
-            # The static graph writes one slice from the first slot (see write_kv); the checks bound the
-            # traced start so torch.export accepts the slice.
-            write = slots[0].item()
-            torch._check(write >= 0)
-            torch._check(write + codes.shape[-1] <= k_cache.shape[3])
+        if isinstance(rope_pos, Tensor):
+            rope = self.rope[rope_pos]
+        else:
+            rope = self.rope[rope_pos:rope_pos + codes.shape[-1]].unsqueeze(0)
         for i, layer in enumerate(self.layers):
             # A slice i:i+1, not an index: an in-place write through an indexed view exports as a masked
             # copy of the whole state.
-            x = layer.forward_cached(x, rope, k_cache[i:i + 1], v_cache[i:i + 1], write, mask, kv_len)
+            x = layer(x, rope, k_cache[i:i + 1], v_cache[i:i + 1], kv)
         hidden = self.norm(x)
         return self.head(hidden), hidden
 
 
 class FastAR(nn.Module):
-    """The fast AR: ``n_fast_layer`` blocks over the frame's rows, no state kept between frames.
+    """The fast AR: ``n_fast_layer`` blocks over the frame's rows, a per-frame KV buffer, nothing kept between
+    frames (fish-speech's ``forward_generate_fast`` form).
 
     Row 0 is the slow AR's post-norm hidden (its logits are discarded by the publisher); row p >= 1 is
     ``fast_embeddings[c_{p-1}]`` and its output predicts codebook p. One embedding table and one head
@@ -148,22 +141,27 @@ class FastAR(nn.Module):
         self.register_buffer("rope", rope_table(cfg.num_codebooks, cfg.fast_head_dim, cfg.rope_base),
                              persistent=False)
 
-    def start(self, hidden: Tensor) -> list[list[Tensor]]:
-        """Prime the per-frame rows with row 0 = ``hidden`` [B, dim]; returns the rows' k/v per layer."""
-        past: list[list[Tensor]] = [[] for _ in self.fast_layers]
-        self._row(hidden.unsqueeze(1), 0, past)
-        return past
+    def forward(self, x: Tensor, row: int, k_buf: Tensor, v_buf: Tensor) -> Tensor:
+        """Rows ``row .. row+S-1`` of the frame from ``x`` [B, S, fast_dim] (row 0: the slow hidden; row p >= 1:
+        the embedding of code p-1), keys and values written into the per-frame buffer ``k_buf``/``v_buf``
+        [n_fast_layer, B, n_kv, num_codebooks, D] at those rows; each row attends rows ``[0, its own]``.
+        Returns the logits of the last row [B, codebook_size] (it predicts codebook ``row + S - 1``)."""
+        s = x.shape[1]
+        rope = self.rope[row:row + s].unsqueeze(0)
+        kv = SpanKV(row, row + s, causal=s > 1)
+        if s > 1 and row != 0:
+            raise ValueError(f"several fast-AR rows in one pass must start at row 0, not {row}")
+        for i, layer in enumerate(self.fast_layers):
+            x = layer(x, rope, k_buf[i:i + 1], v_buf[i:i + 1], kv)
+        return self.fast_output(self.fast_norm(x[:, -1:]))[:, 0]
 
-    def step(self, code: Tensor, row: int, past: list[list[Tensor]]) -> Tensor:
-        """Row ``row`` (1..num_codebooks-1) fed code int [B]; returns logits [B, codebook_size]."""
-        x = self._row(self.fast_embeddings(code.long()).unsqueeze(1), row, past)
-        return self.fast_output(self.fast_norm(x))[:, 0]
-
-    def _row(self, x: Tensor, row: int, past: list[list[Tensor]]) -> Tensor:
-        rope = self.rope[row:row + 1].unsqueeze(0)
-        for layer, kv in zip(self.fast_layers, past):
-            x = layer.forward_concat(x, rope, kv)
-        return x
+    def new_kv_buffer(self, batch: int = 1) -> tuple[Tensor, Tensor]:
+        """A zeroed per-frame KV buffer (k, v), each [n_fast_layer, batch, n_kv, num_codebooks, D], activation
+        dtype (the embeddings may be stored lower)."""
+        cfg = self.cfg
+        p = self.fast_norm.weight
+        shape = (cfg.n_fast_layer, batch, cfg.fast_n_local_heads, cfg.num_codebooks, cfg.fast_head_dim)
+        return torch.zeros(shape, dtype=p.dtype, device=p.device), torch.zeros(shape, dtype=p.dtype, device=p.device)
 
 
 class DualAR(nn.Module):
@@ -219,6 +217,6 @@ class DualAR(nn.Module):
     def new_kv_cache(self, batch: int = 1, length: int | None = None) -> tuple[Tensor, Tensor]:
         """Zeroed KV state (k, v), each [n_layer, batch, n_kv, length or max_seq_len, head_dim], model dtype."""
         cfg = self.cfg
-        p = self.slow.norm.weight  # the head and embeddings may be quantized modules (model/quant.py)
+        p = self.slow.norm.weight  # the head and embeddings may be quantized modules (backends/torch/quantize.py)
         shape = (cfg.n_layer, batch, cfg.n_local_heads, length or cfg.max_seq_len, cfg.head_dim)
         return torch.zeros(shape, dtype=p.dtype, device=p.device), torch.zeros(shape, dtype=p.dtype, device=p.device)

@@ -7,6 +7,10 @@ RoPE tables rounded to bf16 and applied in fp32 to interleaved pairs (2i, 2i+1),
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -61,7 +65,7 @@ def apply_rope(x: Tensor, table: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    """Fused-qkv GQA attention over an explicit static KV cache.
+    """Fused-qkv GQA attention over an explicit KV cache.
 
     ``wqkv`` rows are q (n_head heads), then k (n_kv), then v (n_kv), each head a contiguous block of
     ``head_dim`` (the publisher's layout). Keys are rotated before they are cached.
@@ -84,15 +88,103 @@ class Attention(nn.Module):
         v = qkv[..., kv_end:].reshape(b, s, self.n_kv, self.head_dim).transpose(1, 2)
         return apply_rope(q, rope), apply_rope(k, rope), v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """SDPA of q [B, H, S, D] over k, v [B, n_kv, L, D]; ``mask`` bool [B or 1, 1, S, L], True = attend.
+    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """SDPA of q [B, H, S, D] over k, v [B, n_kv, L, D] -> [B, H, S, D].
 
-        Returns [B, S, dim] after ``wo``. A query row with no visible key gives zeros (as torch's SDPA
-        does for the publisher's left-padded rows), never NaN.
+        ``mask`` bool [B or 1, 1, S, L], True = attend (None: every key). A query row with no visible key gives
+        zeros (as torch's SDPA does for the publisher's left-padded rows), never NaN.
         """
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_head != self.n_kv)
-        b, _, s, _ = out.shape
-        return self.wo(out.transpose(1, 2).reshape(b, s, self.n_head * self.head_dim))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              enable_gqa=self.n_head != self.n_kv)
+
+    def out(self, heads: Tensor) -> Tensor:
+        """``wo`` over the attention output [B, H, S, D] -> [B, S, dim]."""
+        b, _, s, _ = heads.shape
+        return self.wo(heads.transpose(1, 2).reshape(b, s, self.n_head * self.head_dim))
+
+
+class KVStep(Protocol):
+    """How one attention step writes its new keys and values into a KV cache and what its queries attend.
+
+    The modes of the one attention step (:meth:`Block.forward`): :class:`SpanKV` (slots by slice: eager and
+    exported graphs), :class:`IndexKV` (slots by an index tensor: CUDA graphs, recorded batches) and
+    :class:`RowsKV` (one column per batch row, each at its own slot: continuous batching).
+    """
+
+    def attend(self, att: Attention, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        """Write k, v [B, n_kv, S, D] into ``k_cache``/``v_cache`` [1, B, n_kv, L, D] (one layer's slice, in
+        place) and return the attention of q [B, H, S, D] -> [B, H, S, D]."""
+        ...
+
+
+@dataclass(frozen=True)
+class SpanKV:
+    """S consecutive slots from ``start``, written as one slice; queries attend slots ``[0, end)`` (all L when
+    ``end`` is None, the static-graph form) under ``mask`` (bool [B or 1, 1, S, L], cut to ``end``), or causally
+    among themselves when ``causal`` (``start`` must then be 0), or unmasked (one query, the newest slot).
+
+    ``start`` may be the SymInt of a traced position: ``torch.export`` records the write as ``slice_scatter``,
+    which coreai-torch lowers to an in-place ``slice_update`` of S rows (an index write, or a write through an
+    indexed layer view, becomes a copy of the whole state instead).
+    """
+
+    start: int
+    end: int | None = None
+    mask: Tensor | None = None
+    causal: bool = False
+
+    def attend(self, att: Attention, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        s = k.shape[2]
+        k_cache[:, :, :, self.start:self.start + s] = k.to(k_cache.dtype).unsqueeze(0)
+        v_cache[:, :, :, self.start:self.start + s] = v.to(v_cache.dtype).unsqueeze(0)
+        if self.end is None:
+            return att.sdpa(q, k_cache[0], v_cache[0], self.mask, self.causal)
+        mask = None if self.mask is None else self.mask[..., :self.end]
+        return att.sdpa(q, k_cache[0, :, :, :self.end], v_cache[0, :, :, :self.end], mask, self.causal)
+
+
+@dataclass(frozen=True)
+class IndexKV:
+    """Slots int64 [S] written with ``index_copy_`` (no host read: the slot stays an input of a CUDA graph);
+    queries attend all L slots under ``mask`` (bool [B or 1, 1, S, L])."""
+
+    slots: Tensor
+    mask: Tensor
+
+    def attend(self, att: Attention, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        k_cache.index_copy_(3, self.slots, k.to(k_cache.dtype).unsqueeze(0))
+        v_cache.index_copy_(3, self.slots, v.to(v_cache.dtype).unsqueeze(0))
+        return att.sdpa(q, k_cache[0], v_cache[0], self.mask)
+
+
+@dataclass(frozen=True)
+class RowsKV:
+    """One column per utterance (S = 1): utterance j lives in batch row ``rows[j]`` of the cache, writes its slot
+    ``positions[j]`` and attends its slots ``[0, positions[j]]``.
+
+    Attention runs per utterance with no copies (``gathered`` None: the CPU way), or in one call over the
+    utterances' rows gathered up to the longest under a key mask (``gathered`` = (rows int64 [n], positions int64
+    [n], mask bool [n, 1, 1, K]): the GPU way, one launch instead of n).
+    """
+
+    rows: Sequence[int]
+    positions: Sequence[int]
+    gathered: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def attend(self, att: Attention, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        kc, vc = k_cache[0], v_cache[0]
+        if self.gathered is not None:
+            row_t, pos_t, mask = self.gathered
+            kc[row_t, :, pos_t] = k[:, :, 0].to(kc.dtype)
+            vc[row_t, :, pos_t] = v[:, :, 0].to(vc.dtype)
+            end = mask.shape[-1]
+            return att.sdpa(q, kc[row_t, :, :end], vc[row_t, :, :end], mask)
+        outs = []
+        for j, (r, p) in enumerate(zip(self.rows, self.positions)):
+            kc[r, :, p] = k[j, :, 0].to(kc.dtype)
+            vc[r, :, p] = v[j, :, 0].to(vc.dtype)
+            outs.append(att.sdpa(q[j:j + 1], kc[r:r + 1, :, :p + 1], vc[r:r + 1, :, :p + 1]))
+        return torch.cat(outs)
 
 
 class FeedForward(nn.Module):
@@ -119,51 +211,12 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(dim, eps)
         self.ffn_norm = RMSNorm(dim, eps)
 
-    def forward_cached(self, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor | int,
-                       mask: Tensor, kv_len: int | None = None) -> Tensor:
-        """One block over ``x`` [B, S, dim] writing this layer's k/v into the cache (see :func:`write_kv`).
-
-        ``k_cache``/``v_cache`` [1, B, n_kv, L, D] are this layer's slice of the state and are written in
-        place at ``slots``; attention reads slots ``[0, kv_len)`` (all L when None, the static-graph form).
-        """
+    def forward(self, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor, kv: KVStep) -> Tensor:
+        """One block over ``x`` [B, S, dim] with RoPE ``rope`` [B or 1, S, D/2, 2], writing this layer's keys and
+        values into ``k_cache``/``v_cache`` [1, B, n_kv, L, D] as ``kv`` says (see :class:`KVStep`)."""
         q, k, v = self.attention.qkv(self.attention_norm(x), rope)
-        write_kv(k_cache, k, slots)
-        write_kv(v_cache, v, slots)
-        if kv_len is None:
-            keys, values, m = k_cache[0], v_cache[0], mask
-        else:
-            keys, values, m = k_cache[0, :, :, :kv_len], v_cache[0, :, :, :kv_len], mask[..., :kv_len]
-        h = x + self.attention.attend(q, keys, values, m)
+        h = x + self.attention.out(kv.attend(self.attention, q, k, v, k_cache, v_cache))
         return h + self.feed_forward(self.ffn_norm(h))
-
-    def forward_concat(self, x: Tensor, rope: Tensor, past: list[Tensor]) -> Tensor:
-        """One block for a single new row ``x`` [B, 1, dim] attending to ``past`` rows plus itself.
-
-        ``past`` is [k, v] of earlier rows (or empty) and is replaced by the extended tensors: the fast
-        AR's unrolled form, no mask needed because the query is always the last row.
-        """
-        q, k, v = self.attention.qkv(self.attention_norm(x), rope)
-        if past:
-            k = torch.cat([past[0], k], dim=2)
-            v = torch.cat([past[1], v], dim=2)
-        past[:] = [k, v]
-        h = x + self.attention.attend(q, k, v, None)
-        return h + self.feed_forward(self.ffn_norm(h))
-
-
-def write_kv(cache: Tensor, new: Tensor, slots: Tensor | int) -> None:
-    """Write ``new`` [B, n_kv, S, D] into ``cache`` [1, B, n_kv, L, D] (one layer's slice) in place.
-
-    ``slots`` int64 [S]: any cache slots (``index_copy_``, the eager form). An int (or the SymInt of a
-    traced ``pos``): the first of S consecutive slots, written as one slice, which ``torch.export``
-    records as ``slice_scatter`` and coreai-torch lowers to an in-place ``slice_update`` of S rows (an
-    index write, or a write through an indexed layer view, becomes a copy of the whole state instead).
-    """
-    new = new.to(cache.dtype).unsqueeze(0)
-    if isinstance(slots, Tensor):
-        cache.index_copy_(3, slots, new)
-    else:
-        cache[:, :, :, slots:slots + new.shape[3]] = new
 
 
 def causal_cache_mask(first_slot: Tensor, width: int, cache_len: int) -> Tensor:

@@ -1,16 +1,23 @@
-"""One batched frame loop behind many request threads: how ``audio8 serve --batch N`` shares the weights.
+"""Batched rows: several utterances in one frame call, and one frame thread behind many request threads.
 
-A :class:`FrameServer` owns a :class:`.batching.BatchModel` and one thread that runs it. Each of its ``N`` rows
+:class:`BatchModel` holds ``max_batch`` rows of KV state [n_layer, max_batch, n_kv, max_seq_len, head_dim], one
+utterance per row. A row is filled by a prefill (run alone); then :meth:`BatchModel.frames` runs one frame for
+any set of rows in one call: the linears of the slow AR, the fast AR and the heads on all of them at once,
+attention per row at its own position (:meth:`...model.frame.Frame.slow_rows`), frame-0 rows (drawn from their
+prefill) in the same sampler pass. Rows come and go between frames (continuous batching).
+
+This is how ``audio8 serve --batch N`` shares the weights: a :class:`FrameServer` owns a :class:`BatchModel` and
+one thread that runs it. Each of its ``N`` rows
 is lent to a :class:`RowBackend`, a backend with the engine's calls (``prefill``, ``first_frame``, ``frame``,
 the codec) that hands its model work to that thread and waits for the answer. A request thread drives its
-utterance exactly as with a backend of its own (:class:`.streaming.SpeechStream`: splitting, noise, RAS window,
+utterance exactly as with a backend of its own (:class:`...engine.stream.SpeechStream`: splitting, noise, RAS window,
 streaming codec all unchanged), while the frame thread gathers the frame calls of every row that is waiting and
 runs them as one batched call: N streams read the weights once per frame. The codec runs on the request
 threads, beside the frame loop (on another core).
 
 Rows whose thread is busy elsewhere (decoding a chunk, sending bytes) are simply not in that frame's call; the
 frame thread waits at most ``gather_s`` for the rows heard from in the last ``RECENT_S`` once one call is ready. Calls with different sampling
-settings go in separate batched calls (see :mod:`.batching`).
+settings go in separate batched calls.
 """
 
 from __future__ import annotations
@@ -23,12 +30,97 @@ from typing import Any
 
 import numpy as np
 
-from .backends.torch import FrameResult, TorchBackend
-from .batching import BatchModel, FrameCall
-from .graphs import SamplingParams
+import torch
+
+from ...config import SamplingParams
+from ...model.frame import FrameInputs
+from ..base import Backend, CodecStream, EngineError, FrameResult, StepInputs
+from .backend import TorchBackend, frame_result
 
 GATHER_S = 0.003  # how long a ready frame call waits for the other rows' calls (a frame takes 50-500 ms)
 RECENT_S = 2.0  # a row that submitted work this recently is expected to submit its next frame soon
+
+
+class BatchModel:
+    """The rows of a batch over a :class:`.backends.torch.TorchBackend`'s model (same weights, same precision).
+
+    Holds the KV state [n_layer, max_batch, n_kv, max_seq_len, head_dim] (each row about 100 MB at fp32 for the
+    0.6b model) and which rows are taken. :meth:`prefill` fills one row (the backend's prefill, written into
+    that row); :meth:`frames` runs one frame for any set of rows in one call. Not thread-safe: one thread
+    drives it.
+    """
+
+    def __init__(self, backend: TorchBackend, max_batch: int):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.backend, self.max_batch, self.cfg = backend, max_batch, backend.cfg
+        self.k_cache, self.v_cache = backend.model.new_kv_cache(batch=max_batch)
+        self._free = list(range(max_batch))
+        self._prefilled: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # row -> its prefill's logits, hidden
+
+    @property
+    def free(self) -> int:
+        """Rows not taken."""
+        return len(self._free)
+
+    def acquire(self) -> int:
+        """Take a free row (the lowest); raises EngineError when every row is taken."""
+        if not self._free:
+            raise EngineError(f"all {self.max_batch} rows of the batch are busy; wait until one frees")
+        self._free.sort()
+        return self._free.pop(0)
+
+    def release(self, row: int) -> None:
+        """Give ``row`` back (its KV slots are overwritten by the next prefill)."""
+        self._prefilled.pop(row, None)
+        if row not in self._free:
+            self._free.append(row)
+
+    def prefill(self, row: int, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Prefill ``prompt`` int [1+C, P] into ``row``; returns its last logits [V+1] and hidden [dim]
+        (float32, as the backend's prefill) and keeps them for the row's frame 0."""
+        b = self.backend
+        logits, hidden = b.prefill(prompt, self.k_cache[:, row:row + 1], self.v_cache[:, row:row + 1])
+        dtype = b.model.slow.norm.weight.dtype
+        self._prefilled[row] = (torch.as_tensor(logits, device=b.device).to(dtype),
+                                torch.as_tensor(hidden, device=b.device).to(dtype))
+        return logits, hidden
+
+    @torch.inference_mode()
+    def frames(self, params: SamplingParams, calls: Sequence[tuple[int, StepInputs]]) -> list[FrameResult]:
+        """One frame for each call (its KV row and its step's inputs), in one batched call: the slow step of the
+        calls with a column, then one sampler pass (semantic draws, the fast AR's rows, codebook draws) for all. Returns their results in order;
+        each equals the backend's ``first_frame``/``frame`` on the same inputs up to float rounding."""
+        n = len(calls)
+        if n == 0:
+            return []
+        b, c = self.backend, self.cfg.num_codebooks
+        dev, frame = b.device, b.frame_maths
+        rows = [row for row, _ in calls]
+        steps = [inputs for _, inputs in calls]
+        stepped = [i for i, x in enumerate(steps) if x.column is not None]
+        logits: list[torch.Tensor | None] = [None] * n
+        hidden: list[torch.Tensor | None] = [None] * n
+        if stepped:
+            column = torch.as_tensor(np.stack([steps[i].column for i in stepped]), device=dev).view(-1, 1 + c, 1)
+            lg, hd = frame.slow_rows(column, [rows[i] for i in stepped], [steps[i].pos for i in stepped],
+                                     self.k_cache, self.v_cache)
+            for j, i in enumerate(stepped):
+                logits[i], hidden[i] = lg[j], hd[j]
+        for i, x in enumerate(steps):
+            if x.column is None:
+                logits[i], hidden[i] = self._prefilled[rows[i]]
+        forced = np.zeros((n, 1 + c), dtype=np.int64)
+        use_forced = torch.zeros(n, device=dev)
+        for i, x in enumerate(steps):
+            if x.forced is not None:
+                forced[i], use_forced[i] = x.forced, 1.0
+        inputs = FrameInputs(noise_slow=torch.as_tensor(np.stack([x.noise_slow for x in steps]), device=dev),
+                             window=torch.as_tensor(np.stack([x.window for x in steps]), device=dev),
+                             noise_fast=torch.as_tensor(np.stack([x.noise_fast for x in steps]), device=dev),
+                             forced=torch.as_tensor(forced, device=dev), use_forced=use_forced)
+        out = frame.sample(params, torch.stack(logits), torch.stack(hidden), inputs)
+        return [frame_result(out, i) for i in range(n)]
 
 
 @dataclass
@@ -38,7 +130,7 @@ class _Job:
     row: int
     run: Callable[[], Any] | None = None
     params: SamplingParams | None = None
-    call: FrameCall | None = None
+    call: StepInputs | None = None
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
@@ -59,7 +151,7 @@ class FrameServer:
         self._jobs: list[_Job] = []
         self._closed = False
         self._seen: dict[int, float] = {}  # row -> when it last submitted work
-        self._encode_lock = threading.Lock()  # the backend builds its encoder on first use
+        self.encode_lock = threading.Lock()  # the backend builds its encoder on first use
         self._rows = [RowBackend(self, self.model.acquire()) for _ in range(max_batch)]
         self.frame_calls = 0  # batched calls run, and the frames they held (mean batch = frames / calls)
         self.frames = 0
@@ -67,6 +159,7 @@ class FrameServer:
         self._thread.start()
 
     def rows(self) -> list["RowBackend"]:
+        """The ``max_batch`` row backends, one per request thread."""
         return list(self._rows)
 
     def close(self) -> None:
@@ -119,7 +212,7 @@ class FrameServer:
             for job in jobs:
                 groups.setdefault(job.params, []).append(job)
             for params, group in groups.items():
-                self._finish(group, lambda: self.model.frames(params, [job.call for job in group]))
+                self._finish(group, lambda: self.model.frames(params, [(job.row, job.call) for job in group]))
                 self.frame_calls += 1
                 self.frames += len(group)
         with self._cond:  # closed: fail whatever still waits
@@ -139,14 +232,16 @@ class FrameServer:
             job.done.set()
 
 
-class RowBackend:
-    """A backend for one request thread at a time, on one row of a :class:`FrameServer`: the engine's calls
-    (see :class:`.engine.Backend`) with the model work done by the frame thread, the codec on the caller's
-    thread. Results equal the torch backend's up to the rounding of batched matmuls (:mod:`.batching`)."""
+class RowBackend(Backend):
+    """A backend for one request thread at a time, on one row of a :class:`FrameServer`: the calls of
+    :class:`..base.Backend` with the model work done by the frame thread, the codec on the caller's thread.
+    Results equal the torch backend's up to the rounding of batched matmuls."""
 
     name = "torch"
+    overlaps_codec = True
 
     def __init__(self, server: FrameServer, row: int):
+        super().__init__()
         self.server, self.row = server, row
         self.shared = server.backend
         self.cfg = self.shared.cfg
@@ -158,39 +253,29 @@ class RowBackend:
     def description(self) -> str:
         return f"{self.shared.description}, batched x{self.server.model.max_batch}"
 
+    def reset(self) -> None:
+        """Nothing to zero: a row's prefill overwrites the slots its frames attend."""
+
     def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Prefill ``prompt`` int [1+C, P] into this row (on the frame thread, alone)."""
         return self.server.submit(_Job(self.row, run=lambda: self.server.model.prefill(self.row, prompt)))
 
     def first_frame(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray,
                     noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
-        call = FrameCall(self.row, None, 0, noise_slow, window, noise_fast, forced)
+        call = StepInputs(None, 0, noise_slow, window, noise_fast, forced)
         return self.server.submit(_Job(self.row, params=params, call=call))
 
     def frame(self, params: SamplingParams, column: np.ndarray, pos: int, noise_slow: np.ndarray,
               window: np.ndarray, noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
-        call = FrameCall(self.row, np.asarray(column, dtype=np.int64), pos, noise_slow, window, noise_fast, forced)
+        call = StepInputs(np.asarray(column, dtype=np.int64), pos, noise_slow, window, noise_fast, forced)
         return self.server.submit(_Job(self.row, params=params, call=call))
 
     def decode_window(self, codes: np.ndarray) -> np.ndarray:
         return self.shared.decode_window(codes)
 
-    def codec_stream(self):
+    def codec_stream(self) -> CodecStream:
         return self.shared.codec_stream()
 
     def encode(self, audio: np.ndarray) -> np.ndarray:
-        with self.server._encode_lock:
+        with self.server.encode_lock:
             return self.shared.encode(audio)
-
-
-def batched_engines(tts, max_batch: int) -> tuple[FrameServer, list]:
-    """``max_batch`` :class:`.tts.TTS` instances sharing ``tts``'s model through one :class:`FrameServer` (its
-    backend must be the torch backend): one per server worker. Raises BackendError otherwise, ValueError for
-    ``max_batch`` < 1."""
-    from .backends.torch import BackendError
-    from .tts import TTS
-
-    if not isinstance(tts.backend, TorchBackend):
-        raise BackendError(f"batching runs on the torch backend, not {tts.backend.name}: drop --batch")
-    server = FrameServer(tts.backend, max_batch)
-    return server, [TTS(tts.checkpoint, row, tts.prompts, tts.voices) for row in server.rows()]

@@ -1,8 +1,6 @@
-"""Run the graphs in PyTorch (eager, CPU or CUDA): the fast path on Linux.
+"""The torch backend: the one frame (:mod:`...model.frame`) and the codec in PyTorch, CPU or CUDA.
 
-A backend is a small object with the calls the engine needs (DESIGN.md principle 1): ``prefill``,
-``first_frame``/``frame``, ``decode_window`` and ``encode``. Inputs and outputs are NumPy arrays so the
-engine is the same for every backend; tensors stay on the device between the calls of one frame.
+It implements :class:`..base.Backend`; tensors stay on the device between the calls of one frame.
 """
 
 from __future__ import annotations
@@ -14,16 +12,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..checkpoint import Checkpoint, require_finite
-from ..config import ModelConfig
-from ..errors import Audio8Error
-from ..graphs import PREFILL_WIDTH, Prefill, SamplingParams
-from ..model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
-from ..model.dualar import DualAR
-from ..cudagraphs import GraphedFrame
-from ..fastframe import FastFrame
-from ..model.quant import (PRECISIONS, Precision, QuantError, apply_precision, default_precision,
-                           map_embeddings, release_freed_memory, resolve_precision)
+from ...checkpoint import Checkpoint, require_finite
+from ...config import ModelConfig, SamplingParams
+from ...model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
+from ...model.dualar import DualAR
+from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
+from ...precision import default_precision, resolve_precision
+from ..base import Backend, BackendError, FrameResult
+from .cudagraphs import GraphedFrame
+from .kernels import QuantError
+from .quantize import apply_precision, map_embeddings, release_freed_memory
 
 # Frames per push when decoding a whole utterance. 16-32-frame pushes of the incremental decoder keep the SEANet
 # activations in cache: 47.6 ms per frame against 72.0 for the whole run in 256-step pieces with 32 steps of
@@ -39,10 +37,6 @@ PREFIX_CACHE = 8
 MODEL_FILE, CODEC_FILE = "model.safetensors", "the codec file (codec.pth or codec.safetensors)"
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
-
-
-class BackendError(Audio8Error, ValueError):
-    """A device or dtype this backend cannot use."""
 
 
 def resolve_device(device: str) -> torch.device:
@@ -70,30 +64,19 @@ def resolve_dtype(dtype: str) -> torch.dtype:
         raise BackendError(f"unknown dtype {dtype!r}: use fp32 or bf16") from None
 
 
-def resolve_torch_precision(name: str) -> Precision:
-    """The precision ``name`` (model/quant.py PRECISIONS; float32/bfloat16 as fp32/bf16); BackendError otherwise."""
-    try:
-        return resolve_precision({"float32": "fp32", "bfloat16": "bf16"}.get(name, name))
-    except QuantError:
-        raise BackendError(f"unknown dtype or precision {name!r}: use one of {', '.join(PRECISIONS)}") from None
+def frame_result(out: FrameOutputs, i: int) -> FrameResult:
+    """Utterance ``i`` of a frame's outputs as a :class:`FrameResult` (NumPy on the host).
+
+    Raises CheckpointError naming the model file when its logits are not finite (damaged weights).
+    """
+    return FrameResult(int(out.semantic[i]), out.codes[i].cpu().numpy(),
+                       require_finite(out.logits[i].float().cpu().numpy(), "model", MODEL_FILE),
+                       out.hidden[i].float().cpu().numpy(),
+                       require_finite(out.fast_logits[i].float().cpu().numpy(), "model", MODEL_FILE),
+                       int(out.sampled_semantic[i]), out.sampled_codes[i].cpu().numpy())
 
 
-@dataclass
-class FrameResult:
-    """One frame as NumPy: ``semantic`` id, ``codes`` int64 [C], the slow ``logits`` [V+1] and ``hidden``
-    [dim] it was drawn from (float32), ``fast_logits`` [C-1, codebook_size] and the sampler's own draws
-    ``sampled_semantic``/``sampled_codes`` (differ from the kept ones only under teacher forcing)."""
-
-    semantic: int
-    codes: np.ndarray
-    logits: np.ndarray
-    hidden: np.ndarray
-    fast_logits: np.ndarray
-    sampled_semantic: int
-    sampled_codes: np.ndarray
-
-
-class TorchBackend:
+class TorchBackend(Backend):
     """The DualAR and the codec in PyTorch on one device, one utterance at a time (batch 1).
 
     The KV state [n_layer, 1, n_kv, max_seq_len, head_dim] is allocated once and reused; ``reset``
@@ -104,23 +87,30 @@ class TorchBackend:
     fp32 on CUDA turns TF32 off for the process (``torch.backends.cudnn.allow_tf32`` and matmul's), as fp32 parity
     with the publisher's CPU run needs.
 
-    ``cuda_graphs`` (CUDA only, opt-in): each frame after the first replays one captured CUDA graph of the static
-    frame (cudagraphs.py) instead of launching its kernels one by one. Raises BackendError off CUDA.
+    ``frame_mode``: ``eager`` (the default) or ``graph``: each frame after the first runs the frame's static
+    ``graph`` mode (:mod:`..cudagraphs`), captured and replayed as one CUDA graph on a CUDA device (instead of
+    launching its kernels one by one), run as it is elsewhere (which proves the form on the CPU).
+    ``prefix_length``: where a prompt's head ends (:meth:`.prompt.PromptBuilder.prefix_length`), to keep the KV
+    state of heads (see :meth:`prefill`); None keeps none.
     """
 
     name = "torch"
+    overlaps_codec = True
 
-    def __init__(self, checkpoint: Checkpoint, device: str = "cpu", dtype: str | None = None,
-                 precision: str | None = None, codec_dtype: str | None = None, cuda_graphs: bool = False):
+    def __init__(self, checkpoint: Checkpoint, device: str = "cpu", precision: str | None = None,
+                 codec_dtype: str | None = None, frame_mode: str = "eager",
+                 prefix_length: Callable[[np.ndarray], int] | None = None):
         self.device = resolve_device(device)
-        if cuda_graphs and self.device.type != "cuda":
-            raise BackendError(f"CUDA graphs need a CUDA device, not {self.device}: drop the option or use "
-                               f"--device cuda")
-        # ``precision`` (model/quant.py PRECISIONS: fp32, bf16, int16, int12, int8, mixed) or else ``dtype`` (fp32,
-        # bf16, or a precision name); neither: the default, the fastest that keeps the draws (DEFAULT_PRECISION
-        # on CPU, fp32 on CUDA).
-        self.precision = resolve_torch_precision(precision or dtype or default_precision(self.device.type))
-        self.dtype = self.precision.dtype
+        if frame_mode not in ("eager", "graph"):
+            raise BackendError(f"unknown frame mode {frame_mode!r}: eager or graph")
+        super().__init__()
+        # ``precision``: a name of precision.PRECISIONS that the torch backend runs; None: the device's default.
+        # runtime checked below: a quantized precision on CUDA gets its own message
+        self.spec = resolve_precision(precision or default_precision(self.device.type))
+        if "torch-cpu" not in self.spec.runtimes:
+            resolve_precision(self.spec.name, "torch-cpu")  # raises, naming the torch precisions
+        self.precision = self.spec.name
+        self.dtype = self.spec.dtype
         if self.device.type == "cuda" and self.dtype == torch.float32:
             # cuDNN's convolutions (the codec) default to TF32 on CUDA: 10-bit mantissas, waveform off the fp32
             # oracle by ~4e-4 and encoder codes changed (measured by emulation on the tiny oracle). fp32 means fp32.
@@ -131,18 +121,18 @@ class TorchBackend:
         state = checkpoint.model_state_dict()
         # A quantized precision builds in the stored dtype (bf16 in the release: quantizing from it is exact and no
         # fp32 copy of the weights is ever held); apply_precision brings the rest to the precision's dtype.
-        build = state["embeddings.weight"].dtype if self.precision.quantized else self.dtype
+        build = state["embeddings.weight"].dtype if self.spec.quantized else self.dtype
         self.model = DualAR.from_state_dict(self.cfg, state, build, self.device)
         del state
-        if self.precision.quantized:
+        if self.spec.quantized:
             if self.device.type != "cpu":
-                raise BackendError(f"precision {self.precision.name} runs on the CPU only; use fp32 or bf16 on {device}")
+                raise BackendError(f"precision {self.precision} runs on the CPU only; use fp32 or bf16 on {device}")
             try:
-                apply_precision(self.model, self.precision)
+                apply_precision(self.model, self.spec)
             except QuantError as e:
                 raise BackendError(str(e)) from None
             map_embeddings(self.model, checkpoint.model_state_dict())  # the tables read in place
-        self._fast = FastFrame(self.model)  # the frame, arranged for speed (fastframe.py)
+        self.frame_maths = Frame(self.model)  # the one frame, eager mode
         self.codec_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
         if codec_dtype is not None:  # opt-in: bf16 on CPU is about 1.5x faster and not exact (max |diff| ~5e-2)
             self.codec_dtype = resolve_dtype(codec_dtype)
@@ -159,17 +149,18 @@ class TorchBackend:
         release_freed_memory()
         self._encoder: CodecEncoder | None = None
         self._encoder_frames = 0
-        self._prefill = Prefill(self.model)
         self.k_cache, self.v_cache = self.model.new_kv_cache()  # never reallocated: a CUDA graph writes these
-        self._graphed = GraphedFrame(self.model, self.k_cache, self.v_cache, capture=True) if cuda_graphs else None
-        # Where a prompt's head ends (set by TTS: PromptBuilder.prefix_length); None: no head is kept.
-        self.prefix_length: Callable[[np.ndarray], int] | None = None
+        self._graphed = None
+        if frame_mode == "graph":
+            self._graphed = GraphedFrame(self.model, self.k_cache, self.v_cache, capture=self.device.type == "cuda")
+        self.prefix_length = prefix_length
         self._heads: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 
     @property
     def description(self) -> str:
-        name = self.precision.name if self.precision.quantized else str(self.dtype).removeprefix("torch.")
-        return f"torch {self.device} {name}" + (" cuda-graphs" if self._graphed is not None else "")
+        name = self.precision if self.spec.quantized else str(self.dtype).removeprefix("torch.")
+        graphs = "" if self._graphed is None else " cuda-graphs" if self._graphed.capture else " graph-frame"
+        return f"torch {self.device} {name}{graphs}"
 
     def reset(self) -> None:
         """Zero the KV state (a new utterance)."""
@@ -221,8 +212,7 @@ class TorchBackend:
         for start in range(first, n, PREFILL_WIDTH):
             window = np.ascontiguousarray(prompt[:, start:start + PREFILL_WIDTH], dtype=np.int64)
             codes = torch.from_numpy(window)[None].to(self.device)
-            pos = torch.tensor([start], device=self.device)
-            lg, hd = self._prefill(codes, pos, k_cache, v_cache, start + window.shape[1])
+            lg, hd = self.frame_maths.prefill(codes, start, k_cache, v_cache)
             logits, hidden = lg[0, -1], hd[0, -1]
         self._last = (logits, hidden)
         return require_finite(logits.float().cpu().numpy(), "model", MODEL_FILE), hidden.float().cpu().numpy()
@@ -232,47 +222,31 @@ class TorchBackend:
                     noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
         """Sample frame 0 from the prefill's last logits/hidden (no slow step)."""
         logits, hidden = self._last
-        out = self._fast.sample(params, logits[None], hidden[None], *self._tail(noise_slow, window, noise_fast,
-                                                                                 forced))
-        return self._result(out, logits, hidden)
+        inputs = self._inputs(noise_slow, window, noise_fast, forced)
+        return frame_result(self.frame_maths.sample(params, logits[None], hidden[None], inputs), 0)
 
     @torch.inference_mode()
     def frame(self, params: SamplingParams, column: np.ndarray, pos: int, noise_slow: np.ndarray,
               window: np.ndarray, noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
         """Slow step on the previous ``column`` int [1+C] at slot ``pos``, then sample the next frame."""
-        col = torch.as_tensor(np.asarray(column, dtype=np.int64), device=self.device).view(1, -1, 1)
-        tail = self._tail(noise_slow, window, noise_fast, forced)
+        inputs = self._inputs(noise_slow, window, noise_fast, forced)
+        inputs.column = torch.as_tensor(np.asarray(column, dtype=np.int64), device=self.device).view(1, -1, 1)
         if self._graphed is not None:
-            out = self._graphed(params, col, torch.tensor([pos], device=self.device), *tail)
-        else:
-            out = self._fast.frame(params, col, pos, self.k_cache, self.v_cache, *tail)
-        return self._result(out[:5], out[5][0], out[6][0])
+            inputs.pos = torch.tensor([pos], device=self.device)
+            return frame_result(self._graphed(params, inputs), 0)
+        inputs.pos = pos
+        return frame_result(self.frame_maths(params, inputs, self.k_cache, self.v_cache), 0)
 
-    def frame_parts(self, params: SamplingParams, pos: int) -> dict:
-        """The parts of :meth:`frame` as callables for the benchmark's split (see bench.py): ``slow`` (the slow
-        step at slot ``pos``), ``fast`` (the fast AR's rows on fixed codes), ``sampler`` (a frame's draws)."""
-        from ..fastframe import frame_parts
-
-        return frame_parts(self._fast, params, pos, self.k_cache, self.v_cache)
-
-    def _tail(self, noise_slow, window, noise_fast, forced):
+    def _inputs(self, noise_slow, window, noise_fast, forced) -> FrameInputs:
+        """A batch-1 :class:`.model.frame.FrameInputs` from the engine's NumPy arrays (column and pos unset)."""
         dev = self.device
         c = self.cfg.num_codebooks
         f = np.zeros(1 + c, dtype=np.int64) if forced is None else np.asarray(forced, dtype=np.int64)
-        return (torch.as_tensor(noise_slow, dtype=torch.float32, device=dev)[None],
-                torch.as_tensor(np.asarray(window, dtype=np.int64), device=dev)[None],
-                torch.as_tensor(noise_fast, dtype=torch.float32, device=dev)[None],
-                torch.as_tensor(f, device=dev)[None],
-                torch.tensor([0.0 if forced is None else 1.0], device=dev))
-
-    @staticmethod
-    def _result(out, logits, hidden) -> FrameResult:
-        semantic, codes, fast_logits, sampled_sem, sampled_codes = (t[0].cpu() for t in out)
-        return FrameResult(int(semantic), codes.numpy(), require_finite(logits.float().cpu().numpy(), "model",
-                                                                        MODEL_FILE),
-                           hidden.float().cpu().numpy(), require_finite(fast_logits.float().numpy(), "model",
-                                                                        MODEL_FILE),
-                           int(sampled_sem), sampled_codes.numpy())
+        return FrameInputs(noise_slow=torch.as_tensor(noise_slow, dtype=torch.float32, device=dev)[None],
+                           window=torch.as_tensor(np.asarray(window, dtype=np.int64), device=dev)[None],
+                           noise_fast=torch.as_tensor(noise_fast, dtype=torch.float32, device=dev)[None],
+                           forced=torch.as_tensor(f, device=dev)[None],
+                           use_forced=torch.tensor([0.0 if forced is None else 1.0], device=dev))
 
     @torch.inference_mode()
     def decode_window(self, codes: np.ndarray) -> np.ndarray:

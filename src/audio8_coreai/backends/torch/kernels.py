@@ -14,10 +14,7 @@ So:
   input channels (one fp32 scale per block, int8 range [-127, 127] or int4 [-7, 7]), run by an ONNX Runtime
   session (built in memory, no file) per module. The feed-forward runs ``w1``/``w3`` as one matmul, SiLU and
   the product, and ``w2`` in a single session call.
-* :class:`PackedBf16Linear`: bf16 weights prepacked for oneDNN; inputs rounded to bf16, outputs back in the
-  caller's dtype (fp32 stays fp32 around it: norms, residuals, attention).
-
-:func:`quantize_blocks` swaps these into transformer blocks in place. Each replacement keeps ``in_features``/
+:func:`.quantize.quantize_blocks` swaps these into transformer blocks in place. Each replacement keeps ``in_features``/
 ``out_features`` (and says its ``input_dtype``) so the benchmark's weight-streaming floor can call it alone.
 """
 
@@ -25,17 +22,16 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import Audio8Error
+from ...errors import Audio8Error
+from ...precision import DEFAULT_BLOCK
 
 ORT_DOMAIN = "com.microsoft"
-DEFAULT_BLOCK = 32
 
 
 class QuantError(Audio8Error, RuntimeError):
@@ -256,222 +252,3 @@ class NBitsFeedForward(_OrtModule):
 
     def forward(self, x: Tensor) -> Tensor:
         return self._run(x)
-
-
-class PackedBf16Linear(nn.Module):
-    """``nn.Linear`` with bf16 weights prepacked for oneDNN (batch-1 layout); fp32 in, fp32 out.
-
-    The input is rounded to bf16 (as a bf16 model's activations are), the product accumulates in fp32, the
-    output is returned in the input's dtype.
-    """
-
-    input_dtype = torch.float32
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        w = linear.weight.detach().to(torch.bfloat16)
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w, 1), persistent=False)
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16),
-                             persistent=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        lead = x.shape[:-1]
-        a = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.mkldnn._linear_pointwise(a, self.packed, self.bias, "none", [], "")
-        return y.view(*lead, self.out_features).to(x.dtype)
-
-
-class _FeedForward(nn.Module):
-    """SwiGLU over replaced linears, ``w1``/``w3`` fused into one matmul (the same maths as layers.FeedForward)."""
-
-    def __init__(self, w13: nn.Module, w2: nn.Module, hidden: int):
-        super().__init__()
-        self.w13, self.w2, self.hidden = w13, w2, hidden
-
-    def forward(self, x: Tensor) -> Tensor:
-        a, b = self.w13(x).split(self.hidden, dim=-1)
-        return self.w2(F.silu(a) * b)
-
-
-def _fused_linear(w1: nn.Linear, w3: nn.Linear) -> nn.Linear:
-    lin = nn.Linear(w1.in_features, w1.out_features + w3.out_features, bias=False, device="meta")
-    lin.weight = nn.Parameter(torch.cat([w1.weight, w3.weight]).detach(), requires_grad=False)
-    return lin
-
-
-KINDS = ("fp32", "bf16", "int8", "int4", "int12", "int16")
-_NBITS = {"int8": (8, 1, 8), "int4": (4, 1, 8), "int12": (8, 2, 4), "int16": (8, 2, 8)}  # kind -> (bits, pieces, lo)
-
-
-def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int = 1) -> None:
-    """Swap the linears of transformer ``blocks`` (layers.Block) in place for ``kind``'s kernels.
-
-    fp32: unchanged. bf16: PackedBf16Linear (feed-forward w1/w3 fused). int8 / int4: NBitsLinear for
-    ``wqkv``/``wo`` and NBitsFeedForward for the feed-forward (int8 compute). int16: the same with two int8
-    pieces for weights and inputs (16-bit fixed point per block); int12: the weight's residual in 4 bits.
-    Raises QuantError.
-    """
-    if kind not in KINDS:
-        raise QuantError(f"unknown weight kind {kind!r}: use one of {', '.join(KINDS)}")
-    if kind == "fp32":
-        return
-    for blk in blocks:
-        att, ff = blk.attention, blk.feed_forward
-        if kind == "bf16":
-            att.wqkv, att.wo = PackedBf16Linear(att.wqkv), PackedBf16Linear(att.wo)
-            blk.feed_forward = _FeedForward(PackedBf16Linear(_fused_linear(ff.w1, ff.w3)), PackedBf16Linear(ff.w2),
-                                            ff.w1.out_features)
-        else:
-            bits, pieces, lo = _NBITS[kind]
-            att.wqkv = NBitsLinear(att.wqkv, bits, block, threads=threads, pieces=pieces, lo_bits=lo)
-            att.wo = NBitsLinear(att.wo, bits, block, threads=threads, pieces=pieces, lo_bits=lo)
-            blk.feed_forward = NBitsFeedForward(ff, bits, block, threads=threads, pieces=pieces, lo_bits=lo)
-
-
-def quantize_linear(linear: nn.Linear, kind: str, block: int = DEFAULT_BLOCK, threads: int = 1) -> nn.Module:
-    """One ``nn.Linear`` (a head) for ``kind``'s kernels (fp32: itself)."""
-    if kind == "fp32":
-        return linear
-    if kind == "bf16":
-        return PackedBf16Linear(linear)
-    bits, pieces, lo = _NBITS[kind]
-    return NBitsLinear(linear, bits, block, threads=threads, pieces=pieces, lo_bits=lo)
-
-
-@dataclass(frozen=True)
-class Precision:
-    """A ``--precision`` of the torch backend: the model's dtype, then the kernels of the slow AR's and the fast
-    AR's block linears (:func:`quantize_blocks` kinds). Embeddings, norms, the heads and the codec keep the
-    model dtype (the codec runs fp32 on CPU whatever the precision)."""
-
-    name: str
-    dtype: torch.dtype
-    slow: str
-    fast: str
-    heads: str = "fp32"  # the slow AR's 4,097-row head and the fast AR's output
-    block: int = DEFAULT_BLOCK
-    summary: str = ""
-
-    @property
-    def quantized(self) -> bool:
-        """Whether any linear leaves the model dtype's own kernels."""
-        return (self.slow, self.fast, self.heads) != ("fp32", "fp32", "fp32")
-
-
-PRECISIONS = {
-    "fp32": Precision("fp32", torch.float32, "fp32", "fp32", summary="fp32 everywhere (exact: the publisher's CPU run)"),
-    "bf16": Precision("bf16", torch.bfloat16, "fp32", "fp32", summary="the whole model in bf16"),
-    "int8": Precision("int8", torch.float32, "int8", "fp32",
-                      summary="int8 slow-AR block weights (ONNX Runtime MatMulNBits), fp32 elsewhere"),
-    "mixed": Precision("mixed", torch.float32, "int8", "int16",
-                       summary="int8 slow-AR block weights, 16-bit fixed-point fast AR, fp32 elsewhere"),
-    "int12": Precision("int12", torch.float32, "int12", "int12", "int12",
-                       summary="12-bit weights (int8 + a 4-bit residual per 32-block) and 16-bit inputs in every "
-                               "block linear and both heads, fp32 elsewhere"),
-    "int16": Precision("int16", torch.float32, "int16", "int16", "int16",
-                       summary="16-bit fixed point per 32-block (weights and inputs, as int8 pairs) in every "
-                               "block linear and both heads, fp32 elsewhere"),
-}
-
-
-DEFAULT_PRECISION = "int16"
-"""The CPU default: the fastest precision whose draws keep the bar (semantic 98.5 %, codebook 97.5 %) against
-fp32, teacher-forced on the 0.6b random checkpoint (int16: 256/256 and 2304/2304; int12 98.8 % / 99.6 %, too
-close to the bar for a default; int8 slow-AR weights 94.9 % / 94.3 %) and on the tiny oracle (every draw)."""
-
-
-def default_precision(device_type: str = "cpu") -> str:
-    """DEFAULT_PRECISION on the CPU when ONNX Runtime is installed, else fp32 (CUDA, or no onnxruntime)."""
-    if device_type != "cpu":
-        return "fp32"
-    try:
-        _ort()
-    except QuantError:
-        return "fp32"
-    return DEFAULT_PRECISION
-
-
-def resolve_precision(name: str) -> Precision:
-    """The :class:`Precision` called ``name``; raises QuantError naming the choices."""
-    try:
-        return PRECISIONS[name]
-    except KeyError:
-        raise QuantError(f"unknown precision {name!r}: use one of {', '.join(PRECISIONS)}") from None
-
-
-class UpcastEmbedding(nn.Module):
-    """An embedding table kept in its stored dtype (bf16 in the release) whose rows come out in ``dtype``: exact
-    (bf16 -> fp32 is), at half the memory of an fp32 table."""
-
-    def __init__(self, emb: nn.Embedding, dtype: torch.dtype):
-        super().__init__()
-        self.weight = nn.Parameter(emb.weight.detach(), requires_grad=False)
-        self.dtype = dtype
-
-    def forward(self, ids: Tensor) -> Tensor:
-        return F.embedding(ids, self.weight).to(self.dtype)
-
-
-def apply_precision(model, precision: Precision, threads: int | None = None) -> None:
-    """Swap ``model``'s (dualar.DualAR) block linears and heads for the precision's kernels, in place, then bring
-    everything else to ``precision.dtype``, except the embedding tables, which keep their dtype and upcast the
-    rows they return (:class:`UpcastEmbedding`). Build the model in the checkpoint's own dtype (bf16 for the
-    release): quantizing from it is exact and the load never holds an fp32 copy of the weights. ONNX Runtime
-    sessions get ``threads`` intra-op threads (default: torch's count)."""
-    threads = threads or torch.get_num_threads()
-    quantize_blocks(model.slow.layers, precision.slow, precision.block, threads)
-    quantize_blocks(model.fast.fast_layers, precision.fast, precision.block, threads)
-    model.slow.head = quantize_linear(model.slow.head, precision.heads, precision.block, threads)
-    model.fast.fast_output = quantize_linear(model.fast.fast_output, precision.heads, precision.block, threads)
-    dt = precision.dtype
-    for owner, name in _embedding_tables(model):
-        emb = getattr(owner, name)
-        if emb.weight.dtype != dt:
-            setattr(owner, name, UpcastEmbedding(emb, dt))
-    for m in model.modules():
-        if isinstance(m, UpcastEmbedding):
-            continue
-        for key, p in m.named_parameters(recurse=False):
-            if p.is_floating_point() and p.dtype != dt:
-                p.data = p.data.to(dt)
-    release_freed_memory()
-
-
-def _embedding_tables(model) -> tuple[tuple[nn.Module, str], ...]:
-    """(owner module, attribute) of a DualAR's embedding tables; the attribute is also the tensor's name in
-    model.safetensors (``NAME.weight``)."""
-    return ((model.slow, "embeddings"), (model.slow, "codebook_embeddings"), (model.fast, "fast_embeddings"))
-
-
-def map_embeddings(model, state: dict[str, Tensor]) -> None:
-    """Point ``model``'s (dualar.DualAR) embedding tables (:class:`UpcastEmbedding` or ``nn.Embedding``) at the
-    tensors of ``state`` instead of their own copies, where dtype and shape match. ``state`` is a fresh
-    ``Checkpoint.model_state_dict()``: views of model.safetensors memory-mapped (copy on write), so only the
-    pages of the rows a prompt or frame reads become resident (the 0.6b model's tables are 0.36 GB in bf16) and
-    the values are the stored ones."""
-    for owner, name in _embedding_tables(model):
-        emb, stored = getattr(owner, name), state.get(f"{name}.weight")
-        same = stored is not None and (stored.dtype, stored.shape, stored.device) == (
-            emb.weight.dtype, emb.weight.shape, emb.weight.device)
-        if isinstance(emb, (UpcastEmbedding, nn.Embedding)) and same:
-            emb.weight = nn.Parameter(stored, requires_grad=False)
-    release_freed_memory()
-
-
-def release_freed_memory() -> None:
-    """Hand freed heap memory back to the OS (glibc's ``malloc_trim``; a no-op elsewhere): the load frees many
-    mid-sized weight copies that would otherwise stay in the process's RSS."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        pass
-
-
-def linear_weights(m: nn.Module) -> int:
-    """Weights one call of a linear-like module reads (for the floor's byte count)."""
-    return getattr(m, "weights", m.in_features * m.out_features)

@@ -1,8 +1,8 @@
 """Speech as it is made: the frame loop feeding an exact incremental codec, chunk by chunk (DESIGN.md pipeline).
 
-A :class:`SpeechStream` speaks one or more pieces of text (long text split by :func:`.prompt.split_text`) in
+A :class:`SpeechStream` speaks one or more pieces of text (long text split by :func:`..prompt.split_text`) in
 order: per piece, prefill, then every ``chunk_frames`` new frames the codec decodes just those frames (keeping
-its own state, see :class:`.model.codec.StreamingDecoder`) and the stream yields their audio; pieces are
+its own state, see :class:`..model.codec.StreamingDecoder`) and the stream yields their audio; pieces are
 joined by a short silence. The stream's first chunk is shorter (``first_chunk_frames``), so the first audio
 comes after fewer frames: time to first audio (TTFA) is prefill + the first chunk's frames + its decode. The
 samples are those of a whole-utterance decode of each piece (to float rounding, about 1e-6 at fp32), so
@@ -16,13 +16,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
-from .config import check_int
-from .engine import Backend, frame_steps, lease, noise_source
-from .graphs import SamplingParams
+from ..backends.base import Backend, CodecStream
+from ..config import SamplingParams, check_int
+from .loop import frame_steps, noise_source
 
 DEFAULT_CHUNK_FRAMES = 16  # 16 x 2048 samples = 0.74 s of audio per chunk
 # The stream's first chunk, whose frames TTFA waits for. On the 0.6b random checkpoint on the 2-core CPU
@@ -34,37 +33,6 @@ PAUSE_S = 0.25  # silence between the pieces of a split text: a sentence break's
 # Frames one text token takes when spoken, with margin: English and Chinese run at about 6 frames (46 ms each)
 # per token of the Qwen tokenizer. Text is split so each piece's estimate fits its utterance's frame budget.
 FRAMES_PER_TOKEN = 8
-
-
-class CodecStream(Protocol):
-    """One utterance's incremental codec: ``push(codes int [C, n]) -> float32 audio [n * frame_length]``."""
-
-    def push(self, codes: np.ndarray) -> np.ndarray: ...
-
-
-class RedecodeStream:
-    """The fallback :class:`CodecStream` for a backend without ``codec_stream`` (Core AI assets): decodes all
-    frames so far with ``decode_window`` at every push and returns the samples not yet returned. Exact to that
-    backend's own whole-utterance decode (the codec is causal) but its cost grows with the utterance."""
-
-    def __init__(self, backend: Backend):
-        self.backend = backend
-        self._codes: list[np.ndarray] = []
-        self._samples = 0
-
-    def push(self, codes: np.ndarray) -> np.ndarray:
-        self._codes.append(np.asarray(codes))
-        audio = self.backend.decode_window(np.concatenate(self._codes, axis=1))
-        new = audio[self._samples:]
-        self._samples = len(audio)
-        return new
-
-
-def codec_stream(backend: Backend) -> CodecStream:
-    """A fresh incremental codec for one utterance: the backend's own (``codec_stream()``), else
-    :class:`RedecodeStream`."""
-    make = getattr(backend, "codec_stream", None)
-    return make() if make is not None else RedecodeStream(backend)
 
 
 @dataclass(frozen=True)
@@ -96,7 +64,7 @@ class SpeechStream:
     stream paused while another utterance runs on the same backend (another stream, a generate, from any thread)
     raises EngineError when resumed, instead of continuing from the other's state. ``codec_thread``: decode chunk k
     on a thread of its own while the frames of chunk k+1 are made (the first chunk is decoded at once; the
-    samples are the same); only for a backend with its own ``codec_stream``. Raises ConfigError (a ValueError)
+    samples are the same); only for a backend whose codec overlaps its frames (``Backend.overlaps_codec``). Raises ConfigError (a ValueError)
     unless ``chunk_frames`` and ``first_chunk_frames`` are whole numbers >= 1.
     """
 
@@ -120,7 +88,7 @@ class SpeechStream:
         self.on_frame = on_frame
         # Only a backend's own incremental codec (torch) runs beside its frames; a re-decode goes through
         # the same backend calls as the frames.
-        self.codec_thread = codec_thread and getattr(backend, "codec_stream", None) is not None
+        self.codec_thread = codec_thread and backend.overlaps_codec
         self._reset_stats()
 
     def _reset_stats(self) -> None:
@@ -156,10 +124,10 @@ class SpeechStream:
                 if index:
                     yield pause
                 t0 = time.perf_counter()
-                with lease(self.backend).hold() as token:
+                with self.backend.lease.hold() as token:
                     self.backend.prefill(piece.prompt)
                 self.prefill_s += time.perf_counter() - t0
-                decoder = codec_stream(self.backend)
+                decoder = self.backend.codec_stream()
                 steps = frame_steps(self.backend, piece.prompt.shape[1], self.params, piece.max_frames, noise)
                 pending: list[np.ndarray] = []
                 decoding: deque[Future] = deque()
@@ -205,7 +173,7 @@ class SpeechStream:
     def _timed(self, steps: Iterator, token: int) -> Iterator:
         """``steps`` with the time spent inside them added to ``frames_s`` (not the consumer's time), each one
         run under the backend's lease of the piece's utterance ``token`` (EngineError once it is overtaken)."""
-        lease_ = lease(self.backend)
+        lease_ = self.backend.lease
         while True:
             t0 = time.perf_counter()
             with lease_.resume(token):

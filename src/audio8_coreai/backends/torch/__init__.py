@@ -1,0 +1,6 @@
+"""The torch backend: PyTorch on CPU or CUDA, eager frames or CUDA graphs, low-precision CPU kernels."""
+
+from .backend import CODEC_FILE, MODEL_FILE, TorchBackend, TorchCodecStream, frame_result, resolve_device, resolve_dtype
+
+__all__ = ["CODEC_FILE", "MODEL_FILE", "TorchBackend", "TorchCodecStream", "frame_result", "resolve_device",
+           "resolve_dtype"]

@@ -1,0 +1,210 @@
+"""THE frame loop: prefill, frame 0, later frames, the RAS push, the next column and the stop rule.
+
+The loop is backend-agnostic: it owns the host-side state the frame takes as inputs (the noise stream and the
+RAS window) and the stop rule, exactly as the publisher's ``generate`` loop (SPEC.md section 6): frame t is
+sampled from the slow AR's output for column t-1, eos emits no frame and stops, and the RAS window skips the
+step-0 token. :class:`Utterance` is that state for one utterance; :func:`frame_steps` drives it on a backend one
+step at a time, and every caller (generate, streaming, batching, parity, agreement, bench, the gate) goes through
+them (gpt-fast's ``prefill``/``decode_one_token``/``decode_n_tokens`` are the model).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from ..backends.base import Backend, EngineError, FrameResult, StepInputs
+from ..config import ModelConfig, SamplingParams, check_int
+from ..sampling import NoiseSource, RasWindow
+
+
+class NoiseLike(Protocol):
+    """A noise stream: one (noise_slow float32 [2, V+1], noise_fast float32 [C-1, codebook_size]) per step."""
+
+    def next_frame(self) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class RecordedNoise:
+    """A :class:`NoiseLike` replaying recorded uniforms: ``noise_slow`` [S, 2, V+1], ``noise_fast`` [S, C-1, K]."""
+
+    def __init__(self, noise_slow: np.ndarray, noise_fast: np.ndarray):
+        self.noise_slow, self.noise_fast = noise_slow, noise_fast
+        self._step = 0
+
+    def next_frame(self) -> tuple[np.ndarray, np.ndarray]:
+        s = self._step
+        self._step += 1
+        return self.noise_slow[s], self.noise_fast[s]
+
+
+@dataclass
+class Utterance:
+    """The host side of one utterance's frame loop: ``prompt_length`` (columns), frame cap ``max_frames``, its
+    noise stream and RAS window, the frames made so far (``codes``: int64 [C] each) and, once ``done``,
+    ``reached_eos`` (False: the cap). ``forced`` (teacher forcing): the column int64 [1+C] kept at each step
+    instead of the draws."""
+
+    cfg: ModelConfig
+    prompt_length: int
+    max_frames: int
+    noise: NoiseLike
+    forced: Sequence[np.ndarray] | None = None
+    window: RasWindow = field(init=False)
+    codes: list[np.ndarray] = field(default_factory=list)
+    column: np.ndarray | None = None
+    done: bool = False
+    reached_eos: bool = False
+
+    def __post_init__(self) -> None:
+        self.window = RasWindow(self.cfg.ras_window_size)
+
+    @property
+    def steps(self) -> int:
+        """Frame-loop steps taken (frames made, plus the eos step once it came)."""
+        return len(self.codes) + int(self.reached_eos)
+
+    def next_inputs(self) -> StepInputs:
+        """The inputs of this utterance's next step (draws its noise)."""
+        noise_slow, noise_fast = self.noise.next_frame()
+        forced = None if self.forced is None else self.forced[self.steps]
+        return StepInputs(self.column, self.prompt_length + self.steps - 1, noise_slow, self.window.current()[0],
+                          noise_fast, forced)
+
+    def record(self, res: FrameResult) -> None:
+        """Apply one step's result: the publisher's stop rule, RAS push and next column."""
+        if res.semantic == self.cfg.eos_token_id:
+            self.reached_eos = self.done = True
+            return
+        self.codes.append(res.codes)
+        self.window.push(res.semantic)
+        self.column = np.concatenate([[res.semantic], res.codes])
+        self.done = self.steps >= self.max_frames
+
+    def frames(self) -> np.ndarray:
+        """The frames made, int64 [C, T]."""
+        if not self.codes:
+            return np.zeros((self.cfg.num_codebooks, 0), dtype=np.int64)
+        return np.stack(self.codes, axis=1)
+
+
+def step(backend: Backend, params: SamplingParams, inputs: StepInputs) -> FrameResult:
+    """One frame on ``backend``: frame 0 from the prefill, or the slow step on the previous column then the
+    draws."""
+    if inputs.column is None:
+        return backend.first_frame(params, inputs.noise_slow, inputs.window, inputs.noise_fast, inputs.forced)
+    return backend.frame(params, inputs.column, inputs.pos, inputs.noise_slow, inputs.window, inputs.noise_fast,
+                         inputs.forced)
+
+
+def frame_steps(backend: Backend, prompt_length: int, params: SamplingParams, max_frames: int, noise: NoiseLike,
+                forced: Sequence[np.ndarray] | None = None) -> Iterator[FrameResult]:
+    """The frame loop after ``backend.prefill`` of a prompt of ``prompt_length`` columns, one step at a time.
+
+    Yields each step's :class:`FrameResult` as soon as the backend returns it: frames 0, 1, ... and, when the
+    model ends the utterance, the eos step last (its ``semantic`` is ``cfg.eos_token_id`` and its codes are not
+    a frame); stops after ``max_frames`` steps otherwise. Takes one ``noise.next_frame()`` per step; ``forced``
+    keeps those columns instead of the draws (teacher forcing). The caller owns the pace (streaming decodes
+    between steps) and may stop early by closing the generator; the backend's KV state is then left
+    mid-utterance until its next prefill.
+    """
+    utterance = Utterance(backend.cfg, prompt_length, max_frames, noise, forced)
+    while not utterance.done:
+        res = step(backend, params, utterance.next_inputs())
+        utterance.record(res)
+        yield res
+
+
+@dataclass
+class Generation:
+    """What one frame loop produced.
+
+    ``codes`` int64 [num_codebooks, T] (T frames of 2048 samples), ``reached_eos`` False when the loop
+    stopped at the frame cap, ``prompt_length`` in columns, times in seconds.
+    """
+
+    codes: np.ndarray
+    reached_eos: bool
+    prompt_length: int
+    max_frames: int
+    prefill_s: float = 0.0
+    frames_s: float = 0.0
+    frame_results: list[FrameResult] = field(default_factory=list, repr=False)
+
+    @property
+    def frames(self) -> int:
+        return int(self.codes.shape[1])
+
+
+def generate(backend: Backend, prompt: np.ndarray, params: SamplingParams, seed: int, max_frames: int,
+             on_frame: Callable[[int], None] | None = None, keep_results: bool = False,
+             noise: NoiseLike | None = None, forced: Sequence[np.ndarray] | None = None) -> Generation:
+    """Prefill ``prompt`` int64 [1+C, P], then run the frame loop until eos or ``max_frames`` frames.
+
+    Noise comes from ``NoiseSource(seed)`` (one [2, V+1] and one [C-1, codebook_size] uniform draw per
+    step, eos step included), so the same seed gives the same codes. ``on_frame(t)`` is called after
+    every step (progress bars). ``keep_results`` keeps every :class:`FrameResult` (parity, gate).
+    ``noise`` replaces the seeded source (parity replays recorded uniforms); ``forced`` as :func:`frame_steps`.
+    Holds the backend's lease for the whole call. Raises EngineError when the prompt and frames do not fit.
+    """
+    cfg = backend.cfg
+    check_context(cfg, prompt.shape[1], max_frames)
+    if noise is None:
+        noise = noise_source(cfg, seed)
+    p_len = prompt.shape[1]
+    frames: list[np.ndarray] = []
+    results: list[FrameResult] = []
+    reached_eos = False
+    with backend.lease.hold():  # other threads' utterances on this backend wait; a paused stream is overtaken
+        t0 = time.perf_counter()
+        backend.prefill(prompt)
+        t1 = time.perf_counter()
+        for n, res in enumerate(frame_steps(backend, p_len, params, max_frames, noise, forced)):
+            if keep_results:
+                results.append(res)
+            if on_frame is not None:
+                on_frame(n)
+            if res.semantic == cfg.eos_token_id:
+                reached_eos = True
+            else:
+                frames.append(res.codes)
+    codes = np.stack(frames, axis=1) if frames else np.zeros((cfg.num_codebooks, 0), dtype=np.int64)
+    return Generation(codes, reached_eos, p_len, max_frames, t1 - t0, time.perf_counter() - t1, results)
+
+
+def frame_budget(cfg: ModelConfig, prompt_length: int, max_frames: int | None, default_frames: int) -> int:
+    """How many frames may follow a prompt of ``prompt_length`` columns.
+
+    The publisher requires prompt length < max_seq_len and clips max_new_tokens to what is left. An
+    explicit ``max_frames`` that does not fit is an error rather than a silent clip; the default is
+    clipped like the publisher's (the engine then reports a stop at the cap).
+    Raises EngineError with the numbers, ConfigError for a ``max_frames`` that is no whole number >= 1.
+    """
+    room = cfg.max_seq_len - prompt_length
+    if room < 1:
+        raise EngineError(
+            f"the prompt is {prompt_length} tokens but the model's context is {cfg.max_seq_len} "
+            "(prompt + frames); shorten the text (or the voice's reference clip)")
+    if max_frames is None:
+        return min(default_frames, room)
+    max_frames = check_int(max_frames, "max_frames")
+    if max_frames > room:
+        raise EngineError(
+            f"the prompt is {prompt_length} tokens, so at most {room} frames fit the model's context of "
+            f"{cfg.max_seq_len}; asked for {max_frames}: lower the frame cap (max_frames, --max-frames) or shorten the "
+            "text")
+    return max_frames
+
+
+def check_context(cfg: ModelConfig, prompt_length: int, max_frames: int) -> None:
+    """Raise EngineError unless a prompt of ``prompt_length`` columns and ``max_frames`` frames fit the context."""
+    if prompt_length + max_frames > cfg.max_seq_len:
+        raise EngineError(f"prompt {prompt_length} + {max_frames} frames exceeds the context {cfg.max_seq_len}")
+
+
+def noise_source(cfg: ModelConfig, seed: int) -> NoiseSource:
+    """The seeded noise stream of an utterance (see :func:`generate`); several utterances may share one."""
+    return NoiseSource(seed, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
