@@ -309,7 +309,7 @@ def test_mixed_agreement_floors(oracle, oracle_dir, child_conversions):
 
 
 def test_fp16_stored_weights_compute_in_fp32(tmp_path):
-    """The mixed/fp16 encoder's recipe (``_store_fp16``): the asset holds float16 weights and every op computes
+    """The mixed/fp16 encoder's recipe (``store_fp16``): the asset holds float16 weights and every op computes
     in float32, so the output is torch's float32 result on the float16-rounded weights (within 1e-5; float16
     arithmetic is off by ~1e-3 here). coreai-torch folds the cast of constants under about 250,000 elements
     back into float32 ones (measured), so the conv here is a 0.6b-sized one (458,752 weights)."""
@@ -317,17 +317,19 @@ def test_fp16_stored_weights_compute_in_fp32(tmp_path):
     import coreai_torch
     from coreai.authoring import AIModelAsset
 
-    from audio8_coreai.backends.coreai import _export, _store_fp16
+    from audio8_coreai.backends.coreai.export import export_program
+    from audio8_coreai.backends.coreai.weights import store_fp16
 
     torch.manual_seed(0)
     conv = torch.nn.Conv1d(256, 256, 7, padding=3).eval()
     x = torch.randn(1, 256, 40)
     with torch.no_grad():
         want = torch.nn.functional.conv1d(x, conv.weight.half().float(), conv.bias.half().float(), padding=3)
-    _store_fp16(conv)
+    store_fp16(conv)
     assert {p.dtype for p in conv.parameters()} == {torch.float16} and conv.weight.dtype == torch.float32
     converter = coreai_torch.TorchConverter(mode=coreai_torch.TorchConverter.Mode.RELEASE)
-    converter.add_exported_program(_export(conv, (x,)), input_names=["x"], output_names=["y"], entrypoint_name="main")
+    converter.add_exported_program(export_program(conv, (x,)), input_names=["x"], output_names=["y"],
+                                   entrypoint_name="main")
     asset = converter.to_coreai().save_asset(tmp_path / "conv.aimodel")
     stored = sum(f.stat().st_size for f in asset.path.rglob("*") if f.is_file())
     assert 2 * 256 * 256 * 7 < stored < 1.1 * 2 * 256 * 256 * 7  # float16: 0.92 MB (float32 would be 1.84 MB)
@@ -405,14 +407,14 @@ def test_transposed_convolutions_on_the_cpu_runtime(tmp_path):
     import coreai_torch
     from coreai.authoring import AIModelAsset
 
-    from audio8_coreai.backends.coreai import _export
+    from audio8_coreai.backends.coreai.export import export_program
 
     torch.manual_seed(0)
     layers = {f"k{2 * s}s{s}": torch.nn.ConvTranspose1d(48, 24, 2 * s, stride=s).eval() for s in (8, 4, 2)}
     x = torch.randn(1, 48, 40)
     converter = coreai_torch.TorchConverter()
     for name, layer in layers.items():
-        converter.add_exported_program(_export(layer, (x,)), input_names=["x"], output_names=["y"],
+        converter.add_exported_program(export_program(layer, (x,)), input_names=["x"], output_names=["y"],
                                        entrypoint_name=name)
     asset = converter.to_coreai().save_asset(tmp_path / "convt.aimodel")
 
