@@ -4,7 +4,7 @@ Records fp32's free run of the prompts in ``audio8_coreai.agreement.PROMPTS`` (`
 cached in ``--cache`` keyed by checkpoint, frames and seed), then replays it teacher-forced at each
 ``--precision`` and prints semantic and codebook draw agreement against the bars (98.5 % / 97.5 %).
 
-    python benchmarks/agreement.py --precision int8 --precision mixed [--frames 128] [--threads 1] [--json out.json]
+    python benchmarks/agreement.py --precision int8 --precision int8-int16 [--frames 128] [--threads 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main() -> None:
         print(f"recorded fp32 in {time.perf_counter() - t0:.0f} s -> {cache}", file=sys.stderr)
         del ref
     results = []
-    for prec in args.precision or ["int8", "mixed"]:
+    for prec in args.precision or ["int8", "int8-int16"]:
         tts = TTS.load(ckpt, device="cpu", precision=prec)
         params = tts.sampling()
         agree = Agreement(tts.backend.description, "torch cpu fp32")

@@ -1,7 +1,7 @@
 """Core AI assets: conversion time and peak memory, asset sizes, runtime calls per frame, and ms per frame of
 the Core AI backend beside the torch backend (CPU, fp32) on the same checkpoint and inputs.
 
-    python benchmarks/bench_coreai.py --model DIR [--precision fp32|fp16|mixed] [--context N] [--frames 8]
+    python benchmarks/bench_coreai.py --model DIR [--precision fp32|fp16|int8-fp16] [--context N] [--frames 8]
     python benchmarks/bench_coreai.py --model DIR --assets ASSETS_DIR      # time existing assets only
 
 Conversion runs in a child process, so its peak resident memory is its own (``ru_maxrss`` of the child).
@@ -72,7 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="checkpoint folder")
     ap.add_argument("--assets", help="existing asset folder (skips conversion)")
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "mixed"))
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8-fp16"))
     ap.add_argument("--context", type=int, default=None)
     ap.add_argument("--frames", type=int, default=8)
     args = ap.parse_args()

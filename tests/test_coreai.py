@@ -1,9 +1,9 @@
 """Core AI assets on Linux: converted from the tiny oracle checkpoint and run by the coreai.runtime CPU interpreter.
 
 Conversions run once per session: fp32 with every part in this process; in a child process alongside, fp16
-with the DualAR and the decoder, mixed with the DualAR and the encoder (its decoder recipe is fp16's), and a
+with the DualAR and the decoder, int8-fp16 with the DualAR and the encoder (its decoder recipe is fp16's), and a
 greedy fp32 DualAR (``audio8 convert --greedy``). The buckets and contexts are small so the interpreter stays
-quick: context 128 (fp32) / 96 (fp16, mixed) / 64 (greedy), decoder 24 / 8 frames, encoder 16 frames.
+quick: context 128 (fp32) / 96 (fp16, int8-fp16) / 64 (greedy), decoder 24 / 8 frames, encoder 16 frames.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def oracle(oracle_dir):
 
 
 class _ChildConversions:
-    """fp16, mixed and greedy assets converted by a child process, started before the fp32 conversion so the
+    """fp16, int8-fp16 and greedy assets converted by a child process, started before the fp32 conversion so the
     two run side by side (conversion is mostly single-threaded Python; on 2 cores this saves the longer one's
     time). ``folder(name)`` waits for the child and returns the asset folder."""
 
@@ -60,7 +60,7 @@ class _ChildConversions:
               "ckpt, out = sys.argv[1:]; "
               "convert(ckpt, out + '/fp16', 'fp16', context=96, decoder_frames=8, "
               "parts=('dualar', 'codec_decoder'), progress=False); "
-              "convert(ckpt, out + '/mixed', 'mixed', context=96, encoder_frames=16, "
+              "convert(ckpt, out + '/int8-fp16', 'int8-fp16', context=96, encoder_frames=16, "
               "parts=('dualar', 'codec_encoder'), progress=False); "
               "app(['convert', '--model', ckpt, '--out', out + '/greedy', '--greedy', '--context', '64', "
               "'--part', 'dualar'], standalone_mode=False)")
@@ -74,7 +74,7 @@ class _ChildConversions:
 
     def folder(self, name: str) -> Path:
         if self.child.wait(timeout=900) != 0:
-            pytest.fail(f"converting the fp16/mixed/greedy assets failed:\n{self.log.read_text()[-3000:]}")
+            pytest.fail(f"converting the fp16/int8-fp16/greedy assets failed:\n{self.log.read_text()[-3000:]}")
         return self.out / name
 
     def stop(self) -> None:
@@ -269,7 +269,7 @@ def test_manifest_holds_contract_sampling_and_source(fp32_assets, oracle):
 
 
 # ---------------------------------------------------------------------------------------------------
-# fp16 and mixed: agreement counts against stated floors
+# fp16 and int8-fp16: agreement counts against stated floors
 
 
 def _agreement(oracle, assets, fixture_path, codec: bool):
@@ -294,12 +294,12 @@ def test_fp16_agreement_floors(oracle, oracle_dir, child_conversions):
     assert codec_cos > 0.99999
 
 
-def test_mixed_agreement_floors(oracle, oracle_dir, child_conversions):
+def test_int8_fp16_agreement_floors(oracle, oracle_dir, child_conversions):
     """int8 slow-AR linears. Measured: 41/42 semantic, 378/378 codebook draws, slow logits cos 0.99994, fast
     0.99997. The decoder is fp16's recipe (see the fp16 test). The encoder, weights stored fp16 but for the
     vector quantizers' and computed fp32, gives every code of the oracle's clip."""
-    assets = child_conversions.folder("mixed")
-    assert read_manifest(assets / "dualar.aimodel")["precision"] == "mixed"
+    assets = child_conversions.folder("int8-fp16")
+    assert read_manifest(assets / "dualar.aimodel")["precision"] == "int8-fp16"
     sem, cb, slow_cos, fast_cos, _ = _agreement(oracle, assets, oracle_dir / "fixture.npz", codec=False)
     assert sem >= 40 and cb >= 372  # of 42 and 378
     assert slow_cos > 0.9995 and fast_cos > 0.9995
@@ -311,7 +311,7 @@ def test_mixed_agreement_floors(oracle, oracle_dir, child_conversions):
 
 
 def test_fp16_stored_weights_compute_in_fp32(tmp_path):
-    """The mixed/fp16 encoder's recipe (``_store_fp16``): the asset holds float16 weights and every op computes
+    """The int8-fp16/fp16 encoder's recipe (``store_fp16``): the asset holds float16 weights and every op computes
     in float32, so the output is torch's float32 result on the float16-rounded weights (within 1e-5; float16
     arithmetic is off by ~1e-3 here). coreai-torch folds the cast of constants under about 250,000 elements
     back into float32 ones (measured), so the conv here is a 0.6b-sized one (458,752 weights)."""
@@ -319,17 +319,19 @@ def test_fp16_stored_weights_compute_in_fp32(tmp_path):
     import coreai_torch
     from coreai.authoring import AIModelAsset
 
-    from audio8_coreai.backends.coreai import _export, _store_fp16
+    from audio8_coreai.backends.coreai.export import export_program
+    from audio8_coreai.backends.coreai.weights import store_fp16
 
     torch.manual_seed(0)
     conv = torch.nn.Conv1d(256, 256, 7, padding=3).eval()
     x = torch.randn(1, 256, 40)
     with torch.no_grad():
         want = torch.nn.functional.conv1d(x, conv.weight.half().float(), conv.bias.half().float(), padding=3)
-    _store_fp16(conv)
+    store_fp16(conv)
     assert {p.dtype for p in conv.parameters()} == {torch.float16} and conv.weight.dtype == torch.float32
     converter = coreai_torch.TorchConverter(mode=coreai_torch.TorchConverter.Mode.RELEASE)
-    converter.add_exported_program(_export(conv, (x,)), input_names=["x"], output_names=["y"], entrypoint_name="main")
+    converter.add_exported_program(export_program(conv, (x,)), input_names=["x"], output_names=["y"],
+                                   entrypoint_name="main")
     asset = converter.to_coreai().save_asset(tmp_path / "conv.aimodel")
     stored = sum(f.stat().st_size for f in asset.path.rglob("*") if f.is_file())
     assert 2 * 256 * 256 * 7 < stored < 1.1 * 2 * 256 * 256 * 7  # float16: 0.92 MB (float32 would be 1.84 MB)
@@ -407,14 +409,14 @@ def test_transposed_convolutions_on_the_cpu_runtime(tmp_path):
     import coreai_torch
     from coreai.authoring import AIModelAsset
 
-    from audio8_coreai.backends.coreai import _export
+    from audio8_coreai.backends.coreai.export import export_program
 
     torch.manual_seed(0)
     layers = {f"k{2 * s}s{s}": torch.nn.ConvTranspose1d(48, 24, 2 * s, stride=s).eval() for s in (8, 4, 2)}
     x = torch.randn(1, 48, 40)
     converter = coreai_torch.TorchConverter()
     for name, layer in layers.items():
-        converter.add_exported_program(_export(layer, (x,)), input_names=["x"], output_names=["y"],
+        converter.add_exported_program(export_program(layer, (x,)), input_names=["x"], output_names=["y"],
                                        entrypoint_name=name)
     asset = converter.to_coreai().save_asset(tmp_path / "convt.aimodel")
 

@@ -1,0 +1,174 @@
+"""Conversion: a checkpoint into a Core AI asset folder (manifest.py) with coreai-torch, part by part."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import shutil
+import uuid
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from ...checkpoint import Checkpoint, load_checkpoint
+from ...precision import resolve_precision
+from ...config import SamplingParams
+from ...model.frame import PREFILL_WIDTH
+from .export import AssetFunction, decoder_function, dualar_functions, encoder_function, export_function
+from .manifest import (
+    DECODER_FRAMES,
+    DUALAR_FUNCTIONS,
+    ENCODER_FRAMES,
+    PARTS,
+    AssetError,
+    asset_metadata,
+    decoder_context,
+    function_contract,
+    manifest_base,
+    require_coreai,
+)
+from .weights import decoder_module, dualar_model, encoder_module
+
+
+class _Steps:
+    """The conversion's progress bar (rich, on stderr); a no-op when ``show`` is False."""
+
+    def __init__(self, total: int, show: bool):
+        self._progress = None
+        if show:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("{task.description:<32}"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self._task = self._progress.add_task("converting", total=total)
+
+    def __enter__(self) -> "_Steps":
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def run(self, description: str, fn: Callable[[], Any], pause: bool = False) -> Any:
+        """Run one step under ``description``; ``pause`` hides the bar meanwhile (coreai-torch draws its own
+        on stdout, and two live bars on one terminal overwrite each other)."""
+        if self._progress is not None:
+            self._progress.update(self._task, description=description)
+            if pause:
+                self._progress.stop()
+        try:
+            return fn()
+        finally:
+            if self._progress is not None:
+                if pause:
+                    self._progress.start()
+                self._progress.advance(self._task)
+
+
+def _save(functions: dict[str, AssetFunction], path: Path, manifest: dict[str, Any], steps: _Steps) -> None:
+    """Export ``functions`` (entry point -> function), convert them into one asset and save it at ``path`` with
+    ``manifest`` (completed with their contract)."""
+    import coreai_torch
+
+    converter = coreai_torch.TorchConverter(mode=coreai_torch.TorchConverter.Mode.RELEASE)
+    contract = {}
+    for name, fn in functions.items():
+        what = f"{path.stem}: export" + (f" {name}" if len(functions) > 1 else "")
+        program = steps.run(what, lambda fn=fn: export_function(fn))
+        contract[name] = function_contract(program, fn.inputs, fn.outputs, fn.states)
+        converter.add_exported_program(program, input_names=list(fn.inputs), output_names=list(fn.outputs),
+                                       state_names=list(fn.states), entrypoint_name=name)
+    ai_program = steps.run(f"{path.stem}: to Core AI", converter.to_coreai, pause=True)
+    meta = asset_metadata({**manifest, "contract": contract})
+    steps.run(f"{path.stem}: save", lambda: ai_program.save_asset(path, meta))
+
+
+def _convert_dualar(ckpt: Checkpoint, path: Path, precision: str, context: int, params: SamplingParams,
+                    base: dict[str, Any], steps: _Steps) -> None:
+    model = steps.run("dualar: weights", lambda: dualar_model(ckpt, precision, context))
+    manifest = {**base, "part": "dualar", "context": context, "sampling": dataclasses.asdict(params)}
+    _save(dualar_functions(model, params, context), path, manifest, steps)
+
+
+def _convert_codec(ckpt: Checkpoint, path: Path, part: str, precision: str, frames: int,
+                   base: dict[str, Any], steps: _Steps) -> None:
+    cc = ckpt.codec_config
+    state = steps.run(f"{part}: weights", ckpt.codec_state_dict)
+    if part == "codec_decoder":
+        fn = decoder_function(decoder_module(cc, state, precision, frames), cc, frames)
+        extra = {"decode_context": decoder_context(frames, cc.quantizer_transformer.window_size)}
+    else:
+        fn, extra = encoder_function(encoder_module(cc, state, precision, frames), cc, frames), {}
+    del state
+    _save({"main": fn}, path, {**base, "part": part, "frames": frames, **extra}, steps)
+
+
+def convert(checkpoint: Checkpoint | str | Path, out_dir: str | Path, precision: str = "fp32",
+            context: int | None = None, *, sampling: SamplingParams | None = None,
+            decoder_frames: int = DECODER_FRAMES, encoder_frames: int = ENCODER_FRAMES,
+            parts: Collection[str] = PARTS, progress: bool = True) -> Path:
+    """Convert a checkpoint into a Core AI asset folder ``out_dir`` (see manifest.py); return it.
+
+    Args:
+        checkpoint: a loaded :class:`Checkpoint`, or its folder / hub id.
+        out_dir: a new (or empty) folder. The assets are written beside it under a temporary name and
+            moved into place when all are written, so a failed conversion leaves nothing half-made.
+        precision: ``fp32``, ``fp16`` or ``int8-fp16`` (precision.py).
+        context: KV slots (prompt + frames), a multiple of 32 up to ``max_seq_len`` (the default).
+        sampling: the settings baked into the frame graphs (default: the checkpoint's defaults).
+        decoder_frames, encoder_frames: the codec buckets (frames of 2048 samples per call).
+        parts: which of PARTS to write (tests convert only what they use).
+        progress: show a progress bar on stderr.
+
+    Peak memory is about three times the largest part's weights in its precision (the torch module, the
+    exported program's constants and the Core AI program): about 8 GB for the 0.6b fp32 DualAR.
+
+    Raises:
+        BackendError: the Core AI packages are missing; AssetError: bad ``precision``, ``context``, buckets,
+        ``parts``, or an ``out_dir`` that is a file or a non-empty folder; CheckpointError: as
+        :func:`load_checkpoint`.
+    """
+    require_coreai()
+    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
+    cfg = ckpt.config
+    precision = resolve_precision(precision, "coreai").name
+    context = cfg.max_seq_len if context is None else context
+    if not (PREFILL_WIDTH <= context <= cfg.max_seq_len and context % PREFILL_WIDTH == 0):
+        raise AssetError(f"context {context} must be a multiple of {PREFILL_WIDTH} between {PREFILL_WIDTH} and "
+                         f"the model's max_seq_len {cfg.max_seq_len}")
+    if decoder_frames < 2 or encoder_frames < 1:
+        raise AssetError(f"codec buckets must hold frames: decoder {decoder_frames} (>= 2), encoder "
+                         f"{encoder_frames} (>= 1)")
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        raise AssetError(f"unknown or no parts {unknown or list(parts)}: choose from {', '.join(PARTS)}")
+    params = sampling or SamplingParams.from_configs(cfg, ckpt.generation)
+    out = Path(out_dir).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise AssetError(f"{out} already exists and is not an empty folder; choose a new folder or remove it")
+    base = manifest_base(ckpt, precision)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    wanted = [p for p in PARTS if p in parts]
+    per_part = {"dualar": 1 + len(DUALAR_FUNCTIONS) + 2, "codec_decoder": 4, "codec_encoder": 4}
+    try:
+        with _Steps(sum(per_part[p] for p in wanted), progress) as steps:
+            for part in wanted:
+                path = tmp / f"{part}.aimodel"
+                if part == "dualar":
+                    _convert_dualar(ckpt, path, precision, context, params, base, steps)
+                else:
+                    frames = decoder_frames if part == "codec_decoder" else encoder_frames
+                    _convert_codec(ckpt, path, part, precision, frames, base, steps)
+                gc.collect()  # free this part's weights and programs before the next one
+        if out.exists():
+            out.rmdir()  # empty (checked above); rename needs the name free
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

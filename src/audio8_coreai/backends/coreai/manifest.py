@@ -1,0 +1,202 @@
+"""The Core AI asset folder's format: its parts, the dualar contract, and the manifest each asset carries.
+
+An asset folder (written by :func:`~.convert.convert`, read by :class:`~.runtime.CoreAIBackend`) holds:
+
+* ``dualar.aimodel``: ``prefill``, ``first_frame`` and ``frame`` (PORT-NOTES.md section 2, contract below);
+  ``prefill`` and ``frame`` share the KV state ``k_cache``/``v_cache`` [n_layer, 1, n_kv, context, head_dim].
+* ``codec_decoder.aimodel``: ``main`` codes [1, C, T_dec] int32 -> wav [1, T_dec * 2048] float32 (codes
+  clamped in the graph); T_dec = 160 frames (7.4 s) by default.
+* ``codec_encoder.aimodel``: ``main`` audio [1, 1, T_enc * 2048] float32 (mono, 44.1 kHz, right-padded
+  with zeros) -> codes [1, C, T_enc] int32; T_enc = 216 frames (10 s) by default.
+
+Every asset's metadata carries a JSON manifest (creator-defined key ``audio8``): the format version, the
+graph contract (names, shapes, dtypes of inputs, outputs and states), the precision, the shapes chosen at
+conversion, the sampling settings baked into the frame graphs, and the source checkpoint's fingerprint and
+the sha256 of its files. The backend refuses a folder whose manifest does not match this code or the
+checkpoint it is given.
+
+The dualar contract (V = semantic ids + 1 (eos), C = num_codebooks, W = 32, ``~`` = model dtype):
+
+* ``prefill``: codes [1, 1+C, W] int32 (row 0 ids padded with the pad id, rows 1..C codes padded with 0),
+  pos [1] int32 (the window's first slot) -> logits [W, V] ~, hidden [W, dim] ~ (post final norm).
+* ``first_frame``: logits [V] ~, hidden [dim] ~ (prefill's last real row), then the tail inputs
+  noise_slow [2, V] float32, window [ras_window] int32 (-1 = empty), noise_fast [C-1, codebook_size]
+  float32, forced [1+C] int32, use_forced [1] float32 (1 = teacher forcing) -> semantic [1] int32 (a token
+  id; eos ends the utterance), codes [C] int32, logits [V] ~, hidden [dim] ~, fast_logits [C-1,
+  codebook_size] ~, sampled_semantic [1] int32, sampled_codes [C] int32.
+* ``frame``: codes [1, 1+C, 1] int32 (the previous column), pos [1] int32 (its slot), then the tail
+  inputs -> as ``first_frame``, logits/hidden being this step's: one runtime call per frame.
+
+Sampling is baked into ``first_frame``/``frame``: top-k, top-p, temperature, do_sample and the RAS settings
+are graph constants, by default the checkpoint's generation_config.json and config.json at conversion time.
+The backend refuses other settings with a clear error; ``convert`` with ``sampling=`` makes a variant
+(``audio8 convert --greedy``: do_sample false, argmax draws, which replays the oracle's greedy scenario).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from ...checkpoint import CODEC_SPEC_FILE, CONFIG_FILE, GENERATION_FILE, Checkpoint
+from ..base import BackendError
+
+FORMAT = 1  # bump when the graphs, their contract or the manifest change: older folders are then refused
+MANIFEST_KEY = "audio8"
+PARTS = ("dualar", "codec_decoder", "codec_encoder")
+DUALAR_FUNCTIONS = ("prefill", "first_frame", "frame")
+FRAME_OUTPUTS = ("semantic", "codes", "logits", "hidden", "fast_logits", "sampled_semantic", "sampled_codes")
+STATE_NAMES = ("k_cache", "v_cache")
+DECODER_FRAMES = 160  # 7.4 s: 128 frames of context + 32 new ones per streaming window (DESIGN.md)
+ENCODER_FRAMES = 216  # 10.0 s: the voice-registration bucket
+DECODER_STEP = 32  # new frames per window when an utterance is longer than the decoder's bucket
+
+# coreai-torch compares torch's version as a string: "2.13.0+cpu" reads as newer than its validated 2.13.0.
+warnings.filterwarnings("ignore", message="coreai-torch has only been validated", category=UserWarning)
+
+
+class AssetError(BackendError):
+    """A Core AI asset folder that is missing, incomplete, stale, or converted from another checkpoint."""
+
+
+def require_coreai() -> None:
+    """Raise BackendError naming the extra to install when the Core AI packages cannot be imported."""
+    try:
+        import coreai.runtime  # noqa: F401
+        import coreai_torch  # noqa: F401
+    except ImportError as e:
+        raise BackendError(f"Core AI support needs the coreai-core and coreai-torch packages ({e}); install "
+                           "them with: pip install 'audio8-coreai[coreai]' (wheels exist for macOS and Linux "
+                           "x86_64)") from e
+
+
+def decoder_context(frames: int, window: int) -> int:
+    """Frames of context a decoder window of ``frames`` keeps when an utterance is decoded in windows.
+
+    The codec transformer's ``window`` (128) when the bucket leaves at least DECODER_STEP new frames (the
+    default 160 = 128 + 32, DESIGN.md), else half the bucket (small test buckets: approximate).
+    """
+    return min(window, frames - DECODER_STEP) if frames >= window + DECODER_STEP else frames // 2
+
+
+# --------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def _spec(t: Any) -> dict[str, Any]:
+    return {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+
+
+def function_contract(program: Any, inputs: dict[str, Tensor], outputs: Sequence[str],
+                      states: dict[str, Tensor]) -> dict[str, Any]:
+    """One function's contract: names -> {shape, dtype}; outputs read from the exported program."""
+    nodes = {n.name: n for n in program.graph.nodes}
+    results = [nodes[name].meta["val"] for name in program.graph_signature.user_outputs]
+    return {"inputs": {k: _spec(t) for k, t in inputs.items()},
+            "outputs": {k: _spec(t) for k, t in zip(outputs, results, strict=True)},
+            "states": {k: _spec(t) for k, t in states.items()}}
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _source(ckpt: Checkpoint) -> dict[str, Any]:
+    """The checkpoint's fingerprint (checked at load) and the sha256 of every file a part depends on."""
+    files = [ckpt.path / CONFIG_FILE, ckpt.path / GENERATION_FILE, ckpt.path / CODEC_SPEC_FILE, ckpt.model_file,
+             ckpt.codec_file]
+    return {"path": str(ckpt.path), "fingerprint": ckpt.fingerprint(),
+            "sha256": {f.name: _file_sha256(f) for f in files if f.is_file()}}
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for dist in ("audio8-coreai", "coreai-torch", "coreai-core", "coreai-opt", "torch"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[dist] = importlib.metadata.version(dist)
+    return out
+
+
+def manifest_base(ckpt: Checkpoint, precision: str) -> dict[str, Any]:
+    """The fields every part's manifest shares: format, precision, source checkpoint and package versions."""
+    return {"format": FORMAT, "precision": precision, "source": _source(ckpt), "versions": _versions()}
+
+
+def asset_metadata(manifest: dict[str, Any]) -> Any:
+    """The ``AIModelAssetMetadata`` of a part, its manifest stored as JSON under MANIFEST_KEY."""
+    import coreai.runtime as rt
+
+    meta = rt.AIModelAssetMetadata()
+    meta.license = "apache-2.0"
+    meta.model_description = f"Audio8-TTS-Preview-0.6b {manifest['part']} ({manifest['precision']})"
+    meta.set_custom(MANIFEST_KEY, json.dumps(manifest))
+    return meta
+
+
+# --------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of the asset at ``path`` (``<part>.aimodel``), checked for this code's format.
+
+    Raises AssetError naming the file and what to do when it is missing, unreadable, not written by
+    ``audio8 convert`` or written for another format version (stale).
+    """
+    from coreai.authoring import AIModelAsset
+
+    fix = f"convert the checkpoint again: audio8 convert --model DIR --out {path.parent}"
+    if not path.is_dir():
+        names = ", ".join(f"{p}.aimodel" for p in PARTS)
+        if path.parent.is_dir() and any(path.parent.iterdir()) and not any(path.parent.glob("*.aimodel")):
+            # not an asset folder at all (a checkpoint folder, say): convert writes a new or empty one only
+            fix = ("convert the checkpoint into a new folder: audio8 convert --model DIR --out NEW_DIR, then --assets "
+                   "NEW_DIR")
+        raise AssetError(f"{path.parent}: no {path.name}; an asset folder holds {names} written by audio8 convert; "
+                         f"{fix}")
+    try:
+        raw = AIModelAsset.load(path).metadata.creator_defined_metadata.get(MANIFEST_KEY)
+    except RuntimeError as e:
+        raise AssetError(f"{path}: not a readable Core AI asset ({e}); {fix}") from e
+    try:
+        manifest = json.loads(raw) if raw is not None else None
+    except json.JSONDecodeError:
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise AssetError(f"{path}: has no audio8 manifest, so it was not written by audio8 convert; {fix}")
+    if manifest.get("format") != FORMAT or manifest.get("part") != path.stem:
+        raise AssetError(f"{path}: stale asset (format {manifest.get('format')}, part {manifest.get('part')!r}; "
+                         f"this version reads format {FORMAT}); {fix}")
+    return manifest
+
+
+def checked_manifest(folder: Path, part: str, checkpoint: Checkpoint, precision: str | None) -> dict[str, Any]:
+    """The manifest of ``part`` in ``folder`` (:func:`read_manifest`), checked against ``checkpoint``.
+
+    ``precision`` is the dualar's, which every codec part must share (None when reading the dualar itself).
+    Raises AssetError when the part was converted from another checkpoint (fingerprint) or at another precision.
+    """
+    manifest = read_manifest(folder / f"{part}.aimodel")
+    want = checkpoint.fingerprint()
+    got = manifest["source"]["fingerprint"]
+    if got != want:
+        raise AssetError(f"{folder / (part + '.aimodel')} was converted from another checkpoint "
+                         f"({manifest['source']['path']}, fingerprint {got[:12]}), not from "
+                         f"{checkpoint.path} (fingerprint {want[:12]}); convert this checkpoint: "
+                         f"audio8 convert --model {checkpoint.path} --out DIR")
+    if part != "dualar" and manifest["precision"] != precision:
+        raise AssetError(f"{folder}: {part} is {manifest['precision']} but dualar is {precision}; "
+                         "the folder mixes two conversions, convert again into a new folder")
+    return manifest

@@ -1,0 +1,264 @@
+"""The Core AI runtime side: :class:`CoreAIBackend` loads an asset folder (manifest.py) and runs its functions
+with ``coreai.runtime`` (natively on Apple devices; on Linux in a slow CPU interpreter)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import sys
+import threading
+import weakref
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...checkpoint import Checkpoint
+from ...config import ModelConfig, SamplingParams
+from ...model.frame import PREFILL_WIDTH
+from ..base import Backend, BackendError, CodecStream, FrameResult, RedecodeStream
+from .manifest import DUALAR_FUNCTIONS, AssetError, checked_manifest, require_coreai
+
+
+def _specialization() -> Any:
+    """None on Linux (the CPU interpreter takes no options); the GPU on macOS."""
+    import coreai.runtime as rt
+
+    if sys.platform != "darwin" or not rt.SpecializationOptions.is_supported():
+        return None
+    return rt.SpecializationOptions.from_preferred_compute_unit_kind(rt.ComputeUnitKind.gpu())
+
+
+class _RuntimeLoop:
+    """An event loop on its own daemon thread, running coreai.runtime's coroutines for synchronous callers.
+
+    coreai.runtime loads models and runs functions as coroutines. A loop driven from the caller's thread
+    (``run_until_complete``) fails whenever that thread already runs a loop, as in an async web handler or a
+    notebook: asyncio allows one running loop per thread ("Cannot run the event loop while another loop is
+    running"). A loop on a thread of its own serves any caller; the caller blocks until the call is done.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="coreai-runtime", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the loop's thread and return its result (its exception is raised here)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self, stack: contextlib.AsyncExitStack) -> None:
+        """Exit ``stack`` (releasing the loaded models) on the loop, then stop the loop and its thread."""
+        if self.loop.is_closed():
+            return
+        try:
+            self.run(stack.aclose())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+            self.loop.close()
+
+
+class CoreAIBackend(Backend):
+    """The DualAR and the codec as Core AI assets, behind :class:`..base.Backend` (batch 1).
+
+    ``checkpoint`` is the one the assets were converted from (its fingerprint is checked; its config,
+    tokenizer and codec sizes are used); ``assets`` is the folder :func:`~.convert.convert` wrote. ``cfg`` is the
+    checkpoint's config with ``max_seq_len`` set to the assets' context. The calls are synchronous: each
+    runtime call runs on this object's own event loop in a thread of its own (:class:`_RuntimeLoop`), so they
+    work from any thread, inside a running event loop too (which they block for the call, as a torch call
+    would: an async server should call them from a worker thread). Not thread-safe: one utterance at a time
+    (the KV state is the backend's).
+
+    The loaded models are held for the backend's life (a function whose model was collected returns
+    garbage); :meth:`close` releases them. The KV state is allocated as explicit zeros (the Linux runtime
+    does not zero new arrays) and re-allocated by :meth:`reset`. ``calls`` counts runtime calls: one per
+    prefill window, one per frame, one per codec window.
+
+    Raises AssetError (missing, stale or foreign assets) or BackendError (Core AI packages missing).
+    """
+
+    name = "coreai"
+
+    def __init__(self, checkpoint: Checkpoint, assets: str | Path):
+        super().__init__()
+        require_coreai()
+        self.checkpoint = checkpoint
+        self.folder = Path(assets).expanduser()
+        if not self.folder.is_dir():
+            raise AssetError(f"no Core AI asset folder at {self.folder}; write one with: audio8 convert --model "
+                             f"{checkpoint.path} --out {self.folder}")
+        self.manifest = checked_manifest(self.folder, "dualar", checkpoint, None)
+        self.precision: str = self.manifest["precision"]
+        self.context: int = self.manifest["context"]
+        self.sampling = SamplingParams(**self.manifest["sampling"])
+        self.cfg: ModelConfig = dataclasses.replace(checkpoint.config, max_seq_len=self.context)
+        self._state_specs = self.manifest["contract"]["prefill"]["states"]
+        self._runtime = _RuntimeLoop()
+        self._stack = contextlib.AsyncExitStack()
+        self._finalizer = weakref.finalize(self, self._runtime.close, self._stack)
+        self._models: dict[str, Any] = {}
+        self._fns = {name: self._model("dualar").load_function(name) for name in DUALAR_FUNCTIONS}
+        self._codec: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self.calls = 0
+        self._state: dict[str, Any] = {}
+        self._last: tuple[np.ndarray, np.ndarray] | None = None
+        self.reset()
+
+    @property
+    def description(self) -> str:
+        return f"coreai {self.precision} ({self.folder})"
+
+    def close(self) -> None:
+        """Release the loaded models (the backend cannot be used afterwards)."""
+        self._models.clear()
+        self._fns.clear()
+        self._codec.clear()
+        self._finalizer()
+
+    def _model(self, part: str) -> Any:
+        """The loaded model of ``part`` (loaded once, held until :meth:`close`)."""
+        if part not in self._models:
+            from coreai.authoring import AIModelAsset
+
+            asset = AIModelAsset.load(self.folder / f"{part}.aimodel")
+            self._models[part] = self._runtime.run(self._stack.enter_async_context(asset.executable(_specialization())))
+        return self._models[part]
+
+    def _call(self, fn: Any, inputs: dict[str, np.ndarray],
+              state: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """One runtime call of ``fn`` (inputs as NumPy arrays, ``state`` mutated in place) -> outputs (copies)."""
+        import coreai.runtime as rt
+
+        args = {k: rt.NDArray(np.ascontiguousarray(v)) for k, v in inputs.items()}
+        out = self._runtime.run(fn(inputs=args, state=state or {}))
+        self.calls += 1
+        # Copies: numpy() is a view of the runtime's buffer, which lives only as long as its NDArray.
+        return {k: np.array(v.numpy()) for k, v in out.items()}
+
+    def reset(self) -> None:
+        """Fresh zero KV state (a new utterance)."""
+        import coreai.runtime as rt
+
+        self._state = {name: rt.NDArray(np.zeros(s["shape"], dtype=s["dtype"]))
+                       for name, s in self._state_specs.items()}
+        self._last = None
+
+    def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`TorchBackend.prefill`: windows of 32 columns from slot 0, one runtime call each.
+
+        Raises BackendError when the prompt does not fit the assets' context.
+        """
+        n = prompt.shape[1]
+        if n >= self.context:
+            raise BackendError(f"the prompt is {n} tokens but these Core AI assets hold a context of {self.context} "
+                               "(prompt + frames); shorten the text, or convert with a larger --context (at most "
+                               f"{self.checkpoint.config.max_seq_len})")
+        self.reset()
+        out: dict[str, np.ndarray] = {}
+        real = 0
+        for start in range(0, n, PREFILL_WIDTH):
+            chunk = prompt[:, start:start + PREFILL_WIDTH]
+            real = chunk.shape[1]
+            window = np.zeros((prompt.shape[0], PREFILL_WIDTH), dtype=np.int32)
+            window[0] = self.cfg.pad_token_id
+            window[:, :real] = chunk
+            out = self._call(self._fns["prefill"], {"codes": window[None], "pos": np.array([start], np.int32)},
+                             self._state)
+        self._last = (out["logits"][real - 1], out["hidden"][real - 1])
+        return self._last[0].astype(np.float32), self._last[1].astype(np.float32)
+
+    def codec_stream(self) -> CodecStream:
+        """A stream that re-decodes the utterance so far at every push (:class:`..base.RedecodeStream`)."""
+        return RedecodeStream(self)
+
+    def _tail(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray, noise_fast: np.ndarray,
+              forced: np.ndarray | None) -> dict[str, np.ndarray]:
+        if not self.draws_like(params):
+            raise BackendError(f"these Core AI assets were converted with sampling {self.sampling} baked into the "
+                               f"frame graphs; {params} was asked for: use the converted settings, or convert "
+                               "a variant with them")
+        f = np.zeros(1 + self.cfg.num_codebooks, np.int32) if forced is None else np.asarray(forced, np.int32)
+        return {"noise_slow": np.asarray(noise_slow, np.float32), "window": np.asarray(window, np.int32),
+                "noise_fast": np.asarray(noise_fast, np.float32), "forced": f,
+                "use_forced": np.array([0.0 if forced is None else 1.0], np.float32)}
+
+    @staticmethod
+    def _result(out: dict[str, np.ndarray]) -> FrameResult:
+        return FrameResult(int(out["semantic"][0]), out["codes"].astype(np.int64), out["logits"].astype(np.float32),
+                           out["hidden"].astype(np.float32), out["fast_logits"].astype(np.float32),
+                           int(out["sampled_semantic"][0]), out["sampled_codes"].astype(np.int64))
+
+    def first_frame(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray,
+                    noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
+        """Frame 0 from the prefill's last logits/hidden (``first_frame``, one runtime call)."""
+        if self._last is None:
+            raise BackendError("first_frame needs a prefill first")
+        tail = self._tail(params, noise_slow, window, noise_fast, forced)
+        logits, hidden = self._last
+        return self._result(self._call(self._fns["first_frame"], {"logits": logits, "hidden": hidden, **tail}))
+
+    def frame(self, params: SamplingParams, column: np.ndarray, pos: int, noise_slow: np.ndarray,
+              window: np.ndarray, noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
+        """The slow step on ``column`` int [1+C] at slot ``pos`` and the next frame (``frame``, one call).
+
+        Raises BackendError for a ``pos`` outside the context or sampling settings other than the baked ones.
+        """
+        if not 0 <= pos < self.context:
+            raise BackendError(f"slot {pos} is outside the assets' context of {self.context}")
+        tail = self._tail(params, noise_slow, window, noise_fast, forced)
+        codes = np.asarray(column, np.int32).reshape(1, -1, 1)
+        return self._result(self._call(self._fns["frame"], {"codes": codes, "pos": np.array([pos], np.int32),
+                                                            **tail}, self._state))
+
+    def _codec_fn(self, part: str) -> tuple[Any, dict[str, Any]]:
+        if part not in self._codec:
+            manifest = checked_manifest(self.folder, part, self.checkpoint, self.precision)
+            self._codec[part] = (self._model(part).load_function("main"), manifest)
+        return self._codec[part]
+
+    def decode_window(self, codes: np.ndarray) -> np.ndarray:
+        """Codes int [C, T] -> float32 audio [T * frame_length] at 44.1 kHz.
+
+        Up to the decoder's bucket (160 frames by default) in one call, right-padded with zeros (the codec is
+        causal, so the padding changes nothing before it). Longer utterances go in windows of the bucket that
+        each keep ``decode_context`` earlier frames (128 by default: the codec transformer's window) and emit
+        the frames after them, as streaming does.
+        """
+        fn, manifest = self._codec_fn("codec_decoder")
+        bucket, ctx = manifest["frames"], manifest["decode_context"]
+        hop = self.checkpoint.codec_config.frame_length
+        codes = np.asarray(codes, dtype=np.int32)
+        total = codes.shape[1]
+        pieces = []
+        done = 0
+        while done < total:
+            end = min(total, bucket if done == 0 else done + bucket - ctx)
+            begin = max(0, end - bucket)
+            window = np.zeros((1, codes.shape[0], bucket), dtype=np.int32)
+            window[0, :, :end - begin] = codes[:, begin:end]
+            wav = self._call(fn, {"codes": window})["wav"][0]
+            pieces.append(wav[(done - begin) * hop:(end - begin) * hop])
+            done = end
+        return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
+
+    def encode(self, audio: np.ndarray) -> np.ndarray:
+        """Mono 44.1 kHz float32 audio [N] -> codes int64 [C, ceil(N / frame_length)] (one call).
+
+        The clip is right-padded with zeros to the encoder's bucket (the encoder is causal). Raises
+        BackendError for empty audio or a clip longer than the bucket (216 frames, 10.0 s by default).
+        """
+        fn, manifest = self._codec_fn("codec_encoder")
+        bucket = manifest["frames"]
+        hop, rate = self.checkpoint.codec_config.frame_length, self.checkpoint.codec_config.sample_rate
+        audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+        frames = -(-len(audio) // hop)
+        if not 0 < frames <= bucket:
+            raise BackendError(f"the Core AI codec encoder takes clips of up to {bucket * hop / rate:.1f} s "
+                               f"({bucket} frames); this one is {len(audio) / rate:.1f} s: use a shorter clip, "
+                               "or the torch backend")
+        padded = np.zeros((1, 1, bucket * hop), dtype=np.float32)
+        padded[0, 0, :len(audio)] = audio
+        return self._call(fn, {"audio": padded})["codes"][0, :, :frames].astype(np.int64)

@@ -1,0 +1,97 @@
+"""The modules to export, with their weights in a Core AI precision.
+
+Precisions: ``fp32`` (reference: reproduces the oracle), ``fp16`` (the DualAR's and the decoder's weights,
+activations and KV state in fp16; RMSNorm, RoPE and the sampler in fp32 inside the graph), ``int8-fp16`` (``fp16``
+with the slow AR's linear weights in int8, symmetric, one scale per block of 32 input channels, via coreai-opt;
+the fast AR stays fp16 because int8 there costs draws). The encoder computes in fp32 in every precision
+(fp16 arithmetic flips its nearest-neighbour code choices); in ``fp16`` and ``int8-fp16`` its weights are stored
+fp16 and cast to fp32 in the graph, except the vector quantizers' (:func:`encoder_module`). coreai-torch keeps
+that cast only for large weights and folds it into an fp32 constant for small ones (README, Core AI).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from ...checkpoint import Checkpoint
+from ...config import CodecConfig
+from ...model.frame import PREFILL_WIDTH
+from ...model.codec import CodecDecoder, CodecEncoder
+from ...model.dualar import DualAR
+from ...model.layers import causal_cache_mask
+
+QUANT_BLOCK = 32  # int8 weights: one scale per this many input channels
+
+
+class _Upcast(nn.Module):
+    """A parametrization that hands its module the stored tensor cast to float32."""
+
+    def forward(self, stored: Tensor) -> Tensor:
+        return stored.float()
+
+
+def store_fp16(module: nn.Module) -> None:
+    """Store ``module``'s float32 parameters as float16, each cast back to float32 where it is used, in place.
+
+    The exported program then holds float16 constants followed by a cast, which coreai-torch 0.4.3 keeps for
+    weights of about 250,000 elements or more (the asset stores half their bytes while every op computes in
+    float32) and folds into a float32 constant for smaller ones (measured; tests/test_coreai.py).
+    """
+    for sub in list(module.modules()):
+        for name, param in list(sub.named_parameters(recurse=False)):
+            setattr(sub, name, nn.Parameter(param.detach().half(), requires_grad=False))
+            # unsafe: the parametrization changes the dtype (float16 stored, float32 seen).
+            parametrize.register_parametrization(sub, name, _Upcast(), unsafe=True)
+
+
+def encoder_module(cc: CodecConfig, state: dict[str, Tensor], precision: str, frames: int) -> CodecEncoder:
+    """The codec encoder for ``precision``: float32 compute always (float16 arithmetic flips its
+    nearest-neighbour code choices); for fp16 and int8-fp16, every weight but the vector quantizers' is stored
+    float16 (the VQ projections and codebooks, 0.3M of the 0.6b encoder's 207M weights, stay float32: stored
+    float16 they flip 5 of the tiny oracle clip's 110 codes, the rest flips none)."""
+    encoder = CodecEncoder.from_state_dict(cc, state, max_frames=frames)
+    if precision != "fp32":
+        for part in (encoder.encoder, encoder.quantizer.downsample, encoder.quantizer.pre_module):
+            store_fp16(part)
+    return encoder
+
+
+def decoder_module(cc: CodecConfig, state: dict[str, Tensor], precision: str, frames: int) -> CodecDecoder:
+    """The codec decoder for ``precision``: float32 for fp32, float16 weights and activations otherwise."""
+    dtype = torch.float32 if precision == "fp32" else torch.float16
+    return CodecDecoder.from_state_dict(cc, state, dtype, max_frames=frames)
+
+
+def _quantize_slow_linears(model: DualAR, context: int) -> None:
+    """Replace the slow AR's linear weights by int8 (symmetric with clipping, per block of QUANT_BLOCK input
+    channels, weight only) with coreai-opt, in place. Embeddings, the head and the norms stay as they are."""
+    from coreai_opt import ExportBackend
+    from coreai_opt.quantization import ModuleQuantizerConfig, QuantizationSpec, Quantizer, QuantizerConfig
+    from coreai_opt.quantization.spec import PerBlockGranularity, QuantizationScheme
+
+    spec = QuantizationSpec(dtype=torch.int8, qscheme=QuantizationScheme.SYMMETRIC_WITH_CLIPPING,
+                            granularity=PerBlockGranularity(axis=1, block_size=QUANT_BLOCK))
+    weights_only = ModuleQuantizerConfig(op_input_spec=None, op_output_spec=None, op_state_spec={"weight": spec})
+    # Eager mode keeps an nn.Module, so the one quantized slow AR serves prefill and frame alike.
+    config = QuantizerConfig(global_config=None, execution_mode="eager", module_name_configs={
+        r"layers\.\d+\.(attention\.(wqkv|wo)|feed_forward\.w[123])": weights_only})
+    cfg = model.cfg
+    k, v = model.new_kv_cache(length=context)
+    slots = torch.arange(PREFILL_WIDTH)
+    example = (torch.zeros(1, 1 + cfg.num_codebooks, PREFILL_WIDTH, dtype=torch.long), slots[None], slots,
+               causal_cache_mask(slots[:1], PREFILL_WIDTH, context), k, v)
+    quantizer = Quantizer(model.slow, config)
+    quantizer.prepare(example)
+    model.slow = quantizer.finalize(backend=ExportBackend.CoreAI)
+
+
+def dualar_model(ckpt: Checkpoint, precision: str, context: int) -> DualAR:
+    """The DualAR of ``ckpt`` for ``precision``: float32 for fp32, float16 otherwise, and for int8-fp16 the slow
+    AR's linear weights in int8 (prepared on an example prefill window over ``context`` KV slots)."""
+    model = DualAR.from_state_dict(ckpt.config, ckpt.model_state_dict(),
+                                   torch.float32 if precision == "fp32" else torch.float16)
+    if precision == "int8-fp16":
+        _quantize_slow_linears(model, context)
+    return model
