@@ -18,7 +18,8 @@ from audio8_coreai.cli import app
 from audio8_coreai.gate import (DEFAULT_FIXTURES, ESPEAK_VOICES, GateError, count_errors, espeak_clip,
                                 gumbel_margin, load_fixtures, log_mel, mel_filterbank, miss_margins, normalise_text,
                                 run_gate)
-from audio8_coreai.parity import _params, load_fixture, replay_forced
+from audio8_coreai.measure.oracle import _params, load_fixture
+from audio8_coreai.measure.parity import replay_forced
 from audio8_coreai.sampling import np_processed_scores
 
 needs_espeak = pytest.mark.skipif(ESPEAK is None, reason="espeak-ng is not installed (apt-get install espeak-ng)")

@@ -1,5 +1,5 @@
 """Low-precision kernels (model/quant.py), the fast frame runner (fastframe.py) and teacher-forced agreement
-(agreement.py): numerics and draws only, never timing."""
+(measure/agreement.py): numerics and draws only, never timing."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from audio8_coreai.agreement import CODEBOOK_BAR, SEMANTIC_BAR, Agreement, record, replay
 from audio8_coreai.backends.torch import BackendError, TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.graphs import Frame, Prefill, SamplingParams
+from audio8_coreai.measure.agreement import CODEBOOK_BAR, SEMANTIC_BAR, Agreement, record, replay
+from audio8_coreai.measure.parity import run_parity
 from audio8_coreai.model.layers import FeedForward
 from audio8_coreai.model.quant import (PRECISIONS, NBitsFeedForward, NBitsLinear, PackedBf16Linear, pack_nbits,
                                        resolve_precision)
-from audio8_coreai.parity import run_parity
 
 pytest.importorskip("onnxruntime")
 
@@ -220,7 +220,7 @@ def test_int8_precisions_run_and_report_agreement(oracle_dir, precision):
 
 
 def test_teacher_forced_agreement_against_fp32(tiny_checkpoint):
-    """agreement.py on the project's tiny checkpoint: fp32 against itself agrees on every draw; int16 holds
+    """measure/agreement.py on the project's tiny checkpoint: fp32 against itself agrees on every draw; int16 holds
     the bar."""
     ref = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", "fp32")
     params = SamplingParams()

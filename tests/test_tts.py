@@ -204,8 +204,8 @@ def test_every_error_class_is_an_audio8_error_and_exported(tiny_checkpoint, tiny
     import audio8_coreai
     from audio8_coreai.backends.coreai import AssetError
     from audio8_coreai.gate import GateError
+    from audio8_coreai.measure.oracle import ParityError
     from audio8_coreai.model.quant import QuantError
-    from audio8_coreai.parity import ParityError
     from audio8_coreai.tokenizer import TokenizerError
 
     exported = [getattr(audio8_coreai, n) for n in audio8_coreai.__all__ if n.endswith("Error")]

@@ -27,7 +27,7 @@ from .checkpoint import DEFAULT_MODEL, CheckpointError
 from .config import ConfigError
 from .engine import EngineError
 from .gate import GateError
-from .parity import ParityError
+from .measure.oracle import ParityError
 from .prompt import PromptError
 from .tokenizer import TokenizerError
 from .voices import VoiceError
@@ -313,7 +313,8 @@ def parity(
     fp16 and mixed). Core AI assets replay what their baked sampling allows and say what they skip."""
     from .backends.torch import TorchBackend
     from .checkpoint import load_checkpoint
-    from .parity import recorded_from_another, run_parity
+    from .measure.oracle import recorded_from_another
+    from .measure.parity import run_parity
 
     if not tolerance > 0 or tolerance == float("inf"):
         raise ConfigError(f"--tolerance must be a number > 0, got {tolerance}")

@@ -61,8 +61,9 @@ from .backends.torch import TorchBackend
 from .engine import Generation, frame_budget, generate
 from .errors import Audio8Error
 from .graphs import SamplingParams
-from .parity import (ParityReport, ScenarioReport, _cos, _params, compare_free_run, load_fixture, replay_forced,
-                     run_parity)
+from .measure.oracle import _params, load_fixture
+from .measure.parity import ParityReport, ScenarioReport, compare_free_run, replay_forced, run_parity
+from .measure.stats import cosine
 from .prompt import check_text
 from .sampling import NoiseSource, RasWindow, np_processed_scores
 
@@ -213,7 +214,7 @@ def log_mel(audio: np.ndarray, sample_rate: int) -> np.ndarray:
 def log_mel_cos(a: np.ndarray, b: np.ndarray, sample_rate: int) -> float:
     """Cosine of the log-mel spectrograms of two mono signals, over their common length."""
     n = min(len(a), len(b))
-    return _cos(log_mel(a[:n], sample_rate), log_mel(b[:n], sample_rate))
+    return cosine(log_mel(a[:n], sample_rate), log_mel(b[:n], sample_rate))
 
 
 def gumbel_margin(scores: np.ndarray, uniforms: np.ndarray | None = None) -> float:
@@ -768,7 +769,7 @@ def _codec_stage(reference: np.ndarray, port: np.ndarray, sample_rate: int) -> d
     if not len(reference):
         return {"skipped": "no frames to decode"}
     n = min(len(reference), len(port))
-    return {"waveform_cos": _cos(port[:n], reference[:n]),
+    return {"waveform_cos": cosine(port[:n], reference[:n]),
             "waveform_max_diff": float(np.abs(port[:n] - reference[:n]).max()),
             "logmel_cos": log_mel_cos(reference, port, sample_rate)}
 
