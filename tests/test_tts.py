@@ -203,7 +203,7 @@ def test_text_whose_speech_would_pass_the_frame_budget_is_split_not_cut(tiny_tts
 def test_every_error_class_is_an_audio8_error_and_exported(tiny_checkpoint, tiny_tts):
     import audio8_coreai
     from audio8_coreai.backends.coreai import AssetError
-    from audio8_coreai.gate import GateError
+    from audio8_coreai.measure.gate import GateError
     from audio8_coreai.measure.oracle import ParityError
     from audio8_coreai.model.quant import QuantError
     from audio8_coreai.tokenizer import TokenizerError

@@ -26,7 +26,7 @@ from .backends.torch import BackendError
 from .checkpoint import DEFAULT_MODEL, CheckpointError
 from .config import ConfigError
 from .engine import EngineError
-from .gate import GateError
+from .measure.gate import GateError
 from .measure.oracle import ParityError
 from .prompt import PromptError
 from .tokenizer import TokenizerError
@@ -402,7 +402,7 @@ def gate(
 ) -> None:
     """Judge the port by its speech: teacher-forced agreement, codec, free run, ASR round trip and speaker
     similarity against an fp32 run or an oracle fixture; exit 1 when a verdict fails."""
-    from .gate import default_recognizers, load_recognizer, run_gate
+    from .measure.gate import default_recognizers, load_recognizer, run_gate
 
     recognizers = None  # the defaults, and why they are missing if they are
     if recognizer:
