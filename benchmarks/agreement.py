@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from audio8_coreai.measure.agreement import PROMPTS, Agreement, load_recordings, record, replay, save_recordings
-from audio8_coreai.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
+from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
 
 
 def main() -> None:

@@ -512,7 +512,7 @@ def bench(
 ) -> None:
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
     from .backends.torch import resolve_device, resolve_dtype, resolve_torch_precision
-    from .bench import BenchConfig, ensure_checkpoint, format_table, meta, run_configs
+    from .measure.bench import BenchConfig, ensure_checkpoint, format_table, meta, run_configs
 
     if frames < 1 or runs < 1:
         raise ConfigError("--frames and --runs must be >= 1")
