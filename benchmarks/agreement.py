@@ -1,6 +1,6 @@
 """Teacher-forced draw agreement of torch precisions against fp32 on the random 0.6b checkpoint.
 
-Records fp32's free run of the prompts in ``audio8_coreai.agreement.PROMPTS`` (``--frames`` each, seed 0;
+Records fp32's free run of the prompts in ``audio8_coreai.measure.agreement.PROMPTS`` (``--frames`` each, seed 0;
 cached in ``--cache`` keyed by checkpoint, frames and seed), then replays it teacher-forced at each
 ``--precision`` and prints semantic and codebook draw agreement against the bars (98.5 % / 97.5 %).
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from audio8_coreai.agreement import PROMPTS, Agreement, load_recordings, record, replay, save_recordings
-from audio8_coreai.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
+from audio8_coreai.measure.agreement import PROMPTS, Agreement, load_recordings, record, replay, save_recordings
+from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from audio8_coreai import TTS
 from audio8_coreai.engine.batch import BatchEngine
 from pathlib import Path
 
-from audio8_coreai.bench import DEFAULT_CHECKPOINT, STREAM_CHUNK, ensure_checkpoint, measure_codec
+from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, STREAM_CHUNK, ensure_checkpoint, measure_codec
 
 SENTENCE = ("The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "
             "approved the new hiring plan for the engineering team.")

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from audio8_coreai import TTS
-from audio8_coreai.bench import ensure_checkpoint
+from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.model.codec import StreamingDecoder
 
 SENTENCE = ("The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "

@@ -1,6 +1,6 @@
 """Speed and memory of the torch backend on a random-weight Audio8-TTS-Preview-0.6b checkpoint.
 
-A thin wrapper of ``audio8 bench`` (the harness is ``audio8_coreai.bench``; its docstring defines every
+A thin wrapper of ``audio8 bench`` (the harness is ``audio8_coreai.measure.bench``; its docstring defines every
 figure). Same options, e.g.:
 
     python benchmarks/bench_torch.py --precision fp32 --precision int8 --threads 1 --threads 2 --baseline \

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from audio8_coreai.bench import BenchConfig, format_table, measure, measure_group, measure_rss
+from audio8_coreai.measure.bench import BenchConfig, format_table, measure, measure_group, measure_rss
 
 KEYS = ("prefill_ms_per_token", "prefill_head_kept_ms", "ms_per_frame", "slow_ms", "fast_ms", "sampler_ms", "floor_ms",
         "frame_floor_ratio", "codec_ms_per_chunk", "rtf", "rtf_streaming", "ttfa_ms", "peak_rss_gb")

@@ -39,9 +39,10 @@ from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.cli import app
 from audio8_coreai.backends.base import EngineError
-from audio8_coreai.engine.loop import generate
 from audio8_coreai.config import SamplingParams
-from audio8_coreai.parity import load_fixture, replay_codec, replay_encoder, replay_forced, replay_single
+from audio8_coreai.engine.loop import generate
+from audio8_coreai.measure.oracle import load_fixture
+from audio8_coreai.measure.parity import replay_codec, replay_encoder, replay_forced, replay_single
 
 TEXT = "Hello there."  # 76 prompt columns with the tiny byte-level tokenizer: 52 frames fit a context of 128
 

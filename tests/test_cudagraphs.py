@@ -9,7 +9,7 @@ from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.backends.torch.cudagraphs import GRAPHS_KEPT, GraphedFrame
 from audio8_coreai.config import SamplingParams
-from audio8_coreai.parity import run_parity
+from audio8_coreai.measure.parity import run_parity
 from audio8_coreai.tts import TTS
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the device check runs it)")

@@ -15,10 +15,11 @@ from typer.testing import CliRunner
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.cli import app
-from audio8_coreai.gate import (DEFAULT_FIXTURES, ESPEAK_VOICES, GateError, count_errors, espeak_clip,
-                                gumbel_margin, load_fixtures, log_mel, mel_filterbank, miss_margins, normalise_text,
-                                run_gate)
-from audio8_coreai.parity import _params, load_fixture, replay_forced
+from audio8_coreai.measure.gate import (DEFAULT_FIXTURES, ESPEAK_VOICES, GateError, count_errors, espeak_clip,
+                                        gumbel_margin, load_fixtures, log_mel, mel_filterbank, miss_margins,
+                                        normalise_text, run_gate)
+from audio8_coreai.measure.oracle import _params, load_fixture
+from audio8_coreai.measure.parity import replay_forced
 from audio8_coreai.sampling import np_processed_scores
 
 needs_espeak = pytest.mark.skipif(ESPEAK is None, reason="espeak-ng is not installed (apt-get install espeak-ng)")
@@ -159,7 +160,7 @@ def test_missing_espeak_is_a_clear_error(tmp_path, monkeypatch):
 def test_pocketsphinx_wer_on_espeak_english(tmp_path):
     pytest.importorskip("pocketsphinx")
     pytest.importorskip("jiwer")
-    from audio8_coreai.gate import ErrorCount, PocketSphinxRecognizer
+    from audio8_coreai.measure.gate import ErrorCount, PocketSphinxRecognizer
 
     recognizer = PocketSphinxRecognizer()
     total = ErrorCount()
@@ -175,7 +176,7 @@ def test_pocketsphinx_wer_on_espeak_english(tmp_path):
 @needs_espeak
 def test_speaker_similarity_prefers_the_same_voice(tmp_path):
     pytest.importorskip("resemblyzer")
-    from audio8_coreai.gate import ResemblyzerEncoder
+    from audio8_coreai.measure.gate import ResemblyzerEncoder
 
     encoder = ResemblyzerEncoder()
 
@@ -323,7 +324,7 @@ def test_gate_with_a_plugged_recognizer(tiny_checkpoint, tmp_path, monkeypatch):
 def test_load_recognizer(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "audio8_fake_asr2.py").write_text(FAKE_RECOGNIZER)
-    from audio8_coreai.gate import covers, load_recognizer
+    from audio8_coreai.measure.gate import covers, load_recognizer
 
     japanese = load_recognizer("audio8_fake_asr2:japanese")
     assert japanese.languages == frozenset({"ja"}) and covers(japanese, "ja") and not covers(japanese, "en")

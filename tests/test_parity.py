@@ -6,7 +6,8 @@ import pytest
 
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
-from audio8_coreai.parity import ParityError, run_parity
+from audio8_coreai.measure.oracle import ParityError
+from audio8_coreai.measure.parity import run_parity
 
 # Steps the publisher ran per scenario, and the frames it emitted (oracle meta.json).
 EXPECTED = {"plain": (18, 17, True), "greedy": (7, 6, True), "clone": (24, 24, False)}

@@ -1,5 +1,5 @@
-"""Low-precision kernels (backends/torch/kernels.py, quantize.py), the frame's eager mode (model/frame.py) and teacher-forced agreement
-(agreement.py): numerics and draws only, never timing."""
+"""Low-precision kernels (backends/torch/kernels.py, quantize.py), the frame's eager mode (model/frame.py) and
+teacher-forced agreement (measure/agreement.py): numerics and draws only, never timing."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import pytest
 import torch
 from torch import nn
 
-from audio8_coreai.agreement import CODEBOOK_BAR, SEMANTIC_BAR, Agreement, record, replay
 from audio8_coreai.backends.torch import TorchBackend
+from audio8_coreai.backends.torch.kernels import NBitsFeedForward, NBitsLinear, pack_nbits
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
+from audio8_coreai.measure.agreement import CODEBOOK_BAR, SEMANTIC_BAR, Agreement, record, replay
+from audio8_coreai.measure.parity import run_parity
 from audio8_coreai.model.frame import Frame, FrameInputs
 from audio8_coreai.model.layers import FeedForward
-from audio8_coreai.backends.torch.kernels import NBitsFeedForward, NBitsLinear, pack_nbits
 from audio8_coreai.precision import PRECISIONS, PrecisionError, resolve_precision
-from audio8_coreai.parity import run_parity
 
 pytest.importorskip("onnxruntime")
 
@@ -222,7 +222,7 @@ def test_int8_precisions_run_and_report_agreement(oracle_dir, precision):
 
 
 def test_teacher_forced_agreement_against_fp32(tiny_checkpoint):
-    """agreement.py on the project's tiny checkpoint: fp32 against itself agrees on every draw; int16 holds
+    """measure/agreement.py on the project's tiny checkpoint: fp32 against itself agrees on every draw; int16 holds
     the bar."""
     ref = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", "fp32")
     params = SamplingParams()

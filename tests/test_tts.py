@@ -203,9 +203,9 @@ def test_text_whose_speech_would_pass_the_frame_budget_is_split_not_cut(tiny_tts
 def test_every_error_class_is_an_audio8_error_and_exported(tiny_checkpoint, tiny_tts):
     import audio8_coreai
     from audio8_coreai.backends.coreai import AssetError
-    from audio8_coreai.gate import GateError
     from audio8_coreai.backends.torch.kernels import QuantError
-    from audio8_coreai.parity import ParityError
+    from audio8_coreai.measure.gate import GateError
+    from audio8_coreai.measure.oracle import ParityError
     from audio8_coreai.tokenizer import TokenizerError
 
     exported = [getattr(audio8_coreai, n) for n in audio8_coreai.__all__ if n.endswith("Error")]

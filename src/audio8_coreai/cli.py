@@ -26,8 +26,8 @@ from .backends.base import BackendError
 from .checkpoint import DEFAULT_MODEL, CheckpointError
 from .config import ConfigError
 from .backends.base import EngineError
-from .gate import GateError
-from .parity import ParityError
+from .measure.gate import GateError
+from .measure.oracle import ParityError
 from .prompt import PromptError
 from .tokenizer import TokenizerError
 from .voices import VoiceError
@@ -313,7 +313,8 @@ def parity(
     fp16 and mixed). Core AI assets replay what their baked sampling allows and say what they skip."""
     from .backends.torch import TorchBackend
     from .checkpoint import load_checkpoint
-    from .parity import recorded_from_another, run_parity
+    from .measure.oracle import recorded_from_another
+    from .measure.parity import run_parity
 
     if not tolerance > 0 or tolerance == float("inf"):
         raise ConfigError(f"--tolerance must be a number > 0, got {tolerance}")
@@ -401,7 +402,7 @@ def gate(
 ) -> None:
     """Judge the port by its speech: teacher-forced agreement, codec, free run, ASR round trip and speaker
     similarity against an fp32 run or an oracle fixture; exit 1 when a verdict fails."""
-    from .gate import default_recognizers, load_recognizer, run_gate
+    from .measure.gate import default_recognizers, load_recognizer, run_gate
 
     recognizers = None  # the defaults, and why they are missing if they are
     if recognizer:
@@ -511,8 +512,8 @@ def bench(
 ) -> None:
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
     from .backends.torch import resolve_device, resolve_dtype
+    from .measure.bench import BenchConfig, ensure_checkpoint, format_table, meta, run_configs
     from .precision import resolve_precision
-    from .bench import BenchConfig, ensure_checkpoint, format_table, meta, run_configs
 
     if frames < 1 or runs < 1:
         raise ConfigError("--frames and --runs must be >= 1")

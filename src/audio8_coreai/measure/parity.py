@@ -17,31 +17,25 @@ scenarios drawn with it and lists the others as skipped.
 
 from __future__ import annotations
 
-import filecmp
 import json
-import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .backends.base import FrameResult
-from .backends.torch import TorchBackend, frame_result
-from .engine.loop import generate
-from .errors import Audio8Error
-from .config import SamplingParams
-from .model.frame import FrameInputs
-from .model.layers import IndexKV
-from .model.layers import causal_cache_mask
+from ..backends.base import FrameResult
+from ..backends.torch import TorchBackend, frame_result
+from ..config import SamplingParams
+from ..engine.loop import generate
+from ..model.frame import FrameInputs
+from ..model.layers import IndexKV, causal_cache_mask
+from .oracle import ParityError, _forced, _item_prompt, _params, _RecordedNoise, _step_noise, load_fixture
+from .stats import cosine
 
 TOLERANCE = 1e-4
 SCENARIOS = ("plain", "greedy", "clone", "batch")
 CODEC_SCENARIOS = ("plain", "greedy", "batch", "clone", "codec_clamp")
-
-
-class ParityError(Audio8Error, ValueError):
-    """The fixture file is missing, unreadable or was recorded for another checkpoint."""
 
 
 @dataclass
@@ -143,87 +137,15 @@ class ParityReport:
         return json.dumps({**asdict(self), "totals": self.totals(), "passed": self.passed}, indent=2)
 
 
-def load_fixture(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
-    """Read ``fixture.npz`` -> (arrays by key, meta dict). Raises ParityError with what to do."""
-    path = Path(path)
-    if path.is_dir():
-        hint = f": give {path / 'fixture.npz'}" if (path / "fixture.npz").is_file() else ""
-        raise ParityError(f"{path} is a folder, not a fixture file (an oracle folder's fixture.npz){hint}")
-    if not path.is_file():
-        raise ParityError(f"fixture not found: {path} (give the fixture.npz of an oracle folder)")
-    if not zipfile.is_zipfile(path):  # np.load would try it as a pickle and say so
-        raise ParityError(f"{path} is not an oracle fixture (a .npz archive, such as the fixture.npz of an oracle "
-                          "folder)")
-    try:
-        with np.load(path) as f:
-            arrays = {k: f[k] for k in f.files}
-    except Exception as e:  # a corrupt npz raises zipfile/pickle/value errors alike
-        raise ParityError(f"cannot read fixture {path}: {e}") from e
-    if "meta_json" not in arrays:
-        raise ParityError(f"{path} is not an oracle fixture: it has no meta_json (its arrays: "
-                          f"{', '.join(sorted(arrays)[:5]) or 'none'})")
-    try:
-        meta = json.loads(str(arrays["meta_json"]))
-    except ValueError as e:
-        raise ParityError(f"cannot read fixture {path}: its meta_json is not JSON ({e})") from e
-    return arrays, meta
-
-
-def recorded_from_another(fixture_path: str | Path, model_file: str | Path) -> Path | None:
-    """The oracle folder of ``fixture_path`` when it holds the ``model.safetensors`` the fixture was recorded from
-    and that file's bytes differ from ``model_file`` (a run against the wrong weights); else None."""
-    folder = Path(fixture_path).parent
-    recorded = folder / "model.safetensors"
-    if not recorded.is_file() or filecmp.cmp(recorded, model_file, shallow=False):
-        return None
-    return folder
-
-
-class _RecordedNoise:
-    """Replays the recorded uniforms of a scenario's batch ``item`` in NoiseSource's interface."""
-
-    def __init__(self, fx: dict[str, np.ndarray], sc: str, num_semantic: int, codebook_size: int, num_fast: int,
-                 item: int = 0):
-        self.fx, self.sc, self.item, self.step = fx, sc, item, 0
-        self.shapes = ((2, num_semantic + 1), (num_fast, codebook_size))
-
-    def next_frame(self) -> tuple[np.ndarray, np.ndarray]:
-        s, self.step = self.step, self.step + 1
-        return _step_noise(self.fx, self.sc, s, self.item, self.shapes)
-
-
-def _step_noise(fx, sc, s, b, shapes):
-    key = f"{sc}__sem_regular_uniform_compact"
-    if key not in fx or s >= fx[key].shape[0]:  # greedy draws ignore noise; past the recording: neutral
-        return np.full(shapes[0], 0.5, np.float32), np.full(shapes[1], 0.5, np.float32)
-    slow = np.stack([fx[key][s, b], fx[f"{sc}__sem_ras_uniform_compact"][s, b]])
-    return slow.astype(np.float32), fx[f"{sc}__fast_uniform"][s, :, b].astype(np.float32)
-
-
-def _params(meta: dict, sc: str, backend: TorchBackend) -> SamplingParams:
-    info = meta["scenarios"][sc]
-    extra = info.get("extra", {})
-    cfg = backend.cfg
-    return SamplingParams(temperature=extra.get("temperature", 0.7), top_k=extra.get("top_k", 50),
-                          top_p=extra.get("top_p", 0.9), do_sample=info["do_sample"],
-                          ras_temperature=cfg.ras_temperature, ras_top_p=cfg.ras_top_p)
-
-
-def _cos(a: np.ndarray, b: np.ndarray) -> float:
-    """Cosine similarity of two arrays, flattened, in float64 (1.0 for two zero arrays)."""
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    norm = np.linalg.norm(a) * np.linalg.norm(b)
-    return float(a @ b / norm) if norm else float(np.array_equal(a, b))
-
-
 def _compare_frame(rep: ScenarioReport, fx, sc, s, b, res: FrameResult, do_sample: bool) -> None:
     rec_logits = fx[f"{sc}__slow_logits_compact"][s, b]
     rep.slow_logits_max_diff = max(rep.slow_logits_max_diff, float(np.abs(res.logits - rec_logits).max()))
-    rep.slow_logits_min_cos = min(rep.slow_logits_min_cos, _cos(res.logits, rec_logits))
+    rep.slow_logits_min_cos = min(rep.slow_logits_min_cos, cosine(res.logits, rec_logits))
     rep.slow_argmax = _add(rep.slow_argmax, int(np.argmax(res.logits) == np.argmax(rec_logits)))
     rec_fast = fx[f"{sc}__fast_logits"][s, :, b]
     rep.fast_logits_max_diff = max(rep.fast_logits_max_diff, float(np.abs(res.fast_logits - rec_fast).max()))
-    rep.fast_logits_min_cos = min(rep.fast_logits_min_cos, min(_cos(x, y) for x, y in zip(res.fast_logits, rec_fast)))
+    rep.fast_logits_min_cos = min(rep.fast_logits_min_cos,
+                                  min(cosine(x, y) for x, y in zip(res.fast_logits, rec_fast)))
     rep.semantic_draws = _add(rep.semantic_draws, int(res.sampled_semantic == fx[f"{sc}__semantic"][s, b]))
     want = fx[f"{sc}__fast_choice"][s, :, b] if do_sample else fx[f"{sc}__codebooks"][s, b, 1:]
     agree = int((res.sampled_codes[1:] == want).sum())
@@ -239,10 +161,6 @@ def _add(pair: tuple[int, int], ok: int) -> tuple[int, int]:
     return pair[0] + ok, pair[1] + 1
 
 
-def _forced(fx, sc, s, b) -> np.ndarray:
-    return np.concatenate([[fx[f"{sc}__semantic"][s, b]], fx[f"{sc}__codebooks"][s, b]]).astype(np.int64)
-
-
 def replay_single(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: int | None = None) -> ScenarioReport:
     """Teacher-forced and free-run replay of a batch-1 scenario, or of one ``item`` of a batch scenario on its
     own (:func:`replay_forced`), through the backend's public calls."""
@@ -255,12 +173,6 @@ def replay_single(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: in
                    noise=noise)
     compare_free_run(rep, fx, sc, gen.codes, gen.reached_eos, item or 0)
     return rep
-
-
-def _item_prompt(fx: dict, sc: str, item: int | None) -> np.ndarray:
-    """The prompt int [1+C, P] of a batch-1 scenario, or batch ``item``'s without its left padding."""
-    prompt = fx[f"{sc}__prompt_input_ids"][item or 0]
-    return prompt if item is None else prompt[:, fx[f"{sc}__prompt_attention_mask"][item].astype(bool)]
 
 
 def replay_forced(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: int | None = None) -> ScenarioReport:
@@ -375,7 +287,7 @@ def replay_codec(backend: TorchBackend, fx: dict, sc: str) -> list[CodecReport]:
         else:
             wave, diffs = backend.decode_window(codes[i, :, :n]), {}
         want = fx[f"{sc}__decode_waveform"][i, :n * hop]
-        out.append(CodecReport(f"{sc}[{i}]", float(np.abs(wave - want).max()), diffs, _cos(wave, want)))
+        out.append(CodecReport(f"{sc}[{i}]", float(np.abs(wave - want).max()), diffs, cosine(wave, want)))
     return out
 
 

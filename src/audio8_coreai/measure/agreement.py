@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import SamplingParams
-from .sampling import NoiseSource, RasWindow
+from ..config import SamplingParams
+from ..sampling import NoiseSource, RasWindow
+from .stats import cosine
 
 SEMANTIC_BAR = 0.985
 CODEBOOK_BAR = 0.975
@@ -113,12 +114,6 @@ def record(backend, prompt: np.ndarray, params: SamplingParams, seed: int, frame
                      np.stack(flg))
 
 
-def _cos(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
-    n = np.linalg.norm(a) * np.linalg.norm(b)
-    return float(a @ b / n) if n else 1.0
-
-
 def replay(backend, rec: Recording, params: SamplingParams, out: Agreement) -> Agreement:
     """Teacher-force ``rec`` through ``backend`` and add its agreement with the recorded draws to ``out``."""
     cfg = backend.cfg
@@ -139,9 +134,9 @@ def replay(backend, rec: Recording, params: SamplingParams, out: Agreement) -> A
         per = [a + int(b) for a, b in zip(per, ok_cb)]
         out.slow_argmax = (out.slow_argmax[0] + int(np.argmax(res.logits) == np.argmax(rec.logits[s])),
                            out.slow_argmax[1] + 1)
-        out.slow_logits_min_cos = min(out.slow_logits_min_cos, _cos(res.logits, rec.logits[s]))
+        out.slow_logits_min_cos = min(out.slow_logits_min_cos, cosine(res.logits, rec.logits[s]))
         out.fast_logits_min_cos = min(out.fast_logits_min_cos,
-                                      min(_cos(x, y) for x, y in zip(res.fast_logits, rec.fast_logits[s])))
+                                      min(cosine(x, y) for x, y in zip(res.fast_logits, rec.fast_logits[s])))
         out.frames += 1
     out.per_codebook = per
     return out

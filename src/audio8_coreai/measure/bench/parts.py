@@ -1,0 +1,108 @@
+"""The pieces of a frame, timed alone: the slow step, the fast AR's rows, the sampler, and the weight-streaming
+floor of a precision."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .config import FAST_PASSES, median_ms
+
+
+def linear_modules(module) -> list:
+    """Every linear-like module under ``module`` (``nn.Linear`` or a quantized stand-in with ``in_features``)."""
+    return [m for m in module.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")]
+
+
+def _input_dtype(m):
+    import torch
+
+    dt = getattr(m, "input_dtype", None)
+    if dt is not None:
+        return dt
+    w = getattr(m, "weight", None)
+    return w.dtype if isinstance(w, torch.Tensor) and w.is_floating_point() else torch.float32
+
+
+def weight_floor(backend, runs: int, passes: int = FAST_PASSES) -> dict:
+    """The weight-streaming floor of ``backend``'s precision: each linear called once at batch 1 (slow AR once,
+    fast AR ``passes`` times in a row), nothing else. Returns ms and the weights read per frame."""
+    import torch
+
+    model = backend.model
+    slow, fast = linear_modules(model.slow), linear_modules(model.fast)
+    dev = backend.device
+
+    def calls(mods):
+        xs = [torch.randn(1, 1, m.in_features, device=dev).to(_input_dtype(m)) for m in mods]
+        return list(zip(mods, xs))
+
+    slow_calls, fast_calls = calls(slow), calls(fast)
+
+    @torch.inference_mode()
+    def run_slow():
+        for m, x in slow_calls:
+            m(x)
+        _sync(dev)
+
+    @torch.inference_mode()
+    def run_fast():
+        for _ in range(passes):
+            for m, x in fast_calls:
+                m(x)
+        _sync(dev)
+
+    slow_ms, _ = median_ms(run_slow, runs)
+    fast_ms, _ = median_ms(run_fast, runs)
+    n_slow = sum(m.in_features * m.out_features for m in slow)
+    n_fast = sum(m.in_features * m.out_features for m in fast)
+    return {"floor_ms": slow_ms + fast_ms, "floor_slow_ms": slow_ms, "floor_fast_ms": fast_ms,
+            "fast_passes": passes, "weights_per_frame_m": (n_slow + passes * n_fast) / 1e6}
+
+
+def _sync(dev) -> None:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def frame_parts(backend, params, pos: int) -> dict[str, Callable[[], object]]:
+    """Callables for the parts of the torch backend's frame at slot ``pos``: ``slow`` (the slow step on one
+    column, writing that slot), ``fast`` (the fast AR's rows, each fed code 0: no sampling), ``sampler`` (every
+    draw of a frame on fixed logits)."""
+    import torch
+
+    from ...sampling import sample_semantic, sample_top_k_top_p
+
+    frame, cfg, dev = backend.frame_maths, backend.cfg, backend.device
+    col = torch.zeros(1, cfg.num_codebooks + 1, 1, dtype=torch.long, device=dev)
+    col[0, 0] = cfg.semantic_begin_id
+    hidden = torch.randn(1, cfg.dim, device=dev)
+    zero = torch.zeros(1, dtype=torch.long, device=dev)
+    logits = torch.randn(1, cfg.num_semantic + 1, device=dev) * 3
+    fast_logits = torch.randn(1, cfg.codebook_size, device=dev) * 3
+    noise = torch.rand(1, 2, cfg.num_semantic + 1, device=dev).clamp(min=1e-6)
+    noise_fast = torch.rand(1, cfg.codebook_size, device=dev).clamp(min=1e-6)
+    window = torch.full((1, cfg.ras_window_size), -1, dtype=torch.long, device=dev)
+
+    @torch.inference_mode()
+    def slow():
+        frame.slow_step(col, pos, backend.k_cache, backend.v_cache)
+        _sync(dev)
+
+    @torch.inference_mode()
+    def fast():
+        frame.fast_rows(hidden, zero, lambda row, lg: zero)
+        _sync(dev)
+
+    @torch.inference_mode()
+    def sampler():
+        sample_semantic(logits, noise, window, top_k=params.top_k, top_p=params.top_p,
+                        temperature=params.temperature, ras_top_p=params.ras_top_p,
+                        ras_temperature=params.ras_temperature, semantic_begin_id=cfg.semantic_begin_id,
+                        eos_id=cfg.eos_token_id, eager=True)
+        for _ in range(cfg.num_codebooks - 1):
+            sample_top_k_top_p(fast_logits, noise_fast, params.top_k, params.top_p, params.temperature, eager=True)
+        _sync(dev)
+
+    return {"slow": slow, "fast": fast, "sampler": sampler}

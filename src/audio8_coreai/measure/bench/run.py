@@ -1,0 +1,218 @@
+"""Configurations loaded in one process and timed side by side, round by round; the codec; peak RSS."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from dataclasses import asdict
+
+import numpy as np
+
+from .baseline import BaselineFrame
+from .config import FIRST_CHUNK, PUBLISHER, SENTENCE, STREAM_CHUNK, STREAM_WINDOW, BenchConfig, median_ms
+from .parts import frame_parts, weight_floor
+
+
+def _load(cfg: BenchConfig):
+    import torch
+
+    from ...tts import TTS
+
+    if cfg.backend != "torch":
+        raise ValueError(f"the bench drives the torch backend; got {cfg.backend!r}")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)  # before loading: ONNX Runtime sessions take the count then
+    return TTS.load(cfg.checkpoint, device=cfg.device, precision="fp32" if cfg.baseline else cfg.precision,
+                    codec_dtype=cfg.codec_dtype, cuda_graphs=cfg.cuda_graphs)
+
+
+def _random_codes(cc, n: int, rng) -> np.ndarray:
+    return np.concatenate([rng.integers(0, cc.semantic_codebook_size, (1, n)),
+                           rng.integers(0, cc.residual_codebook_size, (cc.residual_codebooks, n))])
+
+
+class _Run:
+    """One loaded configuration and its samples; :meth:`round` takes one sample of everything."""
+
+    def __init__(self, cfg: BenchConfig):
+        import torch
+
+        t0 = time.perf_counter()
+        self.cfg, self.tts = cfg, _load(cfg)
+        self.load_s = time.perf_counter() - t0
+        self.threads = torch.get_num_threads()
+        self.backend = self.tts.backend
+        self.mc = self.tts.config
+        self.params = self.tts.sampling()
+        self.prompt = self.tts.prompts.plain(SENTENCE)
+        self.baseline = BaselineFrame(self.backend, self.params) if cfg.baseline else None
+        self.samples: dict[str, list[float]] = {}
+        self._parts = self._floor = None
+
+    def _add(self, key: str, value: float) -> None:
+        self.samples.setdefault(key, []).append(value)
+
+    def _frame_loop(self) -> tuple[float, float]:
+        """(wall ms, CPU ms) per frame of one run of up to ``frames`` frames after a prefill: the product's frame
+        loop (:func:`...engine.loop.frame_steps`, which stops at eos), or the baseline's frames."""
+        from ...engine.loop import frame_steps, noise_source
+
+        b, mc, p_len = self.backend, self.mc, self.prompt.shape[1]
+        b.prefill(self.prompt)
+        noise = noise_source(mc, 0)
+        t0, c0 = time.perf_counter(), time.process_time()
+        if self.baseline is not None:
+            n = self._baseline_frames(noise)
+        else:
+            n = sum(1 for _ in frame_steps(b, p_len, self.params, self.cfg.frames, noise))
+        return (time.perf_counter() - t0) * 1e3 / n, (time.process_time() - c0) * 1e3 / n
+
+    def _baseline_frames(self, noise) -> int:
+        """``frames`` frames of the publisher-style baseline (it makes frame 0 from a slow step too: one more step
+        per run), eos not special: the baseline's cost per frame, not an utterance."""
+        from ...sampling import RasWindow
+
+        mc, p_len = self.mc, self.prompt.shape[1]
+        window = RasWindow(mc.ras_window_size)
+        column = np.zeros(mc.num_codebooks + 1, dtype=np.int64)
+        column[0] = mc.semantic_begin_id
+        for step in range(self.cfg.frames):
+            noise_slow, noise_fast = noise.next_frame()
+            sem, codes = self.baseline(column, p_len + step - 1, noise_slow, window.current()[0], noise_fast)
+            window.push(sem)
+            column = np.concatenate([[sem], codes])
+        return self.cfg.frames
+
+    def round(self) -> None:
+        """One sample of every figure (the caller drops the first round: the warm-up)."""
+        import torch
+
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
+        # Every column computed (ms per token), then with the prompt's head kept, as requests in one voice run
+        # it after the first (TTFA).
+        head = self.backend.prefix_length
+        self.backend.prefix_length = None
+        self._add("prefill_ms", median_ms(lambda: self.backend.prefill(self.prompt), 1)[0])
+        self.backend.prefix_length = head
+        if head is not None:
+            self.backend.prefill(self.prompt)  # the head is kept from here on
+            self._add("prefill_head_kept_ms", median_ms(lambda: self.backend.prefill(self.prompt), 1)[0])
+        wall, cpu = self._frame_loop()
+        self._add("ms_per_frame", wall)
+        self._add("cpu_ms_per_frame", cpu)
+        if self.baseline is not None:
+            return
+        if self._parts is None:
+            self._parts = frame_parts(self.backend, self.params, self.prompt.shape[1] + self.cfg.frames // 2)
+        for name, fn in self._parts.items():
+            self._add(f"{name}_ms", median_ms(fn, 1, inner=3)[0])
+        floor = weight_floor(self.backend, 1)
+        self._floor = floor
+        for key in ("floor_ms", "floor_slow_ms", "floor_fast_ms"):
+            self._add(key, floor[key])
+
+    def result(self) -> dict:
+        out: dict = {"label": self.cfg.label, **asdict(self.cfg), "threads_used": self.threads,
+                     "load_s": self.load_s, "prompt_columns": int(self.prompt.shape[1]),
+                     "description": self.backend.description}
+        for key, vals in self.samples.items():
+            vals = vals[1:] if len(vals) > 1 else vals  # the first round is the warm-up
+            out[key] = statistics.median(vals)
+            if key == "ms_per_frame":
+                out["frame_runs_ms"] = vals
+        out["prefill_ms_per_token"] = out["prefill_ms"] / out["prompt_columns"]
+        if self._floor is not None:
+            out["fast_passes"] = self._floor["fast_passes"]
+            out["weights_per_frame_m"] = self._floor["weights_per_frame_m"]
+            out["other_ms"] = out["ms_per_frame"] - sum(out[f"{k}_ms"] for k in self._parts)
+            out["frame_floor_ratio"] = out["ms_per_frame"] / out["floor_ms"]
+        out["vs_publisher"] = PUBLISHER["ms_per_frame"] / out["ms_per_frame"]
+        return out
+
+
+def measure_codec(backend, runs: int) -> dict:
+    """The codec, median of ``runs`` after a warm-up: ``decode_window`` of a [10, 160] window (the whole-utterance
+    cost per frame) and pushes into a fresh ``codec_stream``: the first, of ``DEFAULT_FIRST_CHUNK_FRAMES`` frames
+    as :class:`...engine.stream.SpeechStream` sends first (``codec_first_chunk_ms``), and the steady state
+    (``codec_ms_per_chunk``: the 2nd and 3rd pushes of 32 frames)."""
+    cc = backend.checkpoint.codec_config
+    rng = np.random.default_rng(0)
+    window = _random_codes(cc, STREAM_WINDOW, rng)
+    out = {"codec_ms_per_window": median_ms(lambda: backend.decode_window(window), runs)[0],
+           "codec_window_frames": STREAM_WINDOW, "frame_audio_ms": cc.frame_length / cc.sample_rate * 1e3}
+    first, steady = [], []
+    for _ in range(runs + 1):
+        stream = backend.codec_stream()
+        t0 = time.perf_counter()
+        stream.push(window[:, :FIRST_CHUNK])
+        first.append((time.perf_counter() - t0) * 1e3)
+        for i in (1, 2):
+            t0 = time.perf_counter()
+            stream.push(window[:, FIRST_CHUNK + (i - 1) * STREAM_CHUNK:FIRST_CHUNK + i * STREAM_CHUNK])
+            steady.append((time.perf_counter() - t0) * 1e3)
+    out.update(codec_first_chunk_ms=statistics.median(first[1:]), codec_ms_per_chunk=statistics.median(steady[2:]),
+               codec_streaming="incremental")
+    return out
+
+
+def with_totals(row: dict, codec: dict) -> dict:
+    """``row`` plus the codec figures and what follows from them: RTF (whole, streaming) and TTFA."""
+    row = {**row, **codec}
+    frame_audio_ms = codec["frame_audio_ms"]
+    per_frame = codec["codec_ms_per_window"] / codec["codec_window_frames"]
+    n, f = row["frames"], row["ms_per_frame"]
+    row["codec_ms_per_frame"] = per_frame
+    row["rtf"] = (row["prefill_ms"] + n * (f + per_frame)) / (n * frame_audio_ms)
+    row["rtf_streaming"] = (STREAM_CHUNK * f + codec["codec_ms_per_chunk"]) / (STREAM_CHUNK * frame_audio_ms)
+    prefill = row.get("prefill_head_kept_ms", row["prefill_ms"])
+    row["ttfa_ms"] = prefill + FIRST_CHUNK * f + codec["codec_first_chunk_ms"]
+    return row
+
+
+def measure_group(configs: list[BenchConfig]) -> list[dict]:
+    """Several configurations in this process, side by side: all loaded, then ``runs + 1`` rounds in which each
+    takes one sample of every figure in turn (the first round is the warm-up), so a change of machine load
+    hits every configuration alike and their ratios hold. The codec (the same fp32 module whatever the
+    precision on CPU) is measured once, after the rounds, on the first configuration's backend."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    runs = [_Run(c) for c in configs]
+    for _ in range(max(c.runs for c in configs) + 1):
+        for r in runs:
+            r.round()
+    codecs: dict = {}
+    for r in runs:  # the codec is the same module whatever the precision: once per codec dtype and threads
+        key = (r.cfg.codec_dtype, r.cfg.threads)
+        if key not in codecs:
+            if r.cfg.threads:
+                import torch
+
+                torch.set_num_threads(r.cfg.threads)
+            codecs[key] = measure_codec(r.backend, r.cfg.runs)
+    cpu_use = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+    rows = [with_totals({**r.result(), "cpu_use": cpu_use}, codecs[(r.cfg.codec_dtype, r.cfg.threads)])
+            for r in runs]
+    base = next((r for r in rows if r.get("baseline")), None)
+    for r in rows:
+        if base is not None:
+            r["vs_baseline"] = base["ms_per_frame"] / r["ms_per_frame"]
+    return rows
+
+
+def measure_rss(cfg: BenchConfig) -> dict:
+    """Peak RSS of one configuration alone: load, prefill, a few frames, one streaming-chunk decode."""
+    r = _Run(BenchConfig(**{**asdict(cfg), "frames": 4}))
+    r.backend.prefill(r.prompt)
+    r._frame_loop()
+    cc = r.backend.checkpoint.codec_config
+    r.backend.decode_window(_random_codes(cc, STREAM_WINDOW, np.random.default_rng(0)))
+    return {"label": cfg.label, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+            "load_s_alone": r.load_s}
+
+
+def measure(cfg: BenchConfig) -> dict:
+    """Every figure for one configuration in this process (peak RSS included: it is alone here)."""
+    row = measure_group([cfg])[0]
+    row["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    return row

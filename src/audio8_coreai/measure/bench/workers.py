@@ -1,0 +1,61 @@
+"""The benchmark's subprocesses: the side-by-side group and each configuration's RSS run in their own
+interpreter (``python -m audio8_coreai.measure.bench``), and the random 0.6b checkpoint they load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from .config import BenchConfig
+from .run import measure, measure_group, measure_rss
+
+
+def ensure_checkpoint(path: Path, log=print) -> Path:
+    """The random 0.6b checkpoint at ``path``, written (seed 0, about 2.8 GB) when the folder is absent or empty."""
+    path = path.expanduser()
+    if path.is_dir() and any(path.iterdir()):
+        return path
+    from ...checkpoint import CheckpointError, make_checkpoint
+
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path} is a file: give a checkpoint folder, or a new folder for the random 0.6b one")
+
+    log(f"making the random 0.6b checkpoint in {path} (about 2.8 GB, a minute or more)...")
+    make_checkpoint(path, "0.6b", seed=0)
+    return path
+
+
+def _worker(mode: str, payload) -> list | dict:
+    proc = subprocess.run([sys.executable, "-m", "audio8_coreai.measure.bench", mode, json.dumps(payload)],
+                          stdout=subprocess.PIPE, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"the bench worker ({mode}) failed (exit status {proc.returncode}); its error is above")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_configs(configs: list[BenchConfig], log=print, rss: bool = True) -> list[dict]:
+    """Time ``configs`` side by side in one subprocess (:func:`measure_group`), then (``rss``) measure each
+    one's peak RSS alone in its own subprocess (:func:`measure_rss`)."""
+    log(f"measuring {', '.join(c.label for c in configs)} side by side...")
+    rows = _worker("--group", [asdict(c) for c in configs])
+    if rss:
+        for c, row in zip(configs, rows):
+            log(f"peak RSS of {c.label} alone...")
+            row.update(_worker("--rss", asdict(c)))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--group":
+        print(json.dumps(measure_group([BenchConfig(**c) for c in json.loads(argv[1])])))
+    elif len(argv) == 2 and argv[0] == "--rss":
+        print(json.dumps(measure_rss(BenchConfig(**json.loads(argv[1])))))
+    elif len(argv) == 2 and argv[0] == "--worker":
+        print(json.dumps(measure(BenchConfig(**json.loads(argv[1])))))
+    else:
+        raise SystemExit("usage: python -m audio8_coreai.measure.bench --group|--rss|--worker JSON "
+                         "(use `audio8 bench`)")
