@@ -27,7 +27,7 @@ from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.model.frame import PREFILL_WIDTH
-from audio8_coreai.sampling import NoiseSource
+from audio8_coreai.engine.loop import frame_steps, noise_source
 
 PROMPT_COLUMNS = 40  # two prefill windows
 
@@ -44,27 +44,21 @@ def convert_in_child(model: str, out: Path, precision: str, context: int | None)
 
 
 def time_frames(backend, ckpt, frames: int) -> tuple[float, list[float], int]:
-    """(prefill seconds, seconds per frame call, runtime calls made or -1) for a fixed prompt and seed."""
+    """(prefill seconds, seconds per frame of the engine's loop, runtime calls made or -1) for a fixed prompt and
+    seed; the loop stops early if the model draws eos."""
     cfg = ckpt.config
     params = SamplingParams.from_configs(cfg, ckpt.generation)
     prompt = np.zeros((1 + cfg.num_codebooks, PROMPT_COLUMNS), np.int64)
     prompt[0] = cfg.semantic_begin_id + np.arange(PROMPT_COLUMNS) % cfg.num_semantic
-    noise = NoiseSource(0, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
-    calls = getattr(backend, "calls", None)
+    calls = backend.calls if isinstance(backend, CoreAIBackend) else None
     t0 = time.perf_counter()
     backend.prefill(prompt)
     prefill_s = time.perf_counter() - t0
-    window = np.full(cfg.ras_window_size, -1)
-    times, column = [], None
-    for step in range(frames):
-        noise_slow, noise_fast = noise.next_frame()
-        t0 = time.perf_counter()
-        if column is None:
-            res = backend.first_frame(params, noise_slow, window, noise_fast)
-        else:
-            res = backend.frame(params, column, PROMPT_COLUMNS + step - 1, noise_slow, window, noise_fast)
+    times = []
+    t0 = time.perf_counter()
+    for _ in frame_steps(backend, PROMPT_COLUMNS, params, frames, noise_source(cfg, 0)):
         times.append(time.perf_counter() - t0)
-        column = np.concatenate([[cfg.semantic_begin_id + res.codes[0]], res.codes])  # a semantic id, never eos
+        t0 = time.perf_counter()
     return prefill_s, times, (backend.calls - calls) if calls is not None else -1
 
 

@@ -1,14 +1,13 @@
 """Teacher-forced draw agreement of a precision against fp32 on any checkpoint (no oracle needed).
 
-The fp32 torch backend (the publisher's CPU numerics) runs free from a seed and its steps are recorded: the
-column fed back, the noise, the RAS window and its own draws. Another backend then replays the recording
+The fp32 torch backend (the publisher's CPU numerics) runs free from a seed and its steps are recorded
+(:mod:`.replay`): the column fed back, the noise and its own logits. Another backend then replays the recording
 teacher-forced (``forced``: every step sees fp32's columns, so one miss does not change later inputs) and each
 of its draws is compared with fp32's: the semantic draw (with RAS) and the nine codebook draws of every frame.
 This is how a low precision is held to the bar of ../shared/reference/PORT-NOTES.md section 4.4 (semantic
 98.5 %, codebook 97.5 %) on the 0.6b random checkpoint, where no publisher recording exists.
 
-Random weights never draw eos reliably, so the recording runs a fixed number of frames (an eos draw is fed back
-as any other column, as the benchmark does).
+A recording ends at eos or at its frame cap, as every utterance does (the engine's loop).
 """
 
 from __future__ import annotations
@@ -19,8 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backends.base import Backend
 from ..config import SamplingParams
-from ..sampling import NoiseSource, RasWindow
+from ..engine.loop import noise_source
+from .replay import Recording, replay_recording
+from .replay import record as replay_record
 from .stats import cosine
 
 SEMANTIC_BAR = 0.985
@@ -31,21 +33,6 @@ PROMPTS = (
     "Could you tell me how to get to the train station from here?",
     "She opened the old wooden box and found a letter addressed to her grandmother.",
 )
-
-
-@dataclass
-class Recording:
-    """fp32's free run of one prompt: per step ``column`` int [1+C] (semantic id then codes: what the next
-    step is fed and what teacher forcing imposes), ``noise_slow`` [2, V+1], ``noise_fast`` [C-1, cb],
-    ``window`` [W], and fp32's own slow ``logits`` [V+1] and ``fast_logits`` [C-1, cb] (for cosines)."""
-
-    prompt: np.ndarray
-    columns: np.ndarray
-    noise_slow: np.ndarray
-    noise_fast: np.ndarray
-    windows: np.ndarray
-    logits: np.ndarray
-    fast_logits: np.ndarray
 
 
 @dataclass
@@ -87,46 +74,18 @@ class Agreement:
                 f"{100 * CODEBOOK_BAR:.1f} %)")
 
 
-def record(backend, prompt: np.ndarray, params: SamplingParams, seed: int, frames: int) -> Recording:
-    """Free-run ``frames`` frames of ``prompt`` int [1+C, P] on ``backend`` (the reference) from ``seed``."""
-    cfg = backend.cfg
-    noise = NoiseSource(seed, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
-    window = RasWindow(cfg.ras_window_size)
-    backend.prefill(prompt)
-    cols, ns, nf, wins, lg, flg = [], [], [], [], [], []
-    column = None
-    for step in range(frames):
-        noise_slow, noise_fast = noise.next_frame()
-        win = window.current()[0]
-        if column is None:
-            res = backend.first_frame(params, noise_slow, win, noise_fast)
-        else:
-            res = backend.frame(params, column, prompt.shape[1] + step - 1, noise_slow, win, noise_fast)
-        column = np.concatenate([[res.semantic], res.codes]).astype(np.int64)
-        window.push(res.semantic)
-        cols.append(column)
-        ns.append(noise_slow)
-        nf.append(noise_fast)
-        wins.append(win)
-        lg.append(res.logits)
-        flg.append(res.fast_logits)
-    return Recording(prompt, np.stack(cols), np.stack(ns), np.stack(nf), np.stack(wins), np.stack(lg),
-                     np.stack(flg))
+def record(backend: Backend, prompt: np.ndarray, params: SamplingParams, seed: int, frames: int) -> Recording:
+    """Free-run ``prompt`` int64 [1+C, P] on ``backend`` (the reference) from ``seed``, up to eos or ``frames``
+    frames (:func:`.replay.record`)."""
+    return replay_record(backend, prompt, params, noise_source(backend.cfg, seed), frames)[0]
 
 
-def replay(backend, rec: Recording, params: SamplingParams, out: Agreement) -> Agreement:
-    """Teacher-force ``rec`` through ``backend`` and add its agreement with the recorded draws to ``out``."""
-    cfg = backend.cfg
-    p_len = rec.prompt.shape[1]
-    backend.prefill(rec.prompt)
-    per = out.per_codebook or [0] * (cfg.num_codebooks - 1)
-    for s in range(len(rec.columns)):
+def replay(backend: Backend, rec: Recording, params: SamplingParams, out: Agreement) -> Agreement:
+    """Teacher-force ``rec`` through ``backend`` (:func:`.replay.replay_recording`) and add its agreement with the
+    recorded draws to ``out``."""
+    per = out.per_codebook or [0] * (backend.cfg.num_codebooks - 1)
+    for s, res in enumerate(replay_recording(backend, rec, params)):
         forced = rec.columns[s]
-        if s == 0:
-            res = backend.first_frame(params, rec.noise_slow[s], rec.windows[s], rec.noise_fast[s], forced)
-        else:
-            res = backend.frame(params, rec.columns[s - 1], p_len + s - 1, rec.noise_slow[s], rec.windows[s],
-                                rec.noise_fast[s], forced)
         ok_sem = int(res.sampled_semantic == forced[0])
         ok_cb = res.sampled_codes[1:] == forced[2:]
         out.semantic = (out.semantic[0] + ok_sem, out.semantic[1] + 1)

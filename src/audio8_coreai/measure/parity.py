@@ -31,6 +31,7 @@ from ..engine.loop import generate
 from ..model.frame import FrameInputs
 from ..model.layers import IndexKV, causal_cache_mask
 from .oracle import ParityError, _forced, _item_prompt, _params, _RecordedNoise, _step_noise, load_fixture
+from .replay import replay
 from .stats import cosine
 
 TOLERANCE = 1e-4
@@ -177,7 +178,8 @@ def replay_single(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: in
 
 def replay_forced(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: int | None = None) -> ScenarioReport:
     """The teacher-forced half of :func:`replay_single`: every recorded step of batch-1 scenario ``sc``
-    through the backend's ``prefill``/``first_frame``/``frame``, fed the recorded columns and uniforms.
+    through the engine's loop (:func:`.replay.replay`), fed the recorded columns and uniforms; the loop computes
+    the RAS windows and slots itself.
 
     With ``item``, batch ``item`` of a left-padded batch scenario is replayed alone (report ``sc[item]``): its
     prompt without the padding, each column at the slot of its RoPE position (the publisher hides the pads
@@ -191,22 +193,15 @@ def replay_forced(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: in
     if item is None:
         steps = int(fx[f"{sc}__num_steps"])
         rep = ScenarioReport(sc, steps)
-        positions = fx[f"{sc}__step_physical_position"][:, 0]
     else:
         steps = min(int(fx[f"{sc}__num_steps"]), int(fx[f"{sc}__code_lengths"][b]) + int(fx[f"{sc}__finished"][b]))
         rep = ScenarioReport(f"{sc}[{b}]", steps, scenario=sc)
-        positions = fx[f"{sc}__step_token_position"][:, b]
     shapes = ((2, cfg.num_semantic + 1), (cfg.num_codebooks - 1, cfg.codebook_size))
-    backend.prefill(_item_prompt(fx, sc, item))
-    for s in range(steps):
-        noise_slow, noise_fast = _step_noise(fx, sc, s, b, shapes)
-        window = fx[f"{sc}__ras_previous"][s, b]
-        forced = _forced(fx, sc, s, b)
-        if s == 0:
-            res = backend.first_frame(params, noise_slow, window, noise_fast, forced)
-        else:
-            column = fx[f"{sc}__step_input_column"][s - 1, b]
-            res = backend.frame(params, column, int(positions[s - 1]), noise_slow, window, noise_fast, forced)
+    noise = [_step_noise(fx, sc, s, b, shapes) for s in range(steps)]
+    columns = np.stack([_forced(fx, sc, s, b) for s in range(steps)])
+    results = replay(backend, _item_prompt(fx, sc, item), params, columns, np.stack([n[0] for n in noise]),
+                     np.stack([n[1] for n in noise]))
+    for s, res in enumerate(results):
         _compare_frame(rep, fx, sc, s, b, res, params.do_sample)
     return rep
 

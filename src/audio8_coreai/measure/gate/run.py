@@ -13,8 +13,7 @@ import numpy as np
 from ...audio import REFERENCE_RATE, read_reference, write_audio
 from ...backends.base import BackendError, open_backend
 from ...config import SamplingParams
-from ...engine.loop import frame_budget, generate
-from ...sampling import NoiseSource
+from ...engine.loop import frame_budget, generate, noise_source
 from ..oracle import _params, load_fixture
 from ..parity import ParityReport, compare_free_run, replay_forced, run_parity
 from .asr import ASR_MARGIN, Recognizer, _asr_fixture, _asr_summary, default_recognizers
@@ -23,7 +22,8 @@ from .fixtures import ESPEAK_VOICES, Fixture, espeak_clip, load_fixtures
 from .pictures import _matplotlib, plot_fixture, plot_summary
 from .report import FixtureResult, GateReport, _json, render_markdown
 from .speaker import SPEAKER_MARGIN, SpeakerEncoder, _speaker_fixture, _speaker_summary, default_speaker_encoder
-from .tensors import _codec_stage, _RecordingNoise, _teacher_forced, record_run
+from ..replay import record
+from .tensors import _codec_stage, _teacher_forced, record_run
 
 
 def _eos_verdict(results: list[FixtureResult]) -> str:
@@ -194,9 +194,8 @@ def _fp32_fixture(fixture: Fixture, port, ref, params: SamplingParams, cfg, rate
     else:
         prompt = port.prompts.plain(fixture.text)
     budget = frame_budget(cfg, prompt.shape[1], max_frames, port.checkpoint.generation.max_new_tokens)
-    noise = _RecordingNoise(NoiseSource(fixture.seed, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1))
-    reference = generate(ref.backend, prompt, params, fixture.seed, budget, keep_results=True, noise=noise)
-    fx, meta = record_run(fixture.name, prompt, params, reference, noise.frames, cfg.ras_window_size)
+    rec, reference = record(ref.backend, prompt, params, noise_source(cfg, fixture.seed), budget)
+    fx, meta = record_run(fixture.name, rec, params, reference)
     rep = replay_forced(port.backend, fx, meta, fixture.name)
     free = generate(port.backend, prompt, params, fixture.seed, budget)
     compare_free_run(rep, fx, fixture.name, free.codes, free.reached_eos)

@@ -3,14 +3,14 @@ every teacher-forced miss, and the codec rung (two decodes of the same codes com
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict
 
 import numpy as np
 
 from ...config import SamplingParams
 from ...engine.loop import Generation
-from ...sampling import NoiseSource, RasWindow, np_processed_scores
+from ...sampling import np_processed_scores
+from ..replay import Recording
 from ..parity import ScenarioReport
 from ..stats import cosine
 from .mel import log_mel_cos
@@ -71,42 +71,15 @@ def miss_margins(rep: ScenarioReport, fx: dict, sc: str, params: SamplingParams,
     return out
 
 
-class _RecordingNoise:
-    """A :class:`...sampling.NoiseSource` that keeps every frame's uniforms (the reference run's recording)."""
-
-    def __init__(self, source: NoiseSource):
-        self.source, self.frames = source, []
-
-    def next_frame(self) -> tuple[np.ndarray, np.ndarray]:
-        pair = self.source.next_frame()
-        self.frames.append(pair)
-        return pair
-
-
-def record_run(name: str, prompt: np.ndarray, params: SamplingParams, gen: Generation,
-               noise: Sequence[tuple[np.ndarray, np.ndarray]], ras_window_size: int) -> tuple[dict, dict]:
-    """A reference run (``gen`` from :func:`...engine.generate` with ``keep_results``, and the uniforms it drew) in
-    the oracle's fixture layout, scenario ``name``, batch 1 -> (arrays, meta) for :func:`..parity.replay_forced`
-    and :func:`..parity.compare_free_run`. Every step is recorded, the eos step included."""
-    res = gen.frame_results
-    steps = len(res)
-    semantic = np.array([r.semantic for r in res], dtype=np.int64)
-    codebooks = np.stack([r.codes for r in res]).astype(np.int64)  # [S, C]
-    window, windows = RasWindow(ras_window_size), []
-    for r in res:  # the windows the engine showed each step
-        windows.append(window.current()[0])
-        window.push(r.semantic)
-    slow = np.stack([n[0] for n in noise[:steps]])  # [S, 2, V+1]
-    fast = np.stack([n[1] for n in noise[:steps]])  # [S, C-1, codebook_size]
-    p = prompt.shape[1]
-    fx = {"num_steps": np.int64(steps), "prompt_input_ids": prompt[None],
-          "sem_regular_uniform_compact": slow[:, None, 0], "sem_ras_uniform_compact": slow[:, None, 1],
-          "fast_uniform": fast[:, :, None], "ras_previous": np.stack(windows)[:, None],
-          "semantic": semantic[:, None], "codebooks": codebooks[:, None],
-          "step_input_column": np.concatenate([semantic[:, None], codebooks], axis=1)[:-1, None],
-          "step_physical_position": (p + np.arange(steps - 1))[:, None],
-          "slow_logits_compact": np.stack([r.logits for r in res])[:, None],
-          "fast_logits": np.stack([r.fast_logits for r in res])[:, :, None],
+def record_run(name: str, rec: Recording, params: SamplingParams, gen: Generation) -> tuple[dict, dict]:
+    """A reference run (:func:`..replay.record`: the recording and its generation) in the oracle's fixture layout,
+    scenario ``name``, batch 1 -> (arrays, meta) for :func:`..parity.replay_forced` and
+    :func:`..parity.compare_free_run`. Every step is recorded, the eos step included."""
+    semantic, codebooks = rec.columns[:, 0], rec.columns[:, 1:]
+    fx = {"num_steps": np.int64(len(rec.columns)), "prompt_input_ids": rec.prompt[None],
+          "sem_regular_uniform_compact": rec.noise_slow[:, None, 0], "sem_ras_uniform_compact": rec.noise_slow[:, None, 1],
+          "fast_uniform": rec.noise_fast[:, :, None], "semantic": semantic[:, None], "codebooks": codebooks[:, None],
+          "slow_logits_compact": rec.logits[:, None], "fast_logits": rec.fast_logits[:, :, None],
           "fast_choice": codebooks[:, 1:, None], "codes": gen.codes[None],
           "code_lengths": np.array([gen.frames]), "finished": np.array([gen.reached_eos])}
     meta = {"scenarios": {name: {"do_sample": params.do_sample, "max_new_tokens": gen.max_frames,
