@@ -63,7 +63,7 @@ from .errors import Audio8Error
 from .graphs import SamplingParams
 from .parity import (ParityReport, ScenarioReport, _cos, _params, compare_free_run, load_fixture, replay_forced,
                      run_parity)
-from .prompt import check_text
+from .text import check_text
 from .sampling import NoiseSource, RasWindow, np_processed_scores
 
 DEFAULT_FIXTURES = Path(__file__).with_name("gate_fixtures.json")

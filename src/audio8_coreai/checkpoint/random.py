@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from ..config import CodecConfig, ModelConfig
 from ..model.codec import codec_param_shapes
 from ..model.dualar import dualar_param_shapes
-from ..tokenizer import TokenizerError, build_qwen_tokenizer, build_tiny_tokenizer, write_tokenizer_files
+from ..text import TokenizerError, build_qwen_tokenizer, build_tiny_tokenizer, write_tokenizer_files
 from .layout import CODEC_SPEC_FILE, CONFIG_FILE, GENERATION_FILE, MODEL_FILE, CheckpointError
 from .load import load_checkpoint
 
