@@ -132,7 +132,7 @@ def test_tts_generate_batch_equals_generate(tts_fp32):
 
 def test_tts_generate_batch_bad_input(tts_fp32):
     from audio8_coreai.config import ConfigError
-    from audio8_coreai.prompt import PromptError
+    from audio8_coreai.text import PromptError
 
     with pytest.raises(ValueError, match="one seed per text"):
         tts_fp32.generate_batch(["a", "b"], seeds=[1])

@@ -253,10 +253,10 @@ def test_encode_batch_pads_and_marks_frames(encoder, fixture):
 def test_short_transposed_conv_through_a_matrix_product_equals_the_convolution(length):
     """Inputs with 16 L <= C_in take the matrix-product path (4 steps of 64 channels do, 5 do not); both give
     ConvTranspose1d's numbers, uncropped (``full``) and causally cropped (``forward``)."""
-    from audio8_coreai.model.codec import _CausalConvTranspose
+    from audio8_coreai.model.codec.layers import CausalConvTranspose
 
     torch.manual_seed(0)
-    layer = _CausalConvTranspose(64, 24, 16, 8)
+    layer = CausalConvTranspose(64, 24, 16, 8)
     x = torch.randn(2, 64, length)
     want = torch.nn.functional.conv_transpose1d(x, layer.conv.weight, layer.conv.bias, stride=8)
     got = layer.full(x)

@@ -10,14 +10,15 @@ import pytest
 from tokenizers import Tokenizer
 
 from audio8_coreai.config import ModelConfig
-from audio8_coreai.prompt import (
+from audio8_coreai.text import (
     PromptBuilder,
     PromptError,
+    build_qwen_tokenizer,
+    build_tiny_tokenizer,
     check_text,
     clean_text,
     split_text,
 )
-from audio8_coreai.tokenizer import build_qwen_tokenizer, build_tiny_tokenizer
 
 # The same place conftest.py serves the oracle from; needed at import time for the parametrisation.
 ORACLE = Path(__file__).resolve().parents[2] / "shared" / "oracle"

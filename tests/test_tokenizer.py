@@ -10,7 +10,7 @@ import unicodedata
 import pytest
 from tokenizers import Tokenizer
 
-from audio8_coreai.tokenizer import (
+from audio8_coreai.text.tokenizer import (
     QWEN_SPECIAL_IDS,
     TINY_SPECIAL_IDS,
     TokenizerError,

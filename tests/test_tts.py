@@ -8,7 +8,7 @@ import torch
 
 from audio8_coreai.config import ConfigError
 from audio8_coreai.backends.base import EngineError
-from audio8_coreai.prompt import PromptError
+from audio8_coreai.text import PromptError
 
 TEXT = "The meeting has been moved to Thursday afternoon."
 
@@ -206,7 +206,7 @@ def test_every_error_class_is_an_audio8_error_and_exported(tiny_checkpoint, tiny
     from audio8_coreai.backends.torch.kernels import QuantError
     from audio8_coreai.measure.gate import GateError
     from audio8_coreai.measure.oracle import ParityError
-    from audio8_coreai.tokenizer import TokenizerError
+    from audio8_coreai.text import TokenizerError
 
     exported = [getattr(audio8_coreai, n) for n in audio8_coreai.__all__ if n.endswith("Error")]
     assert len(exported) == 8

@@ -11,7 +11,7 @@ import pytest
 
 import clips
 from audio8_coreai.audio import AudioError
-from audio8_coreai.prompt import PromptError
+from audio8_coreai.text import PromptError
 from audio8_coreai.voices import Voice, VoiceError, VoiceStore, check_name, default_voices_dir
 
 TEXT = "The meeting has been moved to Thursday afternoon."

@@ -20,7 +20,7 @@ from .checkpoint import CheckpointError
 from .config import ConfigError
 from .backends.base import EngineError
 from .errors import Audio8Error
-from .prompt import PromptError
+from .text import PromptError
 from .tts import TTS, Synthesis
 from .voices import Voice, VoiceError, VoiceStore
 

@@ -28,8 +28,7 @@ from .config import ConfigError
 from .backends.base import EngineError
 from .measure.gate import GateError
 from .measure.oracle import ParityError
-from .prompt import PromptError
-from .tokenizer import TokenizerError
+from .text import PromptError, TokenizerError
 from .voices import VoiceError
 
 USER_ERRORS = (AudioError, BackendError, CheckpointError, ConfigError, EngineError, GateError, ParityError,
@@ -114,7 +113,7 @@ def say(
 ) -> None:
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
     from .audio import check_writable, read_reference, write_audio
-    from .prompt import check_text
+    from .text import check_text
     from .tts import TTS
     from .voices import VoiceStore, check_voice_choice
 
@@ -271,8 +270,7 @@ def prompt(
 ) -> None:
     """Print the [11, P] prompt the model sees (needs only config.json and the tokenizer files)."""
     from .checkpoint import load_checkpoint
-    from .prompt import PromptBuilder, check_text
-    from .tokenizer import load_tokenizer
+    from .text import PromptBuilder, check_text, load_tokenizer
 
     ckpt = load_checkpoint(model, weights=False, codec=False)
     if ckpt.tokenizer_dir is None:
@@ -620,7 +618,7 @@ def voice_add(
 ) -> None:
     """Register a voice: encode the clip with the model's codec and store it with its transcript."""
     from .audio import read_reference
-    from .prompt import check_text
+    from .text import check_text
     from .tts import TTS
     from .voices import VoiceStore
 

@@ -55,8 +55,8 @@ from starlette.exceptions import HTTPException
 from .audio import MEDIA_TYPES, AudioError, SpeechEncoder, check_speech_format, encode_speech
 from .config import ConfigError
 from .backends.base import EngineError
-from .prompt import PromptError
 from .engine.stream import DEFAULT_CHUNK_FRAMES, SpeechStream
+from .text import PromptError
 from .tts import TTS
 from .voices import DamagedVoice, VoiceError, check_name
 

@@ -20,8 +20,7 @@ from .config import SamplingParams, check_int, check_number
 from .engine.batch import generate_batch
 from .engine.loop import frame_budget, generate
 from .engine.stream import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
-from .prompt import PromptBuilder, PromptError, PromptTooLong, check_text, split_text
-from .tokenizer import load_tokenizer
+from .text import PromptBuilder, PromptError, PromptTooLong, check_text, load_tokenizer, split_text
 from .voices import Voice, VoiceError, VoiceStore, check_name, check_voice_choice, now_utc
 
 # A voice must leave room for this many frames (64 x 2048 samples = 3.0 s) after its clone prompt: a
@@ -254,7 +253,7 @@ class TTS:
         ``chunk_frames`` (default 16 frames, 0.74 s), so sent audio covers the next chunk's making when frames
         come faster than real time.
 
-        Text is split (:func:`.prompt.split_text`) into pieces whose estimated speech (``FRAMES_PER_TOKEN``
+        Text is split (:func:`.text.split_text`) into pieces whose estimated speech (``FRAMES_PER_TOKEN``
         frames per text token) fits the context and the checkpoint's ``max_new_tokens``; they are spoken in
         order in the same voice, the seed's noise stream running on, with a short pause between. Text the
         splitter keeps in one piece gives :meth:`generate`'s samples with the same arguments (a prompt that fits

@@ -1,6 +1,6 @@
 """Speech as it is made: the frame loop feeding an exact incremental codec, chunk by chunk (DESIGN.md pipeline).
 
-A :class:`SpeechStream` speaks one or more pieces of text (long text split by :func:`..prompt.split_text`) in
+A :class:`SpeechStream` speaks one or more pieces of text (long text split by :func:`..text.split_text`) in
 order: per piece, prefill, then every ``chunk_frames`` new frames the codec decodes just those frames (keeping
 its own state, see :class:`..model.codec.StreamingDecoder`) and the stream yields their audio; pieces are
 joined by a short silence. The stream's first chunk is shorter (``first_chunk_frames``), so the first audio

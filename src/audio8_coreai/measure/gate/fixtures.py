@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...prompt import check_text
+from ...text import check_text
 from .errors import GateError
 
 DEFAULT_FIXTURES = Path(__file__).with_name("gate_fixtures.json")

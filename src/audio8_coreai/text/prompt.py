@@ -1,4 +1,4 @@
-"""Text cleaning and the [num_codebooks + 1, P] prompt (SPEC.md section 5).
+"""The [num_codebooks + 1, P] prompt (SPEC.md section 5).
 
 The publisher's ``ArkttsProcessor`` + ``_prepare_prompt`` build a chat-style prompt: a system turn
 ("convert the provided text to speech", optionally with a reference clip's transcript and codes), a user
@@ -14,16 +14,13 @@ checkpoint and the tiny one.
 from __future__ import annotations
 
 import re
-import unicodedata
-from collections.abc import Callable
 
 import numpy as np
 from tokenizers import Tokenizer
 
-from audio8_coreai.config import ModelConfig
-from audio8_coreai.tokenizer import IM_END, IM_START, VOICE
-
-from .errors import Audio8Error
+from ..config import ModelConfig
+from .checks import PromptError, check_text, clean_text
+from .tokenizer import IM_END, IM_START, VOICE
 
 # Template segments, verbatim from the publisher's processor (SPEC.md section 5).
 SYSTEM_OPEN = "<|im_start|>system\n"
@@ -40,40 +37,8 @@ SPEAKER_TAG = re.compile(r"<\|speaker:\d+\|>")
 DEFAULT_SPEAKER = "<|speaker:0|>"
 
 
-class PromptError(Audio8Error, ValueError):
-    """The text, reference or prompt length cannot make a valid prompt; the message says what to change."""
-
-
 class PromptTooLong(PromptError):
     """A well-formed prompt that, with the frames asked for, does not fit the context (``max_seq_len``)."""
-
-
-def clean_text(text: str) -> str:
-    """The publisher's HF processor cleaning: strip, and fold every Unicode whitespace run to one space.
-
-    Nothing else: no case folding, number expansion or control-character removal (the publisher's ONNX,
-    Candle and JS runtimes do more; SPEC.md section 11). "你好\\n世界" becomes "你好 世界".
-    """
-    return " ".join(text.split())
-
-
-def check_text(text: str, what: str = "text") -> str:
-    """Clean the text to speak and reject what cannot be spoken; returns the cleaned text.
-
-    The publisher rejects only an empty text after cleaning. We also reject text without a single letter
-    or digit (punctuation, symbols or emoji only, e.g. "...!!" or "—"): the model has nothing to read
-    and babbles or stops at once. This stricter rule is ours.
-    """
-    if not isinstance(text, str):
-        raise PromptError(f"{what} must be a string, got {type(text).__name__}")
-    cleaned = clean_text(text)
-    if not cleaned:
-        raise PromptError(f"{what} is empty (or only whitespace): give the words to speak")
-    if not any(unicodedata.category(c)[0] in "LN" for c in cleaned):
-        shown = cleaned if len(cleaned) <= 60 else f"{cleaned[:60]}... ({len(cleaned)} characters)"
-        raise PromptError(f"{what} {shown!r} has no letters or digits (only punctuation or symbols): "
-                          "there is nothing to speak; give at least one word")
-    return cleaned
 
 
 class PromptBuilder:
@@ -221,142 +186,3 @@ class PromptBuilder:
         raise PromptTooLong(f"the prompt is {prompt_len} tokens{content}; with max_new_frames {max_new_frames} "
                           f"that is {prompt_len + max_new_frames} positions, over max_seq_len {limit}: at most "
                           f"{limit - prompt_len} frames fit, so lower max_new_frames or shorten the text")
-
-
-# Long text (DESIGN.md: prompt.py splits what does not fit one utterance). A Latin mark ends a piece only
-# before a space or the end ("3.14", "3,5", "e.g.x" and "U.S.A" stay whole); a CJK mark ends one wherever it is,
-# since CJK text has no spaces. Closing quotes and brackets stay with the mark they follow.
-SENTENCE_MARKS_LATIN = ".!?…"
-SENTENCE_MARKS_CJK = "。！？"
-CLAUSE_MARKS_LATIN = ",;:—–"
-CLAUSE_MARKS_CJK = "，、；："
-_CLOSERS = "\"'”’»)]}」』）】》"
-
-# Words whose period never ends a sentence in the Latin-script languages the model speaks (en, de, fr, es):
-# titles before a name and abbreviations that stand inside a sentence; lowercased, without the final period.
-# A missed sentence end costs little (the text is cut at the next one, or at a clause), a false one puts a
-# pause after "Dr.", so the lists lean towards keeping a sentence whole.
-ABBREVIATIONS_INSIDE = frozenset({
-    # en
-    "mr", "mrs", "ms", "mx", "dr", "prof", "rev", "hon", "st", "mt", "gen", "col", "capt", "lt", "sgt", "gov",
-    "sen", "rep", "fr", "sr", "jr", "vs", "cf", "viz", "e.g", "i.e",
-    # de: Herr, Fräulein, zum Beispiel, das heißt, unter anderem, beziehungsweise, vergleiche...
-    "hr", "frl", "z.b", "d.h", "u.a", "bzw", "vgl", "ggf", "evtl", "sog", "inkl", "zzgl",
-    # fr: Madame, Mademoiselle, Monseigneur, Professeur, par exemple, c'est-à-dire
-    "mme", "mlle", "mgr", "pr", "p.ex", "c.-à-d",
-    # es: Señora, Señorita, Doctora, usted, ustedes, doña, por ejemplo
-    "sra", "srta", "dra", "ud", "uds", "vd", "dña", "p.ej",
-})
-# Abbreviations that also close sentences ("... and so on, etc. The next"): a sentence end only when the
-# next word does not start with a lowercase letter or a digit ("etc. and", "No. 5", "ca. 30" continue).
-ABBREVIATIONS_EITHER = frozenset({
-    "etc", "approx", "fig", "no", "nos", "vol", "ch", "p", "pp", "inc", "ltd", "co", "corp", "ave", "blvd",  # en
-    "ca", "nr", "usw", "str", "abs",  # de
-    "env", "av", "bd",  # fr
-    "aprox", "pág", "núm", "tel",  # es
-})
-# German ordinals before a month ("am 3. Oktober"): a number's period is no sentence end before these.
-MONTHS_DE = frozenset({
-    "januar", "februar", "märz", "april", "mai", "juni", "juli", "august", "september", "oktober", "november",
-    "dezember",
-})
-
-_NEXT_WORD = re.compile(r"\s*(\w*)")
-_OPENING = re.compile(r"^\W+")  # opening quotes and brackets before a word
-
-
-def _continues_sentence(text: str, i: int, j: int) -> bool:
-    """Whether the marks ``text[i:j]``, followed by a space, leave the sentence open: a period after a title,
-    an abbreviation or an initial ("Dr. Smith", "e.g. this", "J. K. Rowling"), a German ordinal before a month
-    ("3. Oktober"), an ellipsis before a lowercase word ("well... maybe"). Decimals never get here: their
-    period is not followed by a space. ``text`` is cleaned (single spaces)."""
-    following = _NEXT_WORD.match(text, j).group(1)
-    lower_next = following[:1].islower() or following[:1].isdigit()
-    run = text[i:j]
-    if run in ("...", "…"):
-        return following[:1].islower()
-    if run != ".":
-        return False
-    word = _OPENING.sub("", text[text.rfind(" ", 0, i) + 1:i])  # "(Dr" -> "Dr", "“Mr" -> "Mr"
-    key = word.lower()
-    if key in ABBREVIATIONS_INSIDE or (len(word) == 1 and word.isupper() and word != "I"):
-        return True
-    if word.isdigit():
-        return lower_next or following.lower() in MONTHS_DE
-    return (key in ABBREVIATIONS_EITHER or "." in word) and lower_next  # "U.S. and", "p.m. tomorrow"
-
-
-def _cut(text: str, latin: str, cjk: str,
-         continues: Callable[[str, int, int], bool] = lambda text, i, j: False) -> list[tuple[int, int]]:
-    """Spans ``(start, end)`` of ``text`` cut after each run of the given marks (and its closers), except where
-    ``continues(text, i, j)`` says the run ``text[i:j]`` does not end one; every character belongs to one span,
-    so the spans joined give back ``text``."""
-    spans, start, i = [], 0, 0
-    marks = latin + cjk
-    while i < len(text):
-        if text[i] not in marks:
-            i += 1
-            continue
-        j = i + 1
-        while j < len(text) and (text[j] in marks or text[j] in _CLOSERS):
-            j += 1
-        if any(c in cjk for c in text[i:j]) or j == len(text) or (text[j].isspace() and not continues(text, i, j)):
-            spans.append((start, j))
-            start = j
-        i = j
-    if start < len(text):
-        spans.append((start, len(text)))
-    return spans
-
-
-def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:
-    """Split ``text`` into pieces of at most ``max_tokens`` tokens each (``count(piece)`` tokens), in order.
-
-    Text that fits is returned whole (one piece, cleaned as :func:`check_text`). Otherwise it is cut at
-    sentence ends (``. ! ? …`` before a space, but not after a title, an abbreviation or an initial, see
-    :func:`_continues_sentence`; ``。！？`` anywhere), a sentence that is still too long at
-    clause marks (``, ; : — –`` before a space, ``，、；：`` anywhere), and a clause still too long at spaces;
-    then neighbouring cuts are joined again while they fit, so pieces are as long as allowed (fewer breaks in
-    the prosody). Pieces keep the text's own characters: joined with single spaces where the text had
-    whitespace, they give back the cleaned text. A cut without a letter or digit ("...", "—") rides with its
-    neighbour. Never drops text.
-
-    Raises PromptError for unspeakable text (:func:`check_text`) and for a run without any mark or space
-    (one long word, or CJK text without punctuation) longer than ``max_tokens``: the message gives the run's
-    start and both counts.
-    """
-    text = check_text(text)
-    if max_tokens < 1:
-        raise PromptError(f"no room for text: an utterance can hold {max_tokens} tokens of it (a voice whose "
-                          "reference fills the context?)")
-    if count(text) <= max_tokens:
-        return [text]
-    spans: list[tuple[int, int]] = []
-    for s0, s1 in _cut(text, SENTENCE_MARKS_LATIN, SENTENCE_MARKS_CJK, _continues_sentence):
-        if count(text[s0:s1]) <= max_tokens:
-            spans.append((s0, s1))
-            continue
-        for c0, c1 in _cut(text[s0:s1], CLAUSE_MARKS_LATIN, CLAUSE_MARKS_CJK):
-            c0, c1 = s0 + c0, s0 + c1
-            if count(text[c0:c1]) <= max_tokens:
-                spans.append((c0, c1))
-                continue
-            for word in re.finditer(r"\S+\s*", text[c0:c1]):
-                w0, w1 = c0 + word.start(), c0 + word.end()
-                if count(text[w0:w1]) > max_tokens:
-                    run = text[w0:w1].strip()
-                    shown = run if len(run) <= 40 else run[:39] + "…"
-                    raise PromptError(f"cannot split the text: {shown!r} (character {w0}) is {count(run)} tokens "
-                                      f"with no punctuation or space to split at, over the {max_tokens} tokens "
-                                      "one utterance can hold; add punctuation or spaces")
-                spans.append((w0, w1))
-    pieces: list[tuple[int, int]] = []
-    for s0, s1 in spans:
-        speakable = any(unicodedata.category(c)[0] in "LN" for c in text[s0:s1])
-        if pieces and (not speakable or count(text[pieces[-1][0]:s1].strip()) <= max_tokens):
-            pieces[-1] = (pieces[-1][0], s1)
-        else:
-            pieces.append((s0, s1))
-    if len(pieces) > 1 and not any(unicodedata.category(c)[0] in "LN" for c in text[slice(*pieces[0])]):
-        pieces[:2] = [(pieces[0][0], pieces[1][1])]  # leading marks ride with the first words
-    return [text[a:b].strip() for a, b in pieces]

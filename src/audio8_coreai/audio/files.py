@@ -1,0 +1,149 @@
+"""Writing audio files: whole (:func:`write_audio`) or as it is made (:func:`open_audio_writer`), each finished
+file put in place by one atomic :func:`publish`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from .errors import AudioError
+
+# Formats written by extension; soundfile (libsndfile) encodes them all.
+WRITE_FORMATS = {".wav": ("WAV", "FLOAT"), ".flac": ("FLAC", "PCM_24"), ".ogg": ("OGG", "VORBIS")}
+
+
+def write_audio(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
+    """Write mono float32 ``audio`` [N] (in [-1, 1]) at ``sample_rate`` Hz to ``path``.
+
+    The format follows the extension: ``.wav`` (32-bit float), ``.flac`` (24-bit), ``.ogg`` (Vorbis).
+    The file is written beside its target under a temporary name and renamed into place, so an
+    interrupted write never leaves a truncated file and never clobbers an existing one half-way.
+
+    Raises:
+        AudioError: unknown extension, a missing or unwritable folder, or a path that is a folder.
+    """
+    path, folder = check_writable(path)
+    ext = path.suffix.lower()
+    fmt, subtype = WRITE_FORMATS[ext]
+    data = np.asarray(audio, dtype=np.float32).reshape(-1)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=ext, dir=folder)
+        os.close(fd)
+        sf.write(tmp, data, sample_rate, format=fmt, subtype=subtype)
+        publish(tmp, path)
+    except (OSError, sf.LibsndfileError) as e:
+        raise _write_error(path, folder, e) from e
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _write_error(path: Path, folder: Path, e: BaseException) -> AudioError:
+    """AudioError for a failed write of ``path``; libsndfile says only 'System error.' when the disk is full."""
+    try:
+        full = shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        full = False
+    return AudioError(f"cannot write {path}: {e}" + (" (the disk is full: free some space or write elsewhere)"
+                                                     if full else ""))
+
+
+def check_writable(path: str | Path) -> tuple[Path, Path]:
+    """``(path, its folder)`` if an audio file can be written there (see :func:`write_audio`), else AudioError."""
+    path = Path(path).expanduser()
+    if path.suffix.lower() not in WRITE_FORMATS:
+        raise AudioError(f"cannot write {path.name!r}: use a .wav, .flac or .ogg file name")
+    if path.is_dir():
+        raise AudioError(f"{path} is a folder: give a file name such as {path / 'speech.wav'}")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise AudioError(f"cannot write {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise AudioError(f"cannot write {path}: no permission to write in {folder}")
+    return path, folder
+
+
+def partial_path(path: str | Path) -> Path:
+    """Where :func:`open_audio_writer` grows the audio for ``path``: ``.NAME.partial.EXT`` beside it."""
+    path = Path(path)
+    return path.parent / f".{path.stem}.partial{path.suffix}"
+
+
+@contextlib.contextmanager
+def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[sf.SoundFile]:
+    """Write mono audio at ``sample_rate`` Hz to ``path`` chunk by chunk, as it is made (``say --stream``).
+
+    Formats as :func:`write_audio`. The audio grows in ``.NAME.partial.EXT`` beside ``path`` with every
+    ``write(chunk float32 [n])`` (call ``flush()`` after each to keep a wav's header sizes current, so the file so
+    far plays) and becomes ``path`` when the block ends without an error; an interrupted run (an exception in the
+    block) leaves ``path`` as it was (an existing file is never clobbered) and the audio made until then in the
+    partial file, which is removed when it holds none.
+    Raises AudioError as :func:`write_audio`.
+    """
+    path, folder = check_writable(path)
+    fmt, subtype = WRITE_FORMATS[path.suffix.lower()]
+    partial = partial_path(path)
+    try:
+        f = sf.SoundFile(str(partial), "w", sample_rate, 1, subtype, format=fmt)
+    except (OSError, sf.LibsndfileError) as e:
+        raise _write_error(partial, folder, e) from e
+    try:
+        with f:
+            yield _ChunkWriter(f, partial, folder)
+    except BaseException:
+        if f.frames == 0:  # nothing was made: no partial file to keep
+            partial.unlink(missing_ok=True)
+        raise
+    publish(partial, path)
+
+
+class _ChunkWriter:
+    """:func:`open_audio_writer`'s file: ``write(chunk)``, ``flush()`` and ``frames`` of a ``soundfile.SoundFile``,
+    whose failures (a full disk mid-stream) raise AudioError naming the partial file."""
+
+    def __init__(self, f: sf.SoundFile, partial: Path, folder: Path):
+        self._f, self._partial, self._folder = f, partial, folder
+
+    @property
+    def frames(self) -> int:
+        return self._f.frames
+
+    def write(self, chunk: np.ndarray) -> None:
+        self._call(self._f.write, chunk)
+
+    def flush(self) -> None:
+        self._call(self._f.flush)
+
+    def _call(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except (OSError, sf.LibsndfileError) as e:
+            raise _write_error(self._partial, self._folder, e) from e
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only way to read it; done once, at import, before any thread writes files
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+def publish(tmp: str | Path, path: Path) -> None:
+    """Rename the finished file ``tmp`` over ``path`` (atomic), with the usual permissions (0666 less the
+    umask; ``mkstemp`` makes its files owner-only). Raises AudioError when it cannot."""
+    try:
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise AudioError(f"cannot write {path}: {e}") from e

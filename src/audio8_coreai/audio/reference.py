@@ -1,0 +1,153 @@
+"""Reference clips in: read any audio file as 44.1 kHz mono and refuse or warn about what makes a poor voice."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from .errors import AudioError
+
+# Reference clips for voice cloning. The publisher's processor takes any length and level (SPEC.md section 9);
+# these limits are ours (DESIGN.md pipeline, issue 4): under half a second there is too little of the voice to
+# copy, and past 30 s the reference crowds out the frames in the context.
+REFERENCE_RATE = 44100  # the codec's sample rate: the encoder sees 44.1 kHz mono only
+MIN_REFERENCE_S = 0.5
+MAX_REFERENCE_S = 30.0
+LOW_RATE_HZ = 16000  # below this the clip lacks the upper speech band, so the clone sounds muffled
+SILENCE_WINDOW_S = 0.02  # 20 ms: shorter than a syllable, longer than one pitch period
+SILENCE_DBFS = -50.0  # a window whose RMS is below this holds no speech
+MIN_SOUND_SHARE = 0.1  # fewer windows of sound than this share: "nearly all silence"
+LOW_PEAK_DBFS = -30.0  # a peak below this is a very quiet recording (speech usually peaks near -6 dBFS)
+FULL_SCALE = 0.999  # |sample| at or above this counts as full scale (int16 full scale is 0.99997)
+CLIP_RUN = 3  # clipping flattens the waveform into runs of equal full-scale samples; a crest never repeats
+CLIP_SHARE = 1e-4  # clipped samples above this share of the clip get a warning; a stray run is harmless
+
+
+@dataclass
+class ReferenceInfo:
+    """What :func:`read_reference` found in a clip.
+
+    ``sample_rate`` (Hz), ``channels`` and ``duration_s`` (seconds) are the source file's; ``format`` and
+    ``subtype`` are libsndfile's names (e.g. ``WAV``/``PCM_16``, ``FLAC``/``PCM_24``); ``peak_dbfs`` is the peak
+    of the mono mix; ``warnings`` are sentences for the user (clipping, low level, low sample rate).
+    """
+
+    path: Path
+    sample_rate: int
+    channels: int
+    duration_s: float
+    format: str
+    subtype: str
+    peak_dbfs: float
+    warnings: list[str] = field(default_factory=list)
+
+
+def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
+    """Read a reference clip -> (mono float32 audio [N] at 44100 Hz, :class:`ReferenceInfo`).
+
+    Any file libsndfile reads (wav, flac, ogg, mp3 with libsndfile >= 1.1, aiff, ...; 8- to 32-bit integer or
+    float samples) at any sample rate and channel count. As the publisher's processor (SPEC.md section 9):
+    channels are averaged to mono, and there is no normalisation, trimming or padding. The publisher
+    resamples with torchaudio's windowed sinc (Hann, width 6, rolloff 0.99); we resample with soxr (very high
+    quality), so a clip that is not already at 44.1 kHz can give codes that differ slightly from the
+    publisher's. A 44.1 kHz clip is not resampled and gives the publisher's codes exactly.
+
+    Raises AudioError, with the reason and what to do, for: a missing file or a folder, a file libsndfile
+    cannot read (not audio, corrupt, truncated header), no samples, NaN or infinite samples, a duration under
+    0.5 s or over 30 s (checked from the header first, so a long file is refused unread), digital silence,
+    and a clip that is nearly all silence (fewer than 10 % of its 20 ms windows above -50 dBFS RMS).
+    Warnings (in ``info.warnings``, the clip is still used): clipping (runs of >= 3 equal full-scale samples
+    making up over 0.01 % of the clip), a very low level (peak under -30 dBFS), a sample rate under 16 kHz.
+    """
+    if not isinstance(path, (str, os.PathLike)):  # samples or an open file: the clip is read from its file
+        raise AudioError(f"the reference clip must be a file path (str or Path), got {type(path).__name__}: "
+                         "write the samples to a .wav first (soundfile.write)")
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise AudioError(f"{path} is a folder: give the reference clip's audio file")
+    if not path.is_file():
+        raise AudioError(f"reference audio {path} does not exist")
+    try:
+        with sf.SoundFile(str(path)) as f:
+            rate, channels, fmt, subtype = f.samplerate, f.channels, f.format, f.subtype
+            if f.frames > 0:
+                _check_duration(path, f.frames / rate)
+            data = f.read(dtype="float32", always_2d=True)
+    except (sf.SoundFileError, RuntimeError, OSError) as e:
+        detail = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
+        raise AudioError(f"cannot read reference audio {path}: {detail}; give a clip in a format libsndfile "
+                         "reads (wav, flac, ogg, mp3, aiff), re-exported if this one is damaged") from e
+    if data.shape[0] == 0:
+        raise AudioError(f"reference audio {path} holds no samples: give 0.5 to 30 s of the speaker talking")
+    duration = data.shape[0] / rate
+    _check_duration(path, duration)  # the header's frame count can be an estimate (mp3) or wrong (truncation)
+    if not np.isfinite(data).all():
+        raise AudioError(f"reference audio {path} holds NaN or infinite samples (a damaged float file); "
+                         "re-export the clip")
+    clipped = _clipped_samples(data)
+    mono = data.mean(axis=1)  # the publisher averages channels (SPEC.md section 9)
+    peak = float(np.abs(mono).max())
+    if peak == 0.0:
+        raise AudioError(f"reference audio {path} is digital silence (every sample is 0): give a clip of the "
+                         "speaker talking")
+    sound = _sound_share(mono, rate)
+    if sound < MIN_SOUND_SHARE:
+        raise AudioError(f"reference audio {path} is nearly all silence: only {sound * duration:.2f} s of its "
+                         f"{duration:.2f} s is above {SILENCE_DBFS:g} dBFS; give a clip of the speaker talking")
+    peak_dbfs = 20 * float(np.log10(peak))
+    warnings = []
+    if clipped > CLIP_SHARE * data.size:
+        warnings.append(f"{path.name} is clipped: {clipped} samples ({100 * clipped / data.size:.2f} %) sit at "
+                        "full scale, and the cloned voice may copy the distortion; record at a lower level")
+    if peak_dbfs < LOW_PEAK_DBFS:
+        warnings.append(f"{path.name} is very quiet (peak {peak_dbfs:.1f} dBFS): noise weighs more in the voice; "
+                        "record closer to the microphone or raise the level")
+    if rate < LOW_RATE_HZ:
+        warnings.append(f"{path.name} is sampled at {rate} Hz: it holds nothing above {rate // 2} Hz, so the "
+                        f"cloned voice may sound muffled; use a recording at {LOW_RATE_HZ} Hz or more")
+    if rate != REFERENCE_RATE:
+        mono = soxr.resample(mono, rate, REFERENCE_RATE, quality="VHQ")
+    info = ReferenceInfo(path, rate, channels, duration, fmt, subtype, peak_dbfs, warnings)
+    return np.ascontiguousarray(mono, dtype=np.float32), info
+
+
+def _check_duration(path: Path, seconds: float) -> None:
+    if seconds < MIN_REFERENCE_S:
+        raise AudioError(f"reference audio {path} is {seconds:.2f} s long; a voice needs {MIN_REFERENCE_S:g} to "
+                         f"{MAX_REFERENCE_S:g} s of speech: give a longer clip")
+    if seconds > MAX_REFERENCE_S:
+        raise AudioError(f"reference audio {path} is {seconds:.2f} s long; a voice needs {MIN_REFERENCE_S:g} to "
+                         f"{MAX_REFERENCE_S:g} s of speech: cut the clip (about 10 s of clear speech is plenty)")
+
+
+def _sound_share(mono: np.ndarray, rate: int) -> float:
+    """The share of 20 ms windows of ``mono`` [N] whose RMS is at least -50 dBFS (the last partial window
+    is left out)."""
+    window = max(1, min(len(mono), round(rate * SILENCE_WINDOW_S)))
+    n = len(mono) // window
+    frames = mono[: n * window].reshape(n, window)
+    rms = np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1))
+    return float(np.mean(rms >= 10 ** (SILENCE_DBFS / 20)))
+
+
+def _clipped_samples(data: np.ndarray) -> int:
+    """How many samples of ``data`` [N, channels] lie in runs of >= 3 equal full-scale samples.
+
+    Equal, not just loud: a full-scale sine (even a 100 Hz one, whose crest spans several samples above
+    0.999) never repeats a value three times, while a clipped one sits flat at the limit.
+    """
+    n = data.shape[0] - CLIP_RUN + 1
+    if n <= 0:
+        return 0
+    starts = np.abs(data[:n]) >= FULL_SCALE
+    for i in range(1, CLIP_RUN):
+        starts &= data[i:i + n] == data[:n]
+    hit = np.zeros(data.shape, dtype=bool)
+    for i in range(CLIP_RUN):
+        hit[i:i + n] |= starts
+    return int(hit.sum())

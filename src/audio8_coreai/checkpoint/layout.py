@@ -1,0 +1,33 @@
+"""The publisher's checkpoint folder layout (SPEC.md sections 1 and 3) and the error for a folder that breaks it.
+
+* ``config.json``: the ``ArkttsConfig`` (``model_type`` ``arktts``), read into :class:`ModelConfig`;
+* ``generation_config.json`` (optional): sampling defaults, the publisher's fallbacks when absent;
+* ``model.safetensors``: the DualAR weights under the publisher's names (bf16 in the release);
+* ``codec.pth``: the codec weights, a torch pickle loaded with ``weights_only=True`` only, or
+  ``codec.safetensors`` with the same names (preferred when present: no pickle at all);
+* ``codec_spec.json`` (optional, not in the release): the codec's sizes when they are not the 0.6b ones;
+* ``tokenizer.json`` + ``tokenizer_config.json`` (optional here; the prompt builder needs them).
+"""
+
+from __future__ import annotations
+
+from ..errors import Audio8Error
+
+DEFAULT_MODEL = "Audio8/Audio8-TTS-Preview-0.6b"
+
+CONFIG_FILE = "config.json"
+GENERATION_FILE = "generation_config.json"
+MODEL_FILE = "model.safetensors"
+CODEC_SAFETENSORS_FILE = "codec.safetensors"
+CODEC_SPEC_FILE = "codec_spec.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+# What a folder must hold, said the same way in every error message.
+FOLDER_CONTENTS = (
+    "config.json, model.safetensors and codec.pth (or codec.safetensors); "
+    "tokenizer.json, tokenizer_config.json and generation_config.json are used when present"
+)
+
+
+class CheckpointError(Audio8Error):
+    """A checkpoint cannot be found, read or used; the message names the file and what to do."""

@@ -1,0 +1,88 @@
+"""Find a checkpoint: a local folder as is, or a hub id ``owner/name`` downloaded into the hub cache."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ..config import ModelConfig
+from .layout import (
+    CODEC_SAFETENSORS_FILE,
+    CODEC_SPEC_FILE,
+    CONFIG_FILE,
+    DEFAULT_MODEL,
+    FOLDER_CONTENTS,
+    GENERATION_FILE,
+    MODEL_FILE,
+    TOKENIZER_FILES,
+    CheckpointError,
+)
+
+# Hub ids are "owner/name"; anything else that does not exist on disk is a mistyped path.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+# A hub that does not answer must not stall the command line: the ETag probe per file gives up after this
+# many seconds unless HF_HUB_ETAG_TIMEOUT says otherwise (huggingface_hub's own default is 10 s).
+_HUB_ETAG_TIMEOUT_S = 5.0
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _hub_files(weights: bool, codec: bool) -> list[str]:
+    files = [CONFIG_FILE, GENERATION_FILE, CODEC_SPEC_FILE, *TOKENIZER_FILES]
+    if weights:
+        files.append(MODEL_FILE)
+    if codec:
+        files += [ModelConfig.__dataclass_fields__["codec_filename"].default, CODEC_SAFETENSORS_FILE]
+    return files
+
+
+def resolve_checkpoint(model: str | Path = DEFAULT_MODEL, *, weights: bool = True, codec: bool = True) -> Path:
+    """Return the local folder of ``model``: an existing folder as is, a hub id ``owner/name`` downloaded.
+
+    A hub id is fetched with ``huggingface_hub.snapshot_download`` restricted to the files a checkpoint
+    uses (``weights=False`` / ``codec=False`` leave out ``model.safetensors`` / the codec file), into the
+    usual hub cache. ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``), read at call time, limits this to
+    the cache. Nothing here checks the folder's contents; :func:`load_checkpoint` does.
+
+    Raises:
+        CheckpointError: ``model`` is a file, or a path that does not exist and is not a hub id, or the hub
+            could not be reached / has no such repository / the id is not cached while offline. The
+            message lists the files a local folder must hold and suggests ``--model DIR``.
+    """
+    text = str(model)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{path} is a file; --model takes a checkpoint folder holding {FOLDER_CONTENTS}")
+    if not _HUB_ID.fullmatch(text):
+        raise CheckpointError(
+            f"no checkpoint folder at {path}, and {text!r} is not a hub id (owner/name); pass --model DIR, a "
+            f"folder holding {FOLDER_CONTENTS}, or a hub id such as {DEFAULT_MODEL}"
+        )
+    # Imported here: the hub client is only needed for ids, and importing it costs time on every CLI start.
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    offline = _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
+    etag_timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT", _HUB_ETAG_TIMEOUT_S))
+    local_hint = f"pass --model DIR with a local folder holding {FOLDER_CONTENTS}"
+    try:
+        return Path(snapshot_download(text, allow_patterns=_hub_files(weights, codec), etag_timeout=etag_timeout,
+                                      local_files_only=offline))
+    except GatedRepoError as e:
+        raise CheckpointError(f"hub repository {text} is gated: accept its terms on the hub and log in "
+                              f"(`hf auth login`), or {local_hint}") from e
+    except RepositoryNotFoundError as e:
+        raise CheckpointError(f"hub repository {text} does not exist or is private (no local folder {path} "
+                              f"either); check the id, log in for a private one, or {local_hint}") from e
+    except Exception as e:  # noqa: BLE001 - any network/cache failure means the same thing to the user
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if offline:
+            why = f"HF_HUB_OFFLINE is set and {text} is not in the local hub cache"
+        else:
+            why = f"the hub could not be reached for {text} ({type(e).__name__}: {first_line})"
+        raise CheckpointError(f"{why}; {local_hint}") from e

@@ -1,0 +1,115 @@
+"""Read a checkpoint's files safely: JSON configs, safetensors headers without their data, the codec's tensors
+(a ``.safetensors`` file, or a ``.pth`` pickle loaded with ``weights_only=True`` only)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ..model.codec import normalize_codec_state_dict
+from .layout import FOLDER_CONTENTS, CheckpointError
+from .validate import MAX_LISTED
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+def read_json(path: Path, required: bool) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when the file is absent and not ``required``.
+
+    Raises:
+        CheckpointError: absent though ``required``, unreadable, not JSON, or not an object.
+    """
+    if not path.is_file():
+        if required:
+            raise CheckpointError(f"{path.parent}: no {path.name}; a checkpoint folder must hold {FOLDER_CONTENTS}")
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e}); restore the file from the checkpoint") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def safetensors_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name -> (shape, dtype) from a safetensors header, without reading tensor data.
+
+    ``safe_open`` checks that the header is well formed and that its offsets cover the file exactly, so a
+    truncated or padded file fails here.
+    """
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            out = {}
+            for name in f.keys():
+                sl = f.get_slice(name)
+                if sl.get_dtype() not in _SAFETENSORS_DTYPES:
+                    raise CheckpointError(f"{path}: tensor {name} has dtype {sl.get_dtype()}, which torch cannot "
+                                          "hold; expected F32, F16 or BF16")
+                out[name] = (tuple(sl.get_shape()), _SAFETENSORS_DTYPES[sl.get_dtype()])
+            return out
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e}); it is truncated or corrupt, "
+                              "download or write it again") from e
+
+
+def _load_pickle(path: Path, lazy: bool) -> Any:
+    """``torch.load`` with ``weights_only=True``: tensors and plain containers only, never arbitrary code.
+
+    ``lazy`` maps a zip-format file instead of reading it (tensor data stays on disk until touched), which
+    is how the codec is validated without loading its 1.6 GB.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=lazy and zipfile.is_zipfile(path))
+    except pickle.UnpicklingError as e:
+        detail = str(e).split("WeightsUnpickler error:", 1)[-1].strip().splitlines()
+        if "Unsupported global" in str(e):
+            culprit = next((line for line in detail if "Unsupported global" in line), detail[0] if detail else "")
+            raise CheckpointError(
+                f"{path}: needs full unpickling ({culprit.split(' was not')[0].strip()}), which could run code "
+                "from the file, so it is refused; re-save it as a plain dict of tensors (torch.save(state_dict)) "
+                "or as codec.safetensors"
+            ) from e
+        raise CheckpointError(f"{path}: not a readable torch weights file ({detail[0] if detail else e}); "
+                              "it is corrupt or truncated, download or write it again") from e
+    except Exception as e:  # noqa: BLE001 - zip, EOF and runtime errors all mean a damaged file
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: not a readable torch weights file ({type(e).__name__}: {first_line}); "
+                              "it is corrupt or truncated, download or write it again") from e
+
+
+def codec_tensors(path: Path, lazy: bool) -> dict[str, torch.Tensor]:
+    """The codec file's tensors under the publisher's module names (after its loading rules, SPEC 3.2).
+
+    ``lazy``: for ``.safetensors`` the tensors are ``meta`` tensors built from the header (shape and dtype
+    only); for a zip ``.pth`` they are memory-mapped. Otherwise everything is read into memory.
+    """
+    if path.suffix == ".safetensors":
+        if lazy:
+            return {n: torch.empty(s, dtype=d, device="meta") for n, (s, d) in safetensors_shapes(path).items()}
+        safetensors_shapes(path)  # a damaged file gets the checked message, not a bare Rust error
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                raw: Any = {n: f.get_tensor(n) for n in f.keys()}
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{path}: tensor data unreadable ({e}); download or write it again") from e
+    else:
+        raw = _load_pickle(path, lazy)
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: holds a {type(raw).__name__}, expected a dict of tensors")
+    sd = normalize_codec_state_dict(raw)
+    bad = [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise CheckpointError(f"{path}: entries that are not tensors: {bad[:MAX_LISTED]}; expected a plain "
+                              "state dict of the codec")
+    return sd

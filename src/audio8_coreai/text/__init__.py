@@ -1,0 +1,26 @@
+"""Text in: the tokenizers, text checks, the long-text splitter and the [num_codebooks + 1, P] prompt builder."""
+
+from .checks import PromptError, check_text, clean_text
+from .prompt import PromptBuilder, PromptTooLong
+from .split import split_text
+from .tokenizer import (
+    TokenizerError,
+    build_qwen_tokenizer,
+    build_tiny_tokenizer,
+    load_tokenizer,
+    write_tokenizer_files,
+)
+
+__all__ = [
+    "PromptBuilder",
+    "PromptError",
+    "PromptTooLong",
+    "TokenizerError",
+    "build_qwen_tokenizer",
+    "build_tiny_tokenizer",
+    "check_text",
+    "clean_text",
+    "load_tokenizer",
+    "split_text",
+    "write_tokenizer_files",
+]

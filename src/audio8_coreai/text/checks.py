@@ -1,0 +1,40 @@
+"""Text checks: the publisher's cleaning and our rule for what can be spoken; the error every text and prompt
+check raises."""
+
+from __future__ import annotations
+
+import unicodedata
+
+from ..errors import Audio8Error
+
+
+class PromptError(Audio8Error, ValueError):
+    """The text, reference or prompt length cannot make a valid prompt; the message says what to change."""
+
+
+def clean_text(text: str) -> str:
+    """The publisher's HF processor cleaning: strip, and fold every Unicode whitespace run to one space.
+
+    Nothing else: no case folding, number expansion or control-character removal (the publisher's ONNX,
+    Candle and JS runtimes do more; SPEC.md section 11). "你好\\n世界" becomes "你好 世界".
+    """
+    return " ".join(text.split())
+
+
+def check_text(text: str, what: str = "text") -> str:
+    """Clean the text to speak and reject what cannot be spoken; returns the cleaned text.
+
+    The publisher rejects only an empty text after cleaning. We also reject text without a single letter
+    or digit (punctuation, symbols or emoji only, e.g. "...!!" or "—"): the model has nothing to read
+    and babbles or stops at once. This stricter rule is ours.
+    """
+    if not isinstance(text, str):
+        raise PromptError(f"{what} must be a string, got {type(text).__name__}")
+    cleaned = clean_text(text)
+    if not cleaned:
+        raise PromptError(f"{what} is empty (or only whitespace): give the words to speak")
+    if not any(unicodedata.category(c)[0] in "LN" for c in cleaned):
+        shown = cleaned if len(cleaned) <= 60 else f"{cleaned[:60]}... ({len(cleaned)} characters)"
+        raise PromptError(f"{what} {shown!r} has no letters or digits (only punctuation or symbols): "
+                          "there is nothing to speak; give at least one word")
+    return cleaned

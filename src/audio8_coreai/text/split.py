@@ -1,0 +1,147 @@
+"""Long text split into pieces that each fit one utterance, at sentence ends, then clauses, then spaces."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable
+
+from .checks import PromptError, check_text
+
+# A Latin mark ends a piece only before a space or the end ("3.14", "3,5", "e.g.x" and "U.S.A" stay whole); a
+# CJK mark ends one wherever it is, since CJK text has no spaces. Closing quotes and brackets stay with the mark
+# they follow.
+SENTENCE_MARKS_LATIN = ".!?…"
+SENTENCE_MARKS_CJK = "。！？"
+CLAUSE_MARKS_LATIN = ",;:—–"
+CLAUSE_MARKS_CJK = "，、；："
+_CLOSERS = "\"'”’»)]}」』）】》"
+
+# Words whose period never ends a sentence in the Latin-script languages the model speaks (en, de, fr, es):
+# titles before a name and abbreviations that stand inside a sentence; lowercased, without the final period.
+# A missed sentence end costs little (the text is cut at the next one, or at a clause), a false one puts a
+# pause after "Dr.", so the lists lean towards keeping a sentence whole.
+ABBREVIATIONS_INSIDE = frozenset({
+    # en
+    "mr", "mrs", "ms", "mx", "dr", "prof", "rev", "hon", "st", "mt", "gen", "col", "capt", "lt", "sgt", "gov",
+    "sen", "rep", "fr", "sr", "jr", "vs", "cf", "viz", "e.g", "i.e",
+    # de: Herr, Fräulein, zum Beispiel, das heißt, unter anderem, beziehungsweise, vergleiche...
+    "hr", "frl", "z.b", "d.h", "u.a", "bzw", "vgl", "ggf", "evtl", "sog", "inkl", "zzgl",
+    # fr: Madame, Mademoiselle, Monseigneur, Professeur, par exemple, c'est-à-dire
+    "mme", "mlle", "mgr", "pr", "p.ex", "c.-à-d",
+    # es: Señora, Señorita, Doctora, usted, ustedes, doña, por ejemplo
+    "sra", "srta", "dra", "ud", "uds", "vd", "dña", "p.ej",
+})
+# Abbreviations that also close sentences ("... and so on, etc. The next"): a sentence end only when the
+# next word does not start with a lowercase letter or a digit ("etc. and", "No. 5", "ca. 30" continue).
+ABBREVIATIONS_EITHER = frozenset({
+    "etc", "approx", "fig", "no", "nos", "vol", "ch", "p", "pp", "inc", "ltd", "co", "corp", "ave", "blvd",  # en
+    "ca", "nr", "usw", "str", "abs",  # de
+    "env", "av", "bd",  # fr
+    "aprox", "pág", "núm", "tel",  # es
+})
+# German ordinals before a month ("am 3. Oktober"): a number's period is no sentence end before these.
+MONTHS_DE = frozenset({
+    "januar", "februar", "märz", "april", "mai", "juni", "juli", "august", "september", "oktober", "november",
+    "dezember",
+})
+
+_NEXT_WORD = re.compile(r"\s*(\w*)")
+_OPENING = re.compile(r"^\W+")  # opening quotes and brackets before a word
+
+
+def _continues_sentence(text: str, i: int, j: int) -> bool:
+    """Whether the marks ``text[i:j]``, followed by a space, leave the sentence open: a period after a title,
+    an abbreviation or an initial ("Dr. Smith", "e.g. this", "J. K. Rowling"), a German ordinal before a month
+    ("3. Oktober"), an ellipsis before a lowercase word ("well... maybe"). Decimals never get here: their
+    period is not followed by a space. ``text`` is cleaned (single spaces)."""
+    following = _NEXT_WORD.match(text, j).group(1)
+    lower_next = following[:1].islower() or following[:1].isdigit()
+    run = text[i:j]
+    if run in ("...", "…"):
+        return following[:1].islower()
+    if run != ".":
+        return False
+    word = _OPENING.sub("", text[text.rfind(" ", 0, i) + 1:i])  # "(Dr" -> "Dr", "“Mr" -> "Mr"
+    key = word.lower()
+    if key in ABBREVIATIONS_INSIDE or (len(word) == 1 and word.isupper() and word != "I"):
+        return True
+    if word.isdigit():
+        return lower_next or following.lower() in MONTHS_DE
+    return (key in ABBREVIATIONS_EITHER or "." in word) and lower_next  # "U.S. and", "p.m. tomorrow"
+
+
+def _cut(text: str, latin: str, cjk: str,
+         continues: Callable[[str, int, int], bool] = lambda text, i, j: False) -> list[tuple[int, int]]:
+    """Spans ``(start, end)`` of ``text`` cut after each run of the given marks (and its closers), except where
+    ``continues(text, i, j)`` says the run ``text[i:j]`` does not end one; every character belongs to one span,
+    so the spans joined give back ``text``."""
+    spans, start, i = [], 0, 0
+    marks = latin + cjk
+    while i < len(text):
+        if text[i] not in marks:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(text) and (text[j] in marks or text[j] in _CLOSERS):
+            j += 1
+        if any(c in cjk for c in text[i:j]) or j == len(text) or (text[j].isspace() and not continues(text, i, j)):
+            spans.append((start, j))
+            start = j
+        i = j
+    if start < len(text):
+        spans.append((start, len(text)))
+    return spans
+
+
+def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:
+    """Split ``text`` into pieces of at most ``max_tokens`` tokens each (``count(piece)`` tokens), in order.
+
+    Text that fits is returned whole (one piece, cleaned as :func:`check_text`). Otherwise it is cut at
+    sentence ends (``. ! ? …`` before a space, but not after a title, an abbreviation or an initial, see
+    :func:`_continues_sentence`; ``。！？`` anywhere), a sentence that is still too long at
+    clause marks (``, ; : — –`` before a space, ``，、；：`` anywhere), and a clause still too long at spaces;
+    then neighbouring cuts are joined again while they fit, so pieces are as long as allowed (fewer breaks in
+    the prosody). Pieces keep the text's own characters: joined with single spaces where the text had
+    whitespace, they give back the cleaned text. A cut without a letter or digit ("...", "—") rides with its
+    neighbour. Never drops text.
+
+    Raises PromptError for unspeakable text (:func:`check_text`) and for a run without any mark or space
+    (one long word, or CJK text without punctuation) longer than ``max_tokens``: the message gives the run's
+    start and both counts.
+    """
+    text = check_text(text)
+    if max_tokens < 1:
+        raise PromptError(f"no room for text: an utterance can hold {max_tokens} tokens of it (a voice whose "
+                          "reference fills the context?)")
+    if count(text) <= max_tokens:
+        return [text]
+    spans: list[tuple[int, int]] = []
+    for s0, s1 in _cut(text, SENTENCE_MARKS_LATIN, SENTENCE_MARKS_CJK, _continues_sentence):
+        if count(text[s0:s1]) <= max_tokens:
+            spans.append((s0, s1))
+            continue
+        for c0, c1 in _cut(text[s0:s1], CLAUSE_MARKS_LATIN, CLAUSE_MARKS_CJK):
+            c0, c1 = s0 + c0, s0 + c1
+            if count(text[c0:c1]) <= max_tokens:
+                spans.append((c0, c1))
+                continue
+            for word in re.finditer(r"\S+\s*", text[c0:c1]):
+                w0, w1 = c0 + word.start(), c0 + word.end()
+                if count(text[w0:w1]) > max_tokens:
+                    run = text[w0:w1].strip()
+                    shown = run if len(run) <= 40 else run[:39] + "…"
+                    raise PromptError(f"cannot split the text: {shown!r} (character {w0}) is {count(run)} tokens "
+                                      f"with no punctuation or space to split at, over the {max_tokens} tokens "
+                                      "one utterance can hold; add punctuation or spaces")
+                spans.append((w0, w1))
+    pieces: list[tuple[int, int]] = []
+    for s0, s1 in spans:
+        speakable = any(unicodedata.category(c)[0] in "LN" for c in text[s0:s1])
+        if pieces and (not speakable or count(text[pieces[-1][0]:s1].strip()) <= max_tokens):
+            pieces[-1] = (pieces[-1][0], s1)
+        else:
+            pieces.append((s0, s1))
+    if len(pieces) > 1 and not any(unicodedata.category(c)[0] in "LN" for c in text[slice(*pieces[0])]):
+        pieces[:2] = [(pieces[0][0], pieces[1][1])]  # leading marks ride with the first words
+    return [text[a:b].strip() for a, b in pieces]
