@@ -56,7 +56,8 @@ from .audio import MEDIA_TYPES, AudioError, SpeechEncoder, check_speech_format, 
 from .config import ConfigError
 from .engine import EngineError
 from .prompt import PromptError
-from .streaming import DEFAULT_CHUNK_FRAMES, SpeechStream
+from .settings import DEFAULTS
+from .streaming import SpeechStream
 from .tts import TTS
 from .voices import DamagedVoice, VoiceError, check_name
 
@@ -64,9 +65,9 @@ from .voices import DamagedVoice, VoiceError, check_name
 # gets the model's own voice rather than an error.
 OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx",
                            "sage", "shimmer", "verse"})
-MAX_INPUT_CHARS = 4096  # OpenAI's limit for input
-MAX_SPEECH_BODY_BYTES = 1024 * 1024  # JSON of the longest input, escaped, with room to spare
-MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a 30-s clip is 5.3 MB as 16-bit stereo wav, 10.6 MB as float
+MAX_INPUT_CHARS = DEFAULTS.max_input_chars  # OpenAI's limit for input
+MAX_SPEECH_BODY_BYTES = DEFAULTS.max_speech_body_bytes  # JSON of the longest input, escaped, with room to spare
+MAX_UPLOAD_BYTES = DEFAULTS.max_upload_bytes  # a 30-s clip is 5.3 MB as 16-bit stereo wav, 10.6 MB as float
 
 
 @dataclass
@@ -75,12 +76,12 @@ class ServerSettings:
     a request may ask for less, never more. ``chunk_frames``: frames per streamed chunk; ``first_chunk_frames``:
     frames in a stream's first chunk (None: the default of :class:`.streaming.SpeechStream`)."""
 
-    workers: int = 1
-    max_queue: int = 8
+    workers: int = DEFAULTS.workers
+    max_queue: int = DEFAULTS.max_queue
     max_input_chars: int = MAX_INPUT_CHARS
     max_upload_bytes: int = MAX_UPLOAD_BYTES
     max_frames: int | None = None
-    chunk_frames: int = DEFAULT_CHUNK_FRAMES
+    chunk_frames: int = DEFAULTS.chunk_frames
     first_chunk_frames: int | None = None
 
 
@@ -186,7 +187,7 @@ class _Cancelled(Exception):
 
 
 _GONE = object()
-DISCONNECT_POLL_S = 0.25  # how often a whole-file request checks that its client is still there
+DISCONNECT_POLL_S = DEFAULTS.disconnect_poll_s  # how often a whole-file request checks that its client is still there
 
 
 async def _next_or_gone(items: asyncio.Queue, request: Request) -> Any:
