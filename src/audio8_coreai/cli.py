@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .audio import AudioError
-from .backends.coreai import DECODER_FRAMES, ENCODER_FRAMES, PARTS
+from .backends.coreai import PARTS
 from .backends.torch import BackendError
 from .checkpoint import DEFAULT_MODEL, CheckpointError
 from .config import ConfigError
@@ -29,6 +29,7 @@ from .engine import EngineError
 from .gate import GateError
 from .parity import ParityError
 from .prompt import PromptError
+from .settings import DEFAULTS
 from .tokenizer import TokenizerError
 from .voices import VoiceError
 
@@ -107,10 +108,11 @@ def say(
     stream: Annotated[bool, typer.Option("--stream", help="Write the audio as it is made, every --chunk-frames "
                                                           "frames; text too long for one utterance is split into "
                                                           "sentences.")] = False,
-    chunk_frames: Annotated[int, typer.Option(help="With --stream: frames per chunk (46 ms each).")] = 16,
+    chunk_frames: Annotated[int, typer.Option(help="With --stream: frames per chunk (46 ms each).")]
+    = DEFAULTS.chunk_frames,
     first_chunk_frames: Annotated[Optional[int], typer.Option(
-        help="With --stream: frames in the first chunk, so the first audio comes sooner (default 1, at most "
-             "--chunk-frames).")] = None,
+        help=f"With --stream: frames in the first chunk, so the first audio comes sooner (default "
+             f"{DEFAULTS.first_chunk_frames}, at most --chunk-frames).")] = None,
 ) -> None:
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
     from .audio import check_writable, read_reference, write_audio
@@ -306,7 +308,8 @@ def parity(
     = "fp32",
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
-    tolerance: Annotated[float, typer.Option(help="Max |logit/waveform diff| for fp32 parity (> 0).")] = 1e-4,
+    tolerance: Annotated[float, typer.Option(help="Max |logit/waveform diff| for fp32 parity (> 0).")]
+    = DEFAULTS.tolerance,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full report as JSON.")] = False,
 ) -> None:
     """Replay an oracle fixture; exit 0 only when fp32 parity holds (reports agreement counts for bf16,
@@ -389,9 +392,9 @@ def gate(
     max_frames: Annotated[Optional[int], typer.Option(help="Frame cap per free run (default: the checkpoint's "
                                                            "max_new_tokens).")] = None,
     asr_margin: Annotated[float, typer.Option(help="Error-rate points (absolute) the port may lose to the "
-                                                   "reference per language.")] = 0.05,
+                                                   "reference per language.")] = DEFAULTS.asr_margin,
     speaker_margin: Annotated[float, typer.Option(help="Mean speaker cosine the port may lose to the "
-                                                       "reference.")] = 0.05,
+                                                       "reference.")] = DEFAULTS.speaker_margin,
     recognizer: Annotated[Optional[list[str]], typer.Option(
         metavar="MODULE:CALLABLE",
         help="A stronger recogniser, MODULE:CALLABLE: fn(audio float32 [N], sample_rate Hz, language code) -> "
@@ -441,8 +444,9 @@ def convert(
     context: Annotated[Optional[int], typer.Option(help="KV slots for prompt + frames, a multiple of 32 "
                                                         "(default: the model's max_seq_len).")] = None,
     decoder_frames: Annotated[int, typer.Option(help="Codec decoder bucket, frames per call (2048 samples "
-                                                     "each).")] = DECODER_FRAMES,
-    encoder_frames: Annotated[int, typer.Option(help="Codec encoder bucket, frames per call.")] = ENCODER_FRAMES,
+                                                     "each).")] = DEFAULTS.decoder_frames,
+    encoder_frames: Annotated[int, typer.Option(help="Codec encoder bucket, frames per call.")]
+    = DEFAULTS.encoder_frames,
     part: Annotated[Optional[list[str]], typer.Option(help="Convert only this part (repeatable): dualar, "
                                                            "codec_decoder, codec_encoder.")] = None,
     greedy: Annotated[bool, typer.Option(help="Bake do_sample false into the frame graphs (argmax draws, the "
@@ -473,7 +477,7 @@ def convert(
 def make_checkpoint_cmd(
     directory: Annotated[Path, typer.Argument(help="New folder to write (must not exist or be empty).")],
     size: Annotated[Size, typer.Option(help="tiny (tests) or 0.6b (benchmarks, about 2.8 GB).")] = Size.tiny,
-    seed: Annotated[int, typer.Option(help="Same seed, byte-identical files.")] = 0,
+    seed: Annotated[int, typer.Option(help="Same seed, byte-identical files.")] = DEFAULTS.checkpoint_seed,
 ) -> None:
     """Write a checkpoint with random weights in the publisher's exact layout."""
     from .checkpoint import make_checkpoint
@@ -488,7 +492,7 @@ def make_checkpoint_cmd(
 def bench(
     model: Annotated[Path, typer.Option("--model", "-m", help="A 0.6b checkpoint folder; a random one (seed 0, "
                                                               "about 2.8 GB) is written there when absent.")]
-    = Path("~/.cache/audio8-coreai/bench-0.6b"),
+    = Path(DEFAULTS.bench_checkpoint),
     precision: Annotated[Optional[list[str]], typer.Option(help="Torch precision to measure (repeatable): fp32, "
                                                                 "bf16, int16, int12, int8, mixed.")] = None,
     threads: Annotated[Optional[list[int]], typer.Option(help="Torch threads (repeatable; default torch's).")]
@@ -497,8 +501,9 @@ def bench(
                                                 "sampling, one call per fast row) for the vs-base ratio.")]
     = False,
     device: DeviceOpt = "cpu",
-    frames: Annotated[int, typer.Option(help="Frames per timed frame loop (eos ignored).")] = 32,
-    runs: Annotated[int, typer.Option(help="Timed runs after one warm-up; medians are reported.")] = 3,
+    frames: Annotated[int, typer.Option(help="Frames per timed frame loop (eos ignored).")] = DEFAULTS.bench_frames,
+    runs: Annotated[int, typer.Option(help="Timed runs after one warm-up; medians are reported.")]
+    = DEFAULTS.bench_runs,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure here.")] = None,
     codec_dtype: Annotated[Optional[list[str]], typer.Option(help="Codec dtype (repeatable): fp32 (default on CPU, "
                                                                   "exact) or bf16 (opt-in, faster, not exact).")]
@@ -551,8 +556,8 @@ def bench(
 @app.command()
 @friendly
 def serve(
-    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = DEFAULTS.host,
+    port: Annotated[int, typer.Option(help="TCP port.")] = DEFAULTS.port,
     model: ModelOpt = DEFAULT_MODEL,
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
@@ -560,14 +565,19 @@ def serve(
     cuda_graphs: CudaGraphsOpt = False,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
-    workers: Annotated[int, typer.Option(help="Model instances, each serving one request at a time.")] = 1,
-    max_queue: Annotated[int, typer.Option(help="Requests that may wait for a worker; more get 503.")] = 8,
+    workers: Annotated[int, typer.Option(help="Model instances, each serving one request at a time.")]
+    = DEFAULTS.workers,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait for a worker; more get 503.")]
+    = DEFAULTS.max_queue,
     max_frames: Annotated[Optional[int], typer.Option(help="Frame cap per utterance (default: the model's).")]
     = None,
-    chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")] = 16,
+    chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")]
+    = DEFAULTS.chunk_frames,
     first_chunk_frames: Annotated[Optional[int], typer.Option(
-        help="Frames in a stream's first chunk (default 1, at most --chunk-frames).")] = None,
-    max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")] = 4096,
+        help=f"Frames in a stream's first chunk (default {DEFAULTS.first_chunk_frames}, at most --chunk-frames)."
+    )] = None,
+    max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")]
+    = DEFAULTS.max_input_chars,
     batch: Annotated[int, typer.Option(
         help="Serve N requests at once from ONE model instance, their frames batched (torch backend; "
              "replaces --workers). 0: off.")] = 0,

@@ -24,8 +24,9 @@ from torch import Tensor
 
 from .graphs import Frame, SamplingParams
 from .model.dualar import DualAR
+from .settings import DEFAULTS
 
-GRAPHS_KEPT = 4
+GRAPHS_KEPT = DEFAULTS.cuda_graphs_kept
 """Captured graphs kept, one per set of sampling settings, least recently used dropped first."""
 
 _CAPTURE = threading.Lock()  # one capture at a time in this process (several model instances serve in threads)

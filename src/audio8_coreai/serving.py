@@ -26,9 +26,10 @@ import numpy as np
 from .backends.torch import FrameResult, TorchBackend
 from .batching import BatchModel, FrameCall
 from .graphs import SamplingParams
+from .settings import DEFAULTS
 
-GATHER_S = 0.003  # how long a ready frame call waits for the other rows' calls (a frame takes 50-500 ms)
-RECENT_S = 2.0  # a row that submitted work this recently is expected to submit its next frame soon
+GATHER_S = DEFAULTS.gather_s  # how long a ready frame call waits for the other rows' calls (a frame takes 50-500 ms)
+RECENT_S = DEFAULTS.recent_s  # a row that submitted work this recently is expected to submit its next frame soon
 
 
 @dataclass

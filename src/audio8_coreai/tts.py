@@ -19,6 +19,7 @@ from .config import check_int, check_number
 from .engine import EngineError, frame_budget, generate, lease
 from .graphs import SamplingParams
 from .prompt import PromptBuilder, PromptError, PromptTooLong, check_text, split_text
+from .settings import DEFAULTS
 from .streaming import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
 from .tokenizer import load_tokenizer
 from .voices import Voice, VoiceError, VoiceStore, check_name, check_voice_choice, now_utc
@@ -26,7 +27,7 @@ from .voices import Voice, VoiceError, VoiceStore, check_name, check_voice_choic
 BACKENDS = ("torch", "coreai")
 # A voice must leave room for this many frames (64 x 2048 samples = 3.0 s) after its clone prompt: a
 # reference that crowds out the speech is refused when registered, not discovered at every utterance.
-MIN_VOICE_FRAMES = 64
+MIN_VOICE_FRAMES = DEFAULTS.min_voice_frames
 
 
 @dataclass

@@ -22,6 +22,7 @@ from ..model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ..model.dualar import DualAR
 from ..cudagraphs import GraphedFrame
 from ..fastframe import FastFrame
+from ..settings import DEFAULTS
 from ..model.quant import (PRECISIONS, Precision, QuantError, apply_precision, default_precision,
                            map_embeddings, release_freed_memory, resolve_precision)
 
@@ -29,11 +30,11 @@ from ..model.quant import (PRECISIONS, Precision, QuantError, apply_precision, d
 # activations in cache: 47.6 ms per frame against 72.0 for the whole run in 256-step pieces with 32 steps of
 # context, and 70.3 for 64-frame pushes (0.6b codec, 160 frames, 2 threads); the peak RSS of a 160-frame decode
 # drops by 0.5 GB.
-DECODE_CHUNK_FRAMES = 16
+DECODE_CHUNK_FRAMES = DEFAULTS.decode_chunk_frames
 
 # Prompt heads (TorchBackend.prefix_length) whose KV state is kept, least recently used dropped first: a plain
 # head is 14 columns (0.3 MB of fp32 KV on the 0.6b model), a 10 s voice's about 240 (6 MB).
-PREFIX_CACHE = 8
+PREFIX_CACHE = DEFAULTS.prefix_cache
 
 # Named in the error a damaged checkpoint raises (NaN or inf out of the model or the codec).
 MODEL_FILE, CODEC_FILE = "model.safetensors", "the codec file (codec.pth or codec.safetensors)"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from ..settings import DEFAULTS
 from .errors import ApiError
 from .metrics import Metrics
 
-MAX_SPEECH_BODY_BYTES = 1024 * 1024  # JSON of the longest input, escaped, with room to spare
+MAX_SPEECH_BODY_BYTES = DEFAULTS.max_speech_body_bytes
 
 
 class SpeechBodyLimit:

@@ -6,27 +6,23 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from ..streaming import DEFAULT_CHUNK_FRAMES
+from ..settings import DEFAULTS
 from ..tts import TTS
 from .metrics import Metrics
 from .workers import Workers
 
-MAX_INPUT_CHARS = 4096  # OpenAI's limit for input
-MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a 30-s clip is 5.3 MB as 16-bit stereo wav, 10.6 MB as float
-
-
 @dataclass
 class ServerSettings:
-    """What ``audio8 serve`` can set. ``max_frames``: the cap per piece (None: the model's default budget);
+    """What ``audio8 serve`` can set (defaults: :data:`.settings.DEFAULTS`). ``max_frames``: the cap per piece (None: the model's default budget);
     a request may ask for less, never more. ``chunk_frames``: frames per streamed chunk; ``first_chunk_frames``:
     frames in a stream's first chunk (None: the default of :class:`.streaming.SpeechStream`)."""
 
-    workers: int = 1
-    max_queue: int = 8
-    max_input_chars: int = MAX_INPUT_CHARS
-    max_upload_bytes: int = MAX_UPLOAD_BYTES
+    workers: int = DEFAULTS.workers
+    max_queue: int = DEFAULTS.max_queue
+    max_input_chars: int = DEFAULTS.max_input_chars
+    max_upload_bytes: int = DEFAULTS.max_upload_bytes
     max_frames: int | None = None
-    chunk_frames: int = DEFAULT_CHUNK_FRAMES
+    chunk_frames: int = DEFAULTS.chunk_frames
     first_chunk_frames: int | None = None
 
 

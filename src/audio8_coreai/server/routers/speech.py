@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ...audio import MEDIA_TYPES, SpeechEncoder, encode_speech
+from ...settings import DEFAULTS
 from ...streaming import SpeechStream
 from ...tts import TTS
 from ..errors import ApiError
@@ -25,7 +26,6 @@ router = APIRouter()
 # gets the model's own voice rather than an error.
 OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx",
                            "sage", "shimmer", "verse"})
-DISCONNECT_POLL_S = 0.25  # how often a whole-file request checks that its client is still there
 _GONE = object()
 
 
@@ -128,7 +128,7 @@ async def _next_or_gone(items: asyncio.Queue, request: Request) -> Any:
     getter = asyncio.ensure_future(items.get())
     try:
         while True:
-            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
+            done, _ = await asyncio.wait({getter}, timeout=DEFAULTS.disconnect_poll_s)
             if done:
                 return getter.result()
             if await request.is_disconnected():
