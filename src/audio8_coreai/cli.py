@@ -116,39 +116,38 @@ def say(
 ) -> None:
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
     from .audio import check_writable, read_reference, write_audio
-    from .prompt import check_text
-    from .tts import TTS
-    from .voices import VoiceStore, check_voice_choice
+    from .tts import TTS, check_request
+    from .voices import VoiceStore
 
-    check_text(text)  # fail before loading a model
+    # Fail before loading a model; the chunk sizes too: long text is streamed even without --stream.
+    req = check_request(text, voice=voice, ref_audio=ref_audio, ref_text=ref_text, seed=seed, temperature=temperature,
+                        top_k=top_k, top_p=top_p, max_frames=max_frames, chunk_frames=chunk_frames,
+                        first_chunk_frames=first_chunk_frames)
     to_stdout = str(output) == "-"
     if to_stdout and sys.stdout.isatty():
         raise AudioError("-o - writes binary audio to stdout, which is a terminal here: pipe it (| aplay, "
                          "| ffplay -) or give a file name")
     if not to_stdout:
         check_writable(output)
-    _check_chunks(chunk_frames, first_chunk_frames)  # long text is streamed even without --stream
-    check_voice_choice(voice, ref_audio, ref_text)
     if ref_audio is not None:
-        check_text(ref_text, "reference text")
         _warn(read_reference(ref_audio)[1].warnings)
     elif voice is not None:
-        VoiceStore(voices).load(voice)  # an unknown or damaged voice fails here; the checkpoint check follows
+        VoiceStore(voices).load(req.voice)  # an unknown or damaged voice fails here; the checkpoint check follows
     with err.status("loading the model..."):
         tts = TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets,
                        cuda_graphs=cuda_graphs)
     progress = Progress(TextColumn("frames"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
     spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
-    chosen = voice if ref_audio is None else tts.voice_from_clip(ref_audio, ref_text)  # encoded once
-    if not stream and not to_stdout and not tts.fits_one_utterance(text, chosen):
+    chosen = req.voice if ref_audio is None else tts.voice_from_clip(ref_audio, req.ref_text)  # encoded once
+    if not stream and not to_stdout and not tts.fits_one_utterance(req.text, chosen):
         err.print("note: the text is too long for one utterance; it is split into sentences, as with --stream",
                   highlight=False)
         stream = True
     if stream or to_stdout:
-        speech = tts.stream(text, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames, seed=seed,
-                            temperature=temperature, top_k=top_k, top_p=top_p, max_frames=max_frames,
-                            voice=chosen)
+        speech = tts.stream(req.text, chunk_frames=req.chunk_frames, first_chunk_frames=req.first_chunk_frames,
+                            seed=req.seed, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                            max_frames=req.max_frames, voice=chosen)
         with progress:
             task = progress.add_task("frames", total=speech.max_frames)
             speech.on_frame = lambda step: progress.update(task, completed=step + 1)
@@ -160,8 +159,8 @@ def say(
         return
     with progress:
         task = progress.add_task("frames", total=None)
-        result = tts.generate(text, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
-                              max_frames=max_frames, voice=chosen,
+        result = tts.generate(req.text, seed=req.seed, temperature=req.temperature, top_k=req.top_k,
+                              top_p=req.top_p, max_frames=req.max_frames, voice=chosen,
                               on_start=lambda n: progress.update(task, total=n),
                               on_frame=lambda step: progress.update(task, completed=step + 1))
     if result.frames == 0:
@@ -231,12 +230,6 @@ def _warn_capped(speech) -> None:
         which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {', '.join(map(str, capped))}"
         err.print(f"[yellow]warning:[/] {which} stopped at the frame cap before the model ended it; the audio may "
                   "be cut (raise --max-frames)", highlight=False)
-
-
-def _check_chunks(chunk_frames: int, first_chunk_frames: int | None) -> None:
-    if chunk_frames < 1 or (first_chunk_frames is not None and not 1 <= first_chunk_frames <= chunk_frames):
-        raise ConfigError(f"--chunk-frames must be >= 1 and --first-chunk-frames 1 to --chunk-frames; got "
-                          f"{chunk_frames} and {first_chunk_frames}")
 
 
 def _check_port(host: str, port: int) -> None:
@@ -587,11 +580,11 @@ def serve(
 
     from .server import ServerSettings, create_app
     from .serving import batched_engines
-    from .tts import TTS
+    from .tts import TTS, check_chunks
 
     if workers < 1 or max_queue < 0 or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0:
         raise ConfigError("--workers, --max-input-chars and --max-frames must be >= 1, --max-queue and --batch >= 0")
-    _check_chunks(chunk_frames, first_chunk_frames)
+    check_chunks(chunk_frames, first_chunk_frames)
     _check_port(host, port)  # before minutes of loading
     if batch and workers != 1:
         raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
