@@ -12,9 +12,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ...audio import MEDIA_TYPES, SpeechEncoder, encode_speech
+from ...errors import Audio8Error
 from ...settings import DEFAULTS
 from ...streaming import SpeechStream
-from ...tts import TTS
+from ...tts import TTS, CheckedRequest, check_request
 from ..errors import ApiError
 from ..metrics import Metrics
 from ..schemas import SpeechRequest
@@ -27,6 +28,7 @@ router = APIRouter()
 OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx",
                            "sage", "shimmer", "verse"})
 _GONE = object()
+_STARTED = object()  # a job's first item when its stream is built
 
 
 class _Cancelled(Exception):
@@ -40,9 +42,10 @@ class _End:
         self.stream, self.error = stream, error
 
 
-def _stream_kwargs(req: SpeechRequest, server: State) -> dict[str, Any]:
-    """The keyword arguments of ``TTS.stream`` for a request the schema has passed, checked against this server's
-    limits and voices; raises ApiError (400)."""
+def _check(req: SpeechRequest, server: State) -> CheckedRequest:
+    """A request the schema has passed, checked against this server's limits and voices and by
+    :func:`.tts.check_request` (the seed drawn here); raises ApiError or the Audio8Error that says what to change.
+    A stored voice is read here (a damaged one is refused before a worker is taken) and handed to the worker."""
     settings, engine = server.settings, server.engine
     if len(req.input) > settings.max_input_chars:
         raise ApiError(400, f"input is {len(req.input)} characters; this server takes at most "
@@ -53,23 +56,23 @@ def _stream_kwargs(req: SpeechRequest, server: State) -> dict[str, Any]:
     voice = None
     if req.voice is not None:
         if engine.voices.path(req.voice).is_file():
-            voice = req.voice
+            voice = engine.voices.load(req.voice)
         elif req.voice.lower() not in OPENAI_VOICES:
             raise ApiError(400, f"no voice named {req.voice!r}: GET /v1/voices lists the stored voices (OpenAI's "
                            "names, such as alloy, speak in the model's own voice)", "voice", "voice_not_found")
-    return {"seed": req.seed, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
-            "max_frames": req.max_frames if req.max_frames is not None else settings.max_frames,
-            "voice": voice, "chunk_frames": settings.chunk_frames, "first_chunk_frames": settings.first_chunk_frames}
+    return check_request(req.input, voice=voice, seed=req.seed, temperature=req.temperature, top_k=req.top_k,
+                         top_p=req.top_p, max_frames=req.max_frames if req.max_frames is not None else
+                         settings.max_frames, chunk_frames=settings.chunk_frames,
+                         first_chunk_frames=settings.first_chunk_frames)
 
 
 @router.post("/v1/audio/speech")
 async def speech(req: SpeechRequest, request: Request, server: Annotated[State, Depends(state)]) -> Response:
-    """Run the request on a worker; stream its chunks or answer the whole file. Everything (text, split, voice,
-    sampling, frame budget) is checked before a worker is taken: a refusal is a 400 (see :mod:`..errors`)."""
+    """Run the request on a worker; stream its chunks or answer the whole file. The request is checked before a
+    worker is taken, the rest (the prompt's fit in the context, the voice's checkpoint) when the worker builds its
+    stream, before the status line is sent: a refusal is a 400 or 500 (see :mod:`..errors`)."""
     first, metrics = server.engine, server.metrics
-    kwargs = _stream_kwargs(req, server)
-    # the worker builds its own stream with the seed drawn here
-    kwargs["seed"] = first.stream(req.input, **kwargs).seed
+    checked = _check(req, server)
     server.workers.admit()
     loop = asyncio.get_running_loop()
     items: asyncio.Queue[Any] = asyncio.Queue()
@@ -85,7 +88,11 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
         try:
             if cancel.is_set():
                 return
-            stream = engine.stream(req.input, on_frame=on_frame, **kwargs)
+            stream = engine.stream(checked.text, chunk_frames=checked.chunk_frames,
+                                   first_chunk_frames=checked.first_chunk_frames, seed=checked.seed,
+                                   temperature=checked.temperature, top_k=checked.top_k, top_p=checked.top_p,
+                                   max_frames=checked.max_frames, voice=checked.voice, on_frame=on_frame)
+            put(items.put_nowait, _STARTED)
             for chunk in stream:
                 put(items.put_nowait, chunk)
             metrics.finished(stream)
@@ -96,21 +103,28 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
             put(items.put_nowait, _End(error=e))
 
     server.workers.submit(job)
-    headers = {"X-Model": req.model, "X-Seed": str(kwargs["seed"]), "X-Sample-Rate": str(first.sample_rate)}
+    headers = {"X-Model": req.model, "X-Seed": str(checked.seed), "X-Sample-Rate": str(first.sample_rate)}
     media = MEDIA_TYPES[req.response_format]
-    if req.stream:
-        return StreamingResponse(_stream_body(items, cancel, req.response_format, first.sample_rate, metrics),
-                                 media_type=media, headers=headers)
+    streamed = False
     try:
+        if (item := await _next_or_gone(items, request)) is not _STARTED:  # the stream could not be built
+            if item is _GONE:  # the client left: the worker stops at its next frame (counted 499 there)
+                return Response(status_code=499)
+            raise item.error if isinstance(item.error, Audio8Error) else _failed(item.error)
+        if req.stream:
+            streamed = True  # from here the body's generator tells the worker when to stop
+            return StreamingResponse(_stream_body(items, cancel, req.response_format, first.sample_rate, metrics),
+                                     media_type=media, headers=headers)
         chunks = []
         while not isinstance(item := await _next_or_gone(items, request), _End):
-            if item is _GONE:  # the client left: the worker stops at its next frame (counted 499 there)
+            if item is _GONE:
                 return Response(status_code=499)
             chunks.append(item)
     finally:
-        cancel.set()  # also when this handler is cancelled: the worker stops at its next frame
+        if not streamed:
+            cancel.set()  # also when this handler is cancelled: the worker stops at its next frame
     if item.error is not None:
-        raise ApiError(500, f"synthesis failed: {type(item.error).__name__}: {item.error}", code="server_error")
+        raise _failed(item.error)
     if item.stream.frames == 0:  # not an empty file: a client would play silence and not know why
         raise ApiError(422, "the model ended the utterance at once (eos on the first frame): no audio to send; "
                        "send the request again without a seed, or with another one", "seed", "no_audio")
@@ -119,6 +133,11 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
     # Off the event loop: a long mp3 or opus takes a noticeable time to encode.
     data = await asyncio.to_thread(encode_speech, audio, first.sample_rate, req.response_format)
     return Response(data, media_type=media, headers=headers)
+
+
+def _failed(error: BaseException) -> ApiError:
+    """A synthesis that failed on its worker, said as a 500."""
+    return ApiError(500, f"synthesis failed: {type(error).__name__}: {error}", code="server_error")
 
 
 async def _next_or_gone(items: asyncio.Queue, request: Request) -> Any:
