@@ -11,11 +11,13 @@ from ..tts import TTS
 from .metrics import Metrics
 from .workers import Workers
 
+
 @dataclass
 class ServerSettings:
-    """What ``audio8 serve`` can set (defaults: :data:`.settings.DEFAULTS`). ``max_frames``: the cap per piece (None: the model's default budget);
-    a request may ask for less, never more. ``chunk_frames``: frames per streamed chunk; ``first_chunk_frames``:
-    frames in a stream's first chunk (None: the default of :class:`.streaming.SpeechStream`)."""
+    """What ``audio8 serve`` can set (defaults: :data:`.settings.DEFAULTS`). ``max_frames``: the cap per piece
+    (None: the model's default budget); a request may ask for less, never more. ``chunk_frames``: frames per
+    streamed chunk; ``first_chunk_frames``: frames in a stream's first chunk (None: the default of
+    :class:`.streaming.SpeechStream`)."""
 
     workers: int = DEFAULTS.workers
     max_queue: int = DEFAULTS.max_queue
