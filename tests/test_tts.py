@@ -8,7 +8,10 @@ import torch
 
 from audio8_coreai.config import ConfigError
 from audio8_coreai.backends.base import EngineError
+from audio8_coreai.settings import DEFAULTS
 from audio8_coreai.text import PromptError
+from audio8_coreai.tts import check_request
+from audio8_coreai.voices import VoiceError
 
 TEXT = "The meeting has been moved to Thursday afternoon."
 
@@ -180,6 +183,28 @@ def test_wrong_types_are_config_errors_naming_the_setting(tiny_tts, kwargs, fiel
     with pytest.raises(ConfigError) as e:
         call("Hello there.", **{"max_frames": 4, **kwargs})
     assert e.value.field == field
+
+
+@pytest.mark.parametrize("kwargs, error, field", [
+    ({"text": "..."}, PromptError, None), ({"voice": "a/b"}, VoiceError, None),
+    ({"ref_audio": "clip.wav"}, VoiceError, None), ({"ref_audio": "clip.wav", "ref_text": " "}, PromptError, None),
+    ({"temperature": 0}, ConfigError, "temperature"), ({"top_p": 1.5}, ConfigError, "top_p"),
+    ({"top_k": 2.5}, ConfigError, "top_k"), ({"seed": -1}, ConfigError, "seed"),
+    ({"max_frames": 0}, ConfigError, "max_frames"), ({"chunk_frames": 0}, ConfigError, "chunk_frames"),
+    ({"chunk_frames": 4, "first_chunk_frames": 5}, ConfigError, "first_chunk_frames"),
+])
+def test_check_request_refuses_without_a_model(kwargs, error, field):
+    """The weights-free check the CLI runs before loading and the server before taking a worker."""
+    with pytest.raises(error) as e:
+        check_request(**{"text": "Hello there.", **kwargs})
+    assert getattr(e.value, "field", None) == field
+
+
+def test_check_request_normalises():
+    req = check_request("  Hello\n there. ", voice="Ann", top_k=np.int32(20), seed=None, first_chunk_frames=2)
+    assert (req.text, req.voice, req.top_k, req.temperature) == ("Hello there.", "Ann", 20, None)
+    assert type(req.top_k) is int and 0 <= req.seed < 2**31
+    assert (req.chunk_frames, req.first_chunk_frames) == (DEFAULTS.chunk_frames, 2)
 
 
 def test_numpy_integers_are_whole_numbers(tiny_tts):

@@ -21,13 +21,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .audio import AudioError
+from .backends.base import BackendError, EngineError
 from .backends.coreai import DECODER_FRAMES, ENCODER_FRAMES, PARTS
-from .backends.base import BackendError
 from .checkpoint import DEFAULT_MODEL, CheckpointError
 from .config import ConfigError
-from .backends.base import EngineError
 from .measure.gate import GateError
 from .measure.oracle import ParityError
+from .settings import DEFAULTS
 from .text import PromptError, TokenizerError
 from .voices import VoiceError
 
@@ -106,46 +106,46 @@ def say(
     stream: Annotated[bool, typer.Option("--stream", help="Write the audio as it is made, every --chunk-frames "
                                                           "frames; text too long for one utterance is split into "
                                                           "sentences.")] = False,
-    chunk_frames: Annotated[int, typer.Option(help="With --stream: frames per chunk (46 ms each).")] = 16,
+    chunk_frames: Annotated[int, typer.Option(help="With --stream: frames per chunk (46 ms each).")]
+    = DEFAULTS.chunk_frames,
     first_chunk_frames: Annotated[Optional[int], typer.Option(
-        help="With --stream: frames in the first chunk, so the first audio comes sooner (default 1, at most "
-             "--chunk-frames).")] = None,
+        help=f"With --stream: frames in the first chunk, so the first audio comes sooner (default "
+             f"{DEFAULTS.first_chunk_frames}, at most --chunk-frames).")] = None,
 ) -> None:
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
     from .audio import check_writable, read_reference, write_audio
-    from .text import check_text
-    from .tts import TTS
-    from .voices import VoiceStore, check_voice_choice
+    from .tts import TTS, check_request
+    from .voices import VoiceStore
 
-    check_text(text)  # fail before loading a model
+    # Fail before loading a model; the chunk sizes too: long text is streamed even without --stream.
+    req = check_request(text, voice=voice, ref_audio=ref_audio, ref_text=ref_text, seed=seed, temperature=temperature,
+                        top_k=top_k, top_p=top_p, max_frames=max_frames, chunk_frames=chunk_frames,
+                        first_chunk_frames=first_chunk_frames)
     to_stdout = str(output) == "-"
     if to_stdout and sys.stdout.isatty():
         raise AudioError("-o - writes binary audio to stdout, which is a terminal here: pipe it (| aplay, "
                          "| ffplay -) or give a file name")
     if not to_stdout:
         check_writable(output)
-    _check_chunks(chunk_frames, first_chunk_frames)  # long text is streamed even without --stream
-    check_voice_choice(voice, ref_audio, ref_text)
     if ref_audio is not None:
-        check_text(ref_text, "reference text")
         _warn(read_reference(ref_audio)[1].warnings)
     elif voice is not None:
-        VoiceStore(voices).load(voice)  # an unknown or damaged voice fails here; the checkpoint check follows
+        VoiceStore(voices).load(req.voice)  # an unknown or damaged voice fails here; the checkpoint check follows
     with err.status("loading the model..."):
         tts = TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets,
                        cuda_graphs=cuda_graphs)
     progress = Progress(TextColumn("frames"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
     spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
-    chosen = voice if ref_audio is None else tts.voice_from_clip(ref_audio, ref_text)  # encoded once
-    if not stream and not to_stdout and not tts.fits_one_utterance(text, chosen):
+    chosen = req.voice if ref_audio is None else tts.voice_from_clip(ref_audio, req.ref_text)  # encoded once
+    if not stream and not to_stdout and not tts.fits_one_utterance(req.text, chosen):
         err.print("note: the text is too long for one utterance; it is split into sentences, as with --stream",
                   highlight=False)
         stream = True
     if stream or to_stdout:
-        speech = tts.stream(text, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames, seed=seed,
-                            temperature=temperature, top_k=top_k, top_p=top_p, max_frames=max_frames,
-                            voice=chosen)
+        speech = tts.stream(req.text, chunk_frames=req.chunk_frames, first_chunk_frames=req.first_chunk_frames,
+                            seed=req.seed, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                            max_frames=req.max_frames, voice=chosen)
         with progress:
             task = progress.add_task("frames", total=speech.max_frames)
             speech.on_frame = lambda step: progress.update(task, completed=step + 1)
@@ -157,8 +157,8 @@ def say(
         return
     with progress:
         task = progress.add_task("frames", total=None)
-        result = tts.generate(text, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
-                              max_frames=max_frames, voice=chosen,
+        result = tts.generate(req.text, seed=req.seed, temperature=req.temperature, top_k=req.top_k,
+                              top_p=req.top_p, max_frames=req.max_frames, voice=chosen,
                               on_start=lambda n: progress.update(task, total=n),
                               on_frame=lambda step: progress.update(task, completed=step + 1))
     if result.frames == 0:
@@ -230,12 +230,6 @@ def _warn_capped(speech) -> None:
                   "be cut (raise --max-frames)", highlight=False)
 
 
-def _check_chunks(chunk_frames: int, first_chunk_frames: int | None) -> None:
-    if chunk_frames < 1 or (first_chunk_frames is not None and not 1 <= first_chunk_frames <= chunk_frames):
-        raise ConfigError(f"--chunk-frames must be >= 1 and --first-chunk-frames 1 to --chunk-frames; got "
-                          f"{chunk_frames} and {first_chunk_frames}")
-
-
 def _check_port(host: str, port: int) -> None:
     """Raise ConfigError unless ``host:port`` can be listened on now."""
     import errno
@@ -304,7 +298,8 @@ def parity(
     = "fp32",
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
-    tolerance: Annotated[float, typer.Option(help="Max |logit/waveform diff| for fp32 parity (> 0).")] = 1e-4,
+    tolerance: Annotated[float, typer.Option(help="Max |logit/waveform diff| for fp32 parity (> 0).")]
+    = DEFAULTS.tolerance,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full report as JSON.")] = False,
 ) -> None:
     """Replay an oracle fixture; exit 0 only when fp32 parity holds (reports agreement counts for bf16,
@@ -388,9 +383,9 @@ def gate(
     max_frames: Annotated[Optional[int], typer.Option(help="Frame cap per free run (default: the checkpoint's "
                                                            "max_new_tokens).")] = None,
     asr_margin: Annotated[float, typer.Option(help="Error-rate points (absolute) the port may lose to the "
-                                                   "reference per language.")] = 0.05,
+                                                   "reference per language.")] = DEFAULTS.asr_margin,
     speaker_margin: Annotated[float, typer.Option(help="Mean speaker cosine the port may lose to the "
-                                                       "reference.")] = 0.05,
+                                                       "reference.")] = DEFAULTS.speaker_margin,
     recognizer: Annotated[Optional[list[str]], typer.Option(
         metavar="MODULE:CALLABLE",
         help="A stronger recogniser, MODULE:CALLABLE: fn(audio float32 [N], sample_rate Hz, language code) -> "
@@ -440,8 +435,9 @@ def convert(
     context: Annotated[Optional[int], typer.Option(help="KV slots for prompt + frames, a multiple of 32 "
                                                         "(default: the model's max_seq_len).")] = None,
     decoder_frames: Annotated[int, typer.Option(help="Codec decoder bucket, frames per call (2048 samples "
-                                                     "each).")] = DECODER_FRAMES,
-    encoder_frames: Annotated[int, typer.Option(help="Codec encoder bucket, frames per call.")] = ENCODER_FRAMES,
+                                                     "each).")] = DEFAULTS.decoder_frames,
+    encoder_frames: Annotated[int, typer.Option(help="Codec encoder bucket, frames per call.")]
+    = DEFAULTS.encoder_frames,
     part: Annotated[Optional[list[str]], typer.Option(help="Convert only this part (repeatable): dualar, "
                                                            "codec_decoder, codec_encoder.")] = None,
     greedy: Annotated[bool, typer.Option(help="Bake do_sample false into the frame graphs (argmax draws, the "
@@ -472,7 +468,7 @@ def convert(
 def make_checkpoint_cmd(
     directory: Annotated[Path, typer.Argument(help="New folder to write (must not exist or be empty).")],
     size: Annotated[Size, typer.Option(help="tiny (tests) or 0.6b (benchmarks, about 2.8 GB).")] = Size.tiny,
-    seed: Annotated[int, typer.Option(help="Same seed, byte-identical files.")] = 0,
+    seed: Annotated[int, typer.Option(help="Same seed, byte-identical files.")] = DEFAULTS.checkpoint_seed,
 ) -> None:
     """Write a checkpoint with random weights in the publisher's exact layout."""
     from .checkpoint import make_checkpoint
@@ -487,7 +483,7 @@ def make_checkpoint_cmd(
 def bench(
     model: Annotated[Path, typer.Option("--model", "-m", help="A 0.6b checkpoint folder; a random one (seed 0, "
                                                               "about 2.8 GB) is written there when absent.")]
-    = Path("~/.cache/audio8-coreai/bench-0.6b"),
+    = Path(DEFAULTS.bench_checkpoint),
     precision: Annotated[Optional[list[str]], typer.Option(help="Torch precision to measure (repeatable): fp32, "
                                                                 "bf16, int16, int12, int8, mixed.")] = None,
     threads: Annotated[Optional[list[int]], typer.Option(help="Torch threads (repeatable; default torch's).")]
@@ -496,8 +492,9 @@ def bench(
                                                 "sampling, one call per fast row) for the vs-base ratio.")]
     = False,
     device: DeviceOpt = "cpu",
-    frames: Annotated[int, typer.Option(help="Frames per timed frame loop (eos ignored).")] = 32,
-    runs: Annotated[int, typer.Option(help="Timed runs after one warm-up; medians are reported.")] = 3,
+    frames: Annotated[int, typer.Option(help="Frames per timed frame loop (eos ignored).")] = DEFAULTS.bench_frames,
+    runs: Annotated[int, typer.Option(help="Timed runs after one warm-up; medians are reported.")]
+    = DEFAULTS.bench_runs,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure here.")] = None,
     codec_dtype: Annotated[Optional[list[str]], typer.Option(help="Codec dtype (repeatable): fp32 (default on CPU, "
                                                                   "exact) or bf16 (opt-in, faster, not exact).")]
@@ -551,8 +548,8 @@ def bench(
 @app.command()
 @friendly
 def serve(
-    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = DEFAULTS.host,
+    port: Annotated[int, typer.Option(help="TCP port.")] = DEFAULTS.port,
     model: ModelOpt = DEFAULT_MODEL,
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
@@ -560,14 +557,19 @@ def serve(
     cuda_graphs: CudaGraphsOpt = False,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
-    workers: Annotated[int, typer.Option(help="Model instances, each serving one request at a time.")] = 1,
-    max_queue: Annotated[int, typer.Option(help="Requests that may wait for a worker; more get 503.")] = 8,
+    workers: Annotated[int, typer.Option(help="Model instances, each serving one request at a time.")]
+    = DEFAULTS.workers,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait for a worker; more get 503.")]
+    = DEFAULTS.max_queue,
     max_frames: Annotated[Optional[int], typer.Option(help="Frame cap per utterance (default: the model's).")]
     = None,
-    chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")] = 16,
+    chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")]
+    = DEFAULTS.chunk_frames,
     first_chunk_frames: Annotated[Optional[int], typer.Option(
-        help="Frames in a stream's first chunk (default 1, at most --chunk-frames).")] = None,
-    max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")] = 4096,
+        help=f"Frames in a stream's first chunk (default {DEFAULTS.first_chunk_frames}, at most --chunk-frames)."
+    )] = None,
+    max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")]
+    = DEFAULTS.max_input_chars,
     batch: Annotated[int, typer.Option(
         help="Serve N requests at once from ONE model instance, their frames batched (torch backend; "
              "replaces --workers). 0: off.")] = 0,
@@ -576,11 +578,11 @@ def serve(
     import uvicorn
 
     from .server import ServerSettings, create_app
-    from .tts import TTS
+    from .tts import TTS, check_chunks
 
     if workers < 1 or max_queue < 0 or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0:
         raise ConfigError("--workers, --max-input-chars and --max-frames must be >= 1, --max-queue and --batch >= 0")
-    _check_chunks(chunk_frames, first_chunk_frames)
+    check_chunks(chunk_frames, first_chunk_frames)
     _check_port(host, port)  # before minutes of loading
     if batch and workers != 1:
         raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")

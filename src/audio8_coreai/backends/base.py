@@ -121,6 +121,12 @@ class Backend(ABC):
     def description(self) -> str:
         """One line for people: runtime, device, precision."""
 
+    @property
+    def device_name(self) -> str:
+        """Where the model runs, for people (``cpu``, ``cuda:0``; a runtime that picks its own compute units says
+        its description)."""
+        return self.description
+
     def draws_like(self, params: SamplingParams) -> bool:
         """Whether this backend draws with ``params``: any settings, unless its graphs bake some in (then the same
         settings, or both greedy)."""

@@ -18,6 +18,7 @@ from ...model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ...model.dualar import DualAR
 from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
 from ...precision import default_precision, resolve_precision
+from ...settings import DEFAULTS
 from ..base import Backend, BackendError, FrameResult
 from .cudagraphs import GraphedFrame
 from .kernels import QuantError
@@ -27,11 +28,11 @@ from .quantize import apply_precision, map_embeddings, release_freed_memory
 # activations in cache: 47.6 ms per frame against 72.0 for the whole run in 256-step pieces with 32 steps of
 # context, and 70.3 for 64-frame pushes (0.6b codec, 160 frames, 2 threads); the peak RSS of a 160-frame decode
 # drops by 0.5 GB.
-DECODE_CHUNK_FRAMES = 16
+DECODE_CHUNK_FRAMES = DEFAULTS.decode_chunk_frames
 
 # Prompt heads (TorchBackend.prefix_length) whose KV state is kept, least recently used dropped first: a plain
 # head is 14 columns (0.3 MB of fp32 KV on the 0.6b model), a 10 s voice's about 240 (6 MB).
-PREFIX_CACHE = 8
+PREFIX_CACHE = DEFAULTS.prefix_cache
 
 # Named in the error a damaged checkpoint raises (NaN or inf out of the model or the codec).
 MODEL_FILE, CODEC_FILE = "model.safetensors", "the codec file (codec.pth or codec.safetensors)"
@@ -161,6 +162,10 @@ class TorchBackend(Backend):
         name = self.precision if self.spec.quantized else str(self.dtype).removeprefix("torch.")
         graphs = "" if self._graphed is None else " cuda-graphs" if self._graphed.capture else " graph-frame"
         return f"torch {self.device} {name}{graphs}"
+
+    @property
+    def device_name(self) -> str:
+        return str(self.device)
 
     def reset(self) -> None:
         """Zero the KV state (a new utterance)."""

@@ -26,8 +26,9 @@ from torch import Tensor
 from ...config import SamplingParams
 from ...model.dualar import DualAR
 from ...model.frame import Frame, FrameInputs, FrameOutputs
+from ...settings import DEFAULTS
 
-GRAPHS_KEPT = 4
+GRAPHS_KEPT = DEFAULTS.cuda_graphs_kept
 """Captured graphs kept, one per set of sampling settings, least recently used dropped first."""
 
 _CAPTURE = threading.Lock()  # one capture at a time in this process (several model instances serve in threads)

@@ -34,11 +34,12 @@ import torch
 
 from ...config import SamplingParams
 from ...model.frame import FrameInputs
+from ...settings import DEFAULTS
 from ..base import Backend, CodecStream, EngineError, FrameResult, StepInputs
 from .backend import TorchBackend, frame_result
 
-GATHER_S = 0.003  # how long a ready frame call waits for the other rows' calls (a frame takes 50-500 ms)
-RECENT_S = 2.0  # a row that submitted work this recently is expected to submit its next frame soon
+GATHER_S = DEFAULTS.gather_s  # how long a ready frame call waits for the other rows' calls (a frame takes 50-500 ms)
+RECENT_S = DEFAULTS.recent_s  # a row that submitted work this recently is expected to submit its next frame soon
 
 
 class BatchModel:
@@ -252,6 +253,10 @@ class RowBackend(Backend):
     @property
     def description(self) -> str:
         return f"{self.shared.description}, batched x{self.server.model.max_batch}"
+
+    @property
+    def device_name(self) -> str:
+        return self.shared.device_name
 
     def reset(self) -> None:
         """Nothing to zero: a row's prefill overwrites the slots its frames attend."""

@@ -1,0 +1,69 @@
+"""The FastAPI app: its shared state, the error handlers, the body limit and a router per endpoint group."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+
+from fastapi import FastAPI
+
+from ..tts import TTS
+from . import errors
+from .limits import SpeechBodyLimit
+from .metrics import Metrics
+from .routers import health, speech, voices
+from .state import ServerSettings, State
+from .workers import Workers
+
+
+def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -> FastAPI:
+    """The FastAPI app serving ``engines`` (model instances of one checkpoint, one per worker); raises
+    ValueError without one."""
+    settings = settings or ServerSettings()
+    if not engines:
+        raise ValueError("the server needs at least one model instance")
+    server = State(settings, list(engines), Workers(engines, settings.max_queue), Metrics())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        server.workers.shutdown()
+
+    app = FastAPI(title="audio8-coreai", version="0.1.0", lifespan=lifespan)
+    app.state.server = server
+    errors.install(app, server.metrics.count)
+    app.add_middleware(SpeechBodyLimit, max_input_chars=settings.max_input_chars, metrics=server.metrics)
+    for router in (speech.router, voices.router, health.router):
+        app.include_router(router)
+    return app
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0):
+    """Run ``app`` with uvicorn on a thread of this process (tests, benchmarks, embedding); yields its base URL
+    ``http://HOST:PORT`` once it accepts connections and stops it on exit. ``port`` 0: a free port.
+    Raises RuntimeError when it does not start within ``start_timeout_s`` seconds."""
+    import socket
+
+    import uvicorn
+
+    if port == 0:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="audio8-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the server did not start on {host}:{port}")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)

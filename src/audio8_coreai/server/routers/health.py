@@ -1,0 +1,29 @@
+"""``GET /health`` (model, backend, device, workers, queue) and ``GET /metrics`` (Prometheus text)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import PlainTextResponse
+
+from ..state import State, state
+
+router = APIRouter()
+
+
+@router.get("/health")
+def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
+    """The model served, its backend and device, and the workers' load."""
+    first, workers = server.engine, server.workers
+    backend = first.backend
+    return {"status": "ok", "model": str(first.checkpoint.path), "backend": backend.description,
+            "device": backend.device_name,
+            "sample_rate": first.sample_rate, "workers": len(server.engines), "running": workers.running,
+            "queued": workers.queued, "max_queue": server.settings.max_queue}
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+def metrics_text(server: Annotated[State, Depends(state)]) -> str:
+    """Requests by status, frames, audio and compute seconds, RTF, time to first audio, queue depth."""
+    return server.metrics.text(server.workers.queued, server.workers.running)

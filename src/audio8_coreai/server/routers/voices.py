@@ -1,0 +1,97 @@
+"""``/v1/voices``: list, register (a multipart clip upload, encoded on a worker) and delete stored voices."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+
+from ...errors import Audio8Error
+from ...tts import TTS
+from ...voices import DamagedVoice, VoiceError, check_name
+from ..errors import ApiError, damaged
+from ..state import State, state
+
+router = APIRouter()
+
+
+@router.get("/v1/voices")
+def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
+    """The stored voices; one that cannot be read is listed with its error."""
+    store = server.engine.voices
+    voices = []
+    for name in store.names():
+        try:
+            v = store.load(name)
+            voices.append({"name": v.name, "transcript": v.transcript, "duration_s": v.duration_s,
+                           "frames": v.frames, "created": v.created})
+        except DamagedVoice as e:
+            voices.append({"name": name, "error": damaged(e).message})
+        except VoiceError as e:
+            voices.append({"name": name, "error": str(e)})
+    return {"object": "list", "data": voices}
+
+
+@router.post("/v1/voices", status_code=201)
+async def add_voice(request: Request, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
+    """Register a voice from multipart fields ``name``, ``transcript``, ``audio`` (a file of at most
+    ``max_upload_bytes``: else 413) and ``replace``; the clip is encoded on a worker. Messages name the client's
+    file, never the server's temporary one."""
+    settings = server.settings
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > settings.max_upload_bytes:
+        raise ApiError(413, f"upload is {int(size)} bytes, over this server's {settings.max_upload_bytes}: "
+                       "send a clip of 0.5 to 30 s", "audio", "upload_too_large")
+    form = await request.form(max_part_size=settings.max_upload_bytes)
+    name, transcript, upload = form.get("name"), form.get("transcript"), form.get("audio")
+    replace = str(form.get("replace", "false")).lower() in ("1", "true", "yes")
+    if not isinstance(name, str) or not isinstance(transcript, str) or upload is None or isinstance(upload, str):
+        raise ApiError(400, "POST /v1/voices takes multipart fields name, transcript and an audio file",
+                       None, "invalid_request")
+    data = await upload.read(settings.max_upload_bytes + 1)
+    if len(data) > settings.max_upload_bytes:
+        raise ApiError(413, f"upload is over this server's {settings.max_upload_bytes} bytes: send a clip of "
+                       "0.5 to 30 s", "audio", "upload_too_large")
+    try:
+        name = check_name(name)
+        server.engine.voices.check_new(name, replace)
+    except VoiceError as e:
+        raise ApiError(400, str(e), "name", "invalid_voice") from None
+    server.workers.admit()
+    shown = Path(upload.filename or "clip.wav").name[-100:] or "clip.wav"  # the client's name, in messages
+
+    def job(engine: TTS):
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / ("clip" + Path(shown).suffix[:16])
+            path.write_bytes(data)
+            try:
+                return engine.register_voice(name, path, transcript, replace=replace)
+            except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
+                raise ApiError(400, str(e).replace(str(path), shown).replace(path.name, shown), None,
+                               "invalid_voice") from None
+
+    voice = await server.workers.submit(job)
+    warnings = [w.replace("clip" + Path(shown).suffix[:16], shown) for w in voice.warnings]
+    server.metrics.count(201)
+    return {"name": voice.name, "transcript": voice.transcript, "duration_s": voice.duration_s,
+            "frames": voice.frames, "created": voice.created, "warnings": warnings}
+
+
+@router.delete("/v1/voices/{name}")
+def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
+    """Delete a stored voice: 404 when there is none of that name."""
+    store = server.engine.voices
+    try:
+        name = check_name(name)
+    except VoiceError as e:
+        raise ApiError(400, str(e), "name", "invalid_voice") from None
+    if not store.path(name).is_file():
+        raise ApiError(404, f"no voice named {name!r}", "name", "voice_not_found")
+    try:
+        store.remove(name)
+    except VoiceError as e:
+        raise ApiError(400, str(e), "name", "invalid_voice") from None
+    server.metrics.count(200)
+    return {"name": name, "deleted": True}

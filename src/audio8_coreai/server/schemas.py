@@ -1,0 +1,84 @@
+"""The request bodies of the HTTP API, validated by pydantic: types, ranges and choices in the fields; what a
+field may not be (an empty input, a speed other than 1.0) in validators that give our error code
+(:func:`refusal`). Limits set per server (input length, frame cap) are checked by the route."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from ..audio import SPEECH_FORMATS, AudioError, check_speech_format
+from ..voices import VoiceError, check_name
+
+SpeechFormat = Literal[SPEECH_FORMATS]  # wav | pcm | flac | mp3 | opus
+
+
+def refusal(code: str, message: str) -> PydanticCustomError:
+    """A schema error whose API error code is ``code`` (see :func:`.errors.schema_error`)."""
+    return PydanticCustomError(code, message, {"code": code})
+
+
+class SpeechRequest(BaseModel):
+    """The body of ``POST /v1/audio/speech``; see :mod:`audio8_coreai.server`. Unknown fields are ignored.
+
+    Whole numbers (``seed``, ``top_k``, ``max_frames``) are JSON integers only and ``stream`` JSON true or false
+    only: true, 1.5 or "7" as a seed and "yes" or "false" as a choice are mistakes, not values. The sampling
+    ranges are the checkpoint's own (:meth:`.config.GenerationConfig.check`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = "audio8-tts"
+    input: str
+    voice: str | None = None
+    stream: StrictBool = False  # before response_format, whose validator reads it
+    response_format: SpeechFormat = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0)  # OpenAI's range; only 1.0 is spoken (no time stretch)
+    stream_format: Literal["audio"] = "audio"
+    instructions: str | None = None
+    seed: StrictInt | None = Field(None, ge=0)
+    temperature: float | None = Field(None, gt=0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    top_k: StrictInt | None = Field(None, ge=1)
+    max_frames: StrictInt | None = Field(None, ge=1)
+
+    @field_validator("input")
+    @classmethod
+    def _some_text(cls, text: str) -> str:
+        if not text.strip():
+            raise refusal("empty_input", "input is empty: give the text to speak")
+        return text
+
+    @field_validator("voice")
+    @classmethod
+    def _voice_name(cls, name: str | None) -> str | None:
+        try:
+            return None if name is None else check_name(name)
+        except VoiceError as e:
+            raise refusal("invalid_voice", str(e)) from None
+
+    @field_validator("response_format")
+    @classmethod
+    def _encodable(cls, fmt: str, info: ValidationInfo) -> str:
+        try:  # streamable when streamed, and encoded by this server's libsndfile
+            check_speech_format(fmt, info.data.get("stream", False))
+        except AudioError as e:
+            raise refusal("unsupported_format", str(e)) from None
+        return fmt
+
+    @field_validator("speed")
+    @classmethod
+    def _own_pace(cls, speed: float) -> float:
+        if speed != 1.0:
+            raise refusal("unsupported_speed", f"speed {speed} is not supported: this server makes speech at the "
+                          "model's own pace only (no time stretch); send speed 1.0 or leave it out")
+        return speed
+
+    @field_validator("instructions")
+    @classmethod
+    def _no_directions(cls, instructions: str | None) -> str | None:
+        if instructions:
+            raise refusal("unsupported_instructions", "instructions are not supported: this model takes no voice "
+                          "directions")
+        return instructions

@@ -1,0 +1,68 @@
+"""The model instances behind a bounded queue: one request at a time on each, a 503 when the queue is full."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..tts import TTS
+from .errors import ApiError
+
+
+class Workers:
+    """``engines`` (one model instance each) behind a bounded queue: a job runs on a worker thread with an
+    engine of its own; at most ``len(engines) + max_queue`` jobs are admitted at once."""
+
+    def __init__(self, engines: Sequence[TTS], max_queue: int):
+        self.engines = list(engines)
+        self.max_queue = max_queue
+        self._free: queue.Queue[TTS] = queue.Queue()
+        for e in self.engines:
+            self._free.put(e)
+        self._pool = ThreadPoolExecutor(len(self.engines), thread_name_prefix="audio8-worker")
+        self._lock = threading.Lock()
+        self.admitted = 0
+        self.running = 0
+        self._job_s = 1.0  # running mean of job seconds, for Retry-After
+
+    @property
+    def queued(self) -> int:
+        return self.admitted - self.running
+
+    def admit(self) -> None:
+        """Take a place, or raise ApiError 503 with Retry-After (the expected wait, seconds) when full."""
+        with self._lock:
+            if self.admitted >= len(self.engines) + self.max_queue:
+                wait = math.ceil(self._job_s * (1 + self.queued / len(self.engines)))
+                raise ApiError(503, f"the server is busy ({self.running} requests running, {self.queued} "
+                               "waiting); retry later", code="queue_full", headers={"Retry-After": str(wait)})
+            self.admitted += 1
+
+    def submit(self, job: Callable[[TTS], Any]) -> asyncio.Future[Any]:
+        """Run ``job(engine)`` on a worker (after :meth:`admit`); the place is freed when it returns."""
+
+        def run() -> Any:
+            engine = self._free.get()
+            t0 = time.perf_counter()
+            with self._lock:
+                self.running += 1
+            try:
+                return job(engine)
+            finally:
+                self._free.put(engine)
+                with self._lock:
+                    self.running -= 1
+                    self.admitted -= 1
+                    self._job_s = 0.8 * self._job_s + 0.2 * (time.perf_counter() - t0)
+
+        return asyncio.wrap_future(self._pool.submit(run))
+
+    def shutdown(self) -> None:
+        """Drop waiting jobs; running ones end with their requests (a closed stream stops at its next frame)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,52 @@
+"""Every runtime default in one place, read by the CLI, the server and the API: ``DEFAULTS.chunk_frames`` etc.
+
+Only values a user or an operator might tune live here; the publisher's format (ids, file names, codec
+constants) stays with the code that reads it. A frame is 2048 samples at 44.1 kHz (46 ms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The defaults of every tunable value; one line each says what it is."""
+
+    # Text and streaming (streaming.py, tts.py)
+    chunk_frames: int = 16  # frames per streamed chunk: 16 x 2048 samples = 0.74 s of audio
+    first_chunk_frames: int = 1  # frames in a stream's first chunk (TTFA waits for them); chunks then double
+    pause_s: float = 0.25  # silence between the pieces of a split text: a sentence break's pause in read speech
+    frames_per_token: int = 8  # frames one text token takes when spoken, with margin: how text is split
+    min_voice_frames: int = 64  # frames a voice's clone prompt must leave in the context (64 x 2048 samples = 3.0 s)
+
+    # Torch backend (backends/torch.py, cudagraphs.py)
+    decode_chunk_frames: int = 16  # frames per codec push when decoding a whole utterance (fastest, smallest)
+    prefix_cache: int = 8  # prompt heads whose KV state is kept, least recently used dropped first
+    cuda_graphs_kept: int = 4  # captured CUDA graphs kept, one per set of sampling settings, LRU
+
+    # Server (server/, backends/torch/rows.py; `audio8 serve`)
+    host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)
+    port: int = 8000  # TCP port
+    workers: int = 1  # model instances, each serving one request at a time
+    max_queue: int = 8  # requests that may wait for a worker; more get 503
+    max_input_chars: int = 4096  # longest input text per speech request (OpenAI's limit)
+    max_speech_body_bytes: int = 1024 * 1024  # a speech request's JSON body: the longest input escaped, with room
+    max_upload_bytes: int = 16 * 1024 * 1024  # a voice upload: a 30-s clip is 5.3 MB as 16-bit stereo wav
+    disconnect_poll_s: float = 0.25  # how often a whole-file request checks that its client is still there
+    gather_s: float = 0.003  # batched serving: how long a ready frame call waits for the other rows' calls
+    recent_s: float = 2.0  # batched serving: a row heard from this recently is expected to call again soon
+
+    # Measurement and conversion tools (`audio8 parity | gate | bench | convert | make-checkpoint`)
+    tolerance: float = 1e-4  # max |logit/waveform diff| for fp32 parity with the oracle
+    asr_margin: float = 0.05  # gate: error-rate points (absolute) the port may lose to the reference per language
+    speaker_margin: float = 0.05  # gate: mean speaker cosine the port may lose to the reference
+    bench_checkpoint: str = "~/.cache/audio8-coreai/bench-0.6b"  # bench: the random 0.6b checkpoint's folder
+    bench_frames: int = 32  # bench: frames per timed frame loop (eos ignored)
+    bench_runs: int = 3  # bench: timed runs after one warm-up (medians reported)
+    decoder_frames: int = 160  # Core AI codec decoder bucket: 128 frames of context + 32 new ones per window
+    encoder_frames: int = 216  # Core AI codec encoder bucket: 10.0 s, the voice-registration clip
+    checkpoint_seed: int = 0  # make-checkpoint: the seed of the random weights (same seed, same files)
+
+
+DEFAULTS = Settings()
