@@ -24,9 +24,10 @@ import soundfile as sf
 import torch
 from safetensors.torch import load_file, save_file
 
-# coreai-core publishes wheels for macOS and Linux x86_64: there the tests must run, elsewhere they skip.
+# coreai-core publishes wheels for macOS and Linux x86_64, where .ci/run installs the coreai extra (so the tests
+# run there); without the extra, or elsewhere, they skip.
 if sys.platform == "darwin" or (sys.platform == "linux" and platform.machine() == "x86_64"):
-    import coreai.runtime  # noqa: F401
+    pytest.importorskip("coreai.runtime", reason="the coreai extra is not installed (pip install -e '.[coreai]')")
 else:
     pytest.importorskip("coreai.runtime", reason="coreai-core has no wheel for this platform")
 
