@@ -64,7 +64,8 @@ def test_side_by_side_group_and_rss(tiny_checkpoint):
     cfgs = [BenchConfig(str(tiny_checkpoint), frames=2, runs=1, baseline=True),
             BenchConfig(str(tiny_checkpoint), frames=2, runs=1, precision="int16")]
     base, row = measure_group(cfgs)
-    assert base["vs_baseline"] == 1.0 and row["vs_baseline"] == pytest.approx(base["ms_per_frame"] / row["ms_per_frame"])
+    assert base["vs_baseline"] == 1.0
+    assert row["vs_baseline"] == pytest.approx(base["ms_per_frame"] / row["ms_per_frame"])
     assert row["description"].endswith("int16")
     check_figures(row, 2)
     assert row["codec_ms_per_chunk"] == base["codec_ms_per_chunk"]  # measured once, shared
