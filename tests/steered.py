@@ -53,9 +53,9 @@ def steer_eos(source: Path, dest: Path, eos: str, max_seq_len: int | None = None
         if 2 * dim > end + 1 - begin:
             raise ValueError(f"{end + 1 - begin} semantic rows cannot hold +- the {dim} unit vectors")
         norm.fill_(1.0)
-        table[begin:end + 1] = 0
+        table[begin : end + 1] = 0
         unit = NEVER_EOS_SCALE * torch.eye(dim, dtype=table.dtype)
-        table[begin:begin + 2 * dim] = torch.cat([unit, -unit])
+        table[begin : begin + 2 * dim] = torch.cat([unit, -unit])
         table[eos_id] = 0
     else:
         raise ValueError(f"eos must be 'first' or 'never', not {eos!r}")
