@@ -58,3 +58,21 @@ def tiny_tts(tiny_checkpoint):
     from audio8_coreai import TTS
 
     return TTS.load(tiny_checkpoint, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def eos_first_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
+    """The tiny checkpoint with every compact logit 0: with top-k 1 every utterance ends on its first frame
+    (steered.py)."""
+    from steered import steer_eos
+
+    return steer_eos(tiny_checkpoint, tmp_path_factory.mktemp("steered") / "eos_first", "first")
+
+
+@pytest.fixture(scope="session")
+def never_eos_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
+    """The tiny checkpoint that never draws eos, with a context of 128 positions (prompt + frames), so an
+    utterance always runs to its frame cap (steered.py)."""
+    from steered import steer_eos
+
+    return steer_eos(tiny_checkpoint, tmp_path_factory.mktemp("steered") / "never_eos", "never", max_seq_len=128)

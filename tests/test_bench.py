@@ -1,34 +1,77 @@
-"""The benchmark harness runs end to end on the tiny checkpoint (structure only: no timing is asserted)."""
+"""The benchmark harness on the tiny checkpoint: no timing is asserted, but every figure that follows from others
+(ratios, totals, RTF, TTFA) must agree with its measured parts, and every count with the checkpoint."""
 
 from __future__ import annotations
 
 import math
 
-from audio8_coreai.measure.bench import BenchConfig, format_table, measure, measure_group, measure_rss
+import pytest
+
+from audio8_coreai.checkpoint import load_checkpoint
+from audio8_coreai.measure.bench import SENTENCE, BenchConfig, format_table, measure, measure_group, measure_rss
 
 KEYS = ("prefill_ms_per_token", "prefill_head_kept_ms", "ms_per_frame", "slow_ms", "fast_ms", "sampler_ms", "floor_ms",
         "frame_floor_ratio", "codec_ms_per_chunk", "rtf", "rtf_streaming", "ttfa_ms", "peak_rss_gb")
 
 
-def test_measure_reports_every_figure(tiny_checkpoint):
+def weights_per_frame(cfg) -> int:
+    """Linear weights read per frame: the slow AR's blocks and its compact head once, the fast AR's blocks and
+    head once per codebook after the first."""
+    def block(dim, n_head, n_kv, head_dim, ffn):
+        return dim * (n_head + 2 * n_kv) * head_dim + n_head * head_dim * dim + 3 * dim * ffn
+
+    slow = cfg.n_layer * block(cfg.dim, cfg.n_head, cfg.n_local_heads, cfg.head_dim, cfg.intermediate_size)
+    fast = cfg.n_fast_layer * block(cfg.fast_dim, cfg.fast_n_head, cfg.fast_n_local_heads, cfg.fast_head_dim,
+                                    cfg.fast_intermediate_size)
+    return slow + cfg.dim * (cfg.num_semantic + 1) + (cfg.num_codebooks - 1) * (fast + cfg.fast_dim * cfg.codebook_size)
+
+
+def check_figures(row: dict, frames: int) -> None:
+    """The derived figures of a non-baseline ``row`` against its parts (a 46.4 ms frame: hop 2048 at 44.1 kHz)."""
+    approx = pytest.approx
+    f = row["ms_per_frame"]
+    assert row["frames"] == frames and len(row["frame_runs_ms"]) == row["runs"]
+    assert row["other_ms"] == approx(f - row["slow_ms"] - row["fast_ms"] - row["sampler_ms"])
+    assert row["floor_ms"] == approx(row["floor_slow_ms"] + row["floor_fast_ms"])
+    assert row["frame_floor_ratio"] == approx(f / row["floor_ms"])
+    assert row["prefill_ms_per_token"] == approx(row["prefill_ms"] / row["prompt_columns"])
+    assert row["frame_audio_ms"] == approx(2048 / 44100 * 1e3) and row["codec_window_frames"] == 160
+    assert row["codec_ms_per_frame"] == approx(row["codec_ms_per_window"] / 160)
+    audio_ms = frames * row["frame_audio_ms"]
+    assert row["rtf"] == approx((row["prefill_ms"] + frames * (f + row["codec_ms_per_frame"])) / audio_ms)
+    assert row["rtf_streaming"] == approx((32 * f + row["codec_ms_per_chunk"]) / (32 * row["frame_audio_ms"]))
+    # TTFA: the prefill with the prompt's head kept, the first chunk's one frame and its decode
+    assert row["ttfa_ms"] == approx(row["prefill_head_kept_ms"] + f + row["codec_first_chunk_ms"])
+
+
+def test_measure_reports_every_figure(tiny_checkpoint, tiny_tts):
     row = measure(BenchConfig(str(tiny_checkpoint), frames=2, runs=1))
     for key in KEYS:
         assert math.isfinite(row[key]) and row[key] > 0, key
-    assert row["fast_passes"] == 9
+    check_figures(row, 2)
+    assert row["prompt_columns"] == tiny_tts.prompts.plain(SENTENCE).shape[1]
+    cfg = load_checkpoint(tiny_checkpoint).config
+    assert row["fast_passes"] == 9 and row["weights_per_frame_m"] == pytest.approx(weights_per_frame(cfg) / 1e6)
+    assert row["vs_publisher"] == pytest.approx(265.0 / row["ms_per_frame"])
     base = measure(BenchConfig(str(tiny_checkpoint), frames=2, runs=1, baseline=True))
     assert base["ms_per_frame"] > 0 and "floor_ms" not in base
     text = format_table([base, row])
     assert "frame/floor" in text and "baseline autot" in text and "fp32 autot" in text
+    assert f"{row['ms_per_frame']:.1f}" in text.splitlines()[-1] and f"{row['rtf']:.2f}" in text.splitlines()[-1]
 
 
 def test_side_by_side_group_and_rss(tiny_checkpoint):
     cfgs = [BenchConfig(str(tiny_checkpoint), frames=2, runs=1, baseline=True),
             BenchConfig(str(tiny_checkpoint), frames=2, runs=1, precision="int16")]
     base, row = measure_group(cfgs)
-    assert base["vs_baseline"] == 1.0 and row["vs_baseline"] > 0
-    assert row["description"].endswith("int16") and row["frame_floor_ratio"] > 0
+    assert base["vs_baseline"] == 1.0
+    assert row["vs_baseline"] == pytest.approx(base["ms_per_frame"] / row["ms_per_frame"])
+    assert row["description"].endswith("int16")
+    check_figures(row, 2)
     assert row["codec_ms_per_chunk"] == base["codec_ms_per_chunk"]  # measured once, shared
-    assert measure_rss(cfgs[1])["peak_rss_gb"] > 0
+    assert 0 < row["cpu_use"] == base["cpu_use"]  # one process's CPU time over its wall time, for the whole group
+    rss = measure_rss(cfgs[1])
+    assert rss["peak_rss_gb"] > 0.1 and rss["load_s_alone"] > 0  # torch alone takes more than 100 MB
 
 
 def test_bench_command_without_rss_writes_the_json(tiny_checkpoint, tmp_path):
@@ -45,3 +88,4 @@ def test_bench_command_without_rss_writes_the_json(tiny_checkpoint, tmp_path):
     assert result.exit_code == 0, result.output
     (row,) = json.loads(out.read_text())["results"]
     assert row["ms_per_frame"] > 0 and "peak_rss_gb" not in row and row["label"] == "fp32 autot"
+    check_figures(row, 2)

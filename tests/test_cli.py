@@ -78,30 +78,27 @@ def test_say_splits_text_too_long_for_one_utterance_as_say_stream_does(tiny_chec
     assert np.array_equal(a, b)
 
 
-def test_frame_cap_warning_says_when_the_context_is_full(tiny_checkpoint, tmp_path):
-    # seed 1 never ends this utterance on the tiny checkpoint: it runs to the 433 frames its 79-column prompt
-    # leaves of the 512-position context
-    result = run("say", "Words go here.", "-o", tmp_path / "full.wav", "--model", tiny_checkpoint, "--seed", 1,
-                 "--device", "cpu")
+def test_frame_cap_warning_says_when_the_context_is_full(never_eos_checkpoint, tmp_path):
+    # a checkpoint that never draws eos runs to the frames its prompt leaves of its 128-position context
+    model = ("--model", never_eos_checkpoint, "--device", "cpu")
+    room = 128 - json.loads(run("prompt", "Hi.", "--model", never_eos_checkpoint, "--json").output)["shape"][1]
+    result = run("say", "Hi.", "-o", tmp_path / "full.wav", *model)
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
-    assert "stopped at the frame cap (433 frames)" in said and "the context is full" in said
+    assert f"stopped at the frame cap ({room} frames)" in said and "the context is full" in said
     # text whose prompt fits but whose estimated speech would not is split, not cut at the cap
-    text = " ".join(["Words go here."] * 28)
-    result = run("say", text, "-o", tmp_path / "long.wav", "--model", tiny_checkpoint, "--seed", 2, "--device",
-                 "cpu", "--max-frames", 4)
+    result = run("say", " ".join(["Hi."] * 6), "-o", tmp_path / "long.wav", *model, "--max-frames", 4)
     assert result.exit_code == 0 and "split into sentences" in result.output
-    result = run("say", "Words go here.", "-o", tmp_path / "cap.wav", "--model", tiny_checkpoint, "--seed", 1,
-                 "--max-frames", 3, "--device", "cpu")
+    result = run("say", "Hi.", "-o", tmp_path / "cap.wav", *model, "--max-frames", 3)
     said = " ".join(result.output.split())
     assert "stopped at the frame cap (3 frames)" in said and "raise --max-frames" in said
 
 
-def test_say_stream_ending_at_once_leaves_an_existing_file_untouched(tiny_checkpoint, tmp_path):
+def test_say_stream_ending_at_once_leaves_an_existing_file_untouched(eos_first_checkpoint, tmp_path):
     out = tmp_path / "out.wav"
     out.write_bytes(b"keep me")
-    result = run("say", "Hi.", "-o", out, "--model", tiny_checkpoint, "--seed", 17, "--max-frames", 5,
-                 "--device", "cpu", "--stream")
+    result = run("say", "Hi.", "-o", out, "--model", eos_first_checkpoint, "--top-k", 1, "--max-frames", 5,
+                 "--device", "cpu", "--stream")  # top-k 1 on this checkpoint: eos on the first frame
     assert result.exit_code == 2 and "eos on the first frame" in result.output
     assert out.read_bytes() == b"keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.wav"]  # no empty partial file either
