@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from audio8_coreai.config import SamplingParams
 from audio8_coreai.sampling import (
     NoiseSource,
     RasWindow,
@@ -44,7 +45,7 @@ def _semantic_kwargs(fx: dict[str, np.ndarray], s: str) -> dict:
     k, p, t = _params(fx, s, "regular")
     ras_k, ras_p, ras_t = _params(fx, s, "ras")
     assert ras_k == k  # one top_k caps both draws
-    return dict(top_k=k, top_p=p, temperature=t, ras_top_p=ras_p, ras_temperature=ras_t,
+    return dict(params=SamplingParams(top_k=k, top_p=p, temperature=t, ras_top_p=ras_p, ras_temperature=ras_t),
                 semantic_begin_id=SEM_BEGIN, eos_id=EOS)
 
 
@@ -212,12 +213,12 @@ def test_semantic_ties_follow_vocabulary_order_eos_first():
     logits[0] = logits[V] = 5.0  # semantic id 300 and eos
     noise = torch.full((2, V + 1), 0.5)
     empty = torch.full((W,), -1, dtype=torch.int64)
-    kw = dict(top_p=0.9, temperature=0.7, ras_top_p=0.9, ras_temperature=1.0, semantic_begin_id=SEM_BEGIN,
-              eos_id=EOS)
     for k in (1, 50):
-        sem, normal, high = sample_semantic(logits, noise, empty, top_k=k, **kw)
+        kw = dict(params=SamplingParams(top_k=k, top_p=0.9, temperature=0.7, ras_top_p=0.9, ras_temperature=1.0),
+                  semantic_begin_id=SEM_BEGIN, eos_id=EOS)
+        sem, normal, high = sample_semantic(logits, noise, empty, **kw)
         assert int(sem) == int(normal) == int(high) == EOS
-        assert int(np_sample_semantic(logits.numpy(), noise.numpy(), empty.numpy(), top_k=k, **kw)[0]) == EOS
+        assert int(np_sample_semantic(logits.numpy(), noise.numpy(), empty.numpy(), **kw)[0]) == EOS
     assert int(greedy_semantic(logits, semantic_begin_id=SEM_BEGIN, eos_id=EOS)) == EOS
 
 
@@ -227,7 +228,7 @@ def test_ras_replaces_only_semantic_ids_found_in_the_window():
     noise[0, 7] = 0.9999  # normal draw: id 307
     noise[1, 9] = 0.9999  # high draw: id 309
     noise[0, V] = noise[1, V] = 1e-7  # eos: never
-    kw = dict(top_k=300, top_p=1.0, temperature=1.0, ras_top_p=1.0, ras_temperature=1.0,
+    kw = dict(params=SamplingParams(top_k=300, top_p=1.0, temperature=1.0, ras_top_p=1.0, ras_temperature=1.0),
               semantic_begin_id=SEM_BEGIN, eos_id=EOS)
 
     def draw(window: list[int]) -> int:
@@ -255,7 +256,7 @@ def test_sample_semantic_matches_reference_with_eos_below_or_above_the_semantic_
     noise = rng.choice([0.2, 0.5, 0.8], (64, 2, V + 1)).astype(np.float32)
     window = SEM_BEGIN + rng.integers(0, 40, (64, W))  # ties favour low ids: draws land in here
     window[::3] = -1
-    kw = dict(top_k=50, top_p=0.9, temperature=0.7, ras_top_p=0.9, ras_temperature=1.0,
+    kw = dict(params=SamplingParams(top_k=50, top_p=0.9, temperature=0.7, ras_top_p=0.9, ras_temperature=1.0),
               semantic_begin_id=SEM_BEGIN, eos_id=eos_id)
     ours = sample_semantic(torch.from_numpy(logits), torch.from_numpy(noise), torch.from_numpy(window), **kw)
     ref = np_sample_semantic(logits, noise, window, **kw)
@@ -311,8 +312,7 @@ def test_sampler_exports_with_static_shapes():
 
     class Draw(torch.nn.Module):
         def forward(self, logits, noise, window, fast_logits, fast_noise):
-            sem = sample_semantic(logits, noise, window, top_k=50, top_p=0.9, temperature=0.7, ras_top_p=0.9,
-                                  ras_temperature=1.0, semantic_begin_id=SEM_BEGIN, eos_id=EOS)
+            sem = sample_semantic(logits, noise, window, SamplingParams(), SEM_BEGIN, EOS)
             return (*sem, sample_top_k_top_p(fast_logits, fast_noise, 50, 0.9, 0.7))
 
     g = torch.Generator().manual_seed(0)

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .config import SamplingParams
+
 MIN_TEMPERATURE = 1e-5
 """The publisher clamps the temperature to at least this before dividing."""
 
@@ -192,20 +194,8 @@ def greedy_semantic(logits: Tensor, *, semantic_begin_id: int, eos_id: int) -> T
     return _vocab_index_to_id(j, logits.shape[-1] - 1, semantic_begin_id, eos_id)
 
 
-def sample_semantic(
-    logits: Tensor,
-    noise: Tensor,
-    window: Tensor,
-    *,
-    top_k: int,
-    top_p: float,
-    temperature: float,
-    ras_top_p: float,
-    ras_temperature: float,
-    semantic_begin_id: int,
-    eos_id: int,
-    eager: bool = False,
-) -> tuple[Tensor, Tensor, Tensor]:
+def sample_semantic(logits: Tensor, noise: Tensor, window: Tensor, params: SamplingParams, semantic_begin_id: int,
+                    eos_id: int, *, eager: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """The semantic draw with repetition-aware sampling (the publisher's ``_sample_semantic``).
 
     Args:
@@ -213,8 +203,8 @@ def sample_semantic(
         noise: ``[..., 2, V+1]`` uniforms in the same compact layout: row 0 for the normal draw, row 1 for the
             high-temperature draw.
         window: int64 ``[..., W]`` token ids of the RAS window (:class:`RasWindow`); ``-1`` = empty slot.
-        top_k, top_p, temperature: the normal draw's setting; ``ras_top_p``, ``ras_temperature``: the high
-            draw's (the same ``top_k`` caps both, as in the publisher).
+        params: ``top_k``, ``top_p``, ``temperature`` are the normal draw's setting; ``ras_top_p``,
+            ``ras_temperature`` the high draw's (the same ``top_k`` caps both, as in the publisher).
         semantic_begin_id, eos_id: from the model config.
 
     Returns:
@@ -229,11 +219,12 @@ def sample_semantic(
     eos_first = _eos_first(semantic_begin_id, eos_id)
     x = _to_vocab_order(logits, eos_first)
     u = _to_vocab_order(noise, eos_first)
-    _check_params(top_k, top_p, temperature)
-    _check_params(top_k, ras_top_p, ras_temperature)
-    prepared = _candidates(x, top_k, eager)  # both draws rank the same scores with the same top_k
-    normal_j = _draw(prepared, u[..., 0, :], top_p, temperature)
-    high_j = _draw(prepared, u[..., 1, :], ras_top_p, ras_temperature)
+    p = params
+    _check_params(p.top_k, p.top_p, p.temperature)
+    _check_params(p.top_k, p.ras_top_p, p.ras_temperature)
+    prepared = _candidates(x, p.top_k, eager)  # both draws rank the same scores with the same top_k
+    normal_j = _draw(prepared, u[..., 0, :], p.top_p, p.temperature)
+    high_j = _draw(prepared, u[..., 1, :], p.ras_top_p, p.ras_temperature)
     normal = _vocab_index_to_id(normal_j, v, semantic_begin_id, eos_id)
     high = _vocab_index_to_id(high_j, v, semantic_begin_id, eos_id)
     is_semantic = (normal - eos_id).abs().clamp(max=1)  # 0 for eos, 1 for a semantic id
@@ -349,19 +340,8 @@ def np_sample_top_k_top_p(
     return out.reshape(x.shape[:-1])
 
 
-def np_sample_semantic(
-    logits: np.ndarray,
-    noise: np.ndarray,
-    window: np.ndarray,
-    *,
-    top_k: int,
-    top_p: float,
-    temperature: float,
-    ras_top_p: float,
-    ras_temperature: float,
-    semantic_begin_id: int,
-    eos_id: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def np_sample_semantic(logits: np.ndarray, noise: np.ndarray, window: np.ndarray, params: SamplingParams,
+                       semantic_begin_id: int, eos_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reference of :func:`sample_semantic` (same arguments and outputs, NumPy arrays).
 
     Written the publisher's way: the compact entries are laid out by token id (a vocabulary-ordered vector), both
@@ -372,8 +352,9 @@ def np_sample_semantic(
     v = x.shape[-1] - 1
     ids = np.concatenate([semantic_begin_id + np.arange(v), [eos_id]]).astype(np.int64)
     by_id = np.argsort(ids, kind="stable")
-    normal = ids[by_id][np_sample_top_k_top_p(x[..., by_id], u[..., 0, by_id], top_k, top_p, temperature)]
-    high = ids[by_id][np_sample_top_k_top_p(x[..., by_id], u[..., 1, by_id], top_k, ras_top_p, ras_temperature)]
+    p = params
+    normal = ids[by_id][np_sample_top_k_top_p(x[..., by_id], u[..., 0, by_id], p.top_k, p.top_p, p.temperature)]
+    high = ids[by_id][np_sample_top_k_top_p(x[..., by_id], u[..., 1, by_id], p.top_k, p.ras_top_p, p.ras_temperature)]
     semantic_end_id = semantic_begin_id + v - 1
     in_window = (np.asarray(window, dtype=np.int64) == normal[..., None]).any(-1)
     is_semantic = (normal >= semantic_begin_id) & (normal <= semantic_end_id)

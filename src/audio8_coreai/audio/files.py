@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import uuid
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -147,3 +148,19 @@ def publish(tmp: str | Path, path: Path) -> None:
         os.replace(tmp, path)
     except OSError as e:
         raise AudioError(f"cannot write {path}: {e}") from e
+
+
+@contextlib.contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """A hidden sibling folder to write into; when the block ends it becomes ``out`` (which must be absent or an
+    empty folder) by one rename, and when the block raises it is removed: a reader never sees half a folder."""
+    tmp = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        if out.exists():
+            out.rmdir()  # empty (the caller checked); rename needs the name free
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,31 +1,18 @@
 """Checkpoints in the publisher's folder layout: find (folder or hub id), validate before any allocation, load
 weights safely, write random ones for tests and benchmarks."""
 
-from .layout import (
-    CODEC_SAFETENSORS_FILE,
-    CODEC_SPEC_FILE,
-    CONFIG_FILE,
-    DEFAULT_MODEL,
-    FOLDER_CONTENTS,
-    GENERATION_FILE,
-    MODEL_FILE,
-    TOKENIZER_FILES,
-    CheckpointError,
-)
+from .layout import CODEC_SPEC_FILE, CONFIG_FILE, DEFAULT_MODEL, GENERATION_FILE, MODEL_FILE, CheckpointError
 from .load import Checkpoint, load_checkpoint
 from .locate import resolve_checkpoint
 from .random import make_checkpoint
 from .validate import derive_codec_config, require_finite
 
 __all__ = [
-    "CODEC_SAFETENSORS_FILE",
     "CODEC_SPEC_FILE",
     "CONFIG_FILE",
     "DEFAULT_MODEL",
-    "FOLDER_CONTENTS",
     "GENERATION_FILE",
     "MODEL_FILE",
-    "TOKENIZER_FILES",
     "Checkpoint",
     "CheckpointError",
     "derive_codec_config",

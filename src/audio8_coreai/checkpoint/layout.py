@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from ..config import ModelConfig
 from ..errors import Audio8Error
 
 DEFAULT_MODEL = "Audio8/Audio8-TTS-Preview-0.6b"
@@ -31,3 +32,14 @@ FOLDER_CONTENTS = (
 
 class CheckpointError(Audio8Error):
     """A checkpoint cannot be found, read or used; the message names the file and what to do."""
+
+
+def checkpoint_files(weights: bool = True, codec: bool = True) -> list[str]:
+    """The names of every file a checkpoint folder may hold (the hub download's allow-list); the model's weights
+    only with ``weights``, the codec's (pickle or safetensors) only with ``codec``."""
+    files = [CONFIG_FILE, GENERATION_FILE, CODEC_SPEC_FILE, *TOKENIZER_FILES]
+    if weights:
+        files.append(MODEL_FILE)
+    if codec:
+        files += [ModelConfig.__dataclass_fields__["codec_filename"].default, CODEC_SAFETENSORS_FILE]
+    return files

@@ -6,18 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from ..config import ModelConfig
-from .layout import (
-    CODEC_SAFETENSORS_FILE,
-    CODEC_SPEC_FILE,
-    CONFIG_FILE,
-    DEFAULT_MODEL,
-    FOLDER_CONTENTS,
-    GENERATION_FILE,
-    MODEL_FILE,
-    TOKENIZER_FILES,
-    CheckpointError,
-)
+from .layout import DEFAULT_MODEL, FOLDER_CONTENTS, CheckpointError, checkpoint_files
 
 # Hub ids are "owner/name"; anything else that does not exist on disk is a mistyped path.
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -28,15 +17,6 @@ _HUB_ETAG_TIMEOUT_S = 5.0
 
 def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-
-
-def _hub_files(weights: bool, codec: bool) -> list[str]:
-    files = [CONFIG_FILE, GENERATION_FILE, CODEC_SPEC_FILE, *TOKENIZER_FILES]
-    if weights:
-        files.append(MODEL_FILE)
-    if codec:
-        files += [ModelConfig.__dataclass_fields__["codec_filename"].default, CODEC_SAFETENSORS_FILE]
-    return files
 
 
 def resolve_checkpoint(model: str | Path = DEFAULT_MODEL, *, weights: bool = True, codec: bool = True) -> Path:
@@ -71,7 +51,7 @@ def resolve_checkpoint(model: str | Path = DEFAULT_MODEL, *, weights: bool = Tru
     etag_timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT", _HUB_ETAG_TIMEOUT_S))
     local_hint = f"pass --model DIR with a local folder holding {FOLDER_CONTENTS}"
     try:
-        return Path(snapshot_download(text, allow_patterns=_hub_files(weights, codec), etag_timeout=etag_timeout,
+        return Path(snapshot_download(text, allow_patterns=checkpoint_files(weights, codec), etag_timeout=etag_timeout,
                                       local_files_only=offline))
     except GatedRepoError as e:
         raise CheckpointError(f"hub repository {text} is gated: accept its terms on the hub and log in "

@@ -14,8 +14,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import uuid
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +21,7 @@ from typing import Any, Literal
 import torch
 from safetensors.torch import save_file
 
+from ..audio.files import staged_folder
 from ..config import CodecConfig, ModelConfig
 from ..model.codec import codec_param_shapes
 from ..model.dualar import dualar_param_shapes
@@ -171,9 +170,7 @@ def make_checkpoint(out_dir: str | Path, size: Size = "tiny", seed: int = 0) -> 
     codec_spec = _preset(size, CODEC_SPEC_FILE) if tiny else None
     cfg = ModelConfig.from_dict(raw_config)
     cc = CodecConfig.from_spec(codec_spec) if tiny else CodecConfig()
-    tmp = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with staged_folder(out) as tmp:
         def write_json(name: str, data: dict[str, Any]) -> None:
             # Key order as given: the publisher's files are sorted (HF style), codec_spec.json is not.
             (tmp / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
@@ -199,10 +196,4 @@ def make_checkpoint(out_dir: str | Path, size: Size = "tiny", seed: int = 0) -> 
         torch.save(_codec_tensors_random(cc, seed), tmp / cfg.codec_filename)
 
         load_checkpoint(tmp)  # never hand out a folder this module would refuse
-        if out.exists():
-            out.rmdir()  # empty (checked above); rename needs the name free
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

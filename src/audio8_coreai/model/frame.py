@@ -161,10 +161,8 @@ class Frame(nn.Module):
         cfg, p = self.model.cfg, params
         eager = self.mode == "eager"
         if p.do_sample:
-            sampled_sem, _, _ = sample_semantic(
-                logits, inputs.noise_slow, inputs.window, top_k=p.top_k, top_p=p.top_p, temperature=p.temperature,
-                ras_top_p=p.ras_top_p, ras_temperature=p.ras_temperature,
-                semantic_begin_id=cfg.semantic_begin_id, eos_id=cfg.eos_token_id, eager=eager)
+            sampled_sem, _, _ = sample_semantic(logits, inputs.noise_slow, inputs.window, p, cfg.semantic_begin_id,
+                                                cfg.eos_token_id, eager=eager)
         else:
             sampled_sem = greedy_semantic(logits, semantic_begin_id=cfg.semantic_begin_id, eos_id=cfg.eos_token_id)
         mix = inputs.use_forced.to(torch.long)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import shutil
-import uuid
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from ...audio.files import staged_folder
 from ...checkpoint import Checkpoint, load_checkpoint
 from ...precision import resolve_precision
 from ...config import SamplingParams
@@ -151,24 +150,15 @@ def convert(checkpoint: Checkpoint | str | Path, out_dir: str | Path, precision:
         raise AssetError(f"{out} already exists and is not an empty folder; choose a new folder or remove it")
     base = manifest_base(ckpt, precision)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
     wanted = [p for p in PARTS if p in parts]
     per_part = {"dualar": 1 + len(DUALAR_FUNCTIONS) + 2, "codec_decoder": 4, "codec_encoder": 4}
-    try:
-        with _Steps(sum(per_part[p] for p in wanted), progress) as steps:
-            for part in wanted:
-                path = tmp / f"{part}.aimodel"
-                if part == "dualar":
-                    _convert_dualar(ckpt, path, precision, context, params, base, steps)
-                else:
-                    frames = decoder_frames if part == "codec_decoder" else encoder_frames
-                    _convert_codec(ckpt, path, part, precision, frames, base, steps)
-                gc.collect()  # free this part's weights and programs before the next one
-        if out.exists():
-            out.rmdir()  # empty (checked above); rename needs the name free
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with staged_folder(out) as tmp, _Steps(sum(per_part[p] for p in wanted), progress) as steps:
+        for part in wanted:
+            path = tmp / f"{part}.aimodel"
+            if part == "dualar":
+                _convert_dualar(ckpt, path, precision, context, params, base, steps)
+            else:
+                frames = decoder_frames if part == "codec_decoder" else encoder_frames
+                _convert_codec(ckpt, path, part, precision, frames, base, steps)
+            gc.collect()  # free this part's weights and programs before the next one
     return out

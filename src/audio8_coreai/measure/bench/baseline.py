@@ -31,10 +31,7 @@ class BaselineFrame:
             _, hidden = b.frame_maths.slow_step(col, pos, b.k_cache, b.v_cache)
             full = torch.nn.functional.linear(hidden, model.slow.embeddings.weight)[0].numpy()
         logits = full[self.allowed]  # the publisher masks every other id to -inf before sampling
-        sem, _, _ = np_sample_semantic(logits, noise_slow, window, top_k=p.top_k, top_p=p.top_p,
-                                       temperature=p.temperature, ras_top_p=p.ras_top_p,
-                                       ras_temperature=p.ras_temperature,
-                                       semantic_begin_id=cfg.semantic_begin_id, eos_id=cfg.eos_token_id)
+        sem, _, _ = np_sample_semantic(logits, noise_slow, window, p, cfg.semantic_begin_id, cfg.eos_token_id)
         code = int(np.clip(int(sem) - cfg.semantic_begin_id, 0, cfg.codebook_size - 1))
         codes = [code]
 

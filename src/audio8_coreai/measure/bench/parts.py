@@ -97,10 +97,7 @@ def frame_parts(backend, params, pos: int) -> dict[str, Callable[[], object]]:
 
     @torch.inference_mode()
     def sampler():
-        sample_semantic(logits, noise, window, top_k=params.top_k, top_p=params.top_p,
-                        temperature=params.temperature, ras_top_p=params.ras_top_p,
-                        ras_temperature=params.ras_temperature, semantic_begin_id=cfg.semantic_begin_id,
-                        eos_id=cfg.eos_token_id, eager=True)
+        sample_semantic(logits, noise, window, params, cfg.semantic_begin_id, cfg.eos_token_id, eager=True)
         for _ in range(cfg.num_codebooks - 1):
             sample_top_k_top_p(fast_logits, noise_fast, params.top_k, params.top_p, params.temperature, eager=True)
         _sync(dev)

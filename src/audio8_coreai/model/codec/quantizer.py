@@ -61,27 +61,31 @@ class _ResidualVQ(nn.Module):
         return torch.stack(codes, dim=1), z
 
 
-class DecodeQuantizer(nn.Module):
+class _VQs(nn.Module):
+    """The semantic VQ and the residual VQs of the publisher's quantizer (its names); ``with_in_proj``: the encode
+    half's input projections."""
+
+    def __init__(self, cfg: CodecConfig, with_in_proj: bool):
+        super().__init__()
+        lat, d = cfg.latent_dim, cfg.codebook_dim
+        self.semantic_quantizer = _ResidualVQ(1, lat, cfg.semantic_codebook_size, d, with_in_proj=with_in_proj)
+        self.quantizer = _ResidualVQ(cfg.residual_codebooks, lat, cfg.residual_codebook_size, d,
+                                     with_in_proj=with_in_proj)
+
+
+class DecodeQuantizer(_VQs):
     """The decode half of the publisher's quantizer (its names): VQ back-projections, post_module, upsample."""
 
     def __init__(self, cfg: CodecConfig, max_frames: int):
-        super().__init__()
-        lat, d = cfg.latent_dim, cfg.codebook_dim
-        self.semantic_quantizer = _ResidualVQ(1, lat, cfg.semantic_codebook_size, d, with_in_proj=False)
-        self.quantizer = _ResidualVQ(cfg.residual_codebooks, lat, cfg.residual_codebook_size, d,
-                                     with_in_proj=False)
+        super().__init__(cfg, with_in_proj=False)
         self.post_module = quantizer_transformer(cfg, max_frames)
-        self.upsample = resample_stack(lat, transposed=True)
+        self.upsample = resample_stack(cfg.latent_dim, transposed=True)
 
 
-class EncodeQuantizer(nn.Module):
+class EncodeQuantizer(_VQs):
     """The encode half of the publisher's quantizer (its names): downsample, pre_module, VQs."""
 
     def __init__(self, cfg: CodecConfig, max_frames: int):
-        super().__init__()
-        lat, d = cfg.latent_dim, cfg.codebook_dim
-        self.semantic_quantizer = _ResidualVQ(1, lat, cfg.semantic_codebook_size, d, with_in_proj=True)
-        self.quantizer = _ResidualVQ(cfg.residual_codebooks, lat, cfg.residual_codebook_size, d,
-                                     with_in_proj=True)
-        self.downsample = resample_stack(lat, transposed=False)
+        super().__init__(cfg, with_in_proj=True)
+        self.downsample = resample_stack(cfg.latent_dim, transposed=False)
         self.pre_module = quantizer_transformer(cfg, max_frames)
