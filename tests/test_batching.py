@@ -106,7 +106,7 @@ def test_admit_errors_and_rows(tts_fp32):
     with pytest.raises(EngineError, match="busy"):
         engine.admit(prompt, 5, seed=1)
     (item, res), _ = engine.step()
-    assert item is first and item.done and not item.reached_eos and len(item.codes) == 1
+    assert item is first and item.done and item.utterance.steps == 1  # a frame or eos: either ends it at its cap
     assert engine.free == 1 and engine.items == [second]
     third = engine.admit(prompt, 5, seed=2)
     assert third.row == 0  # the freed row

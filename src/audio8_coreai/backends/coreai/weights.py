@@ -20,7 +20,7 @@ from ...config import CodecConfig
 from ...model.frame import PREFILL_WIDTH
 from ...model.codec import CodecDecoder, CodecEncoder
 from ...model.dualar import DualAR
-from ...model.layers import causal_cache_mask
+from ...model.layers import SpanKV, causal_cache_mask
 
 QUANT_BLOCK = 32  # int8 weights: one scale per this many input channels
 
@@ -80,8 +80,8 @@ def _quantize_slow_linears(model: DualAR, context: int) -> None:
     cfg = model.cfg
     k, v = model.new_kv_cache(length=context)
     slots = torch.arange(PREFILL_WIDTH)
-    example = (torch.zeros(1, 1 + cfg.num_codebooks, PREFILL_WIDTH, dtype=torch.long), slots[None], slots,
-               causal_cache_mask(slots[:1], PREFILL_WIDTH, context), k, v)
+    example = (torch.zeros(1, 1 + cfg.num_codebooks, PREFILL_WIDTH, dtype=torch.long), slots[None], k, v,
+               SpanKV(0, None, causal_cache_mask(slots[:1], PREFILL_WIDTH, context)))
     quantizer = Quantizer(model.slow, config)
     quantizer.prepare(example)
     model.slow = quantizer.finalize(backend=ExportBackend.CoreAI)
