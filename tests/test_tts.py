@@ -10,7 +10,7 @@ from audio8_coreai.config import ConfigError
 from audio8_coreai.backends.base import EngineError
 from audio8_coreai.settings import DEFAULTS
 from audio8_coreai.text import PromptError
-from audio8_coreai.tts import check_request
+from audio8_coreai.request import check_request
 from audio8_coreai.voices import VoiceError
 
 TEXT = "The meeting has been moved to Thursday afternoon."

@@ -114,7 +114,8 @@ def say(
 ) -> None:
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
     from .audio import check_writable, read_reference, write_audio
-    from .tts import TTS, check_request
+    from .request import check_request
+    from .tts import TTS
     from .voices import VoiceStore
 
     # Fail before loading a model; the chunk sizes too: long text is streamed even without --stream.
@@ -578,7 +579,8 @@ def serve(
     import uvicorn
 
     from .server import ServerSettings, create_app
-    from .tts import TTS, check_chunks
+    from .request import check_chunks
+    from .tts import TTS
 
     if workers < 1 or max_queue < 0 or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0:
         raise ConfigError("--workers, --max-input-chars and --max-frames must be >= 1, --max-queue and --batch >= 0")

@@ -15,7 +15,8 @@ from ...audio import MEDIA_TYPES, SpeechEncoder, encode_speech
 from ...errors import Audio8Error
 from ...settings import DEFAULTS
 from ...engine.stream import SpeechStream
-from ...tts import TTS, CheckedRequest, check_request
+from ...request import CheckedRequest, check_request
+from ...tts import TTS
 from ..errors import ApiError
 from ..metrics import Metrics
 from ..schemas import SpeechRequest
@@ -44,7 +45,7 @@ class _End:
 
 def _check(req: SpeechRequest, server: State) -> CheckedRequest:
     """A request the schema has passed, checked against this server's limits and voices and by
-    :func:`.tts.check_request` (the seed drawn here); raises ApiError or the Audio8Error that says what to change.
+    :func:`...request.check_request` (the seed drawn here); raises ApiError or the Audio8Error that says what to change.
     A stored voice is read here (a damaged one is refused before a worker is taken) and handed to the worker."""
     settings, engine = server.settings, server.engine
     if len(req.input) > settings.max_input_chars:

@@ -1,0 +1,107 @@
+"""THE weights-free check of a request (text, voice, sampling, seed, frame cap, chunks): the CLI runs it before
+loading a model, the server before taking a worker, the API on every call."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ConfigError, GenerationConfig, check_int, check_number
+from .settings import DEFAULTS
+from .text import check_text
+from .voices import Voice, VoiceError, check_name, check_voice_choice
+
+
+def check_seed(seed: int | None) -> int:
+    """``seed``, or a fresh one (0 .. 2**31 - 1) when None; raises ConfigError unless an integer >= 0."""
+    if seed is None:
+        return secrets.randbelow(2**31)
+    return check_int(seed, "seed", minimum=0)
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A request that passed :func:`check_request`: cleaned ``text``, the voice asked for (a checked name, a
+    :class:`Voice`, or a one-off clip ``ref_audio`` with its cleaned ``ref_text``), the ``seed`` (drawn when none
+    was given), sampling overrides (None: the checkpoint's), the frame cap (None: the model's budget) and the
+    stream's chunk sizes in frames."""
+
+    text: str
+    voice: str | Voice | None
+    ref_audio: str | Path | None
+    ref_text: str | None
+    seed: int
+    temperature: float | None
+    top_k: int | None
+    top_p: float | None
+    max_frames: int | None
+    chunk_frames: int
+    first_chunk_frames: int | None
+
+
+def check_request(text: str, *, voice: str | Voice | None = None, ref_audio: str | Path | None = None,
+                  ref_text: str | None = None, seed: int | None = None, temperature: float | None = None,
+                  top_k: int | None = None, top_p: float | None = None, max_frames: int | None = None,
+                  chunk_frames: int = DEFAULTS.chunk_frames,
+                  first_chunk_frames: int | None = None) -> CheckedRequest:
+    """Check a request without weights, files or a tokenizer, before a model is loaded or a worker taken; return
+    its normalised values (:class:`CheckedRequest`). What needs the checkpoint (the prompt's fit in the context,
+    a stored voice's file and checkpoint) is checked by :meth:`.tts.TTS.generate` and :meth:`.tts.TTS.stream`.
+
+    Raises PromptError (no words to speak in ``text`` or ``ref_text``), VoiceError (a voice and a clip both, a
+    clip without its transcript, a bad voice name), ConfigError naming the setting (sampling settings out of
+    range, as ``generation_config.json``'s rules; ``seed`` < 0; ``max_frames`` < 1; ``chunk_frames`` < 1;
+    ``first_chunk_frames`` outside 1 to ``chunk_frames``; any of them not a number of the right kind).
+    """
+    text = check_text(text)
+    check_voice_choice(voice, ref_audio, ref_text)
+    if ref_audio is not None:
+        ref_text = check_text(ref_text, "reference text")
+    elif isinstance(voice, str):
+        voice = check_name(voice)
+    elif voice is not None and not isinstance(voice, Voice):
+        raise VoiceError(f"voice must be a name or a Voice, got {type(voice).__name__}")
+    gen = sampling_config(GenerationConfig(), temperature, top_k, top_p)  # the overrides against the publisher's rules
+    if max_frames is not None:
+        max_frames = check_int(max_frames, "max_frames")
+    chunk_frames, first_chunk_frames = check_chunks(chunk_frames, first_chunk_frames)
+    return CheckedRequest(text, voice, ref_audio, ref_text, check_seed(seed),
+                          None if temperature is None else gen.temperature, None if top_k is None else gen.top_k,
+                          None if top_p is None else gen.top_p, max_frames, chunk_frames, first_chunk_frames)
+
+
+def check_chunks(chunk_frames: int, first_chunk_frames: int | None) -> tuple[int, int | None]:
+    """The chunk sizes as ints; ConfigError (``field`` the wrong one) unless whole numbers with ``chunk_frames`` >= 1
+    and ``first_chunk_frames`` None or 1 to ``chunk_frames``. Named as ``audio8 say`` and ``serve`` set them."""
+
+    def whole(value: object) -> bool:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+    if not whole(chunk_frames) or chunk_frames < 1:
+        wrong = "chunk_frames"
+    elif first_chunk_frames is not None and (not whole(first_chunk_frames)
+                                             or not 1 <= first_chunk_frames <= chunk_frames):
+        wrong = "first_chunk_frames"
+    else:
+        return int(chunk_frames), None if first_chunk_frames is None else int(first_chunk_frames)
+    raise ConfigError(f"--chunk-frames must be >= 1 and --first-chunk-frames 1 to --chunk-frames (whole numbers); "
+                      f"got {chunk_frames!r} and {first_chunk_frames!r}", wrong)
+
+
+def sampling_config(gen: GenerationConfig, temperature: float | None, top_k: int | None,
+              top_p: float | None) -> GenerationConfig:
+    """``gen`` with the given overrides; raises ConfigError (its ``field`` the setting) for a wrong type or a value
+    out of range (:meth:`.config.GenerationConfig.check`)."""
+    over = {}
+    if temperature is not None:
+        over["temperature"] = check_number(temperature, "temperature")
+    if top_k is not None:
+        over["top_k"] = check_int(top_k, "top_k")
+    if top_p is not None:
+        over["top_p"] = check_number(top_p, "top_p")
+    gen = dataclasses.replace(gen, **over)
+    gen.check("sampling settings")
+    return gen
