@@ -8,7 +8,8 @@ import math
 import pytest
 
 from audio8_coreai.checkpoint import load_checkpoint
-from audio8_coreai.measure.bench import SENTENCE, BenchConfig, format_table, measure, measure_group, measure_rss
+from audio8_coreai.measure.bench import (SENTENCE, BenchConfig, format_table, measure, measure_group, measure_rss,
+                                         weight_floor)
 
 KEYS = ("prefill_ms_per_token", "prefill_head_kept_ms", "ms_per_frame", "slow_ms", "fast_ms", "sampler_ms", "floor_ms",
         "frame_floor_ratio", "codec_ms_per_chunk", "rtf", "rtf_streaming", "ttfa_ms", "peak_rss_gb")
@@ -42,6 +43,13 @@ def check_figures(row: dict, frames: int) -> None:
     assert row["rtf_streaming"] == approx((32 * f + row["codec_ms_per_chunk"]) / (32 * row["frame_audio_ms"]))
     # TTFA: the prefill with the prompt's head kept, the first chunk's one frame and its decode
     assert row["ttfa_ms"] == approx(row["prefill_head_kept_ms"] + f + row["codec_first_chunk_ms"])
+
+
+def test_the_floor_counts_every_weight_of_a_low_precision(tiny_tts):
+    """int16's kernels (a whole feed-forward in one ONNX Runtime call) read the same weights as fp32's linears."""
+    floor = weight_floor(tiny_tts.backend, 1)
+    assert tiny_tts.backend.precision == "int16"
+    assert floor["weights_per_frame_m"] == pytest.approx(weights_per_frame(tiny_tts.config) / 1e6)
 
 
 def test_measure_reports_every_figure(tiny_checkpoint, tiny_tts):

@@ -178,10 +178,15 @@ def _two_pieces(helper, numpy_helper, name: str, x: str, y: str, hi: tuple, lo: 
               helper.make_node("Sum", [p("y_xhi"), p("y_xlo"), p("y_lo")], [y])]
 
 
-class _OrtModule(nn.Module):
-    """Runs a one-input, one-output ONNX Runtime session on [..., in_features] -> [..., out_features]."""
+class OrtModule(nn.Module):
+    """Runs a one-input, one-output ONNX Runtime session on float32 [..., in_features] -> [..., out_features];
+    ``weights`` is the number of weights one call reads."""
 
     input_dtype = torch.float32
+
+    @property
+    def weights(self) -> int:
+        return self.in_features * self.out_features
 
     def _run(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
@@ -194,7 +199,7 @@ class _OrtModule(nn.Module):
                 f"block={self.block}, accuracy_level={self.accuracy}, pieces={self.pieces}")
 
 
-class NBitsLinear(_OrtModule):
+class NBitsLinear(OrtModule):
     """``nn.Linear`` with ``bits``-bit block-quantized weights, run by ONNX Runtime's ``MatMulNBits``.
 
     ``accuracy`` is the operator's ``accuracy_level``: 4 quantizes the input per block to int8 and multiplies
@@ -217,7 +222,7 @@ class NBitsLinear(_OrtModule):
         return self._run(x)
 
 
-class NBitsFeedForward(_OrtModule):
+class NBitsFeedForward(OrtModule):
     """The SwiGLU feed-forward ``w2(silu(w1 x) * w3 x)`` in one ONNX Runtime call, weights as NBitsLinear.
 
     ``in_features``/``out_features`` are the block's width; the floor benchmark calls it as one module whose

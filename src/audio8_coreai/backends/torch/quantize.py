@@ -113,8 +113,3 @@ def release_freed_memory() -> None:
         libc.malloc_trim(0)
     except (OSError, AttributeError):  # pragma: no cover - not glibc
         pass
-
-
-def linear_weights(m: nn.Module) -> int:
-    """Weights one call of a linear-like module reads (for the floor's byte count)."""
-    return getattr(m, "weights", m.in_features * m.out_features)

@@ -9,18 +9,27 @@ from .config import FAST_PASSES, median_ms
 
 
 def linear_modules(module) -> list:
-    """Every linear-like module under ``module`` (``nn.Linear`` or a quantized stand-in with ``in_features``)."""
-    return [m for m in module.modules() if hasattr(m, "in_features") and hasattr(m, "out_features")]
+    """Every linear under ``module``: ``nn.Linear`` or a low-precision kernel (:class:`...backends.torch.kernels.
+    OrtModule`, a whole feed-forward for NBitsFeedForward)."""
+    from torch import nn
+
+    from ...backends.torch.kernels import OrtModule
+
+    return [m for m in module.modules() if isinstance(m, (nn.Linear, OrtModule))]
 
 
 def _input_dtype(m):
-    import torch
+    """The dtype a linear takes: float32 for a kernel, its weight's dtype for ``nn.Linear``."""
+    from torch import nn
 
-    dt = getattr(m, "input_dtype", None)
-    if dt is not None:
-        return dt
-    w = getattr(m, "weight", None)
-    return w.dtype if isinstance(w, torch.Tensor) and w.is_floating_point() else torch.float32
+    return m.weight.dtype if isinstance(m, nn.Linear) else m.input_dtype
+
+
+def _weights(m) -> int:
+    """Weights one call of a linear reads."""
+    from torch import nn
+
+    return m.in_features * m.out_features if isinstance(m, nn.Linear) else m.weights
 
 
 def weight_floor(backend, runs: int, passes: int = FAST_PASSES) -> dict:
@@ -53,8 +62,8 @@ def weight_floor(backend, runs: int, passes: int = FAST_PASSES) -> dict:
 
     slow_ms, _ = median_ms(run_slow, runs)
     fast_ms, _ = median_ms(run_fast, runs)
-    n_slow = sum(m.in_features * m.out_features for m in slow)
-    n_fast = sum(m.in_features * m.out_features for m in fast)
+    n_slow = sum(_weights(m) for m in slow)
+    n_fast = sum(_weights(m) for m in fast)
     return {"floor_ms": slow_ms + fast_ms, "floor_slow_ms": slow_ms, "floor_fast_ms": fast_ms,
             "fast_passes": passes, "weights_per_frame_m": (n_slow + passes * n_fast) / 1e6}
 
