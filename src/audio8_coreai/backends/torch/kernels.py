@@ -112,11 +112,17 @@ def _split16(helper, numpy_helper, name: str, x: str, out: str, k: int, block: i
     """``out`` [2M, K] = ``x`` [M, K] as two rows each: ``hi`` on the int8 grid of its own block scale (max|q| =
     127, so MatMulNBits's int8 quantization of it is exact to an ulp of the scale) and ``lo = x - hi``, which
     MatMulNBits then quantizes at a 127x finer scale: 16-bit fixed point per block, from int8 arithmetic."""
-    c = lambda v, n: inits.append(numpy_helper.from_array(np.asarray(v), f"{name}_{n}")) or f"{name}_{n}"
+    def c(v, n: str) -> str:  # a named constant initializer
+        inits.append(numpy_helper.from_array(np.asarray(v), f"{name}_{n}"))
+        return f"{name}_{n}"
+
     shape3, shape2 = c(np.array([0, k // block, block], np.int64), "sh3"), c(np.array([-1, k], np.int64), "sh2")
     q127, tiny = c(np.float32(127.0), "127"), c(np.float32(1e-30), "tiny")
     lo_q, hi_q = c(np.float32(-127.0), "m127"), q127
-    p = lambda n: f"{name}_{n}"
+
+    def p(n: str) -> str:
+        return f"{name}_{n}"
+
     nodes += [helper.make_node("Reshape", [x, shape3], [p("xr")]),
               helper.make_node("Abs", [p("xr")], [p("ax")]),
               helper.make_node("ReduceMax", [p("ax")], [p("amax")], axes=[-1], keepdims=1),
@@ -164,7 +170,9 @@ def _two_pieces(helper, numpy_helper, name: str, x: str, y: str, hi: tuple, lo: 
     time grows with the rows, and tiling N does not help: measured). ``x_hi @ w_lo`` is fed ``x`` itself:
     the int8 quantization MatMulNBits applies to its input per block is x_hi. Each weight piece is one node
     (ONNX Runtime prepacks a weight once per consuming node)."""
-    p = lambda s: f"{name}_{s}"
+    def p(s: str) -> str:
+        return f"{name}_{s}"
+
     _split16(helper, numpy_helper, p("a"), x, p("x2"), k, block, inits, nodes)  # [x_hi; x_lo]: 2M rows
     for piece, rows, (codes, scales, bits) in (("hi", p("x2"), hi), ("lo", x, lo)):
         inits += [numpy_helper.from_array(codes, p(f"q_{piece}")), numpy_helper.from_array(scales, p(f"s_{piece}"))]

@@ -75,7 +75,7 @@ def apply_precision(model, precision: Precision, threads: int | None = None) -> 
     for m in model.modules():
         if isinstance(m, UpcastEmbedding):
             continue
-        for key, p in m.named_parameters(recurse=False):
+        for p in m.parameters(recurse=False):
             if p.is_floating_point() and p.dtype != dt:
                 p.data = p.data.to(dt)
     release_freed_memory()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,7 +213,8 @@ class FrameServer:
             for job in jobs:
                 groups.setdefault(job.params, []).append(job)
             for params, group in groups.items():
-                self._finish(group, lambda: self.model.frames(params, [(job.row, job.call) for job in group]))
+                calls = [(job.row, job.call) for job in group]
+                self._finish(group, lambda params=params, calls=calls: self.model.frames(params, calls))
                 self.frame_calls += 1
                 self.frames += len(group)
         with self._cond:  # closed: fail whatever still waits
