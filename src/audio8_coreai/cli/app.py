@@ -1,0 +1,61 @@
+"""The ``audio8`` command's typer app, its consoles, the error handler and the options several commands share.
+
+Every expected failure (an :class:`.errors.Audio8Error`: bad text, a wrong checkpoint folder, an unwritable output,
+an unknown device) prints one line saying what to do and exits with status 2; no tracebacks.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from ..errors import Audio8Error
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Audio8-TTS-Preview-0.6b: speak text from the publisher's checkpoint.")
+err = Console(stderr=True)
+out = Console()
+
+
+def friendly(fn):
+    """Turn the project's user-facing errors (Audio8Error) into one 'error: ...' line and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Audio8Error as e:
+            # One line (greppable, paths never cut); the message escaped: "[1, 11, 32]" is text, not markup.
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Checkpoint folder (publisher layout) or hub id.")]
+DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
+DtypeOpt = Annotated[Optional[str], typer.Option(
+    "--dtype", "--precision", help="Torch precision: fp32 (exact), bf16, int16 (16-bit fixed point, near-exact), "
+    "int12, int8 or int8-int16 (int8 slow AR: these miss draws); default int16 on CPU, fp32 on CUDA. The codec stays "
+    "fp32 on CPU.")]
+CudaGraphsOpt = Annotated[bool, typer.Option(
+    "--cuda-graphs", help="With --device cuda: replay each frame as one captured CUDA graph (torch backend).")]
+VoicesOpt = Annotated[Optional[Path], typer.Option("--voices", help="Voices folder (default: the per-user one).")]
+BackendOpt = Annotated[str, typer.Option(help="torch, or coreai (runs the assets given with --assets).")]
+AssetsOpt = Annotated[Optional[Path], typer.Option(help="Core AI asset folder written by `audio8 convert` "
+                                                        "(with --backend coreai).")]
+
+
+def print_warnings(warnings) -> None:
+    """Print each of ``warnings`` (strings) as one yellow 'warning:' line on stderr."""
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] {w}", highlight=False)

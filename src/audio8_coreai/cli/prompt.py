@@ -1,0 +1,49 @@
+"""``audio8 prompt``: print the [11, P] prompt the model sees."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+
+from ..checkpoint import DEFAULT_MODEL, CheckpointError
+from ..text import PromptError
+from .app import ModelOpt, app, friendly, out
+
+
+@app.command()
+@friendly
+def prompt(
+    text: Annotated[str, typer.Argument(help="The text to speak.")],
+    model: ModelOpt = DEFAULT_MODEL,
+    ref_text: Annotated[Optional[str], typer.Option(help="Transcript of the reference clip (voice clone).")] = None,
+    ref_codes: Annotated[Optional[Path], typer.Option(help=".npy of reference codes int [10, T].")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the [11, P] prompt as JSON.")] = False,
+) -> None:
+    """Print the [11, P] prompt the model sees (needs only config.json and the tokenizer files)."""
+    from ..checkpoint import load_checkpoint
+    from ..text import PromptBuilder, check_text, load_tokenizer
+
+    ckpt = load_checkpoint(model, weights=False, codec=False)
+    if ckpt.tokenizer_dir is None:
+        raise CheckpointError(f"{ckpt.path} has no tokenizer.json; the prompt needs the checkpoint's tokenizer files")
+    builder = PromptBuilder(load_tokenizer(ckpt.tokenizer_dir), ckpt.config)
+    if (ref_text is None) != (ref_codes is None):
+        raise PromptError("voice-clone prompts need both --ref-text and --ref-codes")
+    if ref_codes is not None:
+        try:
+            codes = np.load(ref_codes, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise PromptError(f"cannot read reference codes {ref_codes}: {e} (expected a .npy int array "
+                              "[10, T])") from e
+        ids = builder.clone(check_text(text), ref_text, codes)
+    else:
+        ids = builder.plain(check_text(text))
+    if as_json:
+        out.print_json(json.dumps({"shape": list(ids.shape), "prompt": ids.tolist()}))
+    else:
+        out.print(f"prompt [{ids.shape[0]}, {ids.shape[1]}]; row 0:", highlight=False)
+        out.print(" ".join(str(int(i)) for i in ids[0]), highlight=False)

@@ -1,0 +1,88 @@
+"""``audio8 serve``: the OpenAI-compatible speech server."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ..checkpoint import DEFAULT_MODEL
+from ..config import ConfigError
+from ..settings import DEFAULTS
+from .app import AssetsOpt, BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, ModelOpt, VoicesOpt, app, err, friendly
+
+
+@app.command()
+@friendly
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = DEFAULTS.host,
+    port: Annotated[int, typer.Option(help="TCP port.")] = DEFAULTS.port,
+    model: ModelOpt = DEFAULT_MODEL,
+    voices: VoicesOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = None,
+    cuda_graphs: CudaGraphsOpt = False,
+    backend: BackendOpt = "torch",
+    assets: AssetsOpt = None,
+    workers: Annotated[int, typer.Option(help="Model instances, each serving one request at a time.")]
+    = DEFAULTS.workers,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait for a worker; more get 503.")]
+    = DEFAULTS.max_queue,
+    max_frames: Annotated[Optional[int], typer.Option(help="Frame cap per utterance (default: the model's).")]
+    = None,
+    chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")]
+    = DEFAULTS.chunk_frames,
+    first_chunk_frames: Annotated[Optional[int], typer.Option(
+        help=f"Frames in a stream's first chunk (default {DEFAULTS.first_chunk_frames}, at most --chunk-frames)."
+    )] = None,
+    max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")]
+    = DEFAULTS.max_input_chars,
+    batch: Annotated[int, typer.Option(
+        help="Serve N requests at once from ONE model instance, their frames batched (torch backend; "
+             "replaces --workers). 0: off.")] = 0,
+) -> None:
+    """Serve the OpenAI-compatible speech API (POST /v1/audio/speech), voices, /health and /metrics."""
+    import uvicorn
+
+    from ..server import ServerSettings, create_app
+    from ..request import check_chunks
+    from ..tts import TTS
+
+    if workers < 1 or max_queue < 0 or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0:
+        raise ConfigError("--workers, --max-input-chars and --max-frames must be >= 1, --max-queue and --batch >= 0")
+    check_chunks(chunk_frames, first_chunk_frames)
+    _check_port(host, port)  # before minutes of loading
+    if batch and workers != 1:
+        raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
+    if batch and cuda_graphs:
+        raise ConfigError("--cuda-graphs replays one utterance's frame (--workers instances); --batch runs its own "
+                          "batched frames: give one of them")
+    instances = 1 if batch else workers
+    with err.status(f"loading {instances} model instance(s)..."):
+        engines = [TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets,
+                            cuda_graphs=cuda_graphs) for _ in range(instances)]
+    if batch:
+        _, engines = engines[0].batched(batch)
+        workers = batch
+    settings = ServerSettings(workers=workers, max_queue=max_queue, max_input_chars=max_input_chars,
+                              max_frames=max_frames, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames)
+    uvicorn.run(create_app(engines, settings), host=host, port=port, log_level="info")
+
+
+
+def _check_port(host: str, port: int) -> None:
+    """Raise ConfigError unless ``host:port`` can be listened on now."""
+    import errno
+    import socket
+
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port must be 1 to 65535, got {port}")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            s.bind((host, port))
+    except OSError as e:
+        in_use = e.errno in (errno.EADDRINUSE, errno.EACCES)  # taken, or a port below 1024 without root
+        remedy = ("pick another --port, or stop what uses it" if in_use else
+                  "give --host an address of this machine (127.0.0.1 for this machine only, 0.0.0.0 for all)")
+        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}): {remedy}") from None
