@@ -15,10 +15,9 @@ VoiceError, EngineError, BackendError are exported here too); its message says w
 """
 
 from .audio import AudioError
-from .backends.base import BackendError
+from .backends.base import BackendError, EngineError
 from .checkpoint import CheckpointError
 from .config import ConfigError
-from .backends.base import EngineError
 from .errors import Audio8Error
 from .text import PromptError
 from .tts import TTS, Synthesis

@@ -42,7 +42,7 @@ class Settings:
     asr_margin: float = 0.05  # gate: error-rate points (absolute) the port may lose to the reference per language
     speaker_margin: float = 0.05  # gate: mean speaker cosine the port may lose to the reference
     bench_checkpoint: str = "~/.cache/audio8-coreai/bench-0.6b"  # bench: the random 0.6b checkpoint's folder
-    bench_frames: int = 32  # bench: frames per timed frame loop (eos ignored)
+    bench_frames: int = 32  # bench: frames per timed frame loop (fewer when the model draws eos)
     bench_runs: int = 3  # bench: timed runs after one warm-up (medians reported)
     decoder_frames: int = 160  # Core AI codec decoder bucket: 128 frames of context + 32 new ones per window
     encoder_frames: int = 216  # Core AI codec encoder bucket: 10.0 s, the voice-registration clip

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 

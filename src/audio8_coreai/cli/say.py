@@ -10,11 +10,23 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..audio import AudioError
-from ..checkpoint import DEFAULT_MODEL
 from ..backends.base import EngineError
+from ..checkpoint import DEFAULT_MODEL
 from ..settings import DEFAULTS
-from .app import (AssetsOpt, BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, ModelOpt, VoicesOpt, app, err, friendly,
-                  out, print_warnings)
+from .app import (
+    AssetsOpt,
+    BackendOpt,
+    CudaGraphsOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    VoicesOpt,
+    app,
+    err,
+    friendly,
+    out,
+    print_warnings,
+)
 
 
 @app.command()

@@ -44,8 +44,8 @@ def serve(
     """Serve the OpenAI-compatible speech API (POST /v1/audio/speech), voices, /health and /metrics."""
     import uvicorn
 
-    from ..server import ServerSettings, create_app
     from ..request import check_chunks
+    from ..server import ServerSettings, create_app
     from ..tts import TTS
 
     if workers < 1 or max_queue < 0 or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0:

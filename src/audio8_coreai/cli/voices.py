@@ -12,7 +12,6 @@ from ..checkpoint import DEFAULT_MODEL
 from ..voices import VoiceError
 from .app import DeviceOpt, ModelOpt, VoicesOpt, app, err, friendly, out, print_warnings
 
-
 voice_app = typer.Typer(no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
                         help="Cloned voices: register a clip by name, list, show, remove.")
 app.add_typer(voice_app, name="voice")

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.base import Backend
-from ..errors import Audio8Error
 from ..config import SamplingParams
+from ..errors import Audio8Error
 
 
 class ParityError(Audio8Error, ValueError):

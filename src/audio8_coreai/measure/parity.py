@@ -30,11 +30,12 @@ from ..config import SamplingParams
 from ..engine.loop import generate
 from ..model.frame import FrameInputs
 from ..model.layers import IndexKV, causal_cache_mask
+from ..settings import DEFAULTS
 from .oracle import ParityError, _forced, _item_prompt, _params, _RecordedNoise, _step_noise, load_fixture
 from .replay import replay
 from .stats import cosine
 
-TOLERANCE = 1e-4
+TOLERANCE = DEFAULTS.tolerance
 SCENARIOS = ("plain", "greedy", "clone", "batch")
 CODEC_SCENARIOS = ("plain", "greedy", "batch", "clone", "codec_clamp")
 

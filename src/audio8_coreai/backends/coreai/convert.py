@@ -10,9 +10,9 @@ from typing import Any
 
 from ...audio.files import staged_folder
 from ...checkpoint import Checkpoint, load_checkpoint
-from ...precision import resolve_precision
 from ...config import SamplingParams
 from ...model.frame import PREFILL_WIDTH
+from ...precision import resolve_precision
 from .export import AssetFunction, decoder_function, dualar_functions, encoder_function, export_function
 from .manifest import (
     DECODER_FRAMES,

@@ -10,9 +10,9 @@ import torch
 from torch import Tensor, nn
 
 from ...config import CodecConfig, SamplingParams
-from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
 from ...model.codec import CodecDecoder, CodecEncoder
 from ...model.dualar import DualAR
+from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
 from .manifest import FRAME_OUTPUTS, STATE_NAMES
 
 # torch.export in torch 2.13 warns about its own pytree internals on every export.

@@ -47,6 +47,7 @@ from typing import Any
 from torch import Tensor
 
 from ...checkpoint import CODEC_SPEC_FILE, CONFIG_FILE, GENERATION_FILE, Checkpoint
+from ...settings import DEFAULTS
 from ..base import BackendError
 
 FORMAT = 1  # bump when the graphs, their contract or the manifest change: older folders are then refused
@@ -55,8 +56,8 @@ PARTS = ("dualar", "codec_decoder", "codec_encoder")
 DUALAR_FUNCTIONS = ("prefill", "first_frame", "frame")
 FRAME_OUTPUTS = ("semantic", "codes", "logits", "hidden", "fast_logits", "sampled_semantic", "sampled_codes")
 STATE_NAMES = ("k_cache", "v_cache")
-DECODER_FRAMES = 160  # 7.4 s: 128 frames of context + 32 new ones per streaming window (DESIGN.md)
-ENCODER_FRAMES = 216  # 10.0 s: the voice-registration bucket
+DECODER_FRAMES = DEFAULTS.decoder_frames  # 7.4 s: 128 frames of context + 32 new ones per streaming window
+ENCODER_FRAMES = DEFAULTS.encoder_frames  # 10.0 s: the voice-registration bucket
 DECODER_STEP = 32  # new frames per window when an utterance is longer than the decoder's bucket
 
 # coreai-torch compares torch's version as a string: "2.13.0+cpu" reads as newer than its validated 2.13.0.

@@ -17,9 +17,9 @@ from torch.nn.utils import parametrize
 
 from ...checkpoint import Checkpoint
 from ...config import CodecConfig
-from ...model.frame import PREFILL_WIDTH
 from ...model.codec import CodecDecoder, CodecEncoder
 from ...model.dualar import DualAR
+from ...model.frame import PREFILL_WIDTH
 from ...model.layers import SpanKV, causal_cache_mask
 
 QUANT_BLOCK = 32  # int8 weights: one scale per this many input channels

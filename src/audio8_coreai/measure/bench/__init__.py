@@ -42,8 +42,17 @@ their public names.
 """
 
 from .baseline import BaselineFrame
-from .config import (DEFAULT_CHECKPOINT, FAST_PASSES, FIRST_CHUNK, PUBLISHER, SENTENCE, STREAM_CHUNK, STREAM_WINDOW,
-                     BenchConfig, median_ms)
+from .config import (
+                     DEFAULT_CHECKPOINT,
+                     FAST_PASSES,
+                     FIRST_CHUNK,
+                     PUBLISHER,
+                     SENTENCE,
+                     STREAM_CHUNK,
+                     STREAM_WINDOW,
+                     BenchConfig,
+                     median_ms,
+)
 from .parts import frame_parts, linear_modules, weight_floor
 from .report import COLUMNS, format_table, meta
 from .run import measure, measure_codec, measure_group, measure_rss, with_totals

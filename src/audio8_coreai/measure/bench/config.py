@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...engine.stream import DEFAULT_FIRST_CHUNK_FRAMES
+from ...settings import DEFAULTS
 
 SENTENCE = ("The meeting has been moved to Thursday afternoon, so please update your calendars and let "
             "the rest of the team know before the end of the day.")
@@ -17,7 +18,7 @@ STREAM_CHUNK = 32  # frames emitted per streaming decode
 FIRST_CHUNK = DEFAULT_FIRST_CHUNK_FRAMES  # frames of a stream's first chunk (engine/stream.py)
 STREAM_WINDOW = 160  # frames decoded per streaming chunk (128 of context, attention window of the codec)
 FAST_PASSES = 9  # rows 0+1 in one pass, then rows 2..9
-DEFAULT_CHECKPOINT = Path("~/.cache/audio8-coreai/bench-0.6b")
+DEFAULT_CHECKPOINT = Path(DEFAULTS.bench_checkpoint)
 PUBLISHER = {"ms_per_frame": 265.0, "rtf": 6.7, "peak_rss_gb": 5.75}  # its own fp32 generate, this machine
 
 
@@ -30,8 +31,8 @@ class BenchConfig:
     device: str = "cpu"
     precision: str = "fp32"
     threads: int | None = None
-    runs: int = 3
-    frames: int = 32
+    runs: int = DEFAULTS.bench_runs
+    frames: int = DEFAULTS.bench_frames
     baseline: bool = False  # measure the publisher-style frame instead of the backend's
     codec_dtype: str | None = None  # None: the backend's default (fp32 on CPU); bf16 opts in
     cuda_graphs: bool = False  # the frame replayed as one CUDA graph (backends/torch/cudagraphs.py)

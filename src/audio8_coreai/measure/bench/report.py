@@ -7,7 +7,6 @@ import platform
 
 from .config import PUBLISHER, SENTENCE
 
-
 COLUMNS = [("config", "label", "{}"), ("ms/tok", "prefill_ms_per_token", "{:.1f}"),
            ("ms/frame", "ms_per_frame", "{:.1f}"), ("CPU ms/frame", "cpu_ms_per_frame", "{:.1f}"), ("slow", "slow_ms", "{:.1f}"), ("fast", "fast_ms", "{:.1f}"),
            ("sampler", "sampler_ms", "{:.1f}"), ("other", "other_ms", "{:.1f}"), ("floor", "floor_ms", "{:.1f}"),

@@ -45,8 +45,19 @@ One job a module: :mod:`.fixtures` (the utterances), :mod:`.tensors` (rungs 1 to
 :mod:`.run` (:func:`run_gate`: the ladder). This package's face re-exports their public names.
 """
 
-from .asr import (ASR_MARGIN, CallableRecognizer, ErrorCount, PocketSphinxRecognizer, Recognizer, count_errors,
-                  covers, default_recognizers, load_recognizer, metric_for, normalise_text)
+from .asr import (
+                  ASR_MARGIN,
+                  CallableRecognizer,
+                  ErrorCount,
+                  PocketSphinxRecognizer,
+                  Recognizer,
+                  count_errors,
+                  covers,
+                  default_recognizers,
+                  load_recognizer,
+                  metric_for,
+                  normalise_text,
+)
 from .errors import GateError
 from .fixtures import DEFAULT_FIXTURES, ESPEAK_VOICES, Fixture, espeak_clip, load_fixtures
 from .mel import log_mel, log_mel_cos, mel_filterbank

@@ -16,13 +16,13 @@ from ...config import SamplingParams
 from ...engine.loop import frame_budget, generate, noise_source
 from ..oracle import _params, load_fixture
 from ..parity import ParityReport, compare_free_run, replay_forced, run_parity
+from ..replay import record
 from .asr import ASR_MARGIN, Recognizer, _asr_fixture, _asr_summary, default_recognizers
 from .errors import GateError
 from .fixtures import ESPEAK_VOICES, Fixture, espeak_clip, load_fixtures
 from .pictures import _matplotlib, plot_fixture, plot_summary
 from .report import FixtureResult, GateReport, _json, render_markdown
 from .speaker import SPEAKER_MARGIN, SpeakerEncoder, _speaker_fixture, _speaker_summary, default_speaker_encoder
-from ..replay import record
 from .tensors import _codec_stage, _teacher_forced, record_run
 
 

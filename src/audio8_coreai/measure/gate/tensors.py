@@ -10,8 +10,8 @@ import numpy as np
 from ...config import SamplingParams
 from ...engine.loop import Generation
 from ...sampling import np_processed_scores
-from ..replay import Recording
 from ..parity import ScenarioReport
+from ..replay import Recording
 from ..stats import cosine
 from .mel import log_mel_cos
 

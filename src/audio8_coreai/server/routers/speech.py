@@ -12,10 +12,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ...audio import MEDIA_TYPES, SpeechEncoder, encode_speech
-from ...errors import Audio8Error
-from ...settings import DEFAULTS
 from ...engine.stream import SpeechStream
+from ...errors import Audio8Error
 from ...request import CheckedRequest, check_request
+from ...settings import DEFAULTS
 from ...tts import TTS
 from ..errors import ApiError
 from ..metrics import Metrics
