@@ -87,12 +87,12 @@ def make_app(args: argparse.Namespace):
     from audio8_coreai.server import ServerSettings, create_app
 
     instances = 1 if args.batch else args.workers
-    engines = [TTS.load(args.model, device=args.device, dtype=args.dtype, precision=args.precision)
+    instances = [TTS.load(args.model, device=args.device, dtype=args.dtype, precision=args.precision)
                for _ in range(instances)]
     if args.batch:
-        _, engines = engines[0].batched(args.batch)
-    settings = ServerSettings(workers=len(engines), max_queue=max(args.clients, 1), chunk_frames=args.chunk_frames)
-    return create_app(engines, settings)
+        _, instances = instances[0].batched(args.batch)
+    settings = ServerSettings(workers=len(instances), max_queue=max(args.clients, 1), chunk_frames=args.chunk_frames)
+    return create_app(instances, settings)
 
 
 def main() -> int:

@@ -32,11 +32,11 @@ def serving(checkpoint, voices_dir, settings: ServerSettings, batch: int = 0, pr
     """A uvicorn server on a free port of 127.0.0.1 in a thread (``batch``: N rows of one model, as
     ``audio8 serve --batch N``); yields its base URL."""
     if batch:
-        _, engines = TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision).batched(batch)
+        _, instances = TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision).batched(batch)
     else:
-        engines = [TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision)
+        instances = [TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision)
                    for _ in range(settings.workers)]
-    with serve_in_thread(create_app(engines, settings)) as url:
+    with serve_in_thread(create_app(instances, settings)) as url:
         yield url
 
 

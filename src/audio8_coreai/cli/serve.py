@@ -59,14 +59,14 @@ def serve(
                           "batched frames: give one of them")
     instances = 1 if batch else workers
     with err.status(f"loading {instances} model instance(s)..."):
-        engines = [TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets,
+        instances = [TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets,
                             cuda_graphs=cuda_graphs) for _ in range(instances)]
     if batch:
-        _, engines = engines[0].batched(batch)
+        _, instances = instances[0].batched(batch)
         workers = batch
     settings = ServerSettings(workers=workers, max_queue=max_queue, max_input_chars=max_input_chars,
                               max_frames=max_frames, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames)
-    uvicorn.run(create_app(engines, settings), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(instances, settings), host=host, port=port, log_level="info")
 
 
 

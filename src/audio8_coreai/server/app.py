@@ -18,13 +18,13 @@ from .state import ServerSettings, State
 from .workers import Workers
 
 
-def create_app(engines: Sequence[TTS], settings: ServerSettings | None = None) -> FastAPI:
-    """The FastAPI app serving ``engines`` (model instances of one checkpoint, one per worker); raises
+def create_app(instances: Sequence[TTS], settings: ServerSettings | None = None) -> FastAPI:
+    """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker); raises
     ValueError without one."""
     settings = settings or ServerSettings()
-    if not engines:
+    if not instances:
         raise ValueError("the server needs at least one model instance")
-    server = State(settings, list(engines), Workers(engines, settings.max_queue), Metrics())
+    server = State(settings, list(instances), Workers(instances, settings.max_queue), Metrics())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -30,17 +30,17 @@ class ServerSettings:
 
 @dataclass
 class State:
-    """One app's shared state. ``engine``: the first model instance, for what needs no worker (checks, the
+    """One app's shared state. ``tts``: the first model instance, for what needs no worker (checks, the
     voice store, the sample rate)."""
 
     settings: ServerSettings
-    engines: list[TTS]
+    instances: list[TTS]
     workers: Workers
     metrics: Metrics
 
     @property
-    def engine(self) -> TTS:
-        return self.engines[0]
+    def tts(self) -> TTS:
+        return self.instances[0]
 
 
 async def state(request: Request) -> State:

@@ -16,16 +16,16 @@ from .errors import ApiError
 
 
 class Workers:
-    """``engines`` (one model instance each) behind a bounded queue: a job runs on a worker thread with an
-    engine of its own; at most ``len(engines) + max_queue`` jobs are admitted at once."""
+    """``instances`` (TTS instances, one model each) behind a bounded queue: a job runs on a worker thread with a
+    TTS instance of its own; at most ``len(instances) + max_queue`` jobs are admitted at once."""
 
-    def __init__(self, engines: Sequence[TTS], max_queue: int):
-        self.engines = list(engines)
+    def __init__(self, instances: Sequence[TTS], max_queue: int):
+        self.instances = list(instances)
         self.max_queue = max_queue
         self._free: queue.Queue[TTS] = queue.Queue()
-        for e in self.engines:
+        for e in self.instances:
             self._free.put(e)
-        self._pool = ThreadPoolExecutor(len(self.engines), thread_name_prefix="audio8-worker")
+        self._pool = ThreadPoolExecutor(len(self.instances), thread_name_prefix="audio8-worker")
         self._lock = threading.Lock()
         self.admitted = 0
         self.running = 0
@@ -38,24 +38,24 @@ class Workers:
     def admit(self) -> None:
         """Take a place, or raise ApiError 503 with Retry-After (the expected wait, seconds) when full."""
         with self._lock:
-            if self.admitted >= len(self.engines) + self.max_queue:
-                wait = math.ceil(self._job_s * (1 + self.queued / len(self.engines)))
+            if self.admitted >= len(self.instances) + self.max_queue:
+                wait = math.ceil(self._job_s * (1 + self.queued / len(self.instances)))
                 raise ApiError(503, f"the server is busy ({self.running} requests running, {self.queued} "
                                "waiting); retry later", code="queue_full", headers={"Retry-After": str(wait)})
             self.admitted += 1
 
     def submit(self, job: Callable[[TTS], Any]) -> asyncio.Future[Any]:
-        """Run ``job(engine)`` on a worker (after :meth:`admit`); the place is freed when it returns."""
+        """Run ``job(tts)`` on a worker (after :meth:`admit`); the place is freed when it returns."""
 
         def run() -> Any:
-            engine = self._free.get()
+            tts = self._free.get()
             t0 = time.perf_counter()
             with self._lock:
                 self.running += 1
             try:
-                return job(engine)
+                return job(tts)
             finally:
-                self._free.put(engine)
+                self._free.put(tts)
                 with self._lock:
                     self.running -= 1
                     self.admitted -= 1

@@ -47,7 +47,7 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
     """A request the schema has passed, checked against this server's limits and voices and by
     :func:`...request.check_request` (the seed drawn here); raises ApiError or the Audio8Error that says what to change.
     A stored voice is read here (a damaged one is refused before a worker is taken) and handed to the worker."""
-    settings, engine = server.settings, server.engine
+    settings, tts = server.settings, server.tts
     if len(req.input) > settings.max_input_chars:
         raise ApiError(400, f"input is {len(req.input)} characters; this server takes at most "
                        f"{settings.max_input_chars} per request: split the text", "input", "input_too_long")
@@ -56,8 +56,8 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
                        "max_frames", "max_frames_too_large")
     voice = None
     if req.voice is not None:
-        if engine.voices.path(req.voice).is_file():
-            voice = engine.voices.load(req.voice)
+        if tts.voices.path(req.voice).is_file():
+            voice = tts.voices.load(req.voice)
         elif req.voice.lower() not in OPENAI_VOICES:
             raise ApiError(400, f"no voice named {req.voice!r}: GET /v1/voices lists the stored voices (OpenAI's "
                            "names, such as alloy, speak in the model's own voice)", "voice", "voice_not_found")
@@ -72,7 +72,7 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
     """Run the request on a worker; stream its chunks or answer the whole file. The request is checked before a
     worker is taken, the rest (the prompt's fit in the context, the voice's checkpoint) when the worker builds its
     stream, before the status line is sent: a refusal is a 400 or 500 (see :mod:`..errors`)."""
-    first, metrics = server.engine, server.metrics
+    first, metrics = server.tts, server.metrics
     checked = _check(req, server)
     server.workers.admit()
     loop = asyncio.get_running_loop()
@@ -84,7 +84,7 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
             raise _Cancelled
         metrics.frame()
 
-    def job(engine: TTS) -> None:
+    def job(tts: TTS) -> None:
         put = loop.call_soon_threadsafe
         try:
             if cancel.is_set():

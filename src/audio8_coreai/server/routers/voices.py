@@ -20,7 +20,7 @@ router = APIRouter()
 @router.get("/v1/voices")
 def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """The stored voices; one that cannot be read is listed with its error."""
-    store = server.engine.voices
+    store = server.tts.voices
     voices = []
     for name in store.names():
         try:
@@ -56,18 +56,18 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
                        "0.5 to 30 s", "audio", "upload_too_large")
     try:
         name = check_name(name)
-        server.engine.voices.check_new(name, replace)
+        server.tts.voices.check_new(name, replace)
     except VoiceError as e:
         raise ApiError(400, str(e), "name", "invalid_voice") from None
     server.workers.admit()
     shown = Path(upload.filename or "clip.wav").name[-100:] or "clip.wav"  # the client's name, in messages
 
-    def job(engine: TTS):
+    def job(tts: TTS):
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / ("clip" + Path(shown).suffix[:16])
             path.write_bytes(data)
             try:
-                return engine.register_voice(name, path, transcript, replace=replace)
+                return tts.register_voice(name, path, transcript, replace=replace)
             except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
                 raise ApiError(400, str(e).replace(str(path), shown).replace(path.name, shown), None,
                                "invalid_voice") from None
@@ -82,7 +82,7 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
 @router.delete("/v1/voices/{name}")
 def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Delete a stored voice: 404 when there is none of that name."""
-    store = server.engine.voices
+    store = server.tts.voices
     try:
         name = check_name(name)
     except VoiceError as e:
