@@ -4,7 +4,8 @@ Records fp32's free run of the prompts in ``audio8_coreai.measure.agreement.PROM
 cached in ``--cache`` keyed by checkpoint, frames and seed), then replays it teacher-forced at each
 ``--precision`` and prints semantic and codebook draw agreement against the bars (98.5 % / 97.5 %).
 
-    python benchmarks/agreement.py --precision int8 --precision int8-int16 [--frames 128] [--threads 1] [--json out.json]
+    python benchmarks/agreement.py --precision int8 --precision int8-int16 [--frames 128] [--threads 1]
+                                   [--json out.json]
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def main() -> None:
 
     args.cache.expanduser().mkdir(parents=True, exist_ok=True)
     weights = load_checkpoint(ckpt).fingerprint()[:12]  # not the folder's name: two folders may share it
-    cache = (args.cache.expanduser()
-             / f"agreement-{ckpt.name}-{weights}-{args.prompts}x{args.frames}-seed{args.seed}.npz")
+    cache = (
+        args.cache.expanduser() / f"agreement-{ckpt.name}-{weights}-{args.prompts}x{args.frames}-seed{args.seed}.npz"
+    )
     ref = None
     if cache.is_file():
         recs, meta = load_recordings(cache)
@@ -50,8 +52,10 @@ def main() -> None:
         ref = TTS.load(ckpt, device="cpu", dtype="fp32")
         params = ref.sampling()
         t0 = time.perf_counter()
-        recs = [record(ref.backend, ref.prompts.plain(text), params, args.seed + i, args.frames)
-                for i, text in enumerate(PROMPTS[:args.prompts])]
+        recs = [
+            record(ref.backend, ref.prompts.plain(text), params, args.seed + i, args.frames)
+            for i, text in enumerate(PROMPTS[: args.prompts])
+        ]
         meta = {"checkpoint": str(ckpt), "frames": args.frames, "seed": args.seed}
         save_recordings(cache, recs, meta)
         print(f"recorded fp32 in {time.perf_counter() - t0:.0f} s -> {cache}", file=sys.stderr)

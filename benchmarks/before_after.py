@@ -37,8 +37,13 @@ print(json.dumps({"ms_per_frame": 1e3 * out.frames_s / max(out.frames, 1), "fram
 
 def run(src: Path, model: str, precision: str, frames: int, threads: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src.resolve()), "OMP_NUM_THREADS": str(threads)}
-    done = subprocess.run([sys.executable, "-c", SNIPPET, model, precision, str(frames), str(threads), TEXT],
-                          env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", SNIPPET, model, precision, str(frames), str(threads), TEXT],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -59,15 +64,21 @@ def main() -> None:
             for name, src in (("before", args.before), ("after", args.after)):
                 res = run(src, args.model, precision, args.frames, args.threads)
                 samples.setdefault((precision, name), []).append(res)
-                print(f"round {r} {precision} {name}: {res['ms_per_frame']:.1f} ms/frame ({res['frames']} frames)",
-                      flush=True)
+                print(
+                    f"round {r} {precision} {name}: {res['ms_per_frame']:.1f} ms/frame ({res['frames']} frames)",
+                    flush=True,
+                )
     print(f"load average {load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
     for precision in args.precision or ["int16", "fp32"]:
-        med = {name: statistics.median(s["ms_per_frame"] for s in samples[(precision, name)])
-               for name in ("before", "after")}
+        med = {
+            name: statistics.median(s["ms_per_frame"] for s in samples[(precision, name)])
+            for name in ("before", "after")
+        }
         frames = {s["frames"] for name in ("before", "after") for s in samples[(precision, name)]}
-        print(f"{precision}: before {med['before']:.1f} ms/frame, after {med['after']:.1f} ms/frame, "
-              f"after/before {med['after'] / med['before']:.3f} (frames per run {sorted(frames)})")
+        print(
+            f"{precision}: before {med['before']:.1f} ms/frame, after {med['after']:.1f} ms/frame, "
+            f"after/before {med['after'] / med['before']:.3f} (frames per run {sorted(frames)})"
+        )
 
 
 if __name__ == "__main__":

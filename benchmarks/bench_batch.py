@@ -24,17 +24,18 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from audio8_coreai import TTS
 from audio8_coreai.engine.batch import BatchEngine
-from pathlib import Path
-
 from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, STREAM_CHUNK, ensure_checkpoint, measure_codec
 
-SENTENCE = ("The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "
-            "approved the new hiring plan for the engineering team.")
+SENTENCE = (
+    "The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "
+    "approved the new hiring plan for the engineering team."
+)
 
 
 def fill(tts: TTS, batch: int) -> BatchEngine:
@@ -49,11 +50,16 @@ def fill(tts: TTS, batch: int) -> BatchEngine:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, default=DEFAULT_CHECKPOINT,
-                    help="0.6b checkpoint folder (made once, random weights, when absent)")
+    ap.add_argument(
+        "--model",
+        type=Path,
+        default=DEFAULT_CHECKPOINT,
+        help="0.6b checkpoint folder (made once, random weights, when absent)",
+    )
     ap.add_argument("--precision", action="append", help="torch precision (repeatable; default int16)")
-    ap.add_argument("--batch", action="append", type=int,
-                    help="batch sizes (repeatable; default 1 2 4 8; on a GPU try 1 8 32 128)")
+    ap.add_argument(
+        "--batch", action="append", type=int, help="batch sizes (repeatable; default 1 2 4 8; on a GPU try 1 8 32 128)"
+    )
     ap.add_argument("--device", default="cpu", help="cpu or cuda (then use --precision fp32 or bf16)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--frames", type=int, default=16, help="timed steps per round")
@@ -64,8 +70,10 @@ def main() -> None:
     model = ensure_checkpoint(args.model)
     sizes = args.batch or [1, 2, 4, 8]
     rows = []
-    print(f"{args.device}, load average {os.getloadavg()[0]:.1f}, {args.threads} thread(s), {args.frames} steps x "
-          f"{args.runs} runs")
+    print(
+        f"{args.device}, load average {os.getloadavg()[0]:.1f}, {args.threads} thread(s), {args.frames} steps x "
+        f"{args.runs} runs"
+    )
     for precision in args.precision or ["int16"]:
         tts = TTS.load(model, device=args.device, precision=precision)
         frame_s = tts.checkpoint.codec_config.frame_length / tts.sample_rate
@@ -81,16 +89,28 @@ def main() -> None:
         base = statistics.median(steps[sizes[0]]) / sizes[0]
         for b in sizes:
             ms = statistics.median(steps[b])
-            rows.append({"precision": precision, "batch": b, "ms_per_step": ms, "ms_per_frame_per_stream": ms / b,
-                         "throughput_vs_first": base / (ms / b), "streams_model": b * 1e3 * frame_s / ms,
-                         "codec_ms_per_frame": codec_ms,
-                         "streams_with_codec": 1e3 * frame_s / (ms / b + codec_ms)})
+            rows.append(
+                {
+                    "precision": precision,
+                    "batch": b,
+                    "ms_per_step": ms,
+                    "ms_per_frame_per_stream": ms / b,
+                    "throughput_vs_first": base / (ms / b),
+                    "streams_model": b * 1e3 * frame_s / ms,
+                    "codec_ms_per_frame": codec_ms,
+                    "streams_with_codec": 1e3 * frame_s / (ms / b + codec_ms),
+                }
+            )
         del engines, tts
-    print(f"{'precision':>9} {'B':>4} {'ms/step':>9} {'ms/frame/stream':>16} {f'vs B={sizes[0]}':>8} "
-          f"{'streams (model)':>16} {'streams (+codec)':>17}")
+    print(
+        f"{'precision':>9} {'B':>4} {'ms/step':>9} {'ms/frame/stream':>16} {f'vs B={sizes[0]}':>8} "
+        f"{'streams (model)':>16} {'streams (+codec)':>17}"
+    )
     for r in rows:
-        print(f"{r['precision']:>9} {r['batch']:>4} {r['ms_per_step']:>9.1f} {r['ms_per_frame_per_stream']:>16.1f} "
-              f"{r['throughput_vs_first']:>7.2f}x {r['streams_model']:>16.2f} {r['streams_with_codec']:>17.2f}")
+        print(
+            f"{r['precision']:>9} {r['batch']:>4} {r['ms_per_step']:>9.1f} {r['ms_per_frame_per_stream']:>16.1f} "
+            f"{r['throughput_vs_first']:>7.2f}x {r['streams_model']:>16.2f} {r['streams_with_codec']:>17.2f}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"load_average": os.getloadavg()[0], "threads": args.threads, "rows": rows}, f, indent=2)

@@ -26,20 +26,25 @@ from audio8_coreai.backends.coreai import CoreAIBackend
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
-from audio8_coreai.model.frame import PREFILL_WIDTH
 from audio8_coreai.engine.loop import frame_steps, noise_source
+from audio8_coreai.model.frame import PREFILL_WIDTH
 
 PROMPT_COLUMNS = 40  # two prefill windows
 
 
 def convert_in_child(model: str, out: Path, precision: str, context: int | None) -> tuple[float, float]:
     """Convert in a child process; returns (wall seconds, the child's peak RSS in GB)."""
-    code = ("import sys; from audio8_coreai.backends.coreai import convert; "
-            "convert(sys.argv[1], sys.argv[2], sys.argv[3], None if sys.argv[4] == '-' else int(sys.argv[4]), "
-            "progress=False)")
+    code = (
+        "import sys; from audio8_coreai.backends.coreai import convert; "
+        "convert(sys.argv[1], sys.argv[2], sys.argv[3], None if sys.argv[4] == '-' else int(sys.argv[4]), "
+        "progress=False)"
+    )
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code, model, str(out), precision, "-" if context is None else str(context)],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-c", code, model, str(out), precision, "-" if context is None else str(context)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6
 
 
@@ -81,14 +86,18 @@ def main() -> None:
             print(f"asset {part.name}: {size / 1e6:.1f} MB")
         t0 = time.perf_counter()
         coreai = CoreAIBackend(ckpt, assets)
-        print(f"load dualar.aimodel (on Linux: compiled for the interpreter on every load): "
-              f"{time.perf_counter() - t0:.1f} s")
+        print(
+            f"load dualar.aimodel (on Linux: compiled for the interpreter on every load): "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
         for backend in (TorchBackend(ckpt, "cpu", "fp32"), coreai):
             prefill_s, times, calls = time_frames(backend, ckpt, args.frames)
             windows = -(-PROMPT_COLUMNS // PREFILL_WIDTH)
             per_frame = f", runtime calls per frame {(calls - windows) / len(times):.2f}" if calls >= 0 else ""
-            print(f"{backend.description}: prefill of {PROMPT_COLUMNS} columns {prefill_s * 1e3:.0f} ms, frame "
-                  f"median {np.median(times[1:]) * 1e3:.1f} ms (first_frame {times[0] * 1e3:.1f} ms){per_frame}")
+            print(
+                f"{backend.description}: prefill of {PROMPT_COLUMNS} columns {prefill_s * 1e3:.0f} ms, frame "
+                f"median {np.median(times[1:]) * 1e3:.1f} ms (first_frame {times[0] * 1e3:.1f} ms){per_frame}"
+            )
         coreai.close()
 
 

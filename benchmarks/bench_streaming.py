@@ -39,8 +39,10 @@ from audio8_coreai import TTS
 from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.model.codec import StreamingDecoder
 
-SENTENCE = ("The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "
-            "approved the new hiring plan for the engineering team.")
+SENTENCE = (
+    "The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "
+    "approved the new hiring plan for the engineering team."
+)
 WINDOW, CONTEXT = 160, 128  # the window re-decode: 128 frames of context in a 160-frame call
 
 
@@ -55,19 +57,25 @@ def bench_codec(decoder, chunk: int, chunks: int) -> dict:
         stream, pieces, inc_ms = StreamingDecoder(decoder), [], []
         for start in range(0, frames, chunk):
             t0 = time.perf_counter()
-            pieces.append(stream.push(codes[..., start:start + chunk]))
+            pieces.append(stream.push(codes[..., start : start + chunk]))
             if start >= WINDOW:
                 inc_ms.append(1e3 * (time.perf_counter() - t0))
         inc_diff = float((torch.cat(pieces, dim=-1) - whole).abs().max())
         win_ms, win_diff = [], 0.0
         for start in range(WINDOW, frames, chunk):
             t0 = time.perf_counter()
-            wav = decoder(codes[..., start + chunk - WINDOW:start + chunk])[..., -chunk * hop:]
+            wav = decoder(codes[..., start + chunk - WINDOW : start + chunk])[..., -chunk * hop :]
             win_ms.append(1e3 * (time.perf_counter() - t0))
-            win_diff = max(win_diff, float((wav - whole[..., start * hop:(start + chunk) * hop]).abs().max()))
-    return {"frames": frames, "chunk_frames": chunk, "whole_decode_s": whole_s,
-            "incremental_max_diff": inc_diff, "incremental_ms_per_chunk": statistics.median(inc_ms),
-            "window_redecode_max_diff": win_diff, "window_redecode_ms_per_chunk": statistics.median(win_ms)}
+            win_diff = max(win_diff, float((wav - whole[..., start * hop : (start + chunk) * hop]).abs().max()))
+    return {
+        "frames": frames,
+        "chunk_frames": chunk,
+        "whole_decode_s": whole_s,
+        "incremental_max_diff": inc_diff,
+        "incremental_ms_per_chunk": statistics.median(inc_ms),
+        "window_redecode_max_diff": win_diff,
+        "window_redecode_ms_per_chunk": statistics.median(win_ms),
+    }
 
 
 def bench_ttfa(tts: TTS, firsts: list[int], chunk: int, runs: int) -> list[dict]:
@@ -86,8 +94,16 @@ def bench_ttfa(tts: TTS, firsts: list[int], chunk: int, runs: int) -> list[dict]
     rows = []
     for first, m in marks.items():
         ttfa, prefill, frames, codec = (statistics.median(x) for x in zip(*m))
-        rows.append({"first_chunk_frames": first, "ttfa_s": ttfa, "prefill_s": prefill, "frames_s": frames,
-                     "codec_s": codec, "codec_ms_per_frame": 1e3 * codec / first})
+        rows.append(
+            {
+                "first_chunk_frames": first,
+                "ttfa_s": ttfa,
+                "prefill_s": prefill,
+                "frames_s": frames,
+                "codec_s": codec,
+                "codec_ms_per_frame": 1e3 * codec / first,
+            }
+        )
     return rows
 
 
@@ -115,10 +131,14 @@ def bench_voice_ttfa(tts: TTS, seconds: float, runs: int) -> dict:
         marks.append((time.perf_counter() - t0, stream.prefill_s))
         chunks.close()
     kept = [statistics.median(x) for x in zip(*marks[1:])]
-    return {"voice_seconds": seconds, "prompt_columns": int(tts.prompts.clone(SENTENCE, voice.transcript,
-                                                                               voice.codes).shape[1]),
-            "first_ttfa_s": marks[0][0], "first_prefill_s": marks[0][1], "kept_ttfa_s": kept[0],
-            "kept_prefill_s": kept[1]}
+    return {
+        "voice_seconds": seconds,
+        "prompt_columns": int(tts.prompts.clone(SENTENCE, voice.transcript, voice.codes).shape[1]),
+        "first_ttfa_s": marks[0][0],
+        "first_prefill_s": marks[0][1],
+        "kept_ttfa_s": kept[0],
+        "kept_prefill_s": kept[1],
+    }
 
 
 def bench_steady(tts: TTS, chunk: int, frames: int) -> dict:
@@ -127,8 +147,13 @@ def bench_steady(tts: TTS, chunk: int, frames: int) -> dict:
     stream = tts.stream(SENTENCE, seed=0, max_frames=frames, chunk_frames=chunk)
     marks = [time.perf_counter() - t0 for _ in stream]
     ms = 1e3 * (marks[-1] - marks[0]) / max(1, stream.frames - stream.first_chunk_frames)
-    return {"chunk_frames": chunk, "first_chunk_frames": stream.first_chunk_frames, "frames": stream.frames,
-            "steady_ms_per_frame": ms, "steady_rtf": ms / (1e3 * 2048 / 44100)}
+    return {
+        "chunk_frames": chunk,
+        "first_chunk_frames": stream.first_chunk_frames,
+        "frames": stream.frames,
+        "steady_ms_per_frame": ms,
+        "steady_rtf": ms / (1e3 * 2048 / 44100),
+    }
 
 
 def main() -> None:
@@ -137,15 +162,24 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch (and ONNX Runtime) threads.")
     ap.add_argument("--chunk-frames", type=int, default=16)
-    ap.add_argument("--first-chunk-frames", type=int, action="append",
-                    help="First-chunk sizes to time (repeatable; default 1, 2, 4, 8 and --chunk-frames).")
+    ap.add_argument(
+        "--first-chunk-frames",
+        type=int,
+        action="append",
+        help="First-chunk sizes to time (repeatable; default 1, 2, 4, 8 and --chunk-frames).",
+    )
     ap.add_argument("--chunks", type=int, default=4, help="Codec chunks timed after the first 160 frames.")
     ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--frames", type=int, default=48, help="Frames of the steady-state stream (the random model "
-                                                           "never stops).")
-    ap.add_argument("--voice-seconds", type=float, default=0.0,
-                    help="Also time TTFA in a voice cloned from a clip this long (its first request, then with its "
-                         "prompt head kept); 0: skip.")
+    ap.add_argument(
+        "--frames", type=int, default=48, help="Frames of the steady-state stream (the random model never stops)."
+    )
+    ap.add_argument(
+        "--voice-seconds",
+        type=float,
+        default=0.0,
+        help="Also time TTFA in a voice cloned from a clip this long (its first request, then with its "
+        "prompt head kept); 0: skip.",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     firsts = args.first_chunk_frames or sorted({1, 2, 4, 8, args.chunk_frames})
@@ -156,32 +190,51 @@ def main() -> None:
     tts = TTS.load(ensure_checkpoint(args.model), device=args.device)
     codec = bench_codec(tts.backend.decoder, args.chunk_frames, args.chunks)
     print(f"codec, {args.chunk_frames}-frame chunks ({tts.backend.description}, {torch.get_num_threads()} threads):")
-    print(f"  incremental      {codec['incremental_ms_per_chunk']:9.0f} ms/chunk  max|diff| "
-          f"{codec['incremental_max_diff']:.1e}")
-    print(f"  160-window redo  {codec['window_redecode_ms_per_chunk']:9.0f} ms/chunk  max|diff| "
-          f"{codec['window_redecode_max_diff']:.1e}")
+    print(
+        f"  incremental      {codec['incremental_ms_per_chunk']:9.0f} ms/chunk  max|diff| "
+        f"{codec['incremental_max_diff']:.1e}"
+    )
+    print(
+        f"  160-window redo  {codec['window_redecode_ms_per_chunk']:9.0f} ms/chunk  max|diff| "
+        f"{codec['window_redecode_max_diff']:.1e}"
+    )
     print(f"  -> {codec['window_redecode_ms_per_chunk'] / codec['incremental_ms_per_chunk']:.1f}x cheaper")
     columns = tts.prompts.plain(SENTENCE).shape[1]
     ttfa = bench_ttfa(tts, firsts, args.chunk_frames, args.runs)
     print(f"TTFA, then {args.chunk_frames}-frame chunks ({columns}-column prompt; median of {args.runs}):")
     print("  first chunk   TTFA s   prefill s   frames s   decode s   decode ms/frame")
     for r in ttfa:
-        print(f"  {r['first_chunk_frames']:5d} frames {r['ttfa_s']:8.2f} {r['prefill_s']:11.2f} {r['frames_s']:10.2f} "
-              f"{r['codec_s']:10.2f} {r['codec_ms_per_frame']:17.0f}")
+        print(
+            f"  {r['first_chunk_frames']:5d} frames {r['ttfa_s']:8.2f} {r['prefill_s']:11.2f} {r['frames_s']:10.2f} "
+            f"{r['codec_s']:10.2f} {r['codec_ms_per_frame']:17.0f}"
+        )
     voice = bench_voice_ttfa(tts, args.voice_seconds, args.runs) if args.voice_seconds else None
     if voice:
-        print(f"TTFA in a voice from a {args.voice_seconds:g} s clip ({voice['prompt_columns']}-column prompt): first "
-              f"request {voice['first_ttfa_s']:.2f} s (prefill {voice['first_prefill_s']:.2f} s), with its head kept "
-              f"{voice['kept_ttfa_s']:.2f} s (prefill {voice['kept_prefill_s']:.2f} s)")
+        print(
+            f"TTFA in a voice from a {args.voice_seconds:g} s clip ({voice['prompt_columns']}-column prompt): first "
+            f"request {voice['first_ttfa_s']:.2f} s (prefill {voice['first_prefill_s']:.2f} s), with its head kept "
+            f"{voice['kept_ttfa_s']:.2f} s (prefill {voice['kept_prefill_s']:.2f} s)"
+        )
     steady = bench_steady(tts, args.chunk_frames, args.frames)
     print(f"steady state: {steady['steady_ms_per_frame']:.0f} ms/frame with decode (RTF {steady['steady_rtf']:.2f})")
     load_after = os.getloadavg()
     print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"codec": codec, "ttfa": ttfa, "voice": voice, "steady": steady,
-                                         "threads": args.threads,
-                                         "prompt_columns": columns, "load_average": [load_before, load_after]},
-                                        indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "codec": codec,
+                    "ttfa": ttfa,
+                    "voice": voice,
+                    "steady": steady,
+                    "threads": args.threads,
+                    "prompt_columns": columns,
+                    "load_average": [load_before, load_after],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-TEXTS = ["The meeting has been moved to Thursday afternoon.",
-         "Please remember to bring the signed forms with you.",
-         "The train to the airport leaves every twenty minutes.",
-         "今天的天气很好，我们去公园散步吧。"]
+TEXTS = [
+    "The meeting has been moved to Thursday afternoon.",
+    "Please remember to bring the signed forms with you.",
+    "The train to the airport leaves every twenty minutes.",
+    "今天的天气很好，我们去公园散步吧。",
+]
 
 
 @dataclass
@@ -68,8 +70,14 @@ def client_loop(index: int, url: str, args: argparse.Namespace, deadline: float,
     with httpx.Client(timeout=args.timeout) as client:
         n = 0
         while time.monotonic() < deadline:
-            body = {"model": "tts-1", "input": TEXTS[(index + n) % len(TEXTS)], "response_format": "pcm",
-                    "stream": not args.no_stream, "seed": index * 1000 + n, "max_frames": args.max_frames}
+            body = {
+                "model": "tts-1",
+                "input": TEXTS[(index + n) % len(TEXTS)],
+                "response_format": "pcm",
+                "stream": not args.no_stream,
+                "seed": index * 1000 + n,
+                "max_frames": args.max_frames,
+            }
             one_request(client, url, body, tally)
             n += 1
 
@@ -87,8 +95,9 @@ def make_app(args: argparse.Namespace):
     from audio8_coreai.server import ServerSettings, create_app
 
     instances = 1 if args.batch else args.workers
-    instances = [TTS.load(args.model, device=args.device, dtype=args.dtype, precision=args.precision)
-               for _ in range(instances)]
+    instances = [
+        TTS.load(args.model, device=args.device, dtype=args.dtype, precision=args.precision) for _ in range(instances)
+    ]
     if args.batch:
         _, instances = instances[0].batched(args.batch)
     settings = ServerSettings(workers=len(instances), max_queue=max(args.clients, 1), chunk_frames=args.chunk_frames)
@@ -106,8 +115,12 @@ def main() -> int:
     ap.add_argument("--no-stream", action="store_true", help="Whole responses instead of streamed ones.")
     ap.add_argument("--timeout", type=float, default=600.0, help="Per-request timeout, seconds.")
     ap.add_argument("--workers", type=int, default=1, help="With --model: model instances.")
-    ap.add_argument("--batch", type=int, default=0,
-                    help="With --model: N rows of one model instance, frames batched (audio8 serve --batch).")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="With --model: N rows of one model instance, frames batched (audio8 serve --batch).",
+    )
     ap.add_argument("--precision", default=None, help="With --model: torch precision (default: the CPU default).")
     ap.add_argument("--chunk-frames", type=int, default=16, help="With --model: frames per streamed chunk.")
     ap.add_argument("--device", default="auto")
@@ -131,8 +144,10 @@ def main() -> int:
 
     done = len(tally.latency_s)
     print(f"server: {health['backend']} on {health['device']}, {health['workers']} worker(s)")
-    print(f"{args.clients} clients for {args.duration:g} s ({wall:.1f} s with the last requests), "
-          f"{'whole' if args.no_stream else 'streamed'} pcm, max {args.max_frames} frames")
+    print(
+        f"{args.clients} clients for {args.duration:g} s ({wall:.1f} s with the last requests), "
+        f"{'whole' if args.no_stream else 'streamed'} pcm, max {args.max_frames} frames"
+    )
     print(f"requests  {done} ok, {len(tally.failures)} failed")
     print(f"latency   {percentiles(tally.latency_s)}")
     print(f"TTFA      {percentiles(tally.ttfa_s)}")
@@ -141,9 +156,21 @@ def main() -> int:
         print(f"failure   {f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"health": health, "clients": args.clients, "duration_s": args.duration, "wall_s": wall,
-                       "ok": done, "failures": tally.failures, "latency_s": tally.latency_s,
-                       "ttfa_s": tally.ttfa_s, "audio_s": tally.audio_s}, f, indent=1)
+            json.dump(
+                {
+                    "health": health,
+                    "clients": args.clients,
+                    "duration_s": args.duration,
+                    "wall_s": wall,
+                    "ok": done,
+                    "failures": tally.failures,
+                    "latency_s": tally.latency_s,
+                    "ttfa_s": tally.ttfa_s,
+                    "audio_s": tally.audio_s,
+                },
+                f,
+                indent=1,
+            )
     return 1 if tally.failures else 0
 
 

@@ -50,8 +50,10 @@ def test_resampling_keeps_the_pitch(tmp_path):
     np.testing.assert_allclose(audio, soxr.resample(tone, rate, 44100, quality="VHQ"), atol=1e-6)
 
 
-@pytest.mark.parametrize("ext, subtype", [("wav", "PCM_U8"), ("wav", "PCM_32"), ("ogg", "VORBIS"),
-                                          ("aiff", "PCM_16"), ("mp3", "MPEG_LAYER_III")])
+@pytest.mark.parametrize(
+    "ext, subtype",
+    [("wav", "PCM_U8"), ("wav", "PCM_32"), ("ogg", "VORBIS"), ("aiff", "PCM_16"), ("mp3", "MPEG_LAYER_III")],
+)
 def test_more_containers_and_depths(tmp_path, ext, subtype):
     if not sf.check_format(ext.upper() if ext != "aiff" else "AIFF", subtype):
         pytest.skip(f"this libsndfile cannot write {ext}/{subtype}")
@@ -94,7 +96,7 @@ def test_nearly_all_silence_is_refused(tmp_path, kind):
     rate = 16000
     if kind == "one blip":  # 0.2 s of sound in 5 s
         data = np.zeros(5 * rate, np.float32)
-        data[rate:rate + rate // 5] = clips.sweep(rate, 0.2)
+        data[rate : rate + rate // 5] = clips.sweep(rate, 0.2)
     else:  # steady noise at about -65 dBFS RMS
         data = np.random.default_rng(1).normal(0, 10 ** (-65 / 20), 2 * rate).astype(np.float32)
     with pytest.raises(AudioError, match="nearly all silence"):
@@ -124,8 +126,9 @@ def test_very_low_level_gets_a_warning(tmp_path):
 def test_unreadable_files_are_refused_clearly(tmp_path, kind):
     path = tmp_path / "broken.wav"
     good = clips.write(tmp_path / "good.wav", clips.sweep(16000, 1.0), 16000).read_bytes()
-    path.write_bytes({"not audio": b"this is text, not sound\n" * 20, "truncated header": good[:30],
-                      "empty file": b""}[kind])
+    path.write_bytes(
+        {"not audio": b"this is text, not sound\n" * 20, "truncated header": good[:30], "empty file": b""}[kind]
+    )
     with pytest.raises(AudioError, match="cannot read reference audio .*broken.wav"):
         read_reference(path)
 
@@ -181,6 +184,7 @@ def test_a_failed_write_is_an_audio_error_that_names_a_full_disk(tmp_path, monke
         raise FileNotFoundError(2, "No such file or directory")
 
     import tempfile
+
     monkeypatch.setattr(tempfile, "mkstemp", no_temp_file)
     with pytest.raises(AudioError, match=r"cannot write .*keep\.wav: \[Errno 2\]"):
         write_audio(out, np.zeros(100, np.float32), 44100)

@@ -12,8 +12,12 @@ from audio8_coreai.engine.batch import BatchEngine, generate_batch
 from audio8_coreai.engine.loop import generate
 from audio8_coreai.model.frame import Frame
 
-TEXTS = ("Hello there.", "A much longer sentence, with more words in it, for a longer prompt.", "Short",
-         "The fourth one.")
+TEXTS = (
+    "Hello there.",
+    "A much longer sentence, with more words in it, for a longer prompt.",
+    "Short",
+    "The fourth one.",
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,19 +48,21 @@ def test_slow_step_rows_equals_batch_one_steps(tts_fp32, gather):
         col = np.concatenate([[cfg.semantic_begin_id + 7], rng.integers(0, cfg.codebook_size, cfg.num_codebooks)])
         columns.append(col)
         with torch.inference_mode():
-            alone.append(Frame(model).slow_step(torch.as_tensor(col).view(1, -1, 1), n, backend.k_cache,
-                                                backend.v_cache))
+            alone.append(
+                Frame(model).slow_step(torch.as_tensor(col).view(1, -1, 1), n, backend.k_cache, backend.v_cache)
+            )
         written.append(backend.k_cache[:, 0, :, n].clone())
     pos = [p.shape[1] for p in prompts]
     assert len(set(pos)) == 3
     with torch.inference_mode():  # gather: the GPU's way, checked here on the CPU
-        logits, hidden = Frame(model).slow_rows(torch.as_tensor(np.stack(columns)).view(3, -1, 1), rows, pos, k, v,
-                                                gather=gather)
+        logits, hidden = Frame(model).slow_rows(
+            torch.as_tensor(np.stack(columns)).view(3, -1, 1), rows, pos, k, v, gather=gather
+        )
     for j, (row, (lg, hd)) in enumerate(zip(rows, alone)):
         assert torch.allclose(logits[j], lg[0], atol=1e-5, rtol=0)
         assert torch.allclose(hidden[j], hd[0], atol=1e-5, rtol=0)
         assert torch.allclose(k[:, row, :, pos[j]], written[j], atol=1e-5, rtol=0)  # its own slot
-        assert not k[:, row, :, pos[j] + 1:].any()  # and nothing past it
+        assert not k[:, row, :, pos[j] + 1 :].any()  # and nothing past it
     assert not k[:, 1].any()  # the row no utterance holds
 
 
@@ -154,20 +160,22 @@ def test_frame_server_rows_from_threads_equal_generate(tts_fp32):
     thread really batched."""
     from concurrent.futures import ThreadPoolExecutor
 
-
-    server, engines = tts_fp32.batched(3)
+    server, instances = tts_fp32.batched(3)
     try:
-        jobs = [(engines[i], TEXTS[i], seed) for i, seed in enumerate((20, 21, 23))]  # 16, 6 and 4 frames
+        jobs = [(instances[i], TEXTS[i], seed) for i, seed in enumerate((20, 21, 23))]  # 16, 6 and 4 frames
         with ThreadPoolExecutor(3) as pool:
-            streamed = list(pool.map(lambda j: np.concatenate(list(j[0].stream(j[1], seed=j[2], max_frames=16,
-                                                                               chunk_frames=4))), jobs))
+            streamed = list(
+                pool.map(
+                    lambda j: np.concatenate(list(j[0].stream(j[1], seed=j[2], max_frames=16, chunk_frames=4))), jobs
+                )
+            )
         for (_, text, seed), audio in zip(jobs, streamed):
             alone = np.concatenate(list(tts_fp32.stream(text, seed=seed, max_frames=16, chunk_frames=4)))
             assert audio.shape == alone.shape
             assert np.abs(audio - alone).max() < 1e-5
         assert server.frames >= 3 * 2 and server.frames > server.frame_calls  # some calls held several rows
-        assert "batched x3" in engines[0].backend.description
+        assert "batched x3" in instances[0].backend.description
     finally:
         server.close()
     with pytest.raises(RuntimeError, match="closed"):
-        engines[0].generate("Hi", seed=0, max_frames=2)
+        instances[0].generate("Hi", seed=0, max_frames=2)

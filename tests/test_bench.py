@@ -8,22 +8,44 @@ import math
 import pytest
 
 from audio8_coreai.checkpoint import load_checkpoint
-from audio8_coreai.measure.bench import (SENTENCE, BenchConfig, format_table, measure, measure_group, measure_rss,
-                                         weight_floor)
+from audio8_coreai.measure.bench import (
+    SENTENCE,
+    BenchConfig,
+    format_table,
+    measure,
+    measure_group,
+    measure_rss,
+    weight_floor,
+)
 
-KEYS = ("prefill_ms_per_token", "prefill_head_kept_ms", "ms_per_frame", "slow_ms", "fast_ms", "sampler_ms", "floor_ms",
-        "frame_floor_ratio", "codec_ms_per_chunk", "rtf", "rtf_streaming", "ttfa_ms", "peak_rss_gb")
+KEYS = (
+    "prefill_ms_per_token",
+    "prefill_head_kept_ms",
+    "ms_per_frame",
+    "slow_ms",
+    "fast_ms",
+    "sampler_ms",
+    "floor_ms",
+    "frame_floor_ratio",
+    "codec_ms_per_chunk",
+    "rtf",
+    "rtf_streaming",
+    "ttfa_ms",
+    "peak_rss_gb",
+)
 
 
 def weights_per_frame(cfg) -> int:
     """Linear weights read per frame: the slow AR's blocks and its compact head once, the fast AR's blocks and
     head once per codebook after the first."""
+
     def block(dim, n_head, n_kv, head_dim, ffn):
         return dim * (n_head + 2 * n_kv) * head_dim + n_head * head_dim * dim + 3 * dim * ffn
 
     slow = cfg.n_layer * block(cfg.dim, cfg.n_head, cfg.n_local_heads, cfg.head_dim, cfg.intermediate_size)
-    fast = cfg.n_fast_layer * block(cfg.fast_dim, cfg.fast_n_head, cfg.fast_n_local_heads, cfg.fast_head_dim,
-                                    cfg.fast_intermediate_size)
+    fast = cfg.n_fast_layer * block(
+        cfg.fast_dim, cfg.fast_n_head, cfg.fast_n_local_heads, cfg.fast_head_dim, cfg.fast_intermediate_size
+    )
     return slow + cfg.dim * (cfg.num_semantic + 1) + (cfg.num_codebooks - 1) * (fast + cfg.fast_dim * cfg.codebook_size)
 
 
@@ -69,8 +91,10 @@ def test_measure_reports_every_figure(tiny_checkpoint, tiny_tts):
 
 
 def test_side_by_side_group_and_rss(tiny_checkpoint):
-    cfgs = [BenchConfig(str(tiny_checkpoint), frames=2, runs=1, baseline=True),
-            BenchConfig(str(tiny_checkpoint), frames=2, runs=1, precision="int16")]
+    cfgs = [
+        BenchConfig(str(tiny_checkpoint), frames=2, runs=1, baseline=True),
+        BenchConfig(str(tiny_checkpoint), frames=2, runs=1, precision="int16"),
+    ]
     base, row = measure_group(cfgs)
     assert base["vs_baseline"] == 1.0
     assert row["vs_baseline"] == pytest.approx(base["ms_per_frame"] / row["ms_per_frame"])
@@ -91,8 +115,9 @@ def test_bench_command_without_rss_writes_the_json(tiny_checkpoint, tmp_path):
     from audio8_coreai.cli import app
 
     out = tmp_path / "b.json"
-    result = CliRunner().invoke(app, ["bench", "--model", str(tiny_checkpoint), "--frames", "2", "--runs", "1",
-                                      "--no-rss", "--json", str(out)])
+    result = CliRunner().invoke(
+        app, ["bench", "--model", str(tiny_checkpoint), "--frames", "2", "--runs", "1", "--no-rss", "--json", str(out)]
+    )
     assert result.exit_code == 0, result.output
     (row,) = json.loads(out.read_text())["results"]
     assert row["ms_per_frame"] > 0 and "peak_rss_gb" not in row and row["label"] == "fp32 autot"

@@ -140,13 +140,17 @@ def test_made_weights_give_a_working_model(tiny_checkpoint):
         logits, hidden = model.slow(codes, pos[None], pos, mask, k, v)
     assert torch.isfinite(logits).all() and torch.isfinite(hidden).all()
     # eos is reachable: somewhere it ranks among the top-50 candidates the sampler draws from.
-    eos_rank = (logits[0] > logits[0, :, cfg.eos_index:]).sum(dim=-1)
+    eos_rank = (logits[0] > logits[0, :, cfg.eos_index :]).sum(dim=-1)
     assert (eos_rank < 50).any()
 
     dec = CodecDecoder.from_state_dict(ck.codec_config, ck.codec_state_dict())
-    frames = torch.stack([torch.randint(0, ck.codec_config.semantic_codebook_size, (8,), generator=g)]
-                         + [torch.randint(0, ck.codec_config.residual_codebook_size, (8,), generator=g)
-                            for _ in range(ck.codec_config.residual_codebooks)])[None]
+    frames = torch.stack(
+        [torch.randint(0, ck.codec_config.semantic_codebook_size, (8,), generator=g)]
+        + [
+            torch.randint(0, ck.codec_config.residual_codebook_size, (8,), generator=g)
+            for _ in range(ck.codec_config.residual_codebooks)
+        ]
+    )[None]
     with torch.no_grad():
         audio = dec(frames)
     assert audio.shape == (1, 8 * 2048)
@@ -241,8 +245,11 @@ BAD = {
     "wrong model_type": (lambda f: _config(f, model_type="qwen2"), "config.json", "not an Audio8/arktts"),
     "inconsistent config": (lambda f: _config(f, semantic_end_id=9999), "config.json", "vocab_size"),
     "negative size": (lambda f: _config(f, max_seq_len=-5), "config.json", "max_seq_len must be >= 1, got -5"),
-    "bad generation config": (lambda f: (f / "generation_config.json").write_text('{"temperature": 0}'),
-                              "generation_config.json", "temperature"),
+    "bad generation config": (
+        lambda f: (f / "generation_config.json").write_text('{"temperature": 0}'),
+        "generation_config.json",
+        "temperature",
+    ),
     "missing model": (lambda f: (f / "model.safetensors").unlink(), "model.safetensors", "must hold"),
     "missing tensor": (_drop_tensor, "model.safetensors", "missing: layers.1.attention.wqkv.bias [128]"),
     "wrong shape": (_reshape_tensor, "model.safetensors", "norm.weight has shape [63], expected [64]"),

@@ -25,8 +25,20 @@ def run(*args):
 def test_say_writes_a_44k_mono_wav(tiny_checkpoint, tmp_path):
     out = tmp_path / "dir with spaces" / "späch.wav"
     out.parent.mkdir()
-    result = run("say", "Hello there, this is a test.", "-o", out, "--model", tiny_checkpoint, "--seed", 1,
-                 "--max-frames", 40, "--device", "cpu")
+    result = run(
+        "say",
+        "Hello there, this is a test.",
+        "-o",
+        out,
+        "--model",
+        tiny_checkpoint,
+        "--seed",
+        1,
+        "--max-frames",
+        40,
+        "--device",
+        "cpu",
+    )
     assert result.exit_code == 0, result.output
     frames = int(re.search(r"(\d+) frames", result.output).group(1))
     data, rate = sf.read(out, dtype="float32")
@@ -40,8 +52,18 @@ def test_say_to_stdout_streams_a_16_bit_wav_of_the_same_speech(tiny_checkpoint, 
     """-o -: the wav goes to stdout as it is made (the summary to stderr); the samples are the file's, to 16 bits."""
     import io
 
-    args = ("say", "Hello there, this is a test.", "--model", tiny_checkpoint, "--seed", 1, "--max-frames", 24,
-            "--device", "cpu")
+    args = (
+        "say",
+        "Hello there, this is a test.",
+        "--model",
+        tiny_checkpoint,
+        "--seed",
+        1,
+        "--max-frames",
+        24,
+        "--device",
+        "cpu",
+    )
     piped = run(*args, "-o", "-")
     assert piped.exit_code == 0, piped.output
     assert piped.stdout_bytes[:4] == b"RIFF" and "frames" in piped.stderr and "frames" not in piped.stdout[:200]
@@ -55,8 +77,23 @@ def test_say_to_stdout_streams_a_16_bit_wav_of_the_same_speech(tiny_checkpoint, 
 def test_say_same_seed_identical_samples(tiny_checkpoint, tmp_path):
     paths = [tmp_path / "a.wav", tmp_path / "b.wav"]
     for p in paths:
-        assert run("say", "Same seed twice.", "-o", p, "--model", tiny_checkpoint, "--seed", 11,
-                   "--max-frames", 30, "--device", "cpu").exit_code == 0
+        assert (
+            run(
+                "say",
+                "Same seed twice.",
+                "-o",
+                p,
+                "--model",
+                tiny_checkpoint,
+                "--seed",
+                11,
+                "--max-frames",
+                30,
+                "--device",
+                "cpu",
+            ).exit_code
+            == 0
+        )
     a, _ = sf.read(paths[0], dtype="float32")
     b, _ = sf.read(paths[1], dtype="float32")
     assert np.array_equal(a, b)
@@ -97,8 +134,21 @@ def test_frame_cap_warning_says_when_the_context_is_full(never_eos_checkpoint, t
 def test_say_stream_ending_at_once_leaves_an_existing_file_untouched(eos_first_checkpoint, tmp_path):
     out = tmp_path / "out.wav"
     out.write_bytes(b"keep me")
-    result = run("say", "Hi.", "-o", out, "--model", eos_first_checkpoint, "--top-k", 1, "--max-frames", 5,
-                 "--device", "cpu", "--stream")  # top-k 1 on this checkpoint: eos on the first frame
+    result = run(
+        "say",
+        "Hi.",
+        "-o",
+        out,
+        "--model",
+        eos_first_checkpoint,
+        "--top-k",
+        1,
+        "--max-frames",
+        5,
+        "--device",
+        "cpu",
+        "--stream",
+    )  # top-k 1 on this checkpoint: eos on the first frame
     assert result.exit_code == 2 and "eos on the first frame" in result.output
     assert out.read_bytes() == b"keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.wav"]  # no empty partial file either
@@ -117,14 +167,15 @@ def test_prompt_json_needs_only_config_and_tokenizer(tiny_checkpoint, tmp_path):
     # <|im_start|> ... "user\n" then "Hi" as two bytes (ids 3 + byte), <|im_end|> ... <|voice|> last.
     assert row0[0] == 1 and row0[-1] == 259
     user = [3 + b for b in b"user\n"] + [3 + ord("H"), 3 + ord("i"), 2]
-    assert any(row0[i:i + len(user)] == user for i in range(len(row0)))
+    assert any(row0[i : i + len(user)] == user for i in range(len(row0)))
 
 
 def test_prompt_clone_with_reference_codes(tiny_checkpoint, tmp_path):
     codes = np.arange(30).reshape(10, 3) % 128
     np.save(tmp_path / "ref.npy", codes)
-    result = run("prompt", "Hi", "--model", tiny_checkpoint, "--ref-text", "Ref.", "--ref-codes",
-                 tmp_path / "ref.npy", "--json")
+    result = run(
+        "prompt", "Hi", "--model", tiny_checkpoint, "--ref-text", "Ref.", "--ref-codes", tmp_path / "ref.npy", "--json"
+    )
     assert result.exit_code == 0, result.output
     prompt = np.array(json.loads(result.output)["prompt"])
     cols = np.nonzero(prompt[0] >= 300)[0]
@@ -155,8 +206,11 @@ def test_parity_refuses_a_file_that_is_not_a_fixture(oracle_dir, tmp_path):
     assert "pickle" not in result.output
     np.savez(tmp_path / "other.npz", codes=np.zeros(3))
     result = run("parity", "--model", oracle_dir, "--fixture", tmp_path / "other.npz")
-    assert result.exit_code == 2 and "other.npz is not an oracle fixture: it has no meta_json (its arrays: codes)" \
+    assert (
+        result.exit_code == 2
+        and "other.npz is not an oracle fixture: it has no meta_json (its arrays: codes)"
         in " ".join(result.output.split())
+    )
     result = run("parity", "--model", oracle_dir, "--fixture", oracle_dir)
     assert result.exit_code == 2 and f"give {oracle_dir / 'fixture.npz'}" in " ".join(result.output.split())
 
@@ -179,21 +233,27 @@ def wrong_type(tiny_checkpoint, tmp_path):
     return bad
 
 
-@pytest.mark.parametrize("case, args, needle", [
-    ("empty", ["say", "", "-o", "{tmp}/o.wav"], "empty"),
-    ("punctuation", ["say", "?!...", "-o", "{tmp}/o.wav"], "no letters"),
-    ("no folder", ["say", "Hi", "-o", "{tmp}/missing/o.wav"], "does not exist"),
-    ("bad extension", ["say", "Hi", "-o", "{tmp}/o.txt"], ".wav"),
-    ("missing model", ["say", "Hi", "-o", "{tmp}/o.wav", "--model", "{tmp}/nowhere"], "no checkpoint"),
-    ("device", ["say", "Hi", "-o", "{tmp}/o.wav", "--device", "tpu"], "device"),
-    ("dtype", ["say", "Hi", "-o", "{tmp}/o.wav", "--dtype", "fp8"], "dtype"),
-    ("cuda absent", ["say", "Hi", "-o", "{tmp}/o.wav", "--device", "cuda"], "CUDA"),
-    ("graphs on cpu", ["say", "Hi", "-o", "{tmp}/o.wav", "--device", "cpu", "--cuda-graphs"],
-     "CUDA graphs need a CUDA device, not cpu"),
-    ("wrong type", ["say", "Hi", "-o", "{tmp}/o.wav", "--model", "{wrong}"], "arktts"),
-    ("frames", ["say", "Hi", "-o", "{tmp}/o.wav", "--max-frames", "100000"], "frames"),
-    ("temperature", ["say", "Hi", "-o", "{tmp}/o.wav", "--temperature", "0"], "temperature"),
-])
+@pytest.mark.parametrize(
+    "case, args, needle",
+    [
+        ("empty", ["say", "", "-o", "{tmp}/o.wav"], "empty"),
+        ("punctuation", ["say", "?!...", "-o", "{tmp}/o.wav"], "no letters"),
+        ("no folder", ["say", "Hi", "-o", "{tmp}/missing/o.wav"], "does not exist"),
+        ("bad extension", ["say", "Hi", "-o", "{tmp}/o.txt"], ".wav"),
+        ("missing model", ["say", "Hi", "-o", "{tmp}/o.wav", "--model", "{tmp}/nowhere"], "no checkpoint"),
+        ("device", ["say", "Hi", "-o", "{tmp}/o.wav", "--device", "tpu"], "device"),
+        ("dtype", ["say", "Hi", "-o", "{tmp}/o.wav", "--dtype", "fp8"], "dtype"),
+        ("cuda absent", ["say", "Hi", "-o", "{tmp}/o.wav", "--device", "cuda"], "CUDA"),
+        (
+            "graphs on cpu",
+            ["say", "Hi", "-o", "{tmp}/o.wav", "--device", "cpu", "--cuda-graphs"],
+            "CUDA graphs need a CUDA device, not cpu",
+        ),
+        ("wrong type", ["say", "Hi", "-o", "{tmp}/o.wav", "--model", "{wrong}"], "arktts"),
+        ("frames", ["say", "Hi", "-o", "{tmp}/o.wav", "--max-frames", "100000"], "frames"),
+        ("temperature", ["say", "Hi", "-o", "{tmp}/o.wav", "--temperature", "0"], "temperature"),
+    ],
+)
 def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_type, tmp_path):
     import torch
 
@@ -209,25 +269,30 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
     assert not (tmp_path / "o.wav").exists()
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["say", "Hi", "-o", "{tmp}/o.wav", "--stream", "--chunk-frames", "0"], "--chunk-frames must be >= 1"),
-    (["say", "Hi", "-o", "{tmp}/o.wav", "--stream", "--chunk-frames", "4", "--first-chunk-frames", "5"],
-     "--first-chunk-frames 1 to --chunk-frames"),
-    (["say", "Hi", "-o", "{tmp}/o.wav", "--chunk-frames", "0"], "--chunk-frames must be >= 1"),  # long text streams
-    (["serve", "--port", "99999"], "--port must be 1 to 65535"),
-    (["say", "Hi", "-o", "{tmp}/o.wav", "--assets", "{tmp}"], "add backend='coreai' (--backend coreai)"),
-    (["say", "Hi", "-o", "{tmp}/o.wav", "--backend", "coreai"], "give assets=DIR (--assets)"),
-    (["serve", "--max-frames", "0"], "must be >= 1"),
-    (["serve", "--batch", "4", "--cuda-graphs"], "give one of them"),
-    (["bench", "--cuda-graphs"], "add --device cuda (not cpu)"),
-    (["parity", "--fixture", "{tmp}/f.npz", "--tolerance", "-1"], "--tolerance must be a number > 0"),
-    (["bench", "--precision", "int3"], "unknown dtype or precision 'int3': use one of fp32, bf16"),
-    (["bench", "--codec-dtype", "fp8"], "unknown dtype 'fp8'"),
-    (["bench", "--device", "tpu"], "device"),
-    (["bench", "--json", "{tmp}/missing/b.json"], "missing does not exist"),
-    (["serve", "--port", "{busy}"], "pick another --port"),
-    (["serve", "--host", "999.1.1.1"], "give --host an address of this machine"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["say", "Hi", "-o", "{tmp}/o.wav", "--stream", "--chunk-frames", "0"], "--chunk-frames must be >= 1"),
+        (
+            ["say", "Hi", "-o", "{tmp}/o.wav", "--stream", "--chunk-frames", "4", "--first-chunk-frames", "5"],
+            "--first-chunk-frames 1 to --chunk-frames",
+        ),
+        (["say", "Hi", "-o", "{tmp}/o.wav", "--chunk-frames", "0"], "--chunk-frames must be >= 1"),  # long text streams
+        (["serve", "--port", "99999"], "--port must be 1 to 65535"),
+        (["say", "Hi", "-o", "{tmp}/o.wav", "--assets", "{tmp}"], "add backend='coreai' (--backend coreai)"),
+        (["say", "Hi", "-o", "{tmp}/o.wav", "--backend", "coreai"], "give assets=DIR (--assets)"),
+        (["serve", "--max-frames", "0"], "must be >= 1"),
+        (["serve", "--batch", "4", "--cuda-graphs"], "give one of them"),
+        (["bench", "--cuda-graphs"], "add --device cuda (not cpu)"),
+        (["parity", "--fixture", "{tmp}/f.npz", "--tolerance", "-1"], "--tolerance must be a number > 0"),
+        (["bench", "--precision", "int3"], "unknown dtype or precision 'int3': use one of fp32, bf16"),
+        (["bench", "--codec-dtype", "fp8"], "unknown dtype 'fp8'"),
+        (["bench", "--device", "tpu"], "device"),
+        (["bench", "--json", "{tmp}/missing/b.json"], "missing does not exist"),
+        (["serve", "--port", "{busy}"], "pick another --port"),
+        (["serve", "--host", "999.1.1.1"], "give --host an address of this machine"),
+    ],
+)
 def test_options_are_checked_before_loading(args, needle, tmp_path):
     import socket
 
@@ -260,8 +325,23 @@ def test_an_interrupted_stream_leaves_an_existing_file_alone(tiny_checkpoint, tm
             yield chunk
 
     monkeypatch.setattr(SpeechStream, "__iter__", interrupted)
-    args = ["say", "Hello there, this is a test.", "-o", out, "--model", tiny_checkpoint, "--seed", 1, "--stream",
-            "--chunk-frames", 2, "--max-frames", 30, "--device", "cpu"]
+    args = [
+        "say",
+        "Hello there, this is a test.",
+        "-o",
+        out,
+        "--model",
+        tiny_checkpoint,
+        "--seed",
+        1,
+        "--stream",
+        "--chunk-frames",
+        2,
+        "--max-frames",
+        30,
+        "--device",
+        "cpu",
+    ]
     result = run(*args)
     assert result.exit_code == 130
     assert out.read_bytes() == before
@@ -294,8 +374,21 @@ def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(tiny_checkpoin
 
     voices = tmp_path / "my voices"
     clip = clips.write(tmp_path / "clips dir" / "bob é.wav", clips.sweep(8000, 0.75), 8000)
-    result = run("voice", "add", "Bob 1", "--audio", clip, "--text", "Hi, I am Bob.", "--model", tiny_checkpoint,
-                 "--voices", voices, "--device", "cpu")
+    result = run(
+        "voice",
+        "add",
+        "Bob 1",
+        "--audio",
+        clip,
+        "--text",
+        "Hi, I am Bob.",
+        "--model",
+        tiny_checkpoint,
+        "--voices",
+        voices,
+        "--device",
+        "cpu",
+    )
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())  # rich wraps at 80 columns
     assert "warning:" in said and "sampled at 8000 Hz" in said
@@ -312,8 +405,9 @@ def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(tiny_checkpoin
     by_name = run("say", "Nice to meet you.", "-o", paths[0], "--voice", "Bob 1", "--voices", voices, *common)
     assert by_name.exit_code == 0, by_name.output
     assert "voice 'Bob 1'" in " ".join(by_name.output.split())
-    inline = run("say", "Nice to meet you.", "-o", paths[1], "--ref-audio", clip, "--ref-text", "Hi, I am Bob.",
-                 *common)
+    inline = run(
+        "say", "Nice to meet you.", "-o", paths[1], "--ref-audio", clip, "--ref-text", "Hi, I am Bob.", *common
+    )
     assert inline.exit_code == 0, inline.output
     a, _ = sf.read(paths[0], dtype="float32")
     b, _ = sf.read(paths[1], dtype="float32")
@@ -323,30 +417,38 @@ def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(tiny_checkpoin
     assert "no voices" in run("voice", "list", "--voices", voices).output
 
 
-@pytest.mark.parametrize("case, args, needle", [
-    ("bad name", ["voice", "add", "../up", "--audio", "{clip}", "--text", "Hi."], "bad voice name"),
-    ("too short", ["voice", "add", "x", "--audio", "{short}", "--text", "Hi."], "0.30 s"),
-    ("not audio", ["voice", "add", "x", "--audio", "{text_file}", "--text", "Hi."], "cannot read reference audio"),
-    ("no clip", ["voice", "add", "x", "--audio", "{tmp}/none.wav", "--text", "Hi."], "does not exist"),
-    ("empty transcript", ["voice", "add", "x", "--audio", "{clip}", "--text", " "], "reference text is empty"),
-    ("taken", ["voice", "add", "taken", "--audio", "{clip}", "--text", "Hi."], "already exists"),
-    ("unknown voice", ["say", "Hi", "-o", "{tmp}/o.wav", "--voice", "nobody"], "no voice named 'nobody'"),
-    ("half inline", ["say", "Hi", "-o", "{tmp}/o.wav", "--ref-audio", "{clip}"], "needs both"),
-    ("both", ["say", "Hi", "-o", "{tmp}/o.wav", "--voice", "taken", "--ref-audio", "{clip}", "--ref-text", "Hi."],
-     "not both"),
-    ("show unknown", ["voice", "show", "nobody"], "no voice named"),
-    ("rm unknown", ["voice", "rm", "nobody"], "no voice named"),
-])
+@pytest.mark.parametrize(
+    "case, args, needle",
+    [
+        ("bad name", ["voice", "add", "../up", "--audio", "{clip}", "--text", "Hi."], "bad voice name"),
+        ("too short", ["voice", "add", "x", "--audio", "{short}", "--text", "Hi."], "0.30 s"),
+        ("not audio", ["voice", "add", "x", "--audio", "{text_file}", "--text", "Hi."], "cannot read reference audio"),
+        ("no clip", ["voice", "add", "x", "--audio", "{tmp}/none.wav", "--text", "Hi."], "does not exist"),
+        ("empty transcript", ["voice", "add", "x", "--audio", "{clip}", "--text", " "], "reference text is empty"),
+        ("taken", ["voice", "add", "taken", "--audio", "{clip}", "--text", "Hi."], "already exists"),
+        ("unknown voice", ["say", "Hi", "-o", "{tmp}/o.wav", "--voice", "nobody"], "no voice named 'nobody'"),
+        ("half inline", ["say", "Hi", "-o", "{tmp}/o.wav", "--ref-audio", "{clip}"], "needs both"),
+        (
+            "both",
+            ["say", "Hi", "-o", "{tmp}/o.wav", "--voice", "taken", "--ref-audio", "{clip}", "--ref-text", "Hi."],
+            "not both",
+        ),
+        ("show unknown", ["voice", "show", "nobody"], "no voice named"),
+        ("rm unknown", ["voice", "rm", "nobody"], "no voice named"),
+    ],
+)
 def test_voice_mistakes_are_one_clear_line(case, args, needle, tmp_path):
     import clips
-
     from audio8_coreai.voices import Voice, VoiceStore
 
     voices = tmp_path / "voices"
     VoiceStore(voices).save(Voice(np.zeros((10, 3), np.int64), "Hi.", 44100, 1.0, "0" * 64, "2026", "taken"))
-    fill = {"clip": clips.write(tmp_path / "c.wav", clips.sweep(16000, 1.0), 16000),
-            "short": clips.write(tmp_path / "s.wav", clips.sweep(16000, 0.3), 16000),
-            "text_file": tmp_path / "notes.wav", "tmp": tmp_path}
+    fill = {
+        "clip": clips.write(tmp_path / "c.wav", clips.sweep(16000, 1.0), 16000),
+        "short": clips.write(tmp_path / "s.wav", clips.sweep(16000, 0.3), 16000),
+        "text_file": tmp_path / "notes.wav",
+        "tmp": tmp_path,
+    }
     (tmp_path / "notes.wav").write_text("not a sound")
     # No --model: every mistake here is caught before a model would load (the default is a hub id).
     result = run(*[a.format(**fill) for a in args], "--voices", voices)
@@ -355,7 +457,9 @@ def test_voice_mistakes_are_one_clear_line(case, args, needle, tmp_path):
     assert VoiceStore(voices).names() == ["taken"] and not (tmp_path / "o.wav").exists()
 
 
-@pytest.mark.parametrize("args, needle", [(["-h"], "say"), (["say", "-h"], "--output"), (["voice", "add", "-h"], "--audio")])
+@pytest.mark.parametrize(
+    "args, needle", [(["-h"], "say"), (["say", "-h"], "--output"), (["voice", "add", "-h"], "--audio")]
+)
 def test_short_help_flag(args, needle):
     result = run(*args)
     assert result.exit_code == 0 and needle in result.output

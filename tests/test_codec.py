@@ -52,8 +52,10 @@ def _folded_names(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ..
     """Publisher names -> module names/shapes once weight norm is folded (the v tensor's shape)."""
     out = {}
     for name, shape in shapes.items():
-        for g, v in ((".parametrizations.weight.original0", ".parametrizations.weight.original1"),
-                     (".weight_g", ".weight_v")):
+        for g, v in (
+            (".parametrizations.weight.original0", ".parametrizations.weight.original1"),
+            (".weight_g", ".weight_v"),
+        ):
             if name.endswith(g):
                 break
             if name.endswith(v):
@@ -93,8 +95,14 @@ def test_normalize_rules():
     t = torch.zeros(1)
     assert normalize_codec_state_dict({"a.weight": t}) == {"a.weight": t}
     assert normalize_codec_state_dict({"state_dict": {"a.weight": t}}) == {"a.weight": t}
-    wrapped = {"state_dict": {"generator.a.weight": t, "discriminator.b.weight": t,
-                              "generator.q.freqs_cis": t, "generator.q.causal_mask": t}}
+    wrapped = {
+        "state_dict": {
+            "generator.a.weight": t,
+            "discriminator.b.weight": t,
+            "generator.q.freqs_cis": t,
+            "generator.q.causal_mask": t,
+        }
+    }
     assert normalize_codec_state_dict(wrapped) == {"a.weight": t}
 
 
@@ -112,8 +120,12 @@ def test_safetensors_and_pth_give_identical_modules(cfg, oracle_dir, decoder, en
 
 
 def test_legacy_weight_norm_flavour_loads_the_same(cfg, codec_sd, decoder):
-    legacy = {k.replace(".parametrizations.weight.original0", ".weight_g")
-               .replace(".parametrizations.weight.original1", ".weight_v"): v for k, v in codec_sd.items()}
+    legacy = {
+        k.replace(".parametrizations.weight.original0", ".weight_g").replace(
+            ".parametrizations.weight.original1", ".weight_v"
+        ): v
+        for k, v in codec_sd.items()
+    }
     other = CodecDecoder.from_state_dict(cfg, {"state_dict": legacy}, max_frames=256).state_dict()
     assert all(torch.equal(other[k], v) for k, v in decoder.state_dict().items())
 
@@ -172,8 +184,10 @@ def test_decode_helper_matches_batch_decode(decoder, fixture):
 def test_decoder_clamps_out_of_range_codes(decoder, fixture, cfg):
     codes = torch.from_numpy(fixture["codec_clamp__codes_in"])
     assert codes[:, 1:].max() >= cfg.residual_codebook_size  # the scenario does exercise the clamp
-    clamped = torch.cat([codes[:, :1].clamp(0, cfg.semantic_codebook_size - 1),
-                         codes[:, 1:].clamp(0, cfg.residual_codebook_size - 1)], dim=1)
+    clamped = torch.cat(
+        [codes[:, :1].clamp(0, cfg.semantic_codebook_size - 1), codes[:, 1:].clamp(0, cfg.residual_codebook_size - 1)],
+        dim=1,
+    )
     with torch.no_grad():
         assert torch.equal(decoder(codes), decoder(clamped))
 

@@ -34,12 +34,11 @@ else:
 from typer.testing import CliRunner
 
 from audio8_coreai import TTS
+from audio8_coreai.backends.base import BackendError, EngineError
 from audio8_coreai.backends.coreai import AssetError, CoreAIBackend, convert, read_manifest
-from audio8_coreai.backends.base import BackendError
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.cli import app
-from audio8_coreai.backends.base import EngineError
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.engine.loop import generate
 from audio8_coreai.measure.oracle import load_fixture
@@ -58,21 +57,24 @@ class _ChildConversions:
     two run side by side (conversion is mostly single-threaded Python; on 2 cores this saves the longer one's
     time). ``folder(name)`` waits for the child and returns the asset folder."""
 
-    SCRIPT = ("import sys; from audio8_coreai.backends.coreai import convert; from audio8_coreai.cli import app; "
-              "ckpt, out = sys.argv[1:]; "
-              "convert(ckpt, out + '/fp16', 'fp16', context=96, decoder_frames=8, "
-              "parts=('dualar', 'codec_decoder'), progress=False); "
-              "convert(ckpt, out + '/int8-fp16', 'int8-fp16', context=96, encoder_frames=16, "
-              "parts=('dualar', 'codec_encoder'), progress=False); "
-              "app(['convert', '--model', ckpt, '--out', out + '/greedy', '--greedy', '--context', '64', "
-              "'--part', 'dualar'], standalone_mode=False)")
+    SCRIPT = (
+        "import sys; from audio8_coreai.backends.coreai import convert; from audio8_coreai.cli import app; "
+        "ckpt, out = sys.argv[1:]; "
+        "convert(ckpt, out + '/fp16', 'fp16', context=96, decoder_frames=8, "
+        "parts=('dualar', 'codec_decoder'), progress=False); "
+        "convert(ckpt, out + '/int8-fp16', 'int8-fp16', context=96, encoder_frames=16, "
+        "parts=('dualar', 'codec_encoder'), progress=False); "
+        "app(['convert', '--model', ckpt, '--out', out + '/greedy', '--greedy', '--context', '64', "
+        "'--part', 'dualar'], standalone_mode=False)"
+    )
 
     def __init__(self, checkpoint: Path, out: Path):
         self.out = out
         self.log = out / "convert.log"
         with self.log.open("w") as log:
-            self.child = subprocess.Popen([sys.executable, "-c", self.SCRIPT, str(checkpoint), str(out)],
-                                          stdout=log, stderr=subprocess.STDOUT)
+            self.child = subprocess.Popen(
+                [sys.executable, "-c", self.SCRIPT, str(checkpoint), str(out)], stdout=log, stderr=subprocess.STDOUT
+            )
 
     def folder(self, name: str) -> Path:
         if self.child.wait(timeout=900) != 0:
@@ -94,8 +96,15 @@ def child_conversions(oracle_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def fp32_assets(oracle, tmp_path_factory, child_conversions):
-    return convert(oracle, tmp_path_factory.mktemp("coreai") / "fp32", "fp32", context=128, decoder_frames=24,
-                   encoder_frames=16, progress=False)
+    return convert(
+        oracle,
+        tmp_path_factory.mktemp("coreai") / "fp32",
+        "fp32",
+        context=128,
+        decoder_frames=24,
+        encoder_frames=16,
+        progress=False,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -148,21 +157,41 @@ def _said(result) -> str:
 def test_fp32_assets_reproduce_the_oracle(fp32_assets, oracle_dir):
     """Through ``audio8 parity --backend coreai`` (which runs :func:`run_parity`): teacher-forced logits and
     every draw, free runs frame for frame with eos at the same step, the codec's waveforms, the encoder's codes."""
-    result = _run("parity", "--model", oracle_dir, "--fixture", oracle_dir / "fixture.npz", "--backend", "coreai",
-                  "--assets", fp32_assets, "--json")
+    result = _run(
+        "parity",
+        "--model",
+        oracle_dir,
+        "--fixture",
+        oracle_dir / "fixture.npz",
+        "--backend",
+        "coreai",
+        "--assets",
+        fp32_assets,
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["passed"] and report["backend"].startswith("coreai fp32")
     # The batch's items alone, each up to its eos: item 0 runs to the 24-frame cap, item 1 stops after 3 frames.
-    assert [(s["name"], s["steps"]) for s in report["scenarios"]] == [("plain", 18), ("clone", 24), ("batch[0]", 24),
-                                                                      ("batch[1]", 4)]
+    assert [(s["name"], s["steps"]) for s in report["scenarios"]] == [
+        ("plain", 18),
+        ("clone", 24),
+        ("batch[0]", 24),
+        ("batch[1]", 4),
+    ]
     for s in report["scenarios"]:
         assert s["slow_logits_max_diff"] < 1e-4 and s["fast_logits_max_diff"] < 1e-4
         assert s["semantic_draws"] == [s["steps"]] * 2 and s["codebook_draws"] == [9 * s["steps"]] * 2
         assert s["free_run_identical"]
     assert [s["free_run_eos"] for s in report["scenarios"]] == [True, False, False, True]
-    assert [c["name"] for c in report["codec"]] == ["plain[0]", "greedy[0]", "batch[0]", "batch[1]", "clone[0]",
-                                                    "codec_clamp[0]"]
+    assert [c["name"] for c in report["codec"]] == [
+        "plain[0]",
+        "greedy[0]",
+        "batch[0]",
+        "batch[1]",
+        "clone[0]",
+        "codec_clamp[0]",
+    ]
     assert all(c["waveform_max_diff"] < 1e-4 for c in report["codec"])
     assert [(e["codes_equal"], e["latent_max_diff"]) for e in report["encoder"]] == [([110, 110], None)]
     # greedy is not the baked sampling: it replays on greedy assets (test_greedy_assets_replay_the_greedy_scenario).
@@ -179,8 +208,18 @@ def test_greedy_assets_replay_the_greedy_scenario(oracle_dir, fp32_assets, child
     for part in ("codec_decoder", "codec_encoder"):  # the same checkpoint's fp32 codec: only the DualAR differs
         shutil.copytree(fp32_assets / f"{part}.aimodel", assets / f"{part}.aimodel")
     assert read_manifest(assets / "dualar.aimodel")["sampling"]["do_sample"] is False
-    result = _run("parity", "--model", oracle_dir, "--fixture", oracle_dir / "fixture.npz", "--backend", "coreai",
-                  "--assets", assets, "--json")
+    result = _run(
+        "parity",
+        "--model",
+        oracle_dir,
+        "--fixture",
+        oracle_dir / "fixture.npz",
+        "--backend",
+        "coreai",
+        "--assets",
+        assets,
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["passed"]
@@ -212,15 +251,39 @@ def test_gate_on_the_coreai_backend(oracle_dir, speakable, fp32_assets, tmp_path
     pytest.importorskip("matplotlib")
     fixtures = tmp_path / "fixtures.json"
     fixtures.write_text(json.dumps([{"name": "en_a", "language": "en", "seed": 3, "text": TEXT, "reference": None}]))
-    result = _run("gate", "--model", speakable, "--backend", "coreai", "--assets", fp32_assets, "--fixtures", fixtures,
-                  "--max-frames", 6, "--out", tmp_path / "fp32")
+    result = _run(
+        "gate",
+        "--model",
+        speakable,
+        "--backend",
+        "coreai",
+        "--assets",
+        fp32_assets,
+        "--fixtures",
+        fixtures,
+        "--max-frames",
+        6,
+        "--out",
+        tmp_path / "fp32",
+    )
     assert result.exit_code == 0, result.output
     (en,) = json.loads((tmp_path / "fp32" / "report.json").read_text())["fixtures"]
     assert en["teacher_forced"]["semantic_draws"] == [6, 6] and en["teacher_forced"]["free_run_prefix"] == 6
     assert en["codec"]["waveform_max_diff"] < 1e-4
     out = tmp_path / "report"
-    result = _run("gate", "--model", oracle_dir, "--against", oracle_dir / "fixture.npz", "--backend", "coreai",
-                  "--assets", fp32_assets, "--out", out)
+    result = _run(
+        "gate",
+        "--model",
+        oracle_dir,
+        "--against",
+        oracle_dir / "fixture.npz",
+        "--backend",
+        "coreai",
+        "--assets",
+        fp32_assets,
+        "--out",
+        out,
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert report["passed"] and report["verdicts"]["tensor"] == "pass" and report["verdicts"]["eos"] == "pass"
@@ -243,22 +306,39 @@ def test_manifest_holds_contract_sampling_and_source(fp32_assets, oracle):
     cfg = oracle.config
     dualar = read_manifest(fp32_assets / "dualar.aimodel")
     assert dualar["precision"] == "fp32" and dualar["context"] == 128
-    assert dualar["sampling"] == {"temperature": 0.7, "top_k": 50, "top_p": 0.9, "do_sample": True,
-                                  "ras_temperature": 1.0, "ras_top_p": 0.9}
+    assert dualar["sampling"] == {
+        "temperature": 0.7,
+        "top_k": 50,
+        "top_p": 0.9,
+        "do_sample": True,
+        "ras_temperature": 1.0,
+        "ras_top_p": 0.9,
+    }
     frame = dualar["contract"]["frame"]
     v = cfg.num_semantic + 1
     assert frame["inputs"] == {
-        "codes": {"shape": [1, 11, 1], "dtype": "int32"}, "pos": {"shape": [1], "dtype": "int32"},
-        "noise_slow": {"shape": [2, v], "dtype": "float32"}, "window": {"shape": [10], "dtype": "int32"},
+        "codes": {"shape": [1, 11, 1], "dtype": "int32"},
+        "pos": {"shape": [1], "dtype": "int32"},
+        "noise_slow": {"shape": [2, v], "dtype": "float32"},
+        "window": {"shape": [10], "dtype": "int32"},
         "noise_fast": {"shape": [9, cfg.codebook_size], "dtype": "float32"},
-        "forced": {"shape": [11], "dtype": "int32"}, "use_forced": {"shape": [1], "dtype": "float32"}}
+        "forced": {"shape": [11], "dtype": "int32"},
+        "use_forced": {"shape": [1], "dtype": "float32"},
+    }
     assert {k: s["shape"] for k, s in frame["outputs"].items()} == {
-        "semantic": [1], "codes": [10], "logits": [v], "hidden": [cfg.dim], "fast_logits": [9, cfg.codebook_size],
-        "sampled_semantic": [1], "sampled_codes": [10]}
+        "semantic": [1],
+        "codes": [10],
+        "logits": [v],
+        "hidden": [cfg.dim],
+        "fast_logits": [9, cfg.codebook_size],
+        "sampled_semantic": [1],
+        "sampled_codes": [10],
+    }
     state = [cfg.n_layer, 1, cfg.n_local_heads, 128, cfg.head_dim]
     for fn in ("prefill", "frame"):
-        assert dualar["contract"][fn]["states"] == {n: {"shape": state, "dtype": "float32"}
-                                                     for n in ("k_cache", "v_cache")}
+        assert dualar["contract"][fn]["states"] == {
+            n: {"shape": state, "dtype": "float32"} for n in ("k_cache", "v_cache")
+        }
     assert dualar["contract"]["first_frame"]["states"] == {}
     assert dualar["contract"]["prefill"]["outputs"]["logits"]["shape"] == [32, v]
     sha = hashlib.sha256(oracle.model_file.read_bytes()).hexdigest()
@@ -280,10 +360,18 @@ def _agreement(oracle, assets, fixture_path, codec: bool):
     backend = CoreAIBackend(oracle, assets)
     fx, meta = load_fixture(fixture_path)
     reports = [replay_forced(backend, fx, meta, sc) for sc in ("plain", "clone")]
-    codec_cos = min(c.waveform_cos for sc in ("greedy", "codec_clamp") for c in replay_codec(backend, fx, sc)) \
-        if codec else None
-    return (sum(r.semantic_draws[0] for r in reports), sum(r.codebook_draws[0] for r in reports),
-            min(r.slow_logits_min_cos for r in reports), min(r.fast_logits_min_cos for r in reports), codec_cos)
+    codec_cos = (
+        min(c.waveform_cos for sc in ("greedy", "codec_clamp") for c in replay_codec(backend, fx, sc))
+        if codec
+        else None
+    )
+    return (
+        sum(r.semantic_draws[0] for r in reports),
+        sum(r.codebook_draws[0] for r in reports),
+        min(r.slow_logits_min_cos for r in reports),
+        min(r.fast_logits_min_cos for r in reports),
+        codec_cos,
+    )
 
 
 def test_fp16_agreement_floors(oracle, oracle_dir, child_conversions):
@@ -332,8 +420,9 @@ def test_fp16_stored_weights_compute_in_fp32(tmp_path):
     store_fp16(conv)
     assert {p.dtype for p in conv.parameters()} == {torch.float16} and conv.weight.dtype == torch.float32
     converter = coreai_torch.TorchConverter(mode=coreai_torch.TorchConverter.Mode.RELEASE)
-    converter.add_exported_program(export_program(conv, (x,)), input_names=["x"], output_names=["y"],
-                                   entrypoint_name="main")
+    converter.add_exported_program(
+        export_program(conv, (x,)), input_names=["x"], output_names=["y"], entrypoint_name="main"
+    )
     asset = converter.to_coreai().save_asset(tmp_path / "conv.aimodel")
     stored = sum(f.stat().st_size for f in asset.path.rglob("*") if f.is_file())
     assert 2 * 256 * 256 * 7 < stored < 1.1 * 2 * 256 * 256 * 7  # float16: 0.92 MB (float32 would be 1.84 MB)
@@ -381,8 +470,10 @@ def test_calls_from_inside_a_running_event_loop(fp32_backend, oracle, fp32_asset
     async def speak() -> tuple[np.ndarray, np.ndarray]:
         fresh = CoreAIBackend(oracle, fp32_assets)  # loaded inside the running loop too
         try:
-            return (generate(fp32_backend, prompt, _params(oracle), seed=8, max_frames=10).codes,
-                    generate(fresh, prompt, _params(oracle), seed=8, max_frames=10).codes)
+            return (
+                generate(fp32_backend, prompt, _params(oracle), seed=8, max_frames=10).codes,
+                generate(fresh, prompt, _params(oracle), seed=8, max_frames=10).codes,
+            )
         finally:
             fresh.close()
 
@@ -400,7 +491,7 @@ def test_long_utterance_decodes_in_windows(fp32_backend, torch_backend):
     windows = fp32_backend.decode_window(codes)
     assert fp32_backend.calls - calls == 2
     assert windows.shape == whole.shape == (36 * 2048,)
-    assert np.abs(windows[:24 * 2048] - whole[:24 * 2048]).max() < 1e-4
+    assert np.abs(windows[: 24 * 2048] - whole[: 24 * 2048]).max() < 1e-4
     assert np.abs(windows - whole).max() < 1e-3
 
 
@@ -418,14 +509,17 @@ def test_transposed_convolutions_on_the_cpu_runtime(tmp_path):
     x = torch.randn(1, 48, 40)
     converter = coreai_torch.TorchConverter()
     for name, layer in layers.items():
-        converter.add_exported_program(export_program(layer, (x,)), input_names=["x"], output_names=["y"],
-                                       entrypoint_name=name)
+        converter.add_exported_program(
+            export_program(layer, (x,)), input_names=["x"], output_names=["y"], entrypoint_name=name
+        )
     asset = converter.to_coreai().save_asset(tmp_path / "convt.aimodel")
 
     async def run() -> dict[str, np.ndarray]:
         async with AIModelAsset.load(asset.path).executable() as model:
-            return {name: (await model.load_function(name)(inputs={"x": rt.NDArray(x.numpy())}))["y"].numpy().copy()
-                    for name in layers}
+            return {
+                name: (await model.load_function(name)(inputs={"x": rt.NDArray(x.numpy())}))["y"].numpy().copy()
+                for name in layers
+            }
 
     got = asyncio.run(run())
     for name, layer in layers.items():
@@ -480,8 +574,9 @@ def test_assets_of_another_checkpoint_are_refused(tiny_checkpoint, oracle_dir, f
     retrained = tmp_path / "retrained"
     shutil.copytree(oracle_dir, retrained)
     weights = load_file(retrained / "model.safetensors")
-    save_file({k: v + 0.01 if v.is_floating_point() else v for k, v in weights.items()},
-              retrained / "model.safetensors")
+    save_file(
+        {k: v + 0.01 if v.is_floating_point() else v for k, v in weights.items()}, retrained / "model.safetensors"
+    )
     with pytest.raises(AssetError, match="converted from another checkpoint"):
         CoreAIBackend(load_checkpoint(retrained), fp32_assets)
 
@@ -499,8 +594,9 @@ def test_sampling_other_than_the_baked_one_is_refused(fp32_backend, oracle, fixt
     fp32_backend.prefill(fixture["plain__prompt_input_ids"][0])
     other = SamplingParams(temperature=0.9)
     with pytest.raises(BackendError, match="baked into the frame graphs"):
-        fp32_backend.first_frame(other, np.full((2, 257), 0.5, np.float32), np.full(10, -1),
-                                 np.full((9, 256), 0.5, np.float32))
+        fp32_backend.first_frame(
+            other, np.full((2, 257), 0.5, np.float32), np.full(10, -1), np.full((9, 256), 0.5, np.float32)
+        )
 
 
 def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
@@ -532,8 +628,22 @@ def test_tts_api_on_the_coreai_backend_matches_torch(speakable, fp32_assets):
 
 def test_cli_say_with_coreai(speakable, fp32_assets, tmp_path):
     out = tmp_path / "speech.wav"
-    result = _run("say", TEXT, "-o", out, "--model", speakable, "--seed", 5, "--max-frames", 20,
-                  "--backend", "coreai", "--assets", fp32_assets)
+    result = _run(
+        "say",
+        TEXT,
+        "-o",
+        out,
+        "--model",
+        speakable,
+        "--seed",
+        5,
+        "--max-frames",
+        20,
+        "--backend",
+        "coreai",
+        "--assets",
+        fp32_assets,
+    )
     assert result.exit_code == 0, result.output
     from audio8_coreai.engine.stream import PAUSE_S
 
@@ -547,8 +657,19 @@ def test_cli_say_with_coreai(speakable, fp32_assets, tmp_path):
 
 
 def test_cli_convert_one_part(oracle_dir, tmp_path):
-    result = _run("convert", "--model", oracle_dir, "--out", tmp_path / "dec", "--precision", "fp16",
-                  "--decoder-frames", 4, "--part", "codec_decoder")
+    result = _run(
+        "convert",
+        "--model",
+        oracle_dir,
+        "--out",
+        tmp_path / "dec",
+        "--precision",
+        "fp16",
+        "--decoder-frames",
+        4,
+        "--part",
+        "codec_decoder",
+    )
     assert result.exit_code == 0, result.output
     assert "codec_decoder.aimodel" in _said(result)
     assert [p.name for p in (tmp_path / "dec").iterdir()] == ["codec_decoder.aimodel"]

@@ -1,4 +1,5 @@
-"""The frame as a CUDA graph (backends/torch/cudagraphs.py): its static form replays the oracle on the CPU; captured, on CUDA."""
+"""The frame as a CUDA graph (backends/torch/cudagraphs.py): its static form replays the oracle on the CPU;
+captured, on CUDA."""
 
 import numpy as np
 import pytest
@@ -6,8 +7,8 @@ import torch
 
 from audio8_coreai.backends.base import BackendError
 from audio8_coreai.backends.torch import TorchBackend
-from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.backends.torch.cudagraphs import GRAPHS_KEPT, GraphedFrame
+from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.measure.parity import run_parity
 from audio8_coreai.tts import TTS
@@ -56,8 +57,11 @@ def test_cuda_graphs_need_a_cuda_device(oracle_dir, tiny_checkpoint):
     with pytest.raises(BackendError, match="CUDA graphs need a CUDA device, not cpu"):
         TTS.load(tiny_checkpoint, device="cpu", cuda_graphs=True)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
-        GraphedFrame(TorchBackend(ckpt, "cpu", "fp32").model, *TorchBackend(ckpt, "cpu", "fp32").model.new_kv_cache(),
-                     capture=True)
+        GraphedFrame(
+            TorchBackend(ckpt, "cpu", "fp32").model,
+            *TorchBackend(ckpt, "cpu", "fp32").model.new_kv_cache(),
+            capture=True,
+        )
     with pytest.raises(BackendError, match="torch-backend option"):
         TTS.load(tiny_checkpoint, backend="coreai", assets=tiny_checkpoint, cuda_graphs=True)
 

@@ -9,27 +9,40 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from clips import ESPEAK
 from typer.testing import CliRunner
 
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.cli import app
-from audio8_coreai.measure.gate import (DEFAULT_FIXTURES, ESPEAK_VOICES, GateError, count_errors, espeak_clip,
-                                        gumbel_margin, load_fixtures, log_mel, mel_filterbank, miss_margins,
-                                        normalise_text, run_gate)
+from audio8_coreai.measure.gate import (
+    DEFAULT_FIXTURES,
+    ESPEAK_VOICES,
+    GateError,
+    count_errors,
+    espeak_clip,
+    gumbel_margin,
+    load_fixtures,
+    log_mel,
+    mel_filterbank,
+    miss_margins,
+    normalise_text,
+    run_gate,
+)
 from audio8_coreai.measure.oracle import _params, load_fixture
 from audio8_coreai.measure.parity import replay_forced
 from audio8_coreai.sampling import np_processed_scores
+from clips import ESPEAK
 
 needs_espeak = pytest.mark.skipif(ESPEAK is None, reason="espeak-ng is not installed (apt-get install espeak-ng)")
 
 # Five espeak-ng en-us sentences through pocketsphinx: measured WER 34/54 = 0.63 (silence or noise scores 1.0).
-ASR_SENTENCES = ["The meeting has been moved to Thursday afternoon, so please update your calendars.",
-                 "Our train leaves from platform nine in about fifteen minutes.",
-                 "Please call me tomorrow morning.",
-                 "A small change in the recipe made the soup taste far richer than before.",
-                 "The library extends its opening hours during the exam period in December."]
+ASR_SENTENCES = [
+    "The meeting has been moved to Thursday afternoon, so please update your calendars.",
+    "Our train leaves from platform nine in about fifteen minutes.",
+    "Please call me tomorrow morning.",
+    "A small change in the recipe made the soup taste far richer than before.",
+    "The library extends its opening hours during the exam period in December.",
+]
 ESPEAK_WER_BOUND = 0.75
 
 
@@ -80,13 +93,15 @@ def test_margins_from_logits_match_the_recorded_scores(fixture):
     for s in range(int(fixture["plain__num_steps"])):
         ours = np_processed_scores(fixture["plain__slow_logits_compact"][s, 0], top_k, top_p, temperature)
         u = fixture["plain__sem_regular_uniform_compact"][s, 0]
-        assert gumbel_margin(ours, u) == pytest.approx(gumbel_margin(fixture["plain__sem_regular_scores_compact"][s, 0],
-                                                                     u), rel=1e-5)
+        assert gumbel_margin(ours, u) == pytest.approx(
+            gumbel_margin(fixture["plain__sem_regular_scores_compact"][s, 0], u), rel=1e-5
+        )
         for c in range(9):
             ours = np_processed_scores(fixture["plain__fast_logits"][s, c, 0], top_k, top_p, temperature)
             u = fixture["plain__fast_uniform"][s, c, 0]
-            assert gumbel_margin(ours, u) == pytest.approx(gumbel_margin(fixture["plain__fast_scores"][s, c, 0], u),
-                                                           rel=1e-5)
+            assert gumbel_margin(ours, u) == pytest.approx(
+                gumbel_margin(fixture["plain__fast_scores"][s, c, 0], u), rel=1e-5
+            )
 
 
 def test_mel_filterbank_and_log_mel_shapes():
@@ -103,8 +118,10 @@ def test_mel_filterbank_and_log_mel_shapes():
 def test_log_mel_matches_librosa():
     librosa = pytest.importorskip("librosa")
     x = np.random.default_rng(0).standard_normal(20000).astype(np.float32) * 0.1
-    want = np.log(librosa.feature.melspectrogram(y=x, sr=44100, n_fft=2048, hop_length=512, n_mels=128,
-                                                 pad_mode="constant") + 1e-5)
+    want = np.log(
+        librosa.feature.melspectrogram(y=x, sr=44100, n_fft=2048, hop_length=512, n_mels=128, pad_mode="constant")
+        + 1e-5
+    )
     assert np.allclose(mel_filterbank(44100), librosa.filters.mel(sr=44100, n_fft=2048, n_mels=128), atol=1e-6)
     assert np.abs(log_mel(x, 44100) - want).max() < 1e-3
 
@@ -122,15 +139,18 @@ def test_default_fixtures():
     assert len({f.seed for f in fixtures}) == len(fixtures)
 
 
-@pytest.mark.parametrize("entries, message", [
-    ("not json", "cannot read fixtures"),
-    ([], "non-empty JSON list"),
-    ([{"name": "a", "language": "en", "text": "hi"}], "missing seed"),
-    ([{"name": "a/b", "language": "en", "text": "hi", "seed": 1}], "name must be"),
-    ([{"name": "a", "language": "en", "text": "hi", "seed": -1}], "seed must be"),
-    ([{"name": "a", "language": "en", "text": "hi", "seed": 1}] * 2, "used twice"),
-    ([{"name": "a", "language": "en", "text": "hi", "seed": 1, "reference": "clip.wav"}], "reference must be"),
-])
+@pytest.mark.parametrize(
+    "entries, message",
+    [
+        ("not json", "cannot read fixtures"),
+        ([], "non-empty JSON list"),
+        ([{"name": "a", "language": "en", "text": "hi"}], "missing seed"),
+        ([{"name": "a/b", "language": "en", "text": "hi", "seed": 1}], "name must be"),
+        ([{"name": "a", "language": "en", "text": "hi", "seed": -1}], "seed must be"),
+        ([{"name": "a", "language": "en", "text": "hi", "seed": 1}] * 2, "used twice"),
+        ([{"name": "a", "language": "en", "text": "hi", "seed": 1, "reference": "clip.wav"}], "reference must be"),
+    ],
+)
 def test_bad_fixtures_files(tmp_path, entries, message):
     path = tmp_path / "fixtures.json"
     path.write_text(entries if isinstance(entries, str) else json.dumps(entries))
@@ -141,8 +161,19 @@ def test_bad_fixtures_files(tmp_path, entries, message):
 def test_clip_paths_are_relative_to_the_file(tmp_path):
     path = tmp_path / "sub" / "fixtures.json"
     path.parent.mkdir()
-    path.write_text(json.dumps([{"name": "c", "language": "en", "text": "hi", "seed": 1,
-                                 "reference": {"audio": "clips/me.wav", "text": "hello"}}]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "name": "c",
+                    "language": "en",
+                    "text": "hi",
+                    "seed": 1,
+                    "reference": {"audio": "clips/me.wav", "text": "hello"},
+                }
+            ]
+        )
+    )
     (f,) = load_fixtures(path)
     assert f.clone and f.ref_audio == tmp_path / "sub" / "clips" / "me.wav" and f.ref_text == "hello"
 
@@ -200,16 +231,32 @@ def test_misses_carry_the_reference_margin(oracle_dir, fixture):
     fx, meta = load_fixture(oracle_dir / "fixture.npz")
     rep = replay_forced(backend, fx, meta, "plain")
     misses = miss_margins(rep, fx, "plain", _params(meta, "plain", backend), backend.cfg)
-    assert len(misses) == len(rep.misses) == (rep.semantic_draws[1] - rep.semantic_draws[0]
-                                              + rep.codebook_draws[1] - rep.codebook_draws[0]) > 0
+    assert (
+        len(misses)
+        == len(rep.misses)
+        == (rep.semantic_draws[1] - rep.semantic_draws[0] + rep.codebook_draws[1] - rep.codebook_draws[0])
+        > 0
+    )
     assert all(0.0 <= m["margin"] < 0.2 and m["want"] != m["got"] for m in misses)
 
 
 def test_gate_against_the_oracle_cli(oracle_dir, tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "report"
-    result = CliRunner().invoke(app, ["gate", "--model", str(oracle_dir), "--against",
-                                      str(oracle_dir / "fixture.npz"), "--device", "cpu", "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "gate",
+            "--model",
+            str(oracle_dir),
+            "--against",
+            str(oracle_dir / "fixture.npz"),
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "gate PASS" in result.output
     report = json.loads((out / "report.json").read_text())
@@ -238,11 +285,21 @@ def test_gate_against_fp32_on_a_tiny_checkpoint(tiny_checkpoint, tmp_path):
     pytest.importorskip("pocketsphinx")
     pytest.importorskip("jiwer")
     fixtures = tmp_path / "fixtures.json"
-    fixtures.write_text(json.dumps([
-        {"name": "en_a", "language": "en", "seed": 3, "text": "Please call me tomorrow.", "reference": None},
-        {"name": "ja_a", "language": "ja", "seed": 4, "text": "今日はいい天気です。", "reference": None},
-        {"name": "clone_a", "language": "en", "seed": 5, "text": "It is going to rain.",
-         "reference": {"audio": None, "text": "The quick brown fox jumps over the lazy dog."}}]))
+    fixtures.write_text(
+        json.dumps(
+            [
+                {"name": "en_a", "language": "en", "seed": 3, "text": "Please call me tomorrow.", "reference": None},
+                {"name": "ja_a", "language": "ja", "seed": 4, "text": "今日はいい天気です。", "reference": None},
+                {
+                    "name": "clone_a",
+                    "language": "en",
+                    "seed": 5,
+                    "text": "It is going to rain.",
+                    "reference": {"audio": None, "text": "The quick brown fox jumps over the lazy dog."},
+                },
+            ]
+        )
+    )
     out = tmp_path / "report"
     report = run_gate(tiny_checkpoint, out, fixtures=fixtures, max_frames=10)
     t = report.totals()
@@ -300,12 +357,32 @@ def test_gate_with_a_plugged_recognizer(tiny_checkpoint, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "audio8_fake_asr.py").write_text(FAKE_RECOGNIZER)
     fixtures = tmp_path / "fixtures.json"
-    fixtures.write_text(json.dumps([
-        {"name": "en_a", "language": "en", "seed": 3, "text": "Please call me tomorrow.", "reference": None},
-        {"name": "ja_a", "language": "ja", "seed": 4, "text": "今日はいい天気です。", "reference": None}]))
-    result = CliRunner().invoke(app, ["gate", "--model", str(tiny_checkpoint), "--fixtures", str(fixtures),
-                                      "--max-frames", "4", "--device", "cpu", "--out", "report",
-                                      "--recognizer", "audio8_fake_asr:hear"])
+    fixtures.write_text(
+        json.dumps(
+            [
+                {"name": "en_a", "language": "en", "seed": 3, "text": "Please call me tomorrow.", "reference": None},
+                {"name": "ja_a", "language": "ja", "seed": 4, "text": "今日はいい天気です。", "reference": None},
+            ]
+        )
+    )
+    result = CliRunner().invoke(
+        app,
+        [
+            "gate",
+            "--model",
+            str(tiny_checkpoint),
+            "--fixtures",
+            str(fixtures),
+            "--max-frames",
+            "4",
+            "--device",
+            "cpu",
+            "--out",
+            "report",
+            "--recognizer",
+            "audio8_fake_asr:hear",
+        ],
+    )
     assert result.exit_code == 0, result.output
     import audio8_fake_asr
 
@@ -332,10 +409,12 @@ def test_load_recognizer(tmp_path, monkeypatch):
     assert load_recognizer("audio8_fake_asr2:hear").languages is None
     with pytest.raises(GateError, match="returned NoneType, not the text heard"):
         load_recognizer("audio8_fake_asr2:no_text").transcribe(np.zeros(10), 16000, "en")
-    for spec, message in (("audio8_fake_asr2", "expected MODULE:CALLABLE"),
-                          ("no_such_module_here:fn", "cannot import no_such_module_here"),
-                          ("audio8_fake_asr2:missing", "audio8_fake_asr2 has no missing"),
-                          ("audio8_fake_asr2:not_callable", "not_callable is a int, not a callable")):
+    for spec, message in (
+        ("audio8_fake_asr2", "expected MODULE:CALLABLE"),
+        ("no_such_module_here:fn", "cannot import no_such_module_here"),
+        ("audio8_fake_asr2:missing", "audio8_fake_asr2 has no missing"),
+        ("audio8_fake_asr2:not_callable", "not_callable is a int, not a callable"),
+    ):
         with pytest.raises(GateError, match=message):
             load_recognizer(spec)
 
@@ -344,11 +423,24 @@ def test_gate_cli_bad_input(oracle_dir, tmp_path):
     """One clear line each (rich wraps it at the terminal width: the checks join the wrapped lines)."""
     pytest.importorskip("matplotlib")  # checked first: a missing extra is reported before anything else
     runner = CliRunner()
-    result = runner.invoke(app, ["gate", "--model", str(oracle_dir), "--against", str(tmp_path / "nope.npz"),
-                                 "--out", str(tmp_path / "r")])
+    result = runner.invoke(
+        app, ["gate", "--model", str(oracle_dir), "--against", str(tmp_path / "nope.npz"), "--out", str(tmp_path / "r")]
+    )
     assert result.exit_code == 2 and "must be fp32 or an oracle fixture.npz" in " ".join(result.output.split())
-    result = runner.invoke(app, ["gate", "--model", str(oracle_dir), "--against", str(oracle_dir / "fixture.npz"),
-                                 "--fixtures", str(DEFAULT_FIXTURES), "--out", str(tmp_path / "r")])
+    result = runner.invoke(
+        app,
+        [
+            "gate",
+            "--model",
+            str(oracle_dir),
+            "--against",
+            str(oracle_dir / "fixture.npz"),
+            "--fixtures",
+            str(DEFAULT_FIXTURES),
+            "--out",
+            str(tmp_path / "r"),
+        ],
+    )
     assert result.exit_code == 2 and "fixtures apply to --against fp32" in " ".join(result.output.split())
     (tmp_path / "file").write_text("x")
     result = runner.invoke(app, ["gate", "--model", str(oracle_dir), "--out", str(tmp_path / "file")])

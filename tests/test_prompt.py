@@ -26,11 +26,29 @@ PROMPTS = json.loads((ORACLE / "prompts.json").read_text(encoding="utf-8"))["pro
 
 # Audio8-TTS-Preview-0.6b's config.json (SPEC.md section 1).
 REAL_CONFIG = {
-    "model_type": "arktts", "vocab_size": 155776, "dim": 896, "n_layer": 24, "n_head": 14, "n_local_heads": 2,
-    "head_dim": 64, "intermediate_size": 4864, "max_seq_len": 2048, "rope_base": 1000000.0, "norm_eps": 1e-6,
-    "codebook_size": 4096, "num_codebooks": 10, "semantic_begin_id": 151678, "semantic_end_id": 155773,
-    "n_fast_layer": 4, "fast_dim": 896, "fast_n_head": 14, "fast_n_local_heads": 2, "fast_head_dim": 64,
-    "fast_intermediate_size": 4864, "eos_token_id": 151645, "pad_token_id": 151643,
+    "model_type": "arktts",
+    "vocab_size": 155776,
+    "dim": 896,
+    "n_layer": 24,
+    "n_head": 14,
+    "n_local_heads": 2,
+    "head_dim": 64,
+    "intermediate_size": 4864,
+    "max_seq_len": 2048,
+    "rope_base": 1000000.0,
+    "norm_eps": 1e-6,
+    "codebook_size": 4096,
+    "num_codebooks": 10,
+    "semantic_begin_id": 151678,
+    "semantic_end_id": 155773,
+    "n_fast_layer": 4,
+    "fast_dim": 896,
+    "fast_n_head": 14,
+    "fast_n_local_heads": 2,
+    "fast_head_dim": 64,
+    "fast_intermediate_size": 4864,
+    "eos_token_id": 151645,
+    "pad_token_id": 151643,
 }
 
 
@@ -132,12 +150,13 @@ def test_speaker_tag(builder: PromptBuilder) -> None:
     codes = np.zeros((10, 2), dtype=np.int32)
     tagged = builder.clone("Hello.", "Hi <|speaker:12|> there", codes)
     untagged = builder.clone("Hello.", "Hi there", codes)
-    start = len(builder.encode("<|im_start|>system\nconvert the provided text to speech reference to the "
-                               "following:\n\nText:\n"))
+    start = len(
+        builder.encode("<|im_start|>system\nconvert the provided text to speech reference to the following:\n\nText:\n")
+    )
     kept = builder.encode("Hi <|speaker:12|> there")
-    assert tagged[0, start:start + len(kept)].tolist() == kept
+    assert tagged[0, start : start + len(kept)].tolist() == kept
     added = builder.encode("<|speaker:0|>Hi there")
-    assert untagged[0, start:start + len(added)].tolist() == added
+    assert untagged[0, start : start + len(added)].tolist() == added
 
 
 def test_specials_in_text_are_specials(builder: PromptBuilder) -> None:
@@ -196,8 +215,7 @@ def test_tokenizer_checkpoint_mismatch(qwen: Tokenizer, tiny_config: ModelConfig
     with pytest.raises(PromptError, match="outside the model's vocab_size 560"):
         PromptBuilder(qwen, tiny_config)
     with pytest.raises(PromptError, match="has no <\\|voice\\|> token"):
-        PromptBuilder(Tokenizer.from_str(build_tiny_tokenizer().to_str().replace("<|voice|>", "<|x|>")),
-                      tiny_config)
+        PromptBuilder(Tokenizer.from_str(build_tiny_tokenizer().to_str().replace("<|voice|>", "<|x|>")), tiny_config)
 
 
 def test_eos_mismatch(real_config: ModelConfig, qwen: Tokenizer) -> None:
@@ -216,38 +234,44 @@ def test_every_oracle_entry_collected() -> None:
 # sentence end would make a piece end there, e.g. "It is late. Dr." then "Smith came.")
 
 
-@pytest.mark.parametrize("text, limit, pieces", [
-    # titles, Latin abbreviations and initials keep their sentence (en)
-    ("It is late. Dr. Smith came.", 17, ["It is late.", "Dr. Smith came."]),
-    ("We waited. Mr. and Mrs. Jones came.", 26, ["We waited.", "Mr. and Mrs. Jones came."]),
-    ("Bring fruit. E.g. apples or pears.", 22, ["Bring fruit.", "E.g. apples or pears."]),
-    ("Sit. Eat fruit, e.g. apples.", 24, ["Sit.", "Eat fruit, e.g. apples."]),
-    ("He read it. J. K. Rowling wrote it.", 24, ["He read it.", "J. K. Rowling wrote it."]),
-    # an abbreviation that may also close a sentence does so only before a capital
-    ("Take the bus. No. 5 stops here.", 18, ["Take the bus.", "No. 5 stops here."]),
-    ("We sold nuts, etc. and went home.", 20, ["We sold nuts,", "etc. and went home."]),
-    ("We sold nuts, etc. The end came.", 20, ["We sold nuts, etc.", "The end came."]),
-    ("Yes. We met in the U.S. and in Spain.", 33, ["Yes.", "We met in the U.S. and in Spain."]),
-    # "I" is a word, not an initial; an ellipsis goes on before a lowercase word only
-    ("So did I. Then we left.", 14, ["So did I.", "Then we left."]),
-    ("It is. Well... maybe not.", 20, ["It is.", "Well... maybe not."]),
-    ("No. Okay... Let us go.", 15, ["No. Okay...", "Let us go."]),
-    # decimals and thousands, point or comma, stay whole
-    ("It was 3.5 degrees. Then 1,000.50 or 1.000,50 or 3,5 came.", 20,
-     ["It was 3.5 degrees.", "Then 1,000.50 or", "1.000,50 or 3,5", "came."]),
-    # de: Herr, zum Beispiel, an ordinal before a month; "ca." before a number; a number's own sentence end
-    ("Es ist spät. Hr. Müller kommt.", 18, ["Es ist spät.", "Hr. Müller kommt."]),
-    ("Es ist spät. Am 3. Oktober kommt er.", 24, ["Es ist spät.", "Am 3. Oktober kommt er."]),
-    ("Ja. Obst, z.B. Äpfel.", 18, ["Ja.", "Obst, z.B. Äpfel."]),
-    ("Obst. Er bringt ca. 30 Äpfel.", 24, ["Obst.", "Er bringt ca. 30 Äpfel."]),
-    ("Er kommt um 3. Das ist gut.", 16, ["Er kommt um 3.", "Das ist gut."]),
-    # fr: Monsieur, Madame, par exemple
-    ("Il est tard. M. Dupont et Mme. Martin arrivent.", 35, ["Il est tard.", "M. Dupont et Mme. Martin arrivent."]),
-    ("Oui. Du sport, p.ex. le tennis.", 27, ["Oui.", "Du sport, p.ex. le tennis."]),
-    # es: Señor, Señora, aproximadamente
-    ("Es tarde. El Sr. García y la Sra. López llegan.", 38, ["Es tarde.", "El Sr. García y la Sra. López llegan."]),
-    ("Sí. Trajeron aprox. 20 libros.", 27, ["Sí.", "Trajeron aprox. 20 libros."]),
-])
+@pytest.mark.parametrize(
+    "text, limit, pieces",
+    [
+        # titles, Latin abbreviations and initials keep their sentence (en)
+        ("It is late. Dr. Smith came.", 17, ["It is late.", "Dr. Smith came."]),
+        ("We waited. Mr. and Mrs. Jones came.", 26, ["We waited.", "Mr. and Mrs. Jones came."]),
+        ("Bring fruit. E.g. apples or pears.", 22, ["Bring fruit.", "E.g. apples or pears."]),
+        ("Sit. Eat fruit, e.g. apples.", 24, ["Sit.", "Eat fruit, e.g. apples."]),
+        ("He read it. J. K. Rowling wrote it.", 24, ["He read it.", "J. K. Rowling wrote it."]),
+        # an abbreviation that may also close a sentence does so only before a capital
+        ("Take the bus. No. 5 stops here.", 18, ["Take the bus.", "No. 5 stops here."]),
+        ("We sold nuts, etc. and went home.", 20, ["We sold nuts,", "etc. and went home."]),
+        ("We sold nuts, etc. The end came.", 20, ["We sold nuts, etc.", "The end came."]),
+        ("Yes. We met in the U.S. and in Spain.", 33, ["Yes.", "We met in the U.S. and in Spain."]),
+        # "I" is a word, not an initial; an ellipsis goes on before a lowercase word only
+        ("So did I. Then we left.", 14, ["So did I.", "Then we left."]),
+        ("It is. Well... maybe not.", 20, ["It is.", "Well... maybe not."]),
+        ("No. Okay... Let us go.", 15, ["No. Okay...", "Let us go."]),
+        # decimals and thousands, point or comma, stay whole
+        (
+            "It was 3.5 degrees. Then 1,000.50 or 1.000,50 or 3,5 came.",
+            20,
+            ["It was 3.5 degrees.", "Then 1,000.50 or", "1.000,50 or 3,5", "came."],
+        ),
+        # de: Herr, zum Beispiel, an ordinal before a month; "ca." before a number; a number's own sentence end
+        ("Es ist spät. Hr. Müller kommt.", 18, ["Es ist spät.", "Hr. Müller kommt."]),
+        ("Es ist spät. Am 3. Oktober kommt er.", 24, ["Es ist spät.", "Am 3. Oktober kommt er."]),
+        ("Ja. Obst, z.B. Äpfel.", 18, ["Ja.", "Obst, z.B. Äpfel."]),
+        ("Obst. Er bringt ca. 30 Äpfel.", 24, ["Obst.", "Er bringt ca. 30 Äpfel."]),
+        ("Er kommt um 3. Das ist gut.", 16, ["Er kommt um 3.", "Das ist gut."]),
+        # fr: Monsieur, Madame, par exemple
+        ("Il est tard. M. Dupont et Mme. Martin arrivent.", 35, ["Il est tard.", "M. Dupont et Mme. Martin arrivent."]),
+        ("Oui. Du sport, p.ex. le tennis.", 27, ["Oui.", "Du sport, p.ex. le tennis."]),
+        # es: Señor, Señora, aproximadamente
+        ("Es tarde. El Sr. García y la Sra. López llegan.", 38, ["Es tarde.", "El Sr. García y la Sra. López llegan."]),
+        ("Sí. Trajeron aprox. 20 libros.", 27, ["Sí.", "Trajeron aprox. 20 libros."]),
+    ],
+)
 def test_split_text_sentence_ends(text: str, limit: int, pieces: list[str]) -> None:
     assert split_text(text, limit, len) == pieces
 

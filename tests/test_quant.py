@@ -3,9 +3,8 @@ teacher-forced agreement (measure/agreement.py): numerics and draws only, never 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,7 +98,7 @@ def test_two_int8_pieces_are_16_bit_fixed_point():
     lin = _linear()
     x = torch.randn(4, 64)
     x[:, :2] *= 30  # outlier channels
-    want = (x.double() @ lin.weight.double().T + lin.bias.double())
+    want = x.double() @ lin.weight.double().T + lin.bias.double()
     scale = want.abs().max()
     err8 = ((NBitsLinear(lin, 8, 32)(x).double() - want).abs().max() / scale).item()
     err16 = ((NBitsLinear(lin, 8, 32, pieces=2)(x).double() - want).abs().max() / scale).item()
@@ -142,8 +141,10 @@ def test_precision_names(oracle_dir):
         TorchBackend(load_checkpoint(oracle_dir), "cpu", precision="int3")
     with pytest.raises(PrecisionError, match="'mixed' is now int8-int16 on torch and int8-fp16 on coreai"):
         resolve_precision("mixed")
-    with pytest.raises(PrecisionError, match="precision int8-fp16 does not run on torch-cpu: use one of fp32, bf16, "
-                                             "int16, int12, int8, int8-int16"):
+    with pytest.raises(
+        PrecisionError,
+        match="precision int8-fp16 does not run on torch-cpu: use one of fp32, bf16, int16, int12, int8, int8-int16",
+    ):
         TorchBackend(load_checkpoint(oracle_dir), "cpu", precision="int8-fp16")
 
 
@@ -163,11 +164,14 @@ def test_eager_frame_matches_the_exported_form(oracle_dir):
         backend.prefill(prompt)
         k0, v0 = backend.k_cache.clone(), backend.v_cache.clone()
         pos = prompt.shape[1] + step
-        inputs = FrameInputs(noise_slow=torch.rand(1, 2, cfg.num_semantic + 1).clamp(min=1e-6),
-                             window=torch.as_tensor([[-1] * cfg.ras_window_size]),
-                             noise_fast=torch.rand(1, cfg.num_codebooks - 1, cfg.codebook_size).clamp(min=1e-6),
-                             forced=torch.zeros(1, cfg.num_codebooks + 1, dtype=torch.long),
-                             use_forced=torch.zeros(1), column=torch.as_tensor(prompt[:, -1:])[None])
+        inputs = FrameInputs(
+            noise_slow=torch.rand(1, 2, cfg.num_semantic + 1).clamp(min=1e-6),
+            window=torch.as_tensor([[-1] * cfg.ras_window_size]),
+            noise_fast=torch.rand(1, cfg.num_codebooks - 1, cfg.codebook_size).clamp(min=1e-6),
+            forced=torch.zeros(1, cfg.num_codebooks + 1, dtype=torch.long),
+            use_forced=torch.zeros(1),
+            column=torch.as_tensor(prompt[:, -1:])[None],
+        )
         want = exported(params, dataclasses.replace(inputs, pos=torch.tensor([pos])), k0, v0)
         got = backend.frame_maths(params, dataclasses.replace(inputs, pos=pos), backend.k_cache, backend.v_cache)
         for name in ("semantic", "codes", "sampled_semantic", "sampled_codes"):
@@ -234,8 +238,12 @@ def test_teacher_forced_agreement_against_fp32(tiny_checkpoint):
     assert 1 <= n <= 12 and rec.noise_fast.shape == (n, cfg.num_codebooks - 1, cfg.codebook_size)
     same = replay(ref, rec, params, Agreement("fp32", "fp32"))
     assert same.semantic == (n, n) and same.codebook == (9 * n, 9 * n) and same.passed
-    low = replay(TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="int16"), rec, params,
-                 Agreement("int16", "fp32"))
+    low = replay(
+        TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="int16"),
+        rec,
+        params,
+        Agreement("int16", "fp32"),
+    )
     assert low.frames == n and low.passed, low.line()
 
 
@@ -259,12 +267,17 @@ def test_quantized_backend_reads_its_embedding_tables_from_the_mapped_file(tiny_
 
     backend = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="int16")
     model_file = str((tiny_checkpoint / "model.safetensors").resolve())
-    spans = [tuple(int(a, 16) for a in line.split()[0].split("-")) for line in open("/proc/self/maps")
-             if line.rstrip().endswith(model_file)]
+    spans = [
+        tuple(int(a, 16) for a in line.split()[0].split("-"))
+        for line in open("/proc/self/maps")
+        if line.rstrip().endswith(model_file)
+    ]
     stored = load_file(tiny_checkpoint / "model.safetensors")
-    for table, key in ((backend.model.slow.embeddings, "embeddings.weight"),
-                       (backend.model.slow.codebook_embeddings, "codebook_embeddings.weight"),
-                       (backend.model.fast.fast_embeddings, "fast_embeddings.weight")):
+    for table, key in (
+        (backend.model.slow.embeddings, "embeddings.weight"),
+        (backend.model.slow.codebook_embeddings, "codebook_embeddings.weight"),
+        (backend.model.fast.fast_embeddings, "fast_embeddings.weight"),
+    ):
         ptr = table.weight.data_ptr()
         assert any(lo <= ptr < hi for lo, hi in spans), key
         assert torch.equal(table.weight, stored[key])

@@ -45,8 +45,11 @@ def _semantic_kwargs(fx: dict[str, np.ndarray], s: str) -> dict:
     k, p, t = _params(fx, s, "regular")
     ras_k, ras_p, ras_t = _params(fx, s, "ras")
     assert ras_k == k  # one top_k caps both draws
-    return dict(params=SamplingParams(top_k=k, top_p=p, temperature=t, ras_top_p=ras_p, ras_temperature=ras_t),
-                semantic_begin_id=SEM_BEGIN, eos_id=EOS)
+    return dict(
+        params=SamplingParams(top_k=k, top_p=p, temperature=t, ras_top_p=ras_p, ras_temperature=ras_t),
+        semantic_begin_id=SEM_BEGIN,
+        eos_id=EOS,
+    )
 
 
 # --- the oracle (fp32) ----------------------------------------------------------------------------------------
@@ -214,8 +217,11 @@ def test_semantic_ties_follow_vocabulary_order_eos_first():
     noise = torch.full((2, V + 1), 0.5)
     empty = torch.full((W,), -1, dtype=torch.int64)
     for k in (1, 50):
-        kw = dict(params=SamplingParams(top_k=k, top_p=0.9, temperature=0.7, ras_top_p=0.9, ras_temperature=1.0),
-                  semantic_begin_id=SEM_BEGIN, eos_id=EOS)
+        kw = dict(
+            params=SamplingParams(top_k=k, top_p=0.9, temperature=0.7, ras_top_p=0.9, ras_temperature=1.0),
+            semantic_begin_id=SEM_BEGIN,
+            eos_id=EOS,
+        )
         sem, normal, high = sample_semantic(logits, noise, empty, **kw)
         assert int(sem) == int(normal) == int(high) == EOS
         assert int(np_sample_semantic(logits.numpy(), noise.numpy(), empty.numpy(), **kw)[0]) == EOS
@@ -228,8 +234,11 @@ def test_ras_replaces_only_semantic_ids_found_in_the_window():
     noise[0, 7] = 0.9999  # normal draw: id 307
     noise[1, 9] = 0.9999  # high draw: id 309
     noise[0, V] = noise[1, V] = 1e-7  # eos: never
-    kw = dict(params=SamplingParams(top_k=300, top_p=1.0, temperature=1.0, ras_top_p=1.0, ras_temperature=1.0),
-              semantic_begin_id=SEM_BEGIN, eos_id=EOS)
+    kw = dict(
+        params=SamplingParams(top_k=300, top_p=1.0, temperature=1.0, ras_top_p=1.0, ras_temperature=1.0),
+        semantic_begin_id=SEM_BEGIN,
+        eos_id=EOS,
+    )
 
     def draw(window: list[int]) -> int:
         w = torch.tensor(window)
@@ -246,7 +255,6 @@ def test_ras_replaces_only_semantic_ids_found_in_the_window():
     assert draw([EOS] * W) == EOS
 
 
-
 @pytest.mark.parametrize("eos_id", [EOS, SEM_BEGIN + V + 5])
 def test_sample_semantic_matches_reference_with_eos_below_or_above_the_semantic_ids(eos_id):
     """Random logits with ties (integers), noise and windows holding recent draws; eos sorts first or last."""
@@ -256,18 +264,30 @@ def test_sample_semantic_matches_reference_with_eos_below_or_above_the_semantic_
     noise = rng.choice([0.2, 0.5, 0.8], (64, 2, V + 1)).astype(np.float32)
     window = SEM_BEGIN + rng.integers(0, 40, (64, W))  # ties favour low ids: draws land in here
     window[::3] = -1
-    kw = dict(params=SamplingParams(top_k=50, top_p=0.9, temperature=0.7, ras_top_p=0.9, ras_temperature=1.0),
-              semantic_begin_id=SEM_BEGIN, eos_id=eos_id)
+    kw = dict(
+        params=SamplingParams(top_k=50, top_p=0.9, temperature=0.7, ras_top_p=0.9, ras_temperature=1.0),
+        semantic_begin_id=SEM_BEGIN,
+        eos_id=eos_id,
+    )
     ours = sample_semantic(torch.from_numpy(logits), torch.from_numpy(noise), torch.from_numpy(window), **kw)
     ref = np_sample_semantic(logits, noise, window, **kw)
     for a, b in zip(ours, ref):
         np.testing.assert_array_equal(a.numpy(), b)
     assert (ref[1] == eos_id).any() and (ref[0] != ref[1]).any()  # both eos and RAS replacements occur
 
+
 # --- torch against the NumPy reference on random inputs --------------------------------------------------------
 
-SETTINGS = [(50, 0.9, 0.7), (50, 0.9, 1.0), (1, 0.9, 0.7), (5, 1.0, 1.3), (1000, 0.5, 0.2), (50, 1e-6, 0.7),
-            (3, 0.75, 1e-7), (50, 2.0, 5.0)]
+SETTINGS = [
+    (50, 0.9, 0.7),
+    (50, 0.9, 1.0),
+    (1, 0.9, 0.7),
+    (5, 1.0, 1.3),
+    (1000, 0.5, 0.2),
+    (50, 1e-6, 0.7),
+    (3, 0.75, 1e-7),
+    (50, 2.0, 5.0),
+]
 
 
 def _random_logits(rng: np.random.Generator, kind: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -317,8 +337,13 @@ def test_sampler_exports_with_static_shapes():
 
     g = torch.Generator().manual_seed(0)
     window = torch.tensor([[-1] * W, [0] * (W - 1) + [SEM_BEGIN + 4]])
-    args = (torch.randn(2, V + 1, generator=g), torch.rand(2, 2, V + 1, generator=g), window,
-            torch.randn(2, 9, V, generator=g), torch.rand(2, 9, V, generator=g))
+    args = (
+        torch.randn(2, V + 1, generator=g),
+        torch.rand(2, 2, V + 1, generator=g),
+        window,
+        torch.randn(2, 9, V, generator=g),
+        torch.rand(2, 9, V, generator=g),
+    )
     exported = torch.export.export(Draw(), args).module()
     for a, b in zip(exported(*args), Draw()(*args)):
         assert torch.equal(a, b)
@@ -370,16 +395,23 @@ def test_bf16_recording_agreement(oracle_bf16_dir, capsys):
         logits, noise, window = _semantic_inputs(fx, s)
         sem, normal, high = sample_semantic(logits, noise, window, **_semantic_kwargs(fx, s))
         k, p, t = _params(fx, s, "regular")
-        fast = sample_top_k_top_p(torch.from_numpy(fx[f"{s}__fast_logits"]),
-                                  torch.from_numpy(fx[f"{s}__fast_uniform"]), k, p, t)
-        for name, ours, key in [("normal", normal, "sem_regular_choice"), ("ras", high, "sem_ras_choice"),
-                                ("semantic", sem, "semantic"), ("fast", fast, "fast_choice")]:
+        fast = sample_top_k_top_p(
+            torch.from_numpy(fx[f"{s}__fast_logits"]), torch.from_numpy(fx[f"{s}__fast_uniform"]), k, p, t
+        )
+        for name, ours, key in [
+            ("normal", normal, "sem_regular_choice"),
+            ("ras", high, "sem_ras_choice"),
+            ("semantic", sem, "semantic"),
+            ("fast", fast, "fast_choice"),
+        ]:
             same = ours.numpy() == fx[f"{s}__{key}"]
             c = counts.setdefault(name, [0, 0])
             c[0] += int(same.sum())
             c[1] += same.size
     hit, total = sum(c[0] for c in counts.values()), sum(c[1] for c in counts.values())
     with capsys.disabled():
-        print(f"\nbf16 recording: {hit}/{total} draws reproduced in fp32 "
-              + ", ".join(f"{n} {a}/{b}" for n, (a, b) in counts.items()))
+        print(
+            f"\nbf16 recording: {hit}/{total} draws reproduced in fp32 "
+            + ", ".join(f"{n} {a}/{b}" for n, (a, b) in counts.items())
+        )
     assert hit >= BF16_FLOOR * total

@@ -23,8 +23,9 @@ from audio8_coreai.audio import SPEECH_FORMATS, STREAMABLE_FORMATS, SpeechEncode
 from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
 
 TEXT = "The meeting has been moved to Thursday afternoon."
-SETTINGS = ServerSettings(workers=2, max_queue=4, max_input_chars=300, max_upload_bytes=1_000_000,
-                          max_frames=200, chunk_frames=4)
+SETTINGS = ServerSettings(
+    workers=2, max_queue=4, max_input_chars=300, max_upload_bytes=1_000_000, max_frames=200, chunk_frames=4
+)
 
 
 @contextmanager
@@ -34,8 +35,10 @@ def serving(checkpoint, voices_dir, settings: ServerSettings, batch: int = 0, pr
     if batch:
         _, instances = TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision).batched(batch)
     else:
-        instances = [TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision)
-                   for _ in range(settings.workers)]
+        instances = [
+            TTS.load(checkpoint, device="cpu", voices_dir=voices_dir, precision=precision)
+            for _ in range(settings.workers)
+        ]
     with serve_in_thread(create_app(instances, settings)) as url:
         yield url
 
@@ -47,8 +50,7 @@ def base(tiny_checkpoint, tmp_path_factory):
 
 
 def speech(base: str, **body) -> httpx.Response:
-    return httpx.post(f"{base}/v1/audio/speech", json={"input": TEXT, "seed": 1, "max_frames": 12, **body},
-                      timeout=120)
+    return httpx.post(f"{base}/v1/audio/speech", json={"input": TEXT, "seed": 1, "max_frames": 12, **body}, timeout=120)
 
 
 def decode(data: bytes, fmt: str) -> tuple[np.ndarray, int]:
@@ -78,7 +80,7 @@ def test_every_format_encodes_whole_and_streamed(fmt):
         assert float(np.abs(whole - audio).max()) < 1e-4  # 16-bit
     if fmt in STREAMABLE_FORMATS:
         encoder = SpeechEncoder(fmt, 44100)
-        data = b"".join(encoder.write(audio[i:i + 8192]) for i in range(0, len(audio), 8192)) + encoder.close()
+        data = b"".join(encoder.write(audio[i : i + 8192]) for i in range(0, len(audio), 8192)) + encoder.close()
         streamed, got_rate = decode(data, fmt)
         assert got_rate == rate and len(streamed) >= len(audio) * rate / 44100 - 1
 
@@ -99,13 +101,12 @@ def test_every_response_format_decodes(base, fmt):
 def test_openai_client_speaks_and_streams(base):
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
     extras = {"seed": 1, "max_frames": 12}
-    out = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="wav",
-                                     extra_body=extras)
+    out = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="wav", extra_body=extras)
     audio, rate = decode(out.content, "wav")
     assert rate == 44100 and len(audio) == 12 * 2048
     with client.audio.speech.with_streaming_response.create(
-            model="gpt-4o-mini-tts", voice="nova", input=TEXT, response_format="pcm",
-            extra_body={**extras, "stream": True}) as response:
+        model="gpt-4o-mini-tts", voice="nova", input=TEXT, response_format="pcm", extra_body={**extras, "stream": True}
+    ) as response:
         assert response.headers["x-model"] == "gpt-4o-mini-tts"
         streamed = b"".join(response.iter_bytes())
     assert np.array_equal(decode(streamed, "pcm")[0], decode(speech(base, response_format="pcm").content, "pcm")[0])
@@ -131,8 +132,16 @@ def test_streaming_sends_audio_before_the_last_frame(base):
 
 
 def test_four_concurrent_streams_complete_without_cross_talk(base):
-    bodies = [{"input": f"Request number {i} speaks now.", "seed": 10 + i, "max_frames": 12, "stream": True,
-               "response_format": "pcm"} for i in range(4)]
+    bodies = [
+        {
+            "input": f"Request number {i} speaks now.",
+            "seed": 10 + i,
+            "max_frames": 12,
+            "stream": True,
+            "response_format": "pcm",
+        }
+        for i in range(4)
+    ]
 
     def fetch(body):
         with httpx.stream("POST", f"{base}/v1/audio/speech", json=body, timeout=120) as r:
@@ -149,8 +158,16 @@ def test_four_concurrent_streams_complete_without_cross_talk(base):
 def test_batched_server_streams_equal_unbatched_ones(tiny_checkpoint, tmp_path):
     """``--batch 4``: four concurrent streaming requests share one model's frame calls and get the bytes each
     gets from an unbatched fp32 server (fp32: the same codes on this checkpoint)."""
-    bodies = [{"input": f"Request number {i} speaks now.", "seed": 10 + i, "max_frames": 12, "stream": True,
-               "response_format": "pcm"} for i in range(4)]
+    bodies = [
+        {
+            "input": f"Request number {i} speaks now.",
+            "seed": 10 + i,
+            "max_frames": 12,
+            "stream": True,
+            "response_format": "pcm",
+        }
+        for i in range(4)
+    ]
 
     def fetch(url, body):
         with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=120) as r:
@@ -216,8 +233,9 @@ def test_bad_requests_get_clear_json_errors(base, body, status, code):
         assert error["param"] == next(iter(body))  # the field to change
 
 
-def test_an_utterance_that_ends_at_once_is_a_422_not_an_empty_file(eos_first_checkpoint, never_eos_checkpoint,
-                                                                    tmp_path):
+def test_an_utterance_that_ends_at_once_is_a_422_not_an_empty_file(
+    eos_first_checkpoint, never_eos_checkpoint, tmp_path
+):
     """With top-k 1 the first checkpoint draws eos on the first frame (steered.py): no audio, said so; the same
     request to one that never draws eos is speech."""
     with serving(eos_first_checkpoint, tmp_path / "a", ServerSettings(workers=1)) as url:
@@ -235,7 +253,7 @@ def test_a_huge_speech_body_is_a_413_before_it_is_parsed(base):
 
     def chunked(data: bytes, size: int = 1 << 16):  # no content-length: sent chunked
         for i in range(0, len(data), size):
-            yield data[i:i + size]
+            yield data[i : i + size]
 
     r = httpx.post(f"{base}/v1/audio/speech", content=chunked(body), headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
@@ -269,8 +287,7 @@ def test_unknown_routes_and_methods_get_the_same_error_shape(base):
 def test_voices_register_speak_list_and_delete(base, tmp_path):
     clip = clips.write(tmp_path / "clip.wav", clips.sweep(22050, 1.5), 22050)
     files = {"audio": ("clip.wav", clip.read_bytes(), "audio/wav")}
-    r = httpx.post(f"{base}/v1/voices", data={"name": "ana", "transcript": "A rising tone."}, files=files,
-                   timeout=120)
+    r = httpx.post(f"{base}/v1/voices", data={"name": "ana", "transcript": "A rising tone."}, files=files, timeout=120)
     assert r.status_code == 201, r.text
     assert r.json()["name"] == "ana" and r.json()["frames"] == 33
     again = httpx.post(f"{base}/v1/voices", data={"name": "ana", "transcript": "x"}, files=files)
@@ -285,12 +302,15 @@ def test_voices_register_speak_list_and_delete(base, tmp_path):
     assert httpx.get(f"{base}/v1/voices").json()["data"] == []
 
 
-@pytest.mark.parametrize("form, files, status", [
-    ({"name": "big", "transcript": "t"}, {"audio": ("big.wav", b"\0" * 1_100_000, "audio/wav")}, 413),
-    ({"name": "bad/name", "transcript": "t"}, {"audio": ("c.wav", b"RIFF", "audio/wav")}, 400),
-    ({"name": "junk", "transcript": "t"}, {"audio": ("my take.wav", b"not audio at all", "audio/wav")}, 400),
-    ({"name": "nofile", "transcript": "t"}, None, 400),
-])
+@pytest.mark.parametrize(
+    "form, files, status",
+    [
+        ({"name": "big", "transcript": "t"}, {"audio": ("big.wav", b"\0" * 1_100_000, "audio/wav")}, 413),
+        ({"name": "bad/name", "transcript": "t"}, {"audio": ("c.wav", b"RIFF", "audio/wav")}, 400),
+        ({"name": "junk", "transcript": "t"}, {"audio": ("my take.wav", b"not audio at all", "audio/wav")}, 400),
+        ({"name": "nofile", "transcript": "t"}, None, 400),
+    ],
+)
 def test_bad_voice_uploads(base, form, files, status):
     r = httpx.post(f"{base}/v1/voices", data=form, files=files, timeout=60)
     message = r.json()["error"]["message"]

@@ -14,11 +14,11 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
+from audio8_coreai.backends.base import RedecodeStream
 from audio8_coreai.cli import app
 from audio8_coreai.config import CodecConfig
-from audio8_coreai.model.codec import CodecDecoder, StreamingDecoder
-from audio8_coreai.backends.base import RedecodeStream
 from audio8_coreai.engine.stream import DEFAULT_FIRST_CHUNK_FRAMES, PAUSE_S
+from audio8_coreai.model.codec import CodecDecoder, StreamingDecoder
 from audio8_coreai.text import PromptError, split_text
 
 EXACT = 1e-5  # the issue's bar: streamed samples equal the whole-utterance decode's at fp32
@@ -73,7 +73,7 @@ def _codes(frames: int, seed: int = 0) -> torch.Tensor:
 def _streamed(decoder: CodecDecoder, codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     stream, pieces, start = StreamingDecoder(decoder), [], 0
     for n in sizes:
-        pieces.append(stream.push(codes[..., start:start + n]))
+        pieces.append(stream.push(codes[..., start : start + n]))
         assert pieces[-1].shape == (1, n * decoder.cfg.frame_length)
         start += n
     return torch.cat(pieces, dim=-1)
@@ -92,8 +92,10 @@ def test_re_decoding_a_window_of_context_is_not_exact(deep_decoder):
     codes, window, chunk = _codes(FRAMES), 8, 16
     whole = _whole("deep_decoder", deep_decoder)
     with torch.no_grad():
-        pieces = [deep_decoder(codes[..., max(0, s - window):s + chunk])[..., min(s, window) * 2048:]
-                  for s in range(0, FRAMES, chunk)]
+        pieces = [
+            deep_decoder(codes[..., max(0, s - window) : s + chunk])[..., min(s, window) * 2048 :]
+            for s in range(0, FRAMES, chunk)
+        ]
     assert float((torch.cat(pieces, dim=-1) - whole).abs().max()) > 2 * EXACT
 
 
@@ -136,9 +138,16 @@ def test_codec_thread_gives_the_same_chunks(tiny_tts):
     assert max(float(np.abs(a - b).max()) for a, b in zip(again, plain)) <= EXACT  # nothing leaked
 
 
-@pytest.mark.parametrize("first, chunk, sizes", [(1, 8, [1, 2, 4, 8, 5]), (3, 3, [3] * 6 + [2]),
-                                                 (None, 2, [1] + [2] * 9 + [1]), (12, 5, [12, 5, 3]),
-                                                 (None, 16, [1, 2, 4, 8, 5])])
+@pytest.mark.parametrize(
+    "first, chunk, sizes",
+    [
+        (1, 8, [1, 2, 4, 8, 5]),
+        (3, 3, [3] * 6 + [2]),
+        (None, 2, [1] + [2] * 9 + [1]),
+        (12, 5, [12, 5, 3]),
+        (None, 16, [1, 2, 4, 8, 5]),
+    ],
+)
 def test_first_chunk_frames_changes_when_audio_comes_not_what_it_is(endless_tts, first, chunk, sizes):
     """The first chunk holds ``first_chunk_frames`` (None: 1, at most ``chunk_frames``), each next one twice the
     last up to ``chunk_frames``: the samples are the whole utterance's whatever the sizes."""
@@ -161,7 +170,7 @@ def test_fallback_redecode_stream_matches_the_backend_stream(tiny_tts):
     codes = _codes(14).numpy()[0]
     fallback, native = RedecodeStream(tiny_tts.backend), tiny_tts.backend.codec_stream()
     for start in range(0, codes.shape[1], 7):
-        a, b = fallback.push(codes[:, start:start + 7]), native.push(codes[:, start:start + 7])
+        a, b = fallback.push(codes[:, start : start + 7]), native.push(codes[:, start : start + 7])
         assert a.shape == b.shape and float(np.abs(a - b).max()) <= EXACT
 
 
@@ -184,8 +193,7 @@ def test_closing_a_stream_early_leaks_nothing_into_the_next_utterance(tiny_tts):
     speech = iter(tiny_tts.stream(TEXT, seed=4, max_frames=60, chunk_frames=4))
     next(speech)
     speech.close()
-    assert np.array_equal(tiny_tts.generate("A second, different sentence.", seed=3, max_frames=12).audio,
-                          fresh.audio)
+    assert np.array_equal(tiny_tts.generate("A second, different sentence.", seed=3, max_frames=12).audio, fresh.audio)
 
 
 def test_on_frame_can_stop_a_stream(tiny_tts):
@@ -202,8 +210,7 @@ def test_on_frame_can_stop_a_stream(tiny_tts):
     assert speech.frames == 5
 
 
-@pytest.mark.parametrize("kwargs", [{"chunk_frames": 0}, {"first_chunk_frames": 0}, {"seed": -1},
-                                    {"temperature": 0.0}])
+@pytest.mark.parametrize("kwargs", [{"chunk_frames": 0}, {"first_chunk_frames": 0}, {"seed": -1}, {"temperature": 0.0}])
 def test_stream_checks_before_the_first_frame(tiny_tts, kwargs):
     with pytest.raises(ValueError):
         tiny_tts.stream(TEXT, **kwargs)
@@ -218,17 +225,23 @@ def test_unsplittable_long_run_is_a_clear_error(tiny_tts):
 # The splitter (characters as tokens, so the limits are easy to read)
 
 
-@pytest.mark.parametrize("text, limit, pieces", [
-    ("Short enough.", 20, ["Short enough."]),
-    ("One two. Three four! Five six? Seven.", 20, ["One two. Three four!", "Five six? Seven."]),
-    ("Pi is 3.14 today. It rained, then it stopped.", 20, ["Pi is 3.14 today.", "It rained,", "then it stopped."]),
-    ("你好，世界。今天天气很好！我们去公园吧？好的。", 8,
-     ["你好，世界。", "今天天气很好！", "我们去公园吧？", "好的。"]),
-    ("一二三四五六七八九十，一二三四五。", 12, ["一二三四五六七八九十，", "一二三四五。"]),
-    ("He said \"stop.\" Then he left, quietly.", 16, ["He said \"stop.\"", "Then he left,", "quietly."]),
-    ("words without any punctuation at all here", 12, ["words", "without any", "punctuation", "at all here"]),
-    ("... Hello there.", 12, ["... Hello", "there."]),
-])
+@pytest.mark.parametrize(
+    "text, limit, pieces",
+    [
+        ("Short enough.", 20, ["Short enough."]),
+        ("One two. Three four! Five six? Seven.", 20, ["One two. Three four!", "Five six? Seven."]),
+        ("Pi is 3.14 today. It rained, then it stopped.", 20, ["Pi is 3.14 today.", "It rained,", "then it stopped."]),
+        (
+            "你好，世界。今天天气很好！我们去公园吧？好的。",
+            8,
+            ["你好，世界。", "今天天气很好！", "我们去公园吧？", "好的。"],
+        ),
+        ("一二三四五六七八九十，一二三四五。", 12, ["一二三四五六七八九十，", "一二三四五。"]),
+        ('He said "stop." Then he left, quietly.', 16, ['He said "stop."', "Then he left,", "quietly."]),
+        ("words without any punctuation at all here", 12, ["words", "without any", "punctuation", "at all here"]),
+        ("... Hello there.", 12, ["... Hello", "there."]),
+    ],
+)
 def test_split_text(text, limit, pieces):
     out = split_text(text, limit, len)
     assert out == pieces
@@ -248,9 +261,28 @@ def test_split_text_refuses_a_run_it_cannot_split():
 
 def test_say_stream_writes_the_streamed_audio(tiny_checkpoint, tiny_tts, tmp_path):
     out = tmp_path / "streamed.wav"
-    result = CliRunner().invoke(app, ["say", TEXT, "-o", str(out), "--model", str(tiny_checkpoint), "--seed", "1",
-                                      "--max-frames", "20", "--device", "cpu", "--stream", "--chunk-frames", "8",
-                                      "--first-chunk-frames", "2"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "say",
+            TEXT,
+            "-o",
+            str(out),
+            "--model",
+            str(tiny_checkpoint),
+            "--seed",
+            "1",
+            "--max-frames",
+            "20",
+            "--device",
+            "cpu",
+            "--stream",
+            "--chunk-frames",
+            "8",
+            "--first-chunk-frames",
+            "2",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "first audio after" in result.output and "1 piece(s)" in result.output
     data, rate = sf.read(out, dtype="float32")

@@ -105,8 +105,19 @@ def test_tiny_specials(tiny: Tokenizer) -> None:
     assert tiny.get_vocab_size() == 260
     assert sorted(tiny.get_vocab().values()) == list(range(260))
     ids = tiny.encode("<|im_start|>user\nhi<|im_end|>\n<|voice|>", add_special_tokens=False).ids
-    assert ids == [1, 3 + ord("u"), 3 + ord("s"), 3 + ord("e"), 3 + ord("r"), 3 + 10, 3 + ord("h"), 3 + ord("i"),
-                   2, 3 + 10, 259]
+    assert ids == [
+        1,
+        3 + ord("u"),
+        3 + ord("s"),
+        3 + ord("e"),
+        3 + ord("r"),
+        3 + 10,
+        3 + ord("h"),
+        3 + ord("i"),
+        2,
+        3 + 10,
+        259,
+    ]
     assert max(ids) < 300
 
 

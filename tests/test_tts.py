@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from audio8_coreai.config import ConfigError
 from audio8_coreai.backends.base import EngineError
+from audio8_coreai.config import ConfigError
+from audio8_coreai.request import check_request
 from audio8_coreai.settings import DEFAULTS
 from audio8_coreai.text import PromptError
-from audio8_coreai.request import check_request
 from audio8_coreai.voices import VoiceError
 
 TEXT = "The meeting has been moved to Thursday afternoon."
@@ -111,19 +111,20 @@ def test_prompt_heads_are_kept_and_give_the_same_state(tiny_tts):
     head = tiny_tts.prompts.prefix_length(prompt)
     assert 0 < head < prompt.shape[1]
     computed = backend.prefill(prompt)
-    k_computed = backend.k_cache[:, :, :, :prompt.shape[1]].clone()
+    k_computed = backend.k_cache[:, :, :, : prompt.shape[1]].clone()
     assert len(backend._heads) == 1
     kept = backend.prefill(prompt)
     assert np.array_equal(computed[0], kept[0]) and np.array_equal(computed[1], kept[1])
-    assert torch.equal(backend.k_cache[:, :, :, :prompt.shape[1]], k_computed)
+    assert torch.equal(backend.k_cache[:, :, :, : prompt.shape[1]], k_computed)
     backend.prefix_length = None  # one sweep, nothing kept
     try:
         sweep = backend.prefill(prompt)
     finally:
         backend.prefix_length = tiny_tts.prompts.prefix_length
     np.testing.assert_allclose(sweep[0], kept[0], rtol=0, atol=1e-3)  # int16 products, other windows
-    assert np.array_equal(tiny_tts.generate(TEXT, seed=3, max_frames=12).audio,
-                          tiny_tts.generate(TEXT, seed=3, max_frames=12).audio)
+    assert np.array_equal(
+        tiny_tts.generate(TEXT, seed=3, max_frames=12).audio, tiny_tts.generate(TEXT, seed=3, max_frames=12).audio
+    )
 
 
 def test_at_most_prefix_cache_heads_are_kept(tiny_tts):
@@ -135,7 +136,7 @@ def test_at_most_prefix_cache_heads_are_kept(tiny_tts):
     prompts = [tiny_tts.prompts.clone(TEXT, f"Voice number {i}.", codes) for i in range(PREFIX_CACHE + 2)]
     for p in prompts:  # a voice per transcript: each its own head
         backend.prefill(p)
-    heads = [p[:, :tiny_tts.prompts.prefix_length(p)].tobytes() for p in prompts]
+    heads = [p[:, : tiny_tts.prompts.prefix_length(p)].tobytes() for p in prompts]
     assert list(backend._heads) == heads[2:]  # the least recently used went first
     backend.prefill(tiny_tts.prompts.plain(TEXT))
     assert len(backend._heads) == PREFIX_CACHE
@@ -146,8 +147,9 @@ def test_threads_take_turns_and_an_overtaken_stream_says_so(tiny_tts):
     another utterance ran raises instead of continuing from the other's KV state."""
     import threading
 
-    want = {seed: tiny_tts.generate(f"Thread number {seed} speaks.", seed=seed, max_frames=16).codes
-            for seed in (5, 6, 7)}
+    want = {
+        seed: tiny_tts.generate(f"Thread number {seed} speaks.", seed=seed, max_frames=16).codes for seed in (5, 6, 7)
+    }
     got: dict = {}
 
     def speak(seed):
@@ -165,17 +167,27 @@ def test_threads_take_turns_and_an_overtaken_stream_says_so(tiny_tts):
     tiny_tts.generate("Something else.", seed=1, max_frames=4)
     with pytest.raises(EngineError, match="this stream was overtaken"):
         list(stream)
-    fresh = np.concatenate(list(tiny_tts.stream("Hello there, a paused stream.", seed=9, max_frames=16,
-                                                chunk_frames=2)))
+    fresh = np.concatenate(
+        list(tiny_tts.stream("Hello there, a paused stream.", seed=9, max_frames=16, chunk_frames=2))
+    )
     assert fresh.size > 0  # the next stream is whole again
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"max_frames": 8.5}, "max_frames"), ({"max_frames": True}, "max_frames"), ({"max_frames": "16"}, "max_frames"),
-    ({"max_frames": 0}, "max_frames"), ({"top_k": 2.5}, "top_k"), ({"top_k": "5"}, "top_k"),
-    ({"temperature": "hot"}, "temperature"), ({"temperature": float("inf")}, "temperature"),
-    ({"top_p": None, "seed": 1.0}, "seed"), ({"chunk_frames": 2.5}, "chunk_frames"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"max_frames": 8.5}, "max_frames"),
+        ({"max_frames": True}, "max_frames"),
+        ({"max_frames": "16"}, "max_frames"),
+        ({"max_frames": 0}, "max_frames"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"top_k": "5"}, "top_k"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"top_p": None, "seed": 1.0}, "seed"),
+        ({"chunk_frames": 2.5}, "chunk_frames"),
+    ],
+)
 def test_wrong_types_are_config_errors_naming_the_setting(tiny_tts, kwargs, field):
     """Before any frame: a float where a count goes is refused (not rounded), as are strings and bools."""
     stream_only = "chunk_frames" in kwargs
@@ -185,14 +197,22 @@ def test_wrong_types_are_config_errors_naming_the_setting(tiny_tts, kwargs, fiel
     assert e.value.field == field
 
 
-@pytest.mark.parametrize("kwargs, error, field", [
-    ({"text": "..."}, PromptError, None), ({"voice": "a/b"}, VoiceError, None),
-    ({"ref_audio": "clip.wav"}, VoiceError, None), ({"ref_audio": "clip.wav", "ref_text": " "}, PromptError, None),
-    ({"temperature": 0}, ConfigError, "temperature"), ({"top_p": 1.5}, ConfigError, "top_p"),
-    ({"top_k": 2.5}, ConfigError, "top_k"), ({"seed": -1}, ConfigError, "seed"),
-    ({"max_frames": 0}, ConfigError, "max_frames"), ({"chunk_frames": 0}, ConfigError, "chunk_frames"),
-    ({"chunk_frames": 4, "first_chunk_frames": 5}, ConfigError, "first_chunk_frames"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, field",
+    [
+        ({"text": "..."}, PromptError, None),
+        ({"voice": "a/b"}, VoiceError, None),
+        ({"ref_audio": "clip.wav"}, VoiceError, None),
+        ({"ref_audio": "clip.wav", "ref_text": " "}, PromptError, None),
+        ({"temperature": 0}, ConfigError, "temperature"),
+        ({"top_p": 1.5}, ConfigError, "top_p"),
+        ({"top_k": 2.5}, ConfigError, "top_k"),
+        ({"seed": -1}, ConfigError, "seed"),
+        ({"max_frames": 0}, ConfigError, "max_frames"),
+        ({"chunk_frames": 0}, ConfigError, "chunk_frames"),
+        ({"chunk_frames": 4, "first_chunk_frames": 5}, ConfigError, "first_chunk_frames"),
+    ],
+)
 def test_check_request_refuses_without_a_model(kwargs, error, field):
     """The weights-free check the CLI runs before loading and the server before taking a worker."""
     with pytest.raises(error) as e:

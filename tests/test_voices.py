@@ -26,8 +26,9 @@ def make_voice(name: str = "alice", frames: int = 5, fingerprint: str = "f" * 64
 # Names
 
 
-@pytest.mark.parametrize("name", ["alice", "Bob 2", "narrator_en-GB", "v1.2", "_x", "Zoë", "王小明", "a" * 64,
-                                  "console", "null", "com10"])
+@pytest.mark.parametrize(
+    "name", ["alice", "Bob 2", "narrator_en-GB", "v1.2", "_x", "Zoë", "王小明", "a" * 64, "console", "null", "com10"]
+)
 def test_good_names(name):
     assert check_name(name) == name
 
@@ -36,13 +37,28 @@ def test_names_are_nfc():
     assert check_name("Zoe\u0308") == "Zo\u00eb"
 
 
-@pytest.mark.parametrize("name, why", [
-    ("", "empty"), ("a" * 65, "65 characters"), ("a/b", "path separator"), ("..", "'..'"), ("a..b", "'..'"),
-    ("..\\x", "path separator"), (".hidden", "starts with '.'"), ("-opt", "starts with '-'"),
-    (" lead", "starts with ' '"), ("trail ", "ends with ' '"), ("dot.", "ends with '.'"), ("a:b", "':'"),
-    ("tab\tx", "'\\t'"), ("nul\0", "'\\x00'"), ("CON", "Windows reserves"), ("nul", "Windows reserves"),
-    ("com1.voice", "Windows reserves"),
-])
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("", "empty"),
+        ("a" * 65, "65 characters"),
+        ("a/b", "path separator"),
+        ("..", "'..'"),
+        ("a..b", "'..'"),
+        ("..\\x", "path separator"),
+        (".hidden", "starts with '.'"),
+        ("-opt", "starts with '-'"),
+        (" lead", "starts with ' '"),
+        ("trail ", "ends with ' '"),
+        ("dot.", "ends with '.'"),
+        ("a:b", "':'"),
+        ("tab\tx", "'\\t'"),
+        ("nul\0", "'\\x00'"),
+        ("CON", "Windows reserves"),
+        ("nul", "Windows reserves"),
+        ("com1.voice", "Windows reserves"),
+    ],
+)
 def test_bad_names_are_refused_with_the_rule(name, why):
     with pytest.raises(VoiceError, match="bad voice name") as e:
         check_name(name)
@@ -169,8 +185,11 @@ def test_voice_from_another_checkpoint_is_refused(tmp_path):
     store = VoiceStore(tmp_path)
     store.save(make_voice(fingerprint="a" * 64))
     assert store.load("alice", fingerprint="a" * 64).name == "alice"
-    with pytest.raises(VoiceError, match=r"another checkpoint \(fingerprint aaaaaaaaaaaa; this model's is "
-                                         r"bbbbbbbbbbbb\).*/clips/a.wav.*voice add alice"):
+    with pytest.raises(
+        VoiceError,
+        match=r"another checkpoint \(fingerprint aaaaaaaaaaaa; this model's is "
+        r"bbbbbbbbbbbb\).*/clips/a.wav.*voice add alice",
+    ):
         store.load("alice", fingerprint="b" * 64)
 
 
@@ -284,12 +303,15 @@ def test_voice_from_another_checkpoint_is_refused_at_synthesis(tts):
         tts.generate(TEXT, voice=make_voice(fingerprint="0" * 64), seed=0, max_frames=5)
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    ({"voice": "x", "ref_audio": "a.wav", "ref_text": "Hi."}, "not both"),
-    ({"ref_audio": "a.wav"}, "needs both"),
-    ({"ref_text": "Hi."}, "needs both"),
-    ({"voice": "nobody"}, "no voice named"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"voice": "x", "ref_audio": "a.wav", "ref_text": "Hi."}, "not both"),
+        ({"ref_audio": "a.wav"}, "needs both"),
+        ({"ref_text": "Hi."}, "needs both"),
+        ({"voice": "nobody"}, "no voice named"),
+    ],
+)
 def test_voice_arguments_are_checked(tts, kwargs, needle):
     with pytest.raises(VoiceError, match=needle):
         tts.generate(TEXT, seed=0, max_frames=5, **kwargs)

@@ -23,6 +23,18 @@ from .text import PromptError
 from .tts import TTS, Synthesis
 from .voices import Voice, VoiceError, VoiceStore
 
-__all__ = ["TTS", "Synthesis", "Voice", "VoiceStore", "Audio8Error", "AudioError", "BackendError", "CheckpointError",
-           "ConfigError", "EngineError", "PromptError", "VoiceError"]
+__all__ = [
+    "TTS",
+    "Synthesis",
+    "Voice",
+    "VoiceStore",
+    "Audio8Error",
+    "AudioError",
+    "BackendError",
+    "CheckpointError",
+    "ConfigError",
+    "EngineError",
+    "PromptError",
+    "VoiceError",
+]
 __version__ = "0.1.0"

@@ -115,7 +115,7 @@ class ModelConfig:
         return self.num_semantic
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "config.json") -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any], where: str = "config.json") -> ModelConfig:
         """Parse ``config.json``; raise :class:`ConfigError` naming the first bad key.
 
         Also checks the model type (``arktts``) and the internal consistency the model relies on
@@ -143,25 +143,47 @@ class ModelConfig:
         return cfg
 
     def _check(self, where: str) -> None:
-        sizes = ("vocab_size", "dim", "n_layer", "n_head", "n_local_heads", "head_dim", "intermediate_size",
-                 "max_seq_len", "codebook_size", "num_codebooks", "n_fast_layer", "fast_dim", "fast_n_head",
-                 "fast_n_local_heads", "fast_head_dim", "fast_intermediate_size", "ras_window_size",
-                 "codec_sample_rate", "codec_frame_size")
+        sizes = (
+            "vocab_size",
+            "dim",
+            "n_layer",
+            "n_head",
+            "n_local_heads",
+            "head_dim",
+            "intermediate_size",
+            "max_seq_len",
+            "codebook_size",
+            "num_codebooks",
+            "n_fast_layer",
+            "fast_dim",
+            "fast_n_head",
+            "fast_n_local_heads",
+            "fast_head_dim",
+            "fast_intermediate_size",
+            "ras_window_size",
+            "codec_sample_rate",
+            "codec_frame_size",
+        )
         for name in sizes:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{where}: {name} must be >= 1, got {getattr(self, name)}", name)
         if not 0 <= self.semantic_begin_id <= self.semantic_end_id < self.vocab_size:
-            raise ConfigError(f"{where}: semantic ids {self.semantic_begin_id}..{self.semantic_end_id} "
-                              f"do not fit vocab_size {self.vocab_size}")
+            raise ConfigError(
+                f"{where}: semantic ids {self.semantic_begin_id}..{self.semantic_end_id} "
+                f"do not fit vocab_size {self.vocab_size}"
+            )
         if self.codebook_size != self.num_semantic:
-            raise ConfigError(f"{where}: codebook_size {self.codebook_size} != number of semantic ids "
-                              f"{self.num_semantic}")
+            raise ConfigError(
+                f"{where}: codebook_size {self.codebook_size} != number of semantic ids {self.num_semantic}"
+            )
         for n, kv in ((self.n_head, self.n_local_heads), (self.fast_n_head, self.fast_n_local_heads)):
             if kv <= 0 or n % kv:
                 raise ConfigError(f"{where}: {n} query heads cannot share {kv} KV heads")
         if self.fast_dim != self.dim:
-            raise ConfigError(f"{where}: fast_dim {self.fast_dim} != dim {self.dim} is not supported "
-                              "(the publisher's fast_project_in would be a Linear)")
+            raise ConfigError(
+                f"{where}: fast_dim {self.fast_dim} != dim {self.dim} is not supported "
+                "(the publisher's fast_project_in would be a Linear)"
+            )
         if not (0 <= self.eos_token_id < self.vocab_size and 0 <= self.pad_token_id < self.vocab_size):
             raise ConfigError(f"{where}: eos/pad ids outside the vocabulary")
         if self.num_codebooks < 2:
@@ -185,7 +207,7 @@ class GenerationConfig:
     max_new_tokens: int = 512
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None, where: str = "generation_config.json") -> "GenerationConfig":
+    def from_dict(cls, d: dict[str, Any] | None, where: str = "generation_config.json") -> GenerationConfig:
         if d is None:
             return cls()
         if not isinstance(d, dict):
@@ -231,9 +253,15 @@ class SamplingParams:
     ras_top_p: float = 0.9
 
     @classmethod
-    def from_configs(cls, cfg: ModelConfig, gen: GenerationConfig) -> "SamplingParams":
-        return cls(temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p, do_sample=gen.do_sample,
-                   ras_temperature=cfg.ras_temperature, ras_top_p=cfg.ras_top_p)
+    def from_configs(cls, cfg: ModelConfig, gen: GenerationConfig) -> SamplingParams:
+        return cls(
+            temperature=gen.temperature,
+            top_k=gen.top_k,
+            top_p=gen.top_p,
+            do_sample=gen.do_sample,
+            ras_temperature=cfg.ras_temperature,
+            ras_top_p=cfg.ras_top_p,
+        )
 
 
 @dataclass(frozen=True)
@@ -289,7 +317,7 @@ class CodecConfig:
         return 1 + self.residual_codebooks
 
     @classmethod
-    def from_spec(cls, d: dict[str, Any], where: str = "codec_spec.json") -> "CodecConfig":
+    def from_spec(cls, d: dict[str, Any], where: str = "codec_spec.json") -> CodecConfig:
         """Parse a ``codec_spec.json`` (the oracle's format); missing keys take the 0.6b defaults."""
         if not isinstance(d, dict):
             raise ConfigError(f"{where}: expected a JSON object")

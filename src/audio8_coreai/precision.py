@@ -50,25 +50,72 @@ _TORCH = frozenset({"torch-cpu", "torch-cuda"})
 _CPU = frozenset({"torch-cpu"})
 _COREAI = frozenset({"coreai"})
 
-PRECISIONS: dict[str, Precision] = {p.name: p for p in (
-    Precision("fp32", torch.float32, "fp32", "fp32", "fp32", _TORCH | _COREAI,
-              "fp32 everywhere (exact: the publisher's CPU run)", exact=True),
-    Precision("bf16", torch.bfloat16, "fp32", "fp32", "fp32", _TORCH, "the whole model in bf16"),
-    Precision("fp16", torch.float16, "fp16", "fp16", "fp16", _COREAI,
-              "float16 weights and activations (Core AI assets)"),
-    Precision("int16", torch.float32, "int16", "int16", "int16", _CPU,
-              "16-bit fixed point per 32-block (weights and inputs, as int8 pairs) in every block linear and both "
-              "heads, fp32 elsewhere"),
-    Precision("int12", torch.float32, "int12", "int12", "int12", _CPU,
-              "12-bit weights (int8 + a 4-bit residual per 32-block) and 16-bit inputs in every block linear and "
-              "both heads, fp32 elsewhere"),
-    Precision("int8", torch.float32, "int8", "fp32", "fp32", _CPU,
-              "int8 slow-AR block weights (ONNX Runtime MatMulNBits), fp32 elsewhere"),
-    Precision("int8-int16", torch.float32, "int8", "int16", "fp32", _CPU,
-              "int8 slow-AR block weights, 16-bit fixed-point fast AR, fp32 elsewhere"),
-    Precision("int8-fp16", torch.float16, "int8", "fp16", "fp16", _COREAI,
-              "int8 slow-AR weights (per-block 32), float16 fast AR and heads (Core AI assets)"),
-)}
+PRECISIONS: dict[str, Precision] = {
+    p.name: p
+    for p in (
+        Precision(
+            "fp32",
+            torch.float32,
+            "fp32",
+            "fp32",
+            "fp32",
+            _TORCH | _COREAI,
+            "fp32 everywhere (exact: the publisher's CPU run)",
+            exact=True,
+        ),
+        Precision("bf16", torch.bfloat16, "fp32", "fp32", "fp32", _TORCH, "the whole model in bf16"),
+        Precision(
+            "fp16", torch.float16, "fp16", "fp16", "fp16", _COREAI, "float16 weights and activations (Core AI assets)"
+        ),
+        Precision(
+            "int16",
+            torch.float32,
+            "int16",
+            "int16",
+            "int16",
+            _CPU,
+            "16-bit fixed point per 32-block (weights and inputs, as int8 pairs) in every block linear and both "
+            "heads, fp32 elsewhere",
+        ),
+        Precision(
+            "int12",
+            torch.float32,
+            "int12",
+            "int12",
+            "int12",
+            _CPU,
+            "12-bit weights (int8 + a 4-bit residual per 32-block) and 16-bit inputs in every block linear and "
+            "both heads, fp32 elsewhere",
+        ),
+        Precision(
+            "int8",
+            torch.float32,
+            "int8",
+            "fp32",
+            "fp32",
+            _CPU,
+            "int8 slow-AR block weights (ONNX Runtime MatMulNBits), fp32 elsewhere",
+        ),
+        Precision(
+            "int8-int16",
+            torch.float32,
+            "int8",
+            "int16",
+            "fp32",
+            _CPU,
+            "int8 slow-AR block weights, 16-bit fixed-point fast AR, fp32 elsewhere",
+        ),
+        Precision(
+            "int8-fp16",
+            torch.float16,
+            "int8",
+            "fp16",
+            "fp16",
+            _COREAI,
+            "int8 slow-AR weights (per-block 32), float16 fast AR and heads (Core AI assets)",
+        ),
+    )
+}
 
 ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 

@@ -42,11 +42,20 @@ class CheckedRequest:
     first_chunk_frames: int | None
 
 
-def check_request(text: str, *, voice: str | Voice | None = None, ref_audio: str | Path | None = None,
-                  ref_text: str | None = None, seed: int | None = None, temperature: float | None = None,
-                  top_k: int | None = None, top_p: float | None = None, max_frames: int | None = None,
-                  chunk_frames: int = DEFAULTS.chunk_frames,
-                  first_chunk_frames: int | None = None) -> CheckedRequest:
+def check_request(
+    text: str,
+    *,
+    voice: str | Voice | None = None,
+    ref_audio: str | Path | None = None,
+    ref_text: str | None = None,
+    seed: int | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    max_frames: int | None = None,
+    chunk_frames: int = DEFAULTS.chunk_frames,
+    first_chunk_frames: int | None = None,
+) -> CheckedRequest:
     """Check a request without weights, files or a tokenizer, before a model is loaded or a worker taken; return
     its normalised values (:class:`CheckedRequest`). What needs the checkpoint (the prompt's fit in the context,
     a stored voice's file and checkpoint) is checked by :meth:`.tts.TTS.generate` and :meth:`.tts.TTS.stream`.
@@ -68,9 +77,19 @@ def check_request(text: str, *, voice: str | Voice | None = None, ref_audio: str
     if max_frames is not None:
         max_frames = check_int(max_frames, "max_frames")
     chunk_frames, first_chunk_frames = check_chunks(chunk_frames, first_chunk_frames)
-    return CheckedRequest(text, voice, ref_audio, ref_text, check_seed(seed),
-                          None if temperature is None else gen.temperature, None if top_k is None else gen.top_k,
-                          None if top_p is None else gen.top_p, max_frames, chunk_frames, first_chunk_frames)
+    return CheckedRequest(
+        text,
+        voice,
+        ref_audio,
+        ref_text,
+        check_seed(seed),
+        None if temperature is None else gen.temperature,
+        None if top_k is None else gen.top_k,
+        None if top_p is None else gen.top_p,
+        max_frames,
+        chunk_frames,
+        first_chunk_frames,
+    )
 
 
 def check_chunks(chunk_frames: int, first_chunk_frames: int | None) -> tuple[int, int | None]:
@@ -82,17 +101,22 @@ def check_chunks(chunk_frames: int, first_chunk_frames: int | None) -> tuple[int
 
     if not whole(chunk_frames) or chunk_frames < 1:
         wrong = "chunk_frames"
-    elif first_chunk_frames is not None and (not whole(first_chunk_frames)
-                                             or not 1 <= first_chunk_frames <= chunk_frames):
+    elif first_chunk_frames is not None and (
+        not whole(first_chunk_frames) or not 1 <= first_chunk_frames <= chunk_frames
+    ):
         wrong = "first_chunk_frames"
     else:
         return int(chunk_frames), None if first_chunk_frames is None else int(first_chunk_frames)
-    raise ConfigError(f"--chunk-frames must be >= 1 and --first-chunk-frames 1 to --chunk-frames (whole numbers); "
-                      f"got {chunk_frames!r} and {first_chunk_frames!r}", wrong)
+    raise ConfigError(
+        f"--chunk-frames must be >= 1 and --first-chunk-frames 1 to --chunk-frames (whole numbers); "
+        f"got {chunk_frames!r} and {first_chunk_frames!r}",
+        wrong,
+    )
 
 
-def sampling_config(gen: GenerationConfig, temperature: float | None, top_k: int | None,
-              top_p: float | None) -> GenerationConfig:
+def sampling_config(
+    gen: GenerationConfig, temperature: float | None, top_k: int | None, top_p: float | None
+) -> GenerationConfig:
     """``gen`` with the given overrides; raises ConfigError (its ``field`` the setting) for a wrong type or a value
     out of range (:meth:`.config.GenerationConfig.check`)."""
     over = {}

@@ -114,8 +114,9 @@ def _candidates(logits: Tensor, top_k: int, eager: bool) -> tuple[Tensor, Tensor
     return x, vals, cand, torch.softmax(x, dim=-1).gather(-1, cand)
 
 
-def _draw(prepared: tuple[Tensor, Tensor, Tensor, Tensor], uniforms: Tensor, top_p: float,
-          temperature: float) -> Tensor:
+def _draw(
+    prepared: tuple[Tensor, Tensor, Tensor, Tensor], uniforms: Tensor, top_p: float, temperature: float
+) -> Tensor:
     """The top-p cut, temperature and exponential race of :func:`sample_top_k_top_p` on :func:`_candidates`."""
     x, vals, cand, probs = prepared
     n, k = x.shape[-1], vals.shape[-1]
@@ -130,8 +131,9 @@ def _draw(prepared: tuple[Tensor, Tensor, Tensor, Tensor], uniforms: Tensor, top
     return choice.to(torch.int64)
 
 
-def sample_top_k_top_p(logits: Tensor, uniforms: Tensor, top_k: int, top_p: float, temperature: float, *,
-                       eager: bool = False) -> Tensor:
+def sample_top_k_top_p(
+    logits: Tensor, uniforms: Tensor, top_k: int, top_p: float, temperature: float, *, eager: bool = False
+) -> Tensor:
     """One draw per row, exactly the publisher's legacy top-k/top-p processor followed by ``_sample``.
 
     Args:
@@ -194,8 +196,16 @@ def greedy_semantic(logits: Tensor, *, semantic_begin_id: int, eos_id: int) -> T
     return _vocab_index_to_id(j, logits.shape[-1] - 1, semantic_begin_id, eos_id)
 
 
-def sample_semantic(logits: Tensor, noise: Tensor, window: Tensor, params: SamplingParams, semantic_begin_id: int,
-                    eos_id: int, *, eager: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+def sample_semantic(
+    logits: Tensor,
+    noise: Tensor,
+    window: Tensor,
+    params: SamplingParams,
+    semantic_begin_id: int,
+    eos_id: int,
+    *,
+    eager: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
     """The semantic draw with repetition-aware sampling (the publisher's ``_sample_semantic``).
 
     Args:
@@ -340,8 +350,14 @@ def np_sample_top_k_top_p(
     return out.reshape(x.shape[:-1])
 
 
-def np_sample_semantic(logits: np.ndarray, noise: np.ndarray, window: np.ndarray, params: SamplingParams,
-                       semantic_begin_id: int, eos_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def np_sample_semantic(
+    logits: np.ndarray,
+    noise: np.ndarray,
+    window: np.ndarray,
+    params: SamplingParams,
+    semantic_begin_id: int,
+    eos_id: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Reference of :func:`sample_semantic` (same arguments and outputs, NumPy arrays).
 
     Written the publisher's way: the compact entries are laid out by token id (a vocabulary-ordered vector), both

@@ -68,8 +68,9 @@ class TTS:
     other's state). For utterances in parallel use one TTS per thread, or :meth:`generate_batch`.
     """
 
-    def __init__(self, checkpoint: Checkpoint, backend: Backend, prompts: PromptBuilder,
-                 voices: VoiceStore | None = None):
+    def __init__(
+        self, checkpoint: Checkpoint, backend: Backend, prompts: PromptBuilder, voices: VoiceStore | None = None
+    ):
         self.checkpoint = checkpoint
         self.backend = backend
         self.prompts = prompts
@@ -77,10 +78,19 @@ class TTS:
         self.voices = voices if voices is not None else VoiceStore()  # where voice=NAME is looked up
 
     @classmethod
-    def load(cls, model: str | Path = DEFAULT_MODEL, *, device: str = "auto", dtype: str | None = None,
-             backend: str = "torch", voices_dir: str | Path | None = None,
-             assets: str | Path | None = None, precision: str | None = None,
-             codec_dtype: str | None = None, cuda_graphs: bool = False) -> "TTS":
+    def load(
+        cls,
+        model: str | Path = DEFAULT_MODEL,
+        *,
+        device: str = "auto",
+        dtype: str | None = None,
+        backend: str = "torch",
+        voices_dir: str | Path | None = None,
+        assets: str | Path | None = None,
+        precision: str | None = None,
+        codec_dtype: str | None = None,
+        cuda_graphs: bool = False,
+    ) -> TTS:
         """Load a checkpoint folder (publisher layout) or hub id, validate it and build the backend.
 
         ``device``: auto | cpu | cuda[:N]; ``dtype``: fp32 | bf16 (the codec stays fp32 on CPU).
@@ -88,7 +98,8 @@ class TTS:
         ``dtype``; with neither, the default: int16 on CPU (near-exact: every draw kept in our measurements;
         about half the weight bytes of fp32), fp32 on CUDA. ``codec_dtype`` (torch): bf16 opts the codec decoder
         into bf16 on CPU (about 1.5x faster here, not exact); default fp32 on CPU, as the publisher.
-        ``cuda_graphs`` (torch on CUDA, opt-in): replay each frame as one captured CUDA graph (backends/torch/cudagraphs.py).
+        ``cuda_graphs`` (torch on CUDA, opt-in): replay each frame as one captured CUDA graph
+        (backends/torch/cudagraphs.py).
         ``voices_dir``: the voice store's folder (default: the per-user one, see :mod:`.voices`).
         ``backend``: torch, or coreai with ``assets`` the folder ``audio8 convert`` wrote from this
         checkpoint (``device``/``dtype`` then do not apply: the assets fix the precision).
@@ -99,28 +110,49 @@ class TTS:
         ckpt = load_checkpoint(model)
         ckpt.fingerprint()  # of the files as loaded: voices are checked against these weights, not later files
         if ckpt.tokenizer_dir is None:
-            raise CheckpointError(f"{ckpt.path} has no tokenizer.json: a checkpoint folder must hold the "
-                                  "tokenizer files (tokenizer.json, tokenizer_config.json) to speak text")
+            raise CheckpointError(
+                f"{ckpt.path} has no tokenizer.json: a checkpoint folder must hold the "
+                "tokenizer files (tokenizer.json, tokenizer_config.json) to speak text"
+            )
         prompts = PromptBuilder(load_tokenizer(ckpt.tokenizer_dir), ckpt.config)
-        chosen = open_backend(ckpt, backend, device=device, precision=precision or dtype, codec_dtype=codec_dtype,
-                              cuda_graphs=cuda_graphs, assets=assets, prefix_length=prompts.prefix_length)
+        chosen = open_backend(
+            ckpt,
+            backend,
+            device=device,
+            precision=precision or dtype,
+            codec_dtype=codec_dtype,
+            cuda_graphs=cuda_graphs,
+            assets=assets,
+            prefix_length=prompts.prefix_length,
+        )
         return cls(ckpt, chosen, prompts, VoiceStore(voices_dir))
 
     @property
     def sample_rate(self) -> int:
         return self.checkpoint.codec_config.sample_rate
 
-    def sampling(self, temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None) -> SamplingParams:
+    def sampling(
+        self, temperature: float | None = None, top_k: int | None = None, top_p: float | None = None
+    ) -> SamplingParams:
         """The checkpoint's generation defaults with the given overrides; raises ConfigError if invalid."""
         gen = sampling_config(self.checkpoint.generation, temperature, top_k, top_p)
         return SamplingParams.from_configs(self.config, gen)
 
-    def generate(self, text: str, *, seed: int | None = None, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None, max_frames: int | None = None,
-                 on_frame: Callable[[int], None] | None = None,
-                 on_start: Callable[[int], None] | None = None, voice: str | Voice | None = None,
-                 ref_audio: str | Path | None = None, ref_text: str | None = None) -> Synthesis:
+    def generate(
+        self,
+        text: str,
+        *,
+        seed: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        max_frames: int | None = None,
+        on_frame: Callable[[int], None] | None = None,
+        on_start: Callable[[int], None] | None = None,
+        voice: str | Voice | None = None,
+        ref_audio: str | Path | None = None,
+        ref_text: str | None = None,
+    ) -> Synthesis:
         """Speak ``text``: prompt, prefill, frames until eos or the cap, codec. See :class:`Synthesis`.
 
         ``seed`` None draws a fresh one (reported in the result). ``max_frames`` None means the
@@ -146,13 +178,31 @@ class TTS:
         else:
             audio = np.zeros(0, dtype=np.float32)
         codec_s = time.perf_counter() - t0
-        return Synthesis(audio, self.sample_rate, gen.codes, gen.reached_eos, seed, gen.prompt_length, budget,
-                         gen.prefill_s, gen.frames_s, codec_s)
+        return Synthesis(
+            audio,
+            self.sample_rate,
+            gen.codes,
+            gen.reached_eos,
+            seed,
+            gen.prompt_length,
+            budget,
+            gen.prefill_s,
+            gen.frames_s,
+            codec_s,
+        )
 
-    def generate_batch(self, texts: Sequence[str], *, seeds: Sequence[int | None] | None = None,
-                       temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                       max_frames: int | None = None, voice: str | Voice | None = None,
-                       max_batch: int = 8) -> list[Synthesis]:
+    def generate_batch(
+        self,
+        texts: Sequence[str],
+        *,
+        seeds: Sequence[int | None] | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        max_frames: int | None = None,
+        voice: str | Voice | None = None,
+        max_batch: int = 8,
+    ) -> list[Synthesis]:
         """:meth:`generate` for several texts at once: up to ``max_batch`` utterances share every frame call
         (:mod:`.engine.batch`: the weights are read once per frame for all of them), then one batched codec call.
 
@@ -166,8 +216,10 @@ class TTS:
         if not isinstance(self.backend, TorchBackend):
             raise BackendError(f"batched generation runs on the torch backend, not {self.backend.name}")
         if isinstance(texts, str):  # a str is a sequence too: its characters would become texts
-            raise TypeError("texts must be a list of strings, not one string: use generate() for one text, or "
-                            "generate_batch([text])")
+            raise TypeError(
+                "texts must be a list of strings, not one string: use generate() for one text, or "
+                "generate_batch([text])"
+            )
         max_batch = check_int(max_batch, "max_batch")
         if not isinstance(texts, (list, tuple)):  # a set or dict has no order to keep; a generator no length
             raise TypeError(f"texts must be a list of strings, got {type(texts).__name__}")
@@ -186,8 +238,12 @@ class TTS:
         t0 = time.perf_counter()
         audio = self.backend.decode_batch([g.codes for g in gens])
         codec_s = time.perf_counter() - t0
-        return [Synthesis(a, self.sample_rate, g.codes, g.reached_eos, s, g.prompt_length, b, g.prefill_s,
-                          g.frames_s, codec_s) for a, g, s, b in zip(audio, gens, seeds, budgets)]
+        return [
+            Synthesis(
+                a, self.sample_rate, g.codes, g.reached_eos, s, g.prompt_length, b, g.prefill_s, g.frames_s, codec_s
+            )
+            for a, g, s, b in zip(audio, gens, seeds, budgets)
+        ]
 
     def batched(self, max_batch: int) -> tuple[FrameServer, list[TTS]]:
         """``max_batch`` TTS instances sharing this one's model through one frame thread
@@ -198,9 +254,16 @@ class TTS:
         server = FrameServer(self.backend, check_int(max_batch, "max_batch"))
         return server, [TTS(self.checkpoint, row, self.prompts, self.voices) for row in server.rows()]
 
-    def synthesize(self, text: str, *, on_start: Callable[[int], None] | None = None,
-                   voice: str | Voice | None = None, ref_audio: str | Path | None = None,
-                   ref_text: str | None = None, **kwargs) -> tuple[np.ndarray, int]:
+    def synthesize(
+        self,
+        text: str,
+        *,
+        on_start: Callable[[int], None] | None = None,
+        voice: str | Voice | None = None,
+        ref_audio: str | Path | None = None,
+        ref_text: str | None = None,
+        **kwargs,
+    ) -> tuple[np.ndarray, int]:
         """``(audio float32 [N], sample_rate)`` for ``text`` of any length; keyword arguments as :meth:`generate`.
 
         Text that fits one utterance (:meth:`fits_one_utterance`) is :meth:`generate`'s audio. Longer text is
@@ -213,8 +276,9 @@ class TTS:
             out = self.generate(text, on_start=on_start, voice=chosen, **kwargs)
             return out.audio, out.sample_rate
         # Every chunk DEFAULT_CHUNK_FRAMES long, the push size that decodes fastest (see TorchBackend.decode_window).
-        speech = self.stream(text, chunk_frames=DEFAULT_CHUNK_FRAMES, first_chunk_frames=DEFAULT_CHUNK_FRAMES,
-                             voice=chosen, **kwargs)
+        speech = self.stream(
+            text, chunk_frames=DEFAULT_CHUNK_FRAMES, first_chunk_frames=DEFAULT_CHUNK_FRAMES, voice=chosen, **kwargs
+        )
         if on_start is not None:
             on_start(speech.max_frames)
         chunks = list(speech)
@@ -232,12 +296,23 @@ class TTS:
         except PromptTooLong:  # the prompt around the text alone fills the context
             return False
 
-    def stream(self, text: str, *, chunk_frames: int = DEFAULT_CHUNK_FRAMES, first_chunk_frames: int | None = None,
-               seed: int | None = None,
-               temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-               max_frames: int | None = None, voice: str | Voice | None = None, ref_audio: str | Path | None = None,
-               ref_text: str | None = None, on_frame: Callable[[int], None] | None = None,
-               codec_thread: bool = False) -> SpeechStream:
+    def stream(
+        self,
+        text: str,
+        *,
+        chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+        first_chunk_frames: int | None = None,
+        seed: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        max_frames: int | None = None,
+        voice: str | Voice | None = None,
+        ref_audio: str | Path | None = None,
+        ref_text: str | None = None,
+        on_frame: Callable[[int], None] | None = None,
+        codec_thread: bool = False,
+    ) -> SpeechStream:
         """Speak ``text`` as it is made: a :class:`.streaming.SpeechStream` of float32 chunks (mono, 44.1 kHz),
         exact to the whole-utterance decode. The first chunk holds ``first_chunk_frames`` (None: 1, at most
         ``chunk_frames``), so the first audio comes sooner, and each next one twice the last up to
@@ -273,9 +348,18 @@ class TTS:
                 raise EngineError(f"piece {index + 1} of {len(parts)} ({start!r}): {e}") from None
             pieces.append(Piece(words, prompt, budget))
         codec = self.checkpoint.codec_config
-        return SpeechStream(self.backend, pieces, params, check_seed(seed), chunk_frames=chunk_frames,
-                            first_chunk_frames=first_chunk_frames, sample_rate=self.sample_rate,
-                            frame_length=codec.frame_length, on_frame=on_frame, codec_thread=codec_thread)
+        return SpeechStream(
+            self.backend,
+            pieces,
+            params,
+            check_seed(seed),
+            chunk_frames=chunk_frames,
+            first_chunk_frames=first_chunk_frames,
+            sample_rate=self.sample_rate,
+            frame_length=codec.frame_length,
+            on_frame=on_frame,
+            codec_thread=codec_thread,
+        )
 
     def voice_from_clip(self, audio: str | Path, text: str, name: str = "") -> Voice:
         """A voice from a reference clip file and its transcript, not stored (see :meth:`register_voice`).
@@ -290,11 +374,27 @@ class TTS:
         samples, info = read_reference(audio)
         self._check_voice_room(-(-len(samples) // self.checkpoint.codec_config.frame_length), transcript)
         codes = self.backend.encode(samples)
-        return Voice(codes, transcript, info.sample_rate, info.duration_s, self.checkpoint.fingerprint(),
-                     now_utc(), name, str(info.path.resolve()), tuple(info.warnings))
+        return Voice(
+            codes,
+            transcript,
+            info.sample_rate,
+            info.duration_s,
+            self.checkpoint.fingerprint(),
+            now_utc(),
+            name,
+            str(info.path.resolve()),
+            tuple(info.warnings),
+        )
 
-    def register_voice(self, name: str, audio: str | Path, text: str, *,
-                       store: VoiceStore | str | Path | None = None, replace: bool = False) -> Voice:
+    def register_voice(
+        self,
+        name: str,
+        audio: str | Path,
+        text: str,
+        *,
+        store: VoiceStore | str | Path | None = None,
+        replace: bool = False,
+    ) -> Voice:
         """Encode the clip ``audio`` with its transcript ``text`` and save it as voice ``name``.
 
         ``store``: a VoiceStore or its folder (default :attr:`voices`); ``replace`` overwrites a voice of
@@ -321,16 +421,20 @@ class TTS:
             return len(self.prompts.encode(words))
 
         overhead = self._prompt("a", voice).shape[1] - count("a")
-        max_tokens = min((self.config.max_seq_len - overhead) // (1 + FRAMES_PER_TOKEN),
-                         self.checkpoint.generation.max_new_tokens // FRAMES_PER_TOKEN)
+        max_tokens = min(
+            (self.config.max_seq_len - overhead) // (1 + FRAMES_PER_TOKEN),
+            self.checkpoint.generation.max_new_tokens // FRAMES_PER_TOKEN,
+        )
         try:
             return split_text(text, max_tokens, count)
         except PromptError as e:
             if voice is None:
                 raise
-            raise PromptError(f"{e}; here the prompt around the text (the voice's reference clip and transcript "
-                              f"included) takes {overhead} of the context's {self.config.max_seq_len} positions, so a "
-                              "voice made from a shorter clip leaves room for longer pieces") from None
+            raise PromptError(
+                f"{e}; here the prompt around the text (the voice's reference clip and transcript "
+                f"included) takes {overhead} of the context's {self.config.max_seq_len} positions, so a "
+                "voice made from a shorter clip leaves room for longer pieces"
+            ) from None
 
     def _prompt(self, text: str, voice: Voice | None) -> np.ndarray:
         """The [1+C, P] prompt of checked ``text``: plain, or the clone prompt of ``voice``."""
@@ -338,8 +442,7 @@ class TTS:
             return self.prompts.plain(text)
         return self.prompts.clone(text, voice.transcript, voice.codes)
 
-    def _voice(self, voice: str | Voice | None, ref_audio: str | Path | None,
-               ref_text: str | None) -> Voice | None:
+    def _voice(self, voice: str | Voice | None, ref_audio: str | Path | None, ref_text: str | None) -> Voice | None:
         """The voice an utterance asks for (None: the plain prompt), checked against this checkpoint."""
         check_voice_choice(voice, ref_audio, ref_text)
         if ref_audio is not None:
@@ -364,16 +467,20 @@ class TTS:
             overhead = self.prompts.clone("a", transcript, one_frame).shape[1] - 1
         except PromptTooLong:  # the transcript alone overfills the context
             tokens = len(self.prompts.encode(transcript))
-            raise VoiceError(f"the reference transcript is too long for this model: {tokens} tokens, while the "
-                             f"model's context holds {context} positions for the whole prompt (reference and "
-                             f"transcript included) and at least {MIN_VOICE_FRAMES} frames of speech; "
-                             "use a shorter clip (0.5-30 s) with its transcript") from None
+            raise VoiceError(
+                f"the reference transcript is too long for this model: {tokens} tokens, while the "
+                f"model's context holds {context} positions for the whole prompt (reference and "
+                f"transcript included) and at least {MIN_VOICE_FRAMES} frames of speech; "
+                "use a shorter clip (0.5-30 s) with its transcript"
+            ) from None
         room = context - overhead - frames
         if room >= MIN_VOICE_FRAMES:
             return
         seconds = self.checkpoint.codec_config.frame_length / self.sample_rate
         longest = max(0, context - overhead - MIN_VOICE_FRAMES)
-        raise VoiceError(f"the reference clip is too long for this model: its {frames} frames ({frames * seconds:.1f} "
-                         f"s) and the {overhead} tokens of prompt text leave {max(room, 0)} of the context's "
-                         f"{context} positions for speech, under the {MIN_VOICE_FRAMES} a voice must leave; use a "
-                         f"clip of at most {longest * seconds:.1f} s (or a shorter transcript)")
+        raise VoiceError(
+            f"the reference clip is too long for this model: its {frames} frames ({frames * seconds:.1f} "
+            f"s) and the {overhead} tokens of prompt text leave {max(room, 0)} of the context's "
+            f"{context} positions for speech, under the {MIN_VOICE_FRAMES} a voice must leave; use a "
+            f"clip of at most {longest * seconds:.1f} s (or a shorter transcript)"
+        )

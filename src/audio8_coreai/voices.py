@@ -25,7 +25,7 @@ import tempfile
 import unicodedata
 import zipfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +38,10 @@ FORMAT = 1  # the on-disk format version in ``meta``; a newer file is refused ra
 SUFFIX = ".npz"
 MAX_NAME = 64  # fits every file system's name limit with room for the suffix and temporary names
 _NAME_PUNCTUATION = set(" _-.")
-_NAME_RULE = ("a voice name is 1 to 64 letters, digits, spaces, '_', '-' or '.', starting with a letter, digit "
-              "or '_' (no path separators, no '..')")
+_NAME_RULE = (
+    "a voice name is 1 to 64 letters, digits, spaces, '_', '-' or '.', starting with a letter, digit "
+    "or '_' (no path separators, no '..')"
+)
 
 
 class VoiceError(Audio8Error, ValueError):
@@ -101,8 +103,10 @@ def check_voice_choice(voice: object, ref_audio: object, ref_text: object) -> No
     if voice is not None:
         raise VoiceError("give either a voice (--voice) or a reference clip (--ref-audio with --ref-text), not both")
     if ref_audio is None or ref_text is None:
-        raise VoiceError("one-off cloning needs both the clip (--ref-audio; ref_audio in Python) and its "
-                         "transcript (--ref-text; ref_text)")
+        raise VoiceError(
+            "one-off cloning needs both the clip (--ref-audio; ref_audio in Python) and its "
+            "transcript (--ref-text; ref_text)"
+        )
 
 
 def default_voices_dir() -> Path:
@@ -142,10 +146,12 @@ class Voice:
             return
         label = f"voice {self.name!r}" if self.name else "this voice"
         clip = f" (its clip was {self.source})" if self.source else ""
-        raise VoiceError(f"{label} was made with another checkpoint (fingerprint {self.fingerprint[:12]}; this "
-                         f"model's is {fingerprint[:12]}), and reference codes only fit the codec that made "
-                         f"them: register it again with this model{clip}, e.g. `audio8 voice add "
-                         f"{self.name or 'NAME'} --audio CLIP --text TRANSCRIPT --force`")
+        raise VoiceError(
+            f"{label} was made with another checkpoint (fingerprint {self.fingerprint[:12]}; this "
+            f"model's is {fingerprint[:12]}), and reference codes only fit the codec that made "
+            f"them: register it again with this model{clip}, e.g. `audio8 voice add "
+            f"{self.name or 'NAME'} --audio CLIP --text TRANSCRIPT --force`"
+        )
 
     def meta(self) -> dict:
         """Everything but the codes, as stored in the file's ``meta`` JSON."""
@@ -155,7 +161,7 @@ class Voice:
 
 def now_utc() -> str:
     """The current time as ISO 8601 UTC to the second (``Voice.created``)."""
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 class VoiceStore:
@@ -196,20 +202,26 @@ class VoiceStore:
         # On macOS's and Windows' disks names differing in case are one file: keep stores portable.
         twin = next((n for n in self.names() if n != name and n.casefold() == name.casefold()), None)
         if twin is not None:
-            raise VoiceError(f"a voice named {twin!r} already exists in {self.root}, and names that differ only in "
-                             f"case are one file on macOS and Windows disks: choose another name, or remove "
-                             f"{twin!r} first (audio8 voice rm)")
+            raise VoiceError(
+                f"a voice named {twin!r} already exists in {self.root}, and names that differ only in "
+                f"case are one file on macOS and Windows disks: choose another name, or remove "
+                f"{twin!r} first (audio8 voice rm)"
+            )
         existing = self.root
         while not existing.exists() and existing != existing.parent:  # the folder is made on the first save
             existing = existing.parent
         if not existing.is_dir() or not os.access(existing, os.W_OK):
-            raise VoiceError(f"cannot store voices in {self.root}: {existing} is "
-                             f"{'not a folder' if not existing.is_dir() else 'not writable'}; give another folder "
-                             "(--voices DIR, voices_dir=...)")
+            raise VoiceError(
+                f"cannot store voices in {self.root}: {existing} is "
+                f"{'not a folder' if not existing.is_dir() else 'not writable'}; give another folder "
+                "(--voices DIR, voices_dir=...)"
+            )
         if target.exists() and not replace:
-            raise VoiceError(f"a voice named {name!r} already exists in {self.root}: choose another name, "
-                             f"or replace it (audio8 voice add --force, replace=True in Python, "
-                             "replace=true in POST /v1/voices)")
+            raise VoiceError(
+                f"a voice named {name!r} already exists in {self.root}: choose another name, "
+                f"or replace it (audio8 voice add --force, replace=True in Python, "
+                "replace=true in POST /v1/voices)"
+            )
         return target
 
     def save(self, voice: Voice, replace: bool = False) -> Path:
@@ -225,10 +237,17 @@ class VoiceStore:
         except OSError as e:
             raise VoiceError(f"cannot create the voices folder {self.root}: {e}; give another with --voices DIR") from e
         codes = np.asarray(voice.codes)
-        if (codes.ndim != 2 or codes.shape[1] == 0 or not np.issubdtype(codes.dtype, np.integer)
-                or codes.min() < 0 or codes.max() > 32767):
-            raise VoiceError(f"voice {voice.name!r}: codes must be integers in [0, 32767] shaped [codebooks, "
-                             f"frames], got {codes.dtype} {list(codes.shape)}")
+        if (
+            codes.ndim != 2
+            or codes.shape[1] == 0
+            or not np.issubdtype(codes.dtype, np.integer)
+            or codes.min() < 0
+            or codes.max() > 32767
+        ):
+            raise VoiceError(
+                f"voice {voice.name!r}: codes must be integers in [0, 32767] shaped [codebooks, "
+                f"frames], got {codes.dtype} {list(codes.shape)}"
+            )
         tmp = None
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{voice.name}.", suffix=".tmp", dir=self.root)
@@ -256,8 +275,10 @@ class VoiceStore:
         if not path.is_file():
             close = difflib.get_close_matches(name, self.names(), n=3)
             hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
-            raise VoiceError(f"no voice named {name!r} in {self.root}{hint}; `audio8 voice list` shows the voices "
-                             "(--voices DIR for another folder)")
+            raise VoiceError(
+                f"no voice named {name!r} in {self.root}{hint}; `audio8 voice list` shows the voices "
+                "(--voices DIR for another folder)"
+            )
         damaged = f"; remove it (`audio8 voice rm {name}`) and add it again"
         if not zipfile.is_zipfile(path):  # else np.load guesses a pickle and blames allow_pickle
             raise DamagedVoice(f"voice file {path} is damaged (not a NumPy zip archive){damaged}", name)
@@ -268,16 +289,25 @@ class VoiceStore:
             raise DamagedVoice(f"voice file {path} is damaged ({type(e).__name__}: {e}){damaged}", name) from e
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             version = meta.get("format") if isinstance(meta, dict) else None
-            raise DamagedVoice(f"voice file {path} has format {version!r}, this version reads format {FORMAT}: "
-                               f"upgrade audio8-coreai, or{damaged.removeprefix(';')}", name)
+            raise DamagedVoice(
+                f"voice file {path} has format {version!r}, this version reads format {FORMAT}: "
+                f"upgrade audio8-coreai, or{damaged.removeprefix(';')}",
+                name,
+            )
         if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer) or codes.shape[1] == 0:
-            raise DamagedVoice(f"voice file {path} is damaged (codes {codes.dtype} {list(codes.shape)}){damaged}",
-                               name)
+            raise DamagedVoice(f"voice file {path} is damaged (codes {codes.dtype} {list(codes.shape)}){damaged}", name)
         try:
-            voice = Voice(codes=codes.astype(np.int64), transcript=str(meta["transcript"]),
-                          sample_rate=int(meta["sample_rate"]), duration_s=float(meta["duration_s"]),
-                          fingerprint=str(meta["fingerprint"]), created=str(meta["created"]), name=name,
-                          source=str(meta.get("source", "")), warnings=tuple(meta.get("warnings", ())))
+            voice = Voice(
+                codes=codes.astype(np.int64),
+                transcript=str(meta["transcript"]),
+                sample_rate=int(meta["sample_rate"]),
+                duration_s=float(meta["duration_s"]),
+                fingerprint=str(meta["fingerprint"]),
+                created=str(meta["created"]),
+                name=name,
+                source=str(meta.get("source", "")),
+                warnings=tuple(meta.get("warnings", ())),
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise DamagedVoice(f"voice file {path} is damaged (meta: {type(e).__name__}: {e}){damaged}", name) from e
         if fingerprint is not None:

@@ -29,13 +29,17 @@ def check_speech_format(fmt: str, stream: bool = False) -> None:
     if fmt not in SPEECH_FORMATS:
         raise AudioError(f"unknown response_format {fmt!r}: use one of {', '.join(SPEECH_FORMATS)}")
     if stream and fmt not in STREAMABLE_FORMATS:
-        raise AudioError(f"{fmt} cannot be streamed (its header must give the length); use one of "
-                         f"{', '.join(STREAMABLE_FORMATS)} to stream, or {fmt} without streaming")
+        raise AudioError(
+            f"{fmt} cannot be streamed (its header must give the length); use one of "
+            f"{', '.join(STREAMABLE_FORMATS)} to stream, or {fmt} without streaming"
+        )
     if fmt in _SOUNDFILE:
         container, subtype = _SOUNDFILE[fmt]
         if container not in sf.available_formats() or subtype not in sf.available_subtypes(container):
-            raise AudioError(f"this server's libsndfile {sf.__libsndfile_version__} cannot encode {fmt}; use wav, "
-                             "pcm or flac (or install libsndfile >= 1.1 with MP3 and Opus support)")
+            raise AudioError(
+                f"this server's libsndfile {sf.__libsndfile_version__} cannot encode {fmt}; use wav, "
+                "pcm or flac (or install libsndfile >= 1.1 with MP3 and Opus support)"
+            )
 
 
 def _pcm16(audio: np.ndarray) -> bytes:
@@ -45,10 +49,20 @@ def _pcm16(audio: np.ndarray) -> bytes:
 def _wav_header(sample_rate: int, data_bytes: int) -> bytes:
     """A 44-byte RIFF header for mono 16-bit PCM; ``data_bytes`` 0xFFFFFFFF means 'until the end' (streams)."""
     riff = 0xFFFFFFFF if data_bytes == 0xFFFFFFFF else 36 + data_bytes
-    return (b"RIFF" + riff.to_bytes(4, "little") + b"WAVEfmt " + (16).to_bytes(4, "little")
-            + (1).to_bytes(2, "little") + (1).to_bytes(2, "little") + sample_rate.to_bytes(4, "little")
-            + (2 * sample_rate).to_bytes(4, "little") + (2).to_bytes(2, "little") + (16).to_bytes(2, "little")
-            + b"data" + data_bytes.to_bytes(4, "little"))
+    return (
+        b"RIFF"
+        + riff.to_bytes(4, "little")
+        + b"WAVEfmt "
+        + (16).to_bytes(4, "little")
+        + (1).to_bytes(2, "little")
+        + (1).to_bytes(2, "little")
+        + sample_rate.to_bytes(4, "little")
+        + (2 * sample_rate).to_bytes(4, "little")
+        + (2).to_bytes(2, "little")
+        + (16).to_bytes(2, "little")
+        + b"data"
+        + data_bytes.to_bytes(4, "little")
+    )
 
 
 class _Drain(io.BytesIO):
@@ -61,7 +75,7 @@ class _Drain(io.BytesIO):
         self._sent = 0
 
     def take(self) -> bytes:
-        data = self.getbuffer()[self._sent:].tobytes()
+        data = self.getbuffer()[self._sent :].tobytes()
         self._sent += len(data)
         return data
 

@@ -54,8 +54,9 @@ def _write_error(path: Path, folder: Path, e: BaseException) -> AudioError:
         full = shutil.disk_usage(folder).free < 1 << 20
     except OSError:
         full = False
-    return AudioError(f"cannot write {path}: {e}" + (" (the disk is full: free some space or write elsewhere)"
-                                                     if full else ""))
+    return AudioError(
+        f"cannot write {path}: {e}" + (" (the disk is full: free some space or write elsewhere)" if full else "")
+    )
 
 
 def check_writable(path: str | Path) -> tuple[Path, Path]:

@@ -65,8 +65,10 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     making up over 0.01 % of the clip), a very low level (peak under -30 dBFS), a sample rate under 16 kHz.
     """
     if not isinstance(path, (str, os.PathLike)):  # samples or an open file: the clip is read from its file
-        raise AudioError(f"the reference clip must be a file path (str or Path), got {type(path).__name__}: "
-                         "write the samples to a .wav first (soundfile.write)")
+        raise AudioError(
+            f"the reference clip must be a file path (str or Path), got {type(path).__name__}: "
+            "write the samples to a .wav first (soundfile.write)"
+        )
     path = Path(path).expanduser()
     if path.is_dir():
         raise AudioError(f"{path} is a folder: give the reference clip's audio file")
@@ -80,36 +82,48 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
             data = f.read(dtype="float32", always_2d=True)
     except (sf.SoundFileError, RuntimeError, OSError) as e:
         detail = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
-        raise AudioError(f"cannot read reference audio {path}: {detail}; give a clip in a format libsndfile "
-                         "reads (wav, flac, ogg, mp3, aiff), re-exported if this one is damaged") from e
+        raise AudioError(
+            f"cannot read reference audio {path}: {detail}; give a clip in a format libsndfile "
+            "reads (wav, flac, ogg, mp3, aiff), re-exported if this one is damaged"
+        ) from e
     if data.shape[0] == 0:
         raise AudioError(f"reference audio {path} holds no samples: give 0.5 to 30 s of the speaker talking")
     duration = data.shape[0] / rate
     _check_duration(path, duration)  # the header's frame count can be an estimate (mp3) or wrong (truncation)
     if not np.isfinite(data).all():
-        raise AudioError(f"reference audio {path} holds NaN or infinite samples (a damaged float file); "
-                         "re-export the clip")
+        raise AudioError(
+            f"reference audio {path} holds NaN or infinite samples (a damaged float file); re-export the clip"
+        )
     clipped = _clipped_samples(data)
     mono = data.mean(axis=1)  # the publisher averages channels (SPEC.md section 9)
     peak = float(np.abs(mono).max())
     if peak == 0.0:
-        raise AudioError(f"reference audio {path} is digital silence (every sample is 0): give a clip of the "
-                         "speaker talking")
+        raise AudioError(
+            f"reference audio {path} is digital silence (every sample is 0): give a clip of the speaker talking"
+        )
     sound = _sound_share(mono, rate)
     if sound < MIN_SOUND_SHARE:
-        raise AudioError(f"reference audio {path} is nearly all silence: only {sound * duration:.2f} s of its "
-                         f"{duration:.2f} s is above {SILENCE_DBFS:g} dBFS; give a clip of the speaker talking")
+        raise AudioError(
+            f"reference audio {path} is nearly all silence: only {sound * duration:.2f} s of its "
+            f"{duration:.2f} s is above {SILENCE_DBFS:g} dBFS; give a clip of the speaker talking"
+        )
     peak_dbfs = 20 * float(np.log10(peak))
     warnings = []
     if clipped > CLIP_SHARE * data.size:
-        warnings.append(f"{path.name} is clipped: {clipped} samples ({100 * clipped / data.size:.2f} %) sit at "
-                        "full scale, and the cloned voice may copy the distortion; record at a lower level")
+        warnings.append(
+            f"{path.name} is clipped: {clipped} samples ({100 * clipped / data.size:.2f} %) sit at "
+            "full scale, and the cloned voice may copy the distortion; record at a lower level"
+        )
     if peak_dbfs < LOW_PEAK_DBFS:
-        warnings.append(f"{path.name} is very quiet (peak {peak_dbfs:.1f} dBFS): noise weighs more in the voice; "
-                        "record closer to the microphone or raise the level")
+        warnings.append(
+            f"{path.name} is very quiet (peak {peak_dbfs:.1f} dBFS): noise weighs more in the voice; "
+            "record closer to the microphone or raise the level"
+        )
     if rate < LOW_RATE_HZ:
-        warnings.append(f"{path.name} is sampled at {rate} Hz: it holds nothing above {rate // 2} Hz, so the "
-                        f"cloned voice may sound muffled; use a recording at {LOW_RATE_HZ} Hz or more")
+        warnings.append(
+            f"{path.name} is sampled at {rate} Hz: it holds nothing above {rate // 2} Hz, so the "
+            f"cloned voice may sound muffled; use a recording at {LOW_RATE_HZ} Hz or more"
+        )
     if rate != REFERENCE_RATE:
         mono = soxr.resample(mono, rate, REFERENCE_RATE, quality="VHQ")
     info = ReferenceInfo(path, rate, channels, duration, fmt, subtype, peak_dbfs, warnings)
@@ -118,11 +132,15 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
 
 def _check_duration(path: Path, seconds: float) -> None:
     if seconds < MIN_REFERENCE_S:
-        raise AudioError(f"reference audio {path} is {seconds:.2f} s long; a voice needs {MIN_REFERENCE_S:g} to "
-                         f"{MAX_REFERENCE_S:g} s of speech: give a longer clip")
+        raise AudioError(
+            f"reference audio {path} is {seconds:.2f} s long; a voice needs {MIN_REFERENCE_S:g} to "
+            f"{MAX_REFERENCE_S:g} s of speech: give a longer clip"
+        )
     if seconds > MAX_REFERENCE_S:
-        raise AudioError(f"reference audio {path} is {seconds:.2f} s long; a voice needs {MIN_REFERENCE_S:g} to "
-                         f"{MAX_REFERENCE_S:g} s of speech: cut the clip (about 10 s of clear speech is plenty)")
+        raise AudioError(
+            f"reference audio {path} is {seconds:.2f} s long; a voice needs {MIN_REFERENCE_S:g} to "
+            f"{MAX_REFERENCE_S:g} s of speech: cut the clip (about 10 s of clear speech is plenty)"
+        )
 
 
 def _sound_share(mono: np.ndarray, rate: int) -> float:
@@ -146,8 +164,8 @@ def _clipped_samples(data: np.ndarray) -> int:
         return 0
     starts = np.abs(data[:n]) >= FULL_SCALE
     for i in range(1, CLIP_RUN):
-        starts &= data[i:i + n] == data[:n]
+        starts &= data[i : i + n] == data[:n]
     hit = np.zeros(data.shape, dtype=bool)
     for i in range(CLIP_RUN):
-        hit[i:i + n] |= starts
+        hit[i : i + n] |= starts
     return int(hit.sum())

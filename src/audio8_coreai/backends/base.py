@@ -90,9 +90,11 @@ class Lease:
     def resume(self, token: int) -> Iterator[None]:
         with self._lock:
             if self._epoch != token:
-                raise EngineError("this stream was overtaken: another utterance ran on the same model since its "
-                                  "last frame (a TTS makes one utterance at a time); finish or close a stream "
-                                  "before the next call on that TTS, or give each thread its own TTS")
+                raise EngineError(
+                    "this stream was overtaken: another utterance ran on the same model since its "
+                    "last frame (a TTS makes one utterance at a time); finish or close a stream "
+                    "before the next call on that TTS, or give each thread its own TTS"
+                )
             yield
 
 
@@ -142,15 +144,29 @@ class Backend(ABC):
         hidden [dim] (float32), kept for :meth:`first_frame`."""
 
     @abstractmethod
-    def first_frame(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray,
-                    noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
+    def first_frame(
+        self,
+        params: SamplingParams,
+        noise_slow: np.ndarray,
+        window: np.ndarray,
+        noise_fast: np.ndarray,
+        forced: np.ndarray | None = None,
+    ) -> FrameResult:
         """Frame 0, drawn from the prefill's last logits and hidden: noise_slow float32 [2, V+1], RAS window
         int64 [W], noise_fast float32 [C-1, codebook_size], ``forced`` int64 [1+C] a column to keep instead of the
         draws (teacher forcing) or None."""
 
     @abstractmethod
-    def frame(self, params: SamplingParams, column: np.ndarray, pos: int, noise_slow: np.ndarray,
-              window: np.ndarray, noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
+    def frame(
+        self,
+        params: SamplingParams,
+        column: np.ndarray,
+        pos: int,
+        noise_slow: np.ndarray,
+        window: np.ndarray,
+        noise_fast: np.ndarray,
+        forced: np.ndarray | None = None,
+    ) -> FrameResult:
         """A later frame: the slow step on the previous ``column`` int64 [1+C] at slot ``pos``, then the draws
         (inputs as :meth:`first_frame`)."""
 
@@ -180,7 +196,7 @@ class RedecodeStream:
     def push(self, codes: np.ndarray) -> np.ndarray:
         self._codes.append(np.asarray(codes))
         audio = self.backend.decode_window(np.concatenate(self._codes, axis=1))
-        new = audio[self._samples:]
+        new = audio[self._samples :]
         self._samples = len(audio)
         return new
 
@@ -196,21 +212,33 @@ def check_backend_choice(backend: str, device: str = "auto", assets: object = No
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     if backend == "coreai" and assets is None:
-        raise BackendError("the coreai backend runs converted assets: give assets=DIR (--assets), a folder "
-                           "written by audio8 convert")
+        raise BackendError(
+            "the coreai backend runs converted assets: give assets=DIR (--assets), a folder written by audio8 convert"
+        )
     if backend != "coreai" and assets is not None:
-        raise BackendError("assets (--assets) are run by the coreai backend: add backend='coreai' "
-                           "(--backend coreai), or drop the assets to use the torch backend")
+        raise BackendError(
+            "assets (--assets) are run by the coreai backend: add backend='coreai' "
+            "(--backend coreai), or drop the assets to use the torch backend"
+        )
     if backend == "coreai" and cuda_graphs:
         raise BackendError("CUDA graphs (--cuda-graphs) are a torch-backend option: drop them for coreai")
     if cuda_graphs and resolve_device(device).type != "cuda":
-        raise BackendError(f"CUDA graphs need a CUDA device, not {resolve_device(device)}: drop the option or "
-                           "use --device cuda")
+        raise BackendError(
+            f"CUDA graphs need a CUDA device, not {resolve_device(device)}: drop the option or use --device cuda"
+        )
 
 
-def open_backend(checkpoint: Checkpoint, backend: str = "torch", *, device: str = "auto",
-                 precision: str | None = None, codec_dtype: str | None = None, cuda_graphs: bool = False,
-                 assets: object = None, prefix_length: Callable[[np.ndarray], int] | None = None) -> Backend:
+def open_backend(
+    checkpoint: Checkpoint,
+    backend: str = "torch",
+    *,
+    device: str = "auto",
+    precision: str | None = None,
+    codec_dtype: str | None = None,
+    cuda_graphs: bool = False,
+    assets: object = None,
+    prefix_length: Callable[[np.ndarray], int] | None = None,
+) -> Backend:
     """THE backend picker (the API, the CLI and the gate call it): ``torch`` on ``device`` at ``precision`` (None:
     the device's default), its codec at ``codec_dtype``, frames as CUDA graphs with ``cuda_graphs``, prompt heads
     kept per ``prefix_length``; or ``coreai`` running the asset folder ``assets``.
@@ -222,5 +250,11 @@ def open_backend(checkpoint: Checkpoint, backend: str = "torch", *, device: str 
         return CoreAIBackend(checkpoint, assets)
     from .torch import TorchBackend
 
-    return TorchBackend(checkpoint, device, precision=precision, codec_dtype=codec_dtype,
-                        frame_mode="graph" if cuda_graphs else "eager", prefix_length=prefix_length)
+    return TorchBackend(
+        checkpoint,
+        device,
+        precision=precision,
+        codec_dtype=codec_dtype,
+        frame_mode="graph" if cuda_graphs else "eager",
+        prefix_length=prefix_length,
+    )

@@ -85,8 +85,9 @@ class Checkpoint:
             return
         if not self.model_file.is_file():
             raise CheckpointError(f"{self.path}: no {MODEL_FILE}; a checkpoint folder must hold {FOLDER_CONTENTS}")
-        check_tensors(self.model_file, CONFIG_FILE, dualar_param_shapes(self.config),
-                      safetensors_shapes(self.model_file))
+        check_tensors(
+            self.model_file, CONFIG_FILE, dualar_param_shapes(self.config), safetensors_shapes(self.model_file)
+        )
         self._model_checked = True
 
     def check_codec(self) -> None:
@@ -100,8 +101,10 @@ class Checkpoint:
             return
         file = self.codec_file
         if not file.is_file():
-            raise CheckpointError(f"{self.path}: no {self.config.codec_filename} (or {CODEC_SAFETENSORS_FILE}); "
-                                  f"a checkpoint folder must hold {FOLDER_CONTENTS}")
+            raise CheckpointError(
+                f"{self.path}: no {self.config.codec_filename} (or {CODEC_SAFETENSORS_FILE}); "
+                f"a checkpoint folder must hold {FOLDER_CONTENTS}"
+            )
         tensors = codec_tensors(file, lazy=True)
         actual = {n: (tuple(t.shape), t.dtype) for n, t in tensors.items()}
         if not (self.path / CODEC_SPEC_FILE).is_file():
@@ -181,8 +184,7 @@ class Checkpoint:
         return self._fingerprint
 
 
-def load_checkpoint(path_or_id: str | Path = DEFAULT_MODEL, *, weights: bool = True,
-                    codec: bool = True) -> Checkpoint:
+def load_checkpoint(path_or_id: str | Path = DEFAULT_MODEL, *, weights: bool = True, codec: bool = True) -> Checkpoint:
     """Find (see :func:`resolve_checkpoint`), read and validate a checkpoint; weights stay on disk.
 
     ``weights`` / ``codec`` False skip ``model.safetensors`` / the codec file entirely (not downloaded,
@@ -205,8 +207,9 @@ def load_checkpoint(path_or_id: str | Path = DEFAULT_MODEL, *, weights: bool = T
         )
     try:
         config = ModelConfig.from_dict(raw, str(cfg_path))
-        generation = GenerationConfig.from_dict(read_json(path / GENERATION_FILE, required=False),
-                                                str(path / GENERATION_FILE))
+        generation = GenerationConfig.from_dict(
+            read_json(path / GENERATION_FILE, required=False), str(path / GENERATION_FILE)
+        )
         spec = read_json(path / CODEC_SPEC_FILE, required=False)
         codec_config = CodecConfig() if spec is None else CodecConfig.from_spec(spec, str(path / CODEC_SPEC_FILE))
     except ConfigError as e:

@@ -51,14 +51,23 @@ def resolve_checkpoint(model: str | Path = DEFAULT_MODEL, *, weights: bool = Tru
     etag_timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT", _HUB_ETAG_TIMEOUT_S))
     local_hint = f"pass --model DIR with a local folder holding {FOLDER_CONTENTS}"
     try:
-        return Path(snapshot_download(text, allow_patterns=checkpoint_files(weights, codec), etag_timeout=etag_timeout,
-                                      local_files_only=offline))
+        return Path(
+            snapshot_download(
+                text,
+                allow_patterns=checkpoint_files(weights, codec),
+                etag_timeout=etag_timeout,
+                local_files_only=offline,
+            )
+        )
     except GatedRepoError as e:
-        raise CheckpointError(f"hub repository {text} is gated: accept its terms on the hub and log in "
-                              f"(`hf auth login`), or {local_hint}") from e
+        raise CheckpointError(
+            f"hub repository {text} is gated: accept its terms on the hub and log in (`hf auth login`), or {local_hint}"
+        ) from e
     except RepositoryNotFoundError as e:
-        raise CheckpointError(f"hub repository {text} does not exist or is private (no local folder {path} "
-                              f"either); check the id, log in for a private one, or {local_hint}") from e
+        raise CheckpointError(
+            f"hub repository {text} does not exist or is private (no local folder {path} "
+            f"either); check the id, log in for a private one, or {local_hint}"
+        ) from e
     except Exception as e:  # noqa: BLE001 - any network/cache failure means the same thing to the user
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if offline:

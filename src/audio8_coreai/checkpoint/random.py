@@ -61,8 +61,13 @@ def _model_tensor(cfg: ModelConfig, name: str, shape: tuple[int, ...], g: torch.
     """One random DualAR tensor (fp32) by its publisher name."""
     if name.endswith("norm.weight"):
         return 1 + _SCALE_JITTER * _randn(shape, g)
-    if name in {"embeddings.weight", "codebook_embeddings.weight", "fast_embeddings.weight", "fast_output.weight",
-                "output.weight"}:
+    if name in {
+        "embeddings.weight",
+        "codebook_embeddings.weight",
+        "fast_embeddings.weight",
+        "fast_output.weight",
+        "output.weight",
+    }:
         t = _randn(shape, g) * (_EMBED_STD * (_REFERENCE_WIDTH / shape[1]) ** 0.5)
         if name in {"embeddings.weight", "output.weight"}:  # the rows that score eos
             t[cfg.eos_token_id] *= _EOS_BOOST
@@ -75,8 +80,10 @@ def _model_tensor(cfg: ModelConfig, name: str, shape: tuple[int, ...], g: torch.
 
 # ConvTranspose weights are [in, out, k]; each output sample sums in * (k / stride) products: 2 for the
 # decoder's up-convs (k = 2 * stride), 1 for the quantizer's upsample (k = stride = 2).
-_TRANSPOSED_TAPS = ((re.compile(r"decoder\.model\.\d+\.block\.1\.conv\.parametrizations\.weight\.original1"), 2),
-                    (re.compile(r"quantizer\.upsample\.\d+\.0\.conv\.weight"), 1))
+_TRANSPOSED_TAPS = (
+    (re.compile(r"decoder\.model\.\d+\.block\.1\.conv\.parametrizations\.weight\.original1"), 2),
+    (re.compile(r"quantizer\.upsample\.\d+\.0\.conv\.weight"), 1),
+)
 # Gains (x 1/sqrt(fan_in)) that keep the codec's activations O(1) through its depth: the second conv of
 # each residual unit is damped so the 12 residual additions in the decoder do not compound, and the last
 # conv is damped so the waveform stays mostly inside tanh's linear range instead of clipping at +-1.
@@ -133,8 +140,6 @@ def _codec_tensors_random(cc: CodecConfig, seed: int) -> dict[str, torch.Tensor]
     return {name: out[name] for name in shapes}
 
 
-
-
 def _preset(*parts: str) -> dict[str, Any]:
     """A JSON file under ``presets/`` (package data), its key order kept."""
     return json.loads(resources.files(__package__).joinpath("presets", *parts).read_text(encoding="utf-8"))
@@ -171,13 +176,24 @@ def make_checkpoint(out_dir: str | Path, size: Size = "tiny", seed: int = 0) -> 
     cfg = ModelConfig.from_dict(raw_config)
     cc = CodecConfig.from_spec(codec_spec) if tiny else CodecConfig()
     with staged_folder(out) as tmp:
+
         def write_json(name: str, data: dict[str, Any]) -> None:
             # Key order as given: the publisher's files are sorted (HF style), codec_spec.json is not.
             (tmp / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
         write_json(CONFIG_FILE, raw_config)
-        write_json(GENERATION_FILE, dict(sorted({**_preset(GENERATION_FILE), "eos_token_id": cfg.eos_token_id,
-                                                 "pad_token_id": cfg.pad_token_id}.items())))
+        write_json(
+            GENERATION_FILE,
+            dict(
+                sorted(
+                    {
+                        **_preset(GENERATION_FILE),
+                        "eos_token_id": cfg.eos_token_id,
+                        "pad_token_id": cfg.pad_token_id,
+                    }.items()
+                )
+            ),
+        )
         if tiny:
             write_json(CODEC_SPEC_FILE, codec_spec)
         try:
@@ -187,8 +203,10 @@ def make_checkpoint(out_dir: str | Path, size: Size = "tiny", seed: int = 0) -> 
 
         # Tensors are made in fp32 and cast one at a time, so 0.6b never holds a full fp32 copy.
         store = torch.float32 if tiny else torch.bfloat16
-        model = {name: _model_tensor(cfg, name, shape, _generator(seed, "model", name)).to(store)
-                 for name, shape in dualar_param_shapes(cfg).items()}
+        model = {
+            name: _model_tensor(cfg, name, shape, _generator(seed, "model", name)).to(store)
+            for name, shape in dualar_param_shapes(cfg).items()
+        }
         save_file(model, str(tmp / MODEL_FILE), metadata={"format": "pt"})
         # safetensors creates its file 0600; give it the same (umask-derived) mode as the other files.
         os.chmod(tmp / MODEL_FILE, (tmp / CONFIG_FILE).stat().st_mode & 0o777)

@@ -17,9 +17,18 @@ from .layout import FOLDER_CONTENTS, CheckpointError
 from .validate import MAX_LISTED
 
 _SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
-    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 
 
@@ -54,13 +63,16 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dty
             for name in f.keys():
                 sl = f.get_slice(name)
                 if sl.get_dtype() not in _SAFETENSORS_DTYPES:
-                    raise CheckpointError(f"{path}: tensor {name} has dtype {sl.get_dtype()}, which torch cannot "
-                                          "hold; expected F32, F16 or BF16")
+                    raise CheckpointError(
+                        f"{path}: tensor {name} has dtype {sl.get_dtype()}, which torch cannot "
+                        "hold; expected F32, F16 or BF16"
+                    )
                 out[name] = (tuple(sl.get_shape()), _SAFETENSORS_DTYPES[sl.get_dtype()])
             return out
     except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e}); it is truncated or corrupt, "
-                              "download or write it again") from e
+        raise CheckpointError(
+            f"{path}: not a readable safetensors file ({e}); it is truncated or corrupt, download or write it again"
+        ) from e
 
 
 def _load_pickle(path: Path, lazy: bool) -> Any:
@@ -80,12 +92,16 @@ def _load_pickle(path: Path, lazy: bool) -> Any:
                 "from the file, so it is refused; re-save it as a plain dict of tensors (torch.save(state_dict)) "
                 "or as codec.safetensors"
             ) from e
-        raise CheckpointError(f"{path}: not a readable torch weights file ({detail[0] if detail else e}); "
-                              "it is corrupt or truncated, download or write it again") from e
+        raise CheckpointError(
+            f"{path}: not a readable torch weights file ({detail[0] if detail else e}); "
+            "it is corrupt or truncated, download or write it again"
+        ) from e
     except Exception as e:  # noqa: BLE001 - zip, EOF and runtime errors all mean a damaged file
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: not a readable torch weights file ({type(e).__name__}: {first_line}); "
-                              "it is corrupt or truncated, download or write it again") from e
+        raise CheckpointError(
+            f"{path}: not a readable torch weights file ({type(e).__name__}: {first_line}); "
+            "it is corrupt or truncated, download or write it again"
+        ) from e
 
 
 def codec_tensors(path: Path, lazy: bool) -> dict[str, torch.Tensor]:
@@ -110,6 +126,7 @@ def codec_tensors(path: Path, lazy: bool) -> dict[str, torch.Tensor]:
     sd = normalize_codec_state_dict(raw)
     bad = [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]
     if bad:
-        raise CheckpointError(f"{path}: entries that are not tensors: {bad[:MAX_LISTED]}; expected a plain "
-                              "state dict of the codec")
+        raise CheckpointError(
+            f"{path}: entries that are not tensors: {bad[:MAX_LISTED]}; expected a plain state dict of the codec"
+        )
     return sd

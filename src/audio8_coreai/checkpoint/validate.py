@@ -25,13 +25,19 @@ def require_finite(values, part: str, file: str):
     import numpy as np
 
     if not np.isfinite(values).all():
-        raise CheckpointError(f"the {part} produced NaN or infinite values: {file} is damaged (a bad download or "
-                              f"disk); download the checkpoint again")
+        raise CheckpointError(
+            f"the {part} produced NaN or infinite values: {file} is damaged (a bad download or "
+            f"disk); download the checkpoint again"
+        )
     return values
 
 
-def check_tensors(path: Path, against: str, expected: dict[str, tuple[int, ...]],
-                  actual: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+def check_tensors(
+    path: Path,
+    against: str,
+    expected: dict[str, tuple[int, ...]],
+    actual: dict[str, tuple[tuple[int, ...], torch.dtype]],
+) -> None:
     """Raise :class:`CheckpointError` unless ``actual`` has exactly the ``expected`` names and shapes.
 
     Every tensor must also be floating point. The message gives the totals and names the first few
@@ -39,10 +45,16 @@ def check_tensors(path: Path, against: str, expected: dict[str, tuple[int, ...]]
     """
     missing = [n for n in expected if n not in actual]
     unexpected = [n for n in actual if n not in expected]
-    wrong = [f"{n} has shape {list(actual[n][0])}, expected {list(s)}"
-             for n, s in expected.items() if n in actual and tuple(actual[n][0]) != tuple(s)]
-    wrong += [f"{n} has dtype {str(d).removeprefix('torch.')}, expected float32, float16 or bfloat16"
-              for n, (_, d) in actual.items() if n in expected and d not in _FLOAT_DTYPES]
+    wrong = [
+        f"{n} has shape {list(actual[n][0])}, expected {list(s)}"
+        for n, s in expected.items()
+        if n in actual and tuple(actual[n][0]) != tuple(s)
+    ]
+    wrong += [
+        f"{n} has dtype {str(d).removeprefix('torch.')}, expected float32, float16 or bfloat16"
+        for n, (_, d) in actual.items()
+        if n in expected and d not in _FLOAT_DTYPES
+    ]
     if not (missing or unexpected or wrong):
         return
 
@@ -50,9 +62,11 @@ def check_tensors(path: Path, against: str, expected: dict[str, tuple[int, ...]]
         more = f" (+{len(items) - MAX_LISTED} more)" if len(items) > MAX_LISTED else ""
         return f"{kind}: " + "; ".join(items[:MAX_LISTED]) + more
 
-    parts = [listed("missing", [f"{n} {list(expected[n])}" for n in missing]) if missing else "",
-             listed("unexpected", [f"{n} {list(actual[n][0])}" for n in unexpected]) if unexpected else "",
-             listed("wrong", wrong) if wrong else ""]
+    parts = [
+        listed("missing", [f"{n} {list(expected[n])}" for n in missing]) if missing else "",
+        listed("unexpected", [f"{n} {list(actual[n][0])}" for n in unexpected]) if unexpected else "",
+        listed("wrong", wrong) if wrong else "",
+    ]
     raise CheckpointError(
         f"{path} does not match {against}: {len(missing)} missing, {len(unexpected)} unexpected, "
         f"{len(wrong)} mis-shaped or mistyped of {len(expected)} expected tensors. "
@@ -88,9 +102,17 @@ def derive_codec_config(shapes: dict[str, tuple[int, ...]], base: CodecConfig | 
     if enc_blocks and all(shape(f"encoder.block.{b}.block.4.{wn}") for b in enc_blocks):
         values["encoder_strides"] = tuple(shape(f"encoder.block.{b}.block.4.{wn}")[2] // 2 for b in enc_blocks)
         values["encoder_transformer_layers"] = tuple(
-            len(_sorted_indices(names, rf"encoder\.block\.{b}\.block\.5\.layers\.(\d+)\.")) for b in enc_blocks)
-        ffn = [shapes[n][0] for n in names if re.fullmatch(r"encoder\.block\.\d+\.block\.5\.layers\.0\.feed_forward"
-                                                            r"\.w1\.weight", n)]
+            len(_sorted_indices(names, rf"encoder\.block\.{b}\.block\.5\.layers\.(\d+)\.")) for b in enc_blocks
+        )
+        ffn = [
+            shapes[n][0]
+            for n in names
+            if re.fullmatch(
+                r"encoder\.block\.\d+\.block\.5\.layers\.0\.feed_forward"
+                r"\.w1\.weight",
+                n,
+            )
+        ]
         if ffn:
             values["encoder_transformer_intermediate_size"] = ffn[0]
     sem = "quantizer.semantic_quantizer.quantizers.0"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -16,9 +16,13 @@ from rich.markup import escape
 
 from ..errors import Audio8Error
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  context_settings={"help_option_names": ["-h", "--help"]},
-                  help="Audio8-TTS-Preview-0.6b: speak text from the publisher's checkpoint.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Audio8-TTS-Preview-0.6b: speak text from the publisher's checkpoint.",
+)
 err = Console(stderr=True)
 out = Console()
 
@@ -43,16 +47,28 @@ def friendly(fn):
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Checkpoint folder (publisher layout) or hub id.")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
-DtypeOpt = Annotated[Optional[str], typer.Option(
-    "--dtype", "--precision", help="Torch precision: fp32 (exact), bf16, int16 (16-bit fixed point, near-exact), "
-    "int12, int8 or int8-int16 (int8 slow AR: these miss draws); default int16 on CPU, fp32 on CUDA. The codec stays "
-    "fp32 on CPU.")]
-CudaGraphsOpt = Annotated[bool, typer.Option(
-    "--cuda-graphs", help="With --device cuda: replay each frame as one captured CUDA graph (torch backend).")]
-VoicesOpt = Annotated[Optional[Path], typer.Option("--voices", help="Voices folder (default: the per-user one).")]
+DtypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        "--precision",
+        help="Torch precision: fp32 (exact), bf16, int16 (16-bit fixed point, near-exact), "
+        "int12, int8 or int8-int16 (int8 slow AR: these miss draws); default int16 on CPU, fp32 on CUDA. "
+        "The codec stays "
+        "fp32 on CPU.",
+    ),
+]
+CudaGraphsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--cuda-graphs", help="With --device cuda: replay each frame as one captured CUDA graph (torch backend)."
+    ),
+]
+VoicesOpt = Annotated[Path | None, typer.Option("--voices", help="Voices folder (default: the per-user one).")]
 BackendOpt = Annotated[str, typer.Option(help="torch, or coreai (runs the assets given with --assets).")]
-AssetsOpt = Annotated[Optional[Path], typer.Option(help="Core AI asset folder written by `audio8 convert` "
-                                                        "(with --backend coreai).")]
+AssetsOpt = Annotated[
+    Path | None, typer.Option(help="Core AI asset folder written by `audio8 convert` (with --backend coreai).")
+]
 
 
 def print_warnings(warnings) -> None:

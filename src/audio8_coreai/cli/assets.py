@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -13,7 +13,7 @@ from ..settings import DEFAULTS
 from .app import ModelOpt, app, friendly, out
 
 
-class Precision(str, Enum):
+class Precision(StrEnum):
     fp32 = "fp32"
     fp16 = "fp16"
     int8_fp16 = "int8-fp16"
@@ -23,21 +23,33 @@ class Precision(str, Enum):
 @friendly
 def convert(
     model: ModelOpt = DEFAULT_MODEL,
-    out_dir: Annotated[Path, typer.Option("--out", help="New folder for the assets (must not exist or be empty).")]
-    = Path("assets"),
-    precision: Annotated[Precision, typer.Option(help="fp32 (exact), fp16, or int8-fp16 (int8 slow-AR weights, "
-                                                      "fp16 elsewhere).")] = Precision.fp32,
-    context: Annotated[Optional[int], typer.Option(help="KV slots for prompt + frames, a multiple of 32 "
-                                                        "(default: the model's max_seq_len).")] = None,
-    decoder_frames: Annotated[int, typer.Option(help="Codec decoder bucket, frames per call (2048 samples "
-                                                     "each).")] = DEFAULTS.decoder_frames,
-    encoder_frames: Annotated[int, typer.Option(help="Codec encoder bucket, frames per call.")]
-    = DEFAULTS.encoder_frames,
-    part: Annotated[Optional[list[str]], typer.Option(help="Convert only this part (repeatable): dualar, "
-                                                           "codec_decoder, codec_encoder.")] = None,
-    greedy: Annotated[bool, typer.Option(help="Bake do_sample false into the frame graphs (argmax draws, the "
-                                              "publisher's greedy path) instead of the checkpoint's sampling.")]
-    = False,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="New folder for the assets (must not exist or be empty).")
+    ] = Path("assets"),
+    precision: Annotated[
+        Precision, typer.Option(help="fp32 (exact), fp16, or int8-fp16 (int8 slow-AR weights, fp16 elsewhere).")
+    ] = Precision.fp32,
+    context: Annotated[
+        int | None,
+        typer.Option(help="KV slots for prompt + frames, a multiple of 32 (default: the model's max_seq_len)."),
+    ] = None,
+    decoder_frames: Annotated[
+        int, typer.Option(help="Codec decoder bucket, frames per call (2048 samples each).")
+    ] = DEFAULTS.decoder_frames,
+    encoder_frames: Annotated[
+        int, typer.Option(help="Codec encoder bucket, frames per call.")
+    ] = DEFAULTS.encoder_frames,
+    part: Annotated[
+        list[str] | None,
+        typer.Option(help="Convert only this part (repeatable): dualar, codec_decoder, codec_encoder."),
+    ] = None,
+    greedy: Annotated[
+        bool,
+        typer.Option(
+            help="Bake do_sample false into the frame graphs (argmax draws, the "
+            "publisher's greedy path) instead of the checkpoint's sampling."
+        ),
+    ] = False,
 ) -> None:
     """Convert a checkpoint into Core AI assets (dualar, codec decoder, codec encoder .aimodel folders)."""
     import dataclasses
@@ -51,9 +63,18 @@ def convert(
     t0 = time.perf_counter()
     ckpt = load_checkpoint(model)
     sampling = SamplingParams.from_configs(ckpt.config, ckpt.generation)
-    path = convert_assets(ckpt, out_dir, precision.value, context,
-                          sampling=dataclasses.replace(sampling, do_sample=False) if greedy else sampling,
-                          decoder_frames=decoder_frames, encoder_frames=encoder_frames, parts=part or PARTS)
-    sizes = ", ".join(f"{p.name} {sum(f.stat().st_size for f in p.rglob('*') if f.is_file()) / 1e6:.1f} MB"
-                      for p in sorted(path.glob("*.aimodel")))
+    path = convert_assets(
+        ckpt,
+        out_dir,
+        precision.value,
+        context,
+        sampling=dataclasses.replace(sampling, do_sample=False) if greedy else sampling,
+        decoder_frames=decoder_frames,
+        encoder_frames=encoder_frames,
+        parts=part or PARTS,
+    )
+    sizes = ", ".join(
+        f"{p.name} {sum(f.stat().st_size for f in p.rglob('*') if f.is_file()) / 1e6:.1f} MB"
+        for p in sorted(path.glob("*.aimodel"))
+    )
     out.print(f"wrote {path} in {time.perf_counter() - t0:.0f} s: {sizes}", highlight=False)

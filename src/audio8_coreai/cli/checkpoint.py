@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -12,11 +12,9 @@ from ..settings import DEFAULTS
 from .app import app, err, friendly, out
 
 
-class Size(str, Enum):
+class Size(StrEnum):
     tiny = "tiny"
     b06 = "0.6b"
-
-
 
 
 @app.command("make-checkpoint")

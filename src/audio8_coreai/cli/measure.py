@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -22,13 +22,20 @@ def parity(
     fixture: Annotated[Path, typer.Option(help="An oracle fixture.npz recorded from the publisher's code.")],
     model: ModelOpt = DEFAULT_MODEL,
     device: DeviceOpt = "cpu",
-    dtype: Annotated[str, typer.Option("--dtype", "--precision", help="Torch precision to replay: fp32 (the parity "
-                                       "criterion), or bf16, int16, int12, int8, int8-int16 (agreement counts).")]
-    = "fp32",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype",
+            "--precision",
+            help="Torch precision to replay: fp32 (the parity "
+            "criterion), or bf16, int16, int12, int8, int8-int16 (agreement counts).",
+        ),
+    ] = "fp32",
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
-    tolerance: Annotated[float, typer.Option(help="Max |logit/waveform diff| for fp32 parity (> 0).")]
-    = DEFAULTS.tolerance,
+    tolerance: Annotated[
+        float, typer.Option(help="Max |logit/waveform diff| for fp32 parity (> 0).")
+    ] = DEFAULTS.tolerance,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full report as JSON.")] = False,
 ) -> None:
     """Replay an oracle fixture; exit 0 only when fp32 parity holds (reports agreement counts for bf16,
@@ -50,25 +57,39 @@ def parity(
         _print_parity(report, exact)
     recorded = None if report.passed else recorded_from_another(fixture, ckpt.model_file)
     if recorded is not None:
-        err.print(f"note: {fixture} was recorded from the checkpoint in {recorded}, whose weights differ from "
-                  f"{ckpt.model_file}: run with --model {recorded}", highlight=False, soft_wrap=True)
+        err.print(
+            f"note: {fixture} was recorded from the checkpoint in {recorded}, whose weights differ from "
+            f"{ckpt.model_file}: run with --model {recorded}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if exact and not report.passed:
         raise typer.Exit(1)
 
 
 def _print_parity(report, exact: bool) -> None:
     for s in report.scenarios:
-        free = "" if s.free_run_identical is None else (
-            f", free run {'identical' if s.free_run_identical else 'DIFFERS'} "
-            f"({s.free_run_frames}/{s.free_run_expected_frames} frames, eos {s.free_run_eos})")
-        out.print(f"{s.name:8s} steps {s.steps:3d}  max|dlogit| slow {s.slow_logits_max_diff:.2e} fast "
-                  f"{s.fast_logits_max_diff:.2e}  argmax {s.slow_argmax[0]}/{s.slow_argmax[1]}  semantic draws "
-                  f"{s.semantic_draws[0]}/{s.semantic_draws[1]}  codebook draws {s.codebook_draws[0]}/"
-                  f"{s.codebook_draws[1]}{free}", highlight=False)
+        free = (
+            ""
+            if s.free_run_identical is None
+            else (
+                f", free run {'identical' if s.free_run_identical else 'DIFFERS'} "
+                f"({s.free_run_frames}/{s.free_run_expected_frames} frames, eos {s.free_run_eos})"
+            )
+        )
+        out.print(
+            f"{s.name:8s} steps {s.steps:3d}  max|dlogit| slow {s.slow_logits_max_diff:.2e} fast "
+            f"{s.fast_logits_max_diff:.2e}  argmax {s.slow_argmax[0]}/{s.slow_argmax[1]}  semantic draws "
+            f"{s.semantic_draws[0]}/{s.semantic_draws[1]}  codebook draws {s.codebook_draws[0]}/"
+            f"{s.codebook_draws[1]}{free}",
+            highlight=False,
+        )
     for c in report.codec:
         inter = ", ".join(f"{k} {v:.1e}" for k, v in c.intermediates_max_diff.items())
-        out.print(f"codec {c.name:16s} max|dwave| {c.waveform_max_diff:.2e} cos {c.waveform_cos:.6f} ({inter})",
-                  highlight=False)
+        out.print(
+            f"codec {c.name:16s} max|dwave| {c.waveform_max_diff:.2e} cos {c.waveform_cos:.6f} ({inter})",
+            highlight=False,
+        )
     for e in report.encoder:
         latent = "" if e.latent_max_diff is None else f"  max|dlatent| {e.latent_max_diff:.2e}"
         out.print(f"encoder {e.name:14s} codes {e.codes_equal[0]}/{e.codes_equal[1]} equal{latent}", highlight=False)
@@ -78,40 +99,61 @@ def _print_parity(report, exact: bool) -> None:
     if exact:
         out.print(f"fp32 parity (tolerance {report.tolerance:g}): {verdict}  [{report.backend}]", highlight=False)
     else:  # the fp32 criterion does not apply: the counts above are the result
-        out.print(f"agreement of a non-fp32 precision (the counts above; fp32 parity, tolerance "
-                  f"{report.tolerance:g}, would be {verdict})  [{report.backend}]", highlight=False)
+        out.print(
+            f"agreement of a non-fp32 precision (the counts above; fp32 parity, tolerance "
+            f"{report.tolerance:g}, would be {verdict})  [{report.backend}]",
+            highlight=False,
+        )
 
 
 @app.command()
 @friendly
 def gate(
-    out_dir: Annotated[Path, typer.Option("--out", help="Report folder: report.json, report.md, PNG pictures, "
-                                                        "the wavs (created; files in it are replaced).")],
+    out_dir: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            help="Report folder: report.json, report.md, PNG pictures, the wavs (created; files in it are replaced).",
+        ),
+    ],
     model: ModelOpt = DEFAULT_MODEL,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     device: DeviceOpt = "auto",
-    dtype: Annotated[str, typer.Option("--dtype", "--precision", help="The port's precision on torch: fp32 or "
-                                                                      "bf16.")] = "fp32",
-    against: Annotated[str, typer.Option(help="fp32 (the checkpoint in fp32 torch, over --fixtures) or an "
-                                              "oracle fixture.npz recorded for this checkpoint.")] = "fp32",
-    fixtures: Annotated[Optional[Path], typer.Option(help="Fixtures JSON (default: the shipped set of 16 "
-                                                          "across en/ja/zh/de/fr/es/ko with 4 clones).")] = None,
-    fixture: Annotated[Optional[list[str]], typer.Option("--fixture", help="Run only this fixture (repeatable)."
-                                                         )] = None,
+    dtype: Annotated[
+        str, typer.Option("--dtype", "--precision", help="The port's precision on torch: fp32 or bf16.")
+    ] = "fp32",
+    against: Annotated[
+        str,
+        typer.Option(
+            help="fp32 (the checkpoint in fp32 torch, over --fixtures) or an "
+            "oracle fixture.npz recorded for this checkpoint."
+        ),
+    ] = "fp32",
+    fixtures: Annotated[
+        Path | None,
+        typer.Option(help="Fixtures JSON (default: the shipped set of 16 across en/ja/zh/de/fr/es/ko with 4 clones)."),
+    ] = None,
+    fixture: Annotated[list[str] | None, typer.Option("--fixture", help="Run only this fixture (repeatable).")] = None,
     reference_device: Annotated[str, typer.Option(help="Device of the fp32 reference run.")] = "cpu",
-    max_frames: Annotated[Optional[int], typer.Option(help="Frame cap per free run (default: the checkpoint's "
-                                                           "max_new_tokens).")] = None,
-    asr_margin: Annotated[float, typer.Option(help="Error-rate points (absolute) the port may lose to the "
-                                                   "reference per language.")] = DEFAULTS.asr_margin,
-    speaker_margin: Annotated[float, typer.Option(help="Mean speaker cosine the port may lose to the "
-                                                       "reference.")] = DEFAULTS.speaker_margin,
-    recognizer: Annotated[Optional[list[str]], typer.Option(
-        metavar="MODULE:CALLABLE",
-        help="A stronger recogniser, MODULE:CALLABLE: fn(audio float32 [N], sample_rate Hz, language code) -> "
-             "text, for the languages in its optional `languages` attribute (else all); imported from the current "
-             "folder or PYTHONPATH; repeatable, the first that covers a language is used, pocketsphinx after.")]
-    = None,
+    max_frames: Annotated[
+        int | None, typer.Option(help="Frame cap per free run (default: the checkpoint's max_new_tokens).")
+    ] = None,
+    asr_margin: Annotated[
+        float, typer.Option(help="Error-rate points (absolute) the port may lose to the reference per language.")
+    ] = DEFAULTS.asr_margin,
+    speaker_margin: Annotated[
+        float, typer.Option(help="Mean speaker cosine the port may lose to the reference.")
+    ] = DEFAULTS.speaker_margin,
+    recognizer: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="MODULE:CALLABLE",
+            help="A stronger recogniser, MODULE:CALLABLE: fn(audio float32 [N], sample_rate Hz, language code) -> "
+            "text, for the languages in its optional `languages` attribute (else all); imported from the current "
+            "folder or PYTHONPATH; repeatable, the first that covers a language is used, pocketsphinx after.",
+        ),
+    ] = None,
 ) -> None:
     """Judge the port by its speech: teacher-forced agreement, codec, free run, ASR round trip and speaker
     similarity against an fp32 run or an oracle fixture; exit 1 when a verdict fails."""
@@ -120,15 +162,31 @@ def gate(
     recognizers = None  # the defaults, and why they are missing if they are
     if recognizer:
         recognizers = [load_recognizer(spec) for spec in recognizer] + default_recognizers()[0]
-    report = run_gate(model, out_dir, against=against, backend=backend, device=device, dtype=dtype, assets=assets,
-                      fixtures=fixtures, names=fixture, reference_device=reference_device, max_frames=max_frames,
-                      recognizers=recognizers, asr_margin=asr_margin, speaker_margin=speaker_margin,
-                      log=lambda line: err.print(line, highlight=False))
+    report = run_gate(
+        model,
+        out_dir,
+        against=against,
+        backend=backend,
+        device=device,
+        dtype=dtype,
+        assets=assets,
+        fixtures=fixtures,
+        names=fixture,
+        reference_device=reference_device,
+        max_frames=max_frames,
+        recognizers=recognizers,
+        asr_margin=asr_margin,
+        speaker_margin=speaker_margin,
+        log=lambda line: err.print(line, highlight=False),
+    )
     t = report.totals()
-    out.print(f"teacher-forced: semantic {t['semantic_draws'][0]}/{t['semantic_draws'][1]}, codebook "
-              f"{t['codebook_draws'][0]}/{t['codebook_draws'][1]}, misses {t['misses']} ({t['misses_low_margin']} "
-              f"near-ties); free runs identical {t['free_run_identical'][0]}/{t['free_run_identical'][1]}",
-              highlight=False, soft_wrap=True)
+    out.print(
+        f"teacher-forced: semantic {t['semantic_draws'][0]}/{t['semantic_draws'][1]}, codebook "
+        f"{t['codebook_draws'][0]}/{t['codebook_draws'][1]}, misses {t['misses']} ({t['misses_low_margin']} "
+        f"near-ties); free runs identical {t['free_run_identical'][0]}/{t['free_run_identical'][1]}",
+        highlight=False,
+        soft_wrap=True,
+    )
     for key, verdict in report.verdicts.items():
         if isinstance(verdict, dict):
             verdict = ", ".join(f"{k} {v}" for k, v in verdict.items()) or "-"
@@ -138,33 +196,55 @@ def gate(
         raise typer.Exit(1)
 
 
-
 @app.command()
 @friendly
 def bench(
-    model: Annotated[Path, typer.Option("--model", "-m", help="A 0.6b checkpoint folder; a random one (seed 0, "
-                                                              "about 2.8 GB) is written there when absent.")]
-    = Path(DEFAULTS.bench_checkpoint),
-    precision: Annotated[Optional[list[str]], typer.Option(help="Torch precision to measure (repeatable): fp32, "
-                                                                "bf16, int16, int12, int8, int8-int16.")] = None,
-    threads: Annotated[Optional[list[int]], typer.Option(help="Torch threads (repeatable; default torch's).")]
-    = None,
-    baseline: Annotated[bool, typer.Option(help="Also time the publisher-style frame (fp32, full head, host "
-                                                "sampling, one call per fast row) for the vs-base ratio.")]
-    = False,
+    model: Annotated[
+        Path,
+        typer.Option(
+            "--model",
+            "-m",
+            help="A 0.6b checkpoint folder; a random one (seed 0, about 2.8 GB) is written there when absent.",
+        ),
+    ] = Path(DEFAULTS.bench_checkpoint),
+    precision: Annotated[
+        list[str] | None,
+        typer.Option(help="Torch precision to measure (repeatable): fp32, bf16, int16, int12, int8, int8-int16."),
+    ] = None,
+    threads: Annotated[list[int] | None, typer.Option(help="Torch threads (repeatable; default torch's).")] = None,
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            help="Also time the publisher-style frame (fp32, full head, host "
+            "sampling, one call per fast row) for the vs-base ratio."
+        ),
+    ] = False,
     device: DeviceOpt = "cpu",
     frames: Annotated[int, typer.Option(help="Frames per timed frame loop (eos ignored).")] = DEFAULTS.bench_frames,
-    runs: Annotated[int, typer.Option(help="Timed runs after one warm-up; medians are reported.")]
-    = DEFAULTS.bench_runs,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure here.")] = None,
-    codec_dtype: Annotated[Optional[list[str]], typer.Option(help="Codec dtype (repeatable): fp32 (default on CPU, "
-                                                                  "exact) or bf16 (opt-in, faster, not exact).")]
-    = None,
-    cuda_graphs: Annotated[bool, typer.Option("--cuda-graphs", help="With --device cuda: also time each "
-                                                                    "configuration with its frame replayed as one "
-                                                                    "CUDA graph.")] = False,
-    rss: Annotated[bool, typer.Option("--rss/--no-rss", help="Measure each configuration's peak RSS alone in a "
-                                                             "subprocess of its own (one more load each).")] = True,
+    runs: Annotated[
+        int, typer.Option(help="Timed runs after one warm-up; medians are reported.")
+    ] = DEFAULTS.bench_runs,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write every figure here.")] = None,
+    codec_dtype: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Codec dtype (repeatable): fp32 (default on CPU, exact) or bf16 (opt-in, faster, not exact)."
+        ),
+    ] = None,
+    cuda_graphs: Annotated[
+        bool,
+        typer.Option(
+            "--cuda-graphs",
+            help="With --device cuda: also time each configuration with its frame replayed as one CUDA graph.",
+        ),
+    ] = False,
+    rss: Annotated[
+        bool,
+        typer.Option(
+            "--rss/--no-rss",
+            help="Measure each configuration's peak RSS alone in a subprocess of its own (one more load each).",
+        ),
+    ] = True,
 ) -> None:
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
     from ..backends.torch import resolve_device, resolve_dtype
@@ -187,15 +267,24 @@ def bench(
     log = functools.partial(err.print, highlight=False)
     ckpt = str(ensure_checkpoint(model, log))
     thread_list = threads or [None]
-    configs = [BenchConfig(ckpt, "torch", device, "fp32", t, runs, frames, baseline=True)
-               for t in thread_list] if baseline else []
-    configs += [BenchConfig(ckpt, "torch", device, p, t, runs, frames, codec_dtype=c, cuda_graphs=g)
-                for p in precision or ["fp32"] for t in thread_list for c in codec_dtype or [None]
-                for g in ((False, True) if cuda_graphs else (False,))]
+    configs = (
+        [BenchConfig(ckpt, "torch", device, "fp32", t, runs, frames, baseline=True) for t in thread_list]
+        if baseline
+        else []
+    )
+    configs += [
+        BenchConfig(ckpt, "torch", device, p, t, runs, frames, codec_dtype=c, cuda_graphs=g)
+        for p in precision or ["fp32"]
+        for t in thread_list
+        for c in codec_dtype or [None]
+        for g in ((False, True) if cuda_graphs else (False,))
+    ]
     busy = meta()["load_average"][0]
     if busy > 0.5:
-        log(f"[yellow]warning:[/] load average {busy:.1f} before starting: other processes use the CPU, so times "
-            "are inflated and noisy (see CPU use); compare rows of one run")
+        log(
+            f"[yellow]warning:[/] load average {busy:.1f} before starting: other processes use the CPU, so times "
+            "are inflated and noisy (see CPU use); compare rows of one run"
+        )
     try:
         rows = run_configs(configs, log, rss=rss)
     except RuntimeError as e:

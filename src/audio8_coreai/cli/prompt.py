@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import numpy as np
 import typer
@@ -19,8 +19,8 @@ from .app import ModelOpt, app, friendly, out
 def prompt(
     text: Annotated[str, typer.Argument(help="The text to speak.")],
     model: ModelOpt = DEFAULT_MODEL,
-    ref_text: Annotated[Optional[str], typer.Option(help="Transcript of the reference clip (voice clone).")] = None,
-    ref_codes: Annotated[Optional[Path], typer.Option(help=".npy of reference codes int [10, T].")] = None,
+    ref_text: Annotated[str | None, typer.Option(help="Transcript of the reference clip (voice clone).")] = None,
+    ref_codes: Annotated[Path | None, typer.Option(help=".npy of reference codes int [10, T].")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the [11, P] prompt as JSON.")] = False,
 ) -> None:
     """Print the [11, P] prompt the model sees (needs only config.json and the tokenizer files)."""
@@ -37,8 +37,9 @@ def prompt(
         try:
             codes = np.load(ref_codes, allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise PromptError(f"cannot read reference codes {ref_codes}: {e} (expected a .npy int array "
-                              "[10, T])") from e
+            raise PromptError(
+                f"cannot read reference codes {ref_codes}: {e} (expected a .npy int array [10, T])"
+            ) from e
         ids = builder.clone(check_text(text), ref_text, codes)
     else:
         ids = builder.plain(check_text(text))

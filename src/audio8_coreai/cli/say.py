@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -33,35 +33,55 @@ from .app import (
 @friendly
 def say(
     text: Annotated[str, typer.Argument(help="The text to speak.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the audio (.wav, .flac, .ogg), or "
-                                                                "- for stdout (16-bit wav, streamed as made).")]
-    = Path("speech.wav"),
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Where to write the audio (.wav, .flac, .ogg), or - for stdout (16-bit wav, streamed as made).",
+        ),
+    ] = Path("speech.wav"),
     model: ModelOpt = DEFAULT_MODEL,
-    seed: Annotated[Optional[int], typer.Option(help="Same seed, same audio; default: a fresh one.")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature (default 0.7).")] = None,
-    top_k: Annotated[Optional[int], typer.Option(help="Top-k (default 50).")] = None,
-    top_p: Annotated[Optional[float], typer.Option(help="Top-p (default 0.9).")] = None,
-    max_frames: Annotated[Optional[int], typer.Option(
-        help="Frame cap (46 ms each; default: the checkpoint's max_new_tokens, 512, or what the context leaves)."
-    )] = None,
+    seed: Annotated[int | None, typer.Option(help="Same seed, same audio; default: a fresh one.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature (default 0.7).")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Top-k (default 50).")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Top-p (default 0.9).")] = None,
+    max_frames: Annotated[
+        int | None,
+        typer.Option(
+            help="Frame cap (46 ms each; default: the checkpoint's max_new_tokens, 512, or what the context leaves)."
+        ),
+    ] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
     cuda_graphs: CudaGraphsOpt = False,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
-    voice: Annotated[Optional[str], typer.Option(help="Speak in this stored voice (see `audio8 voice`).")] = None,
+    voice: Annotated[str | None, typer.Option(help="Speak in this stored voice (see `audio8 voice`).")] = None,
     voices: VoicesOpt = None,
-    ref_audio: Annotated[Optional[Path], typer.Option(help="One-off cloning: a clip of the voice (0.5-30 s), "
-                                                           "not stored; needs --ref-text.")] = None,
-    ref_text: Annotated[Optional[str], typer.Option(help="The transcript of --ref-audio.")] = None,
-    stream: Annotated[bool, typer.Option("--stream", help="Write the audio as it is made, every --chunk-frames "
-                                                          "frames; text too long for one utterance is split into "
-                                                          "sentences.")] = False,
-    chunk_frames: Annotated[int, typer.Option(help="With --stream: frames per chunk (46 ms each).")]
-    = DEFAULTS.chunk_frames,
-    first_chunk_frames: Annotated[Optional[int], typer.Option(
-        help=f"With --stream: frames in the first chunk, so the first audio comes sooner (default "
-             f"{DEFAULTS.first_chunk_frames}, at most --chunk-frames).")] = None,
+    ref_audio: Annotated[
+        Path | None, typer.Option(help="One-off cloning: a clip of the voice (0.5-30 s), not stored; needs --ref-text.")
+    ] = None,
+    ref_text: Annotated[str | None, typer.Option(help="The transcript of --ref-audio.")] = None,
+    stream: Annotated[
+        bool,
+        typer.Option(
+            "--stream",
+            help="Write the audio as it is made, every --chunk-frames "
+            "frames; text too long for one utterance is split into "
+            "sentences.",
+        ),
+    ] = False,
+    chunk_frames: Annotated[
+        int, typer.Option(help="With --stream: frames per chunk (46 ms each).")
+    ] = DEFAULTS.chunk_frames,
+    first_chunk_frames: Annotated[
+        int | None,
+        typer.Option(
+            help=f"With --stream: frames in the first chunk, so the first audio comes sooner (default "
+            f"{DEFAULTS.first_chunk_frames}, at most --chunk-frames)."
+        ),
+    ] = None,
 ) -> None:
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
     from ..audio import check_writable, read_reference, write_audio
@@ -70,13 +90,25 @@ def say(
     from ..voices import VoiceStore
 
     # Fail before loading a model; the chunk sizes too: long text is streamed even without --stream.
-    req = check_request(text, voice=voice, ref_audio=ref_audio, ref_text=ref_text, seed=seed, temperature=temperature,
-                        top_k=top_k, top_p=top_p, max_frames=max_frames, chunk_frames=chunk_frames,
-                        first_chunk_frames=first_chunk_frames)
+    req = check_request(
+        text,
+        voice=voice,
+        ref_audio=ref_audio,
+        ref_text=ref_text,
+        seed=seed,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        max_frames=max_frames,
+        chunk_frames=chunk_frames,
+        first_chunk_frames=first_chunk_frames,
+    )
     to_stdout = str(output) == "-"
     if to_stdout and sys.stdout.isatty():
-        raise AudioError("-o - writes binary audio to stdout, which is a terminal here: pipe it (| aplay, "
-                         "| ffplay -) or give a file name")
+        raise AudioError(
+            "-o - writes binary audio to stdout, which is a terminal here: pipe it (| aplay, "
+            "| ffplay -) or give a file name"
+        )
     if not to_stdout:
         check_writable(output)
     if ref_audio is not None:
@@ -84,20 +116,38 @@ def say(
     elif voice is not None:
         VoiceStore(voices).load(req.voice)  # an unknown or damaged voice fails here; the checkpoint check follows
     with err.status("loading the model..."):
-        tts = TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets,
-                       cuda_graphs=cuda_graphs)
-    progress = Progress(TextColumn("frames"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err, transient=True)
+        tts = TTS.load(
+            model,
+            device=device,
+            dtype=dtype,
+            voices_dir=voices,
+            backend=backend,
+            assets=assets,
+            cuda_graphs=cuda_graphs,
+        )
+    progress = Progress(
+        TextColumn("frames"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True
+    )
     spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
     chosen = req.voice if ref_audio is None else tts.voice_from_clip(ref_audio, req.ref_text)  # encoded once
     if not stream and not to_stdout and not tts.fits_one_utterance(req.text, chosen):
-        err.print("note: the text is too long for one utterance; it is split into sentences, as with --stream",
-                  highlight=False)
+        err.print(
+            "note: the text is too long for one utterance; it is split into sentences, as with --stream",
+            highlight=False,
+        )
         stream = True
     if stream or to_stdout:
-        speech = tts.stream(req.text, chunk_frames=req.chunk_frames, first_chunk_frames=req.first_chunk_frames,
-                            seed=req.seed, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                            max_frames=req.max_frames, voice=chosen)
+        speech = tts.stream(
+            req.text,
+            chunk_frames=req.chunk_frames,
+            first_chunk_frames=req.first_chunk_frames,
+            seed=req.seed,
+            temperature=req.temperature,
+            top_k=req.top_k,
+            top_p=req.top_p,
+            max_frames=req.max_frames,
+            voice=chosen,
+        )
         with progress:
             task = progress.add_task("frames", total=speech.max_frames)
             speech.on_frame = lambda step: progress.update(task, completed=step + 1)
@@ -105,32 +155,50 @@ def say(
         (err if to_stdout else out).print(
             f"{output}: {speech.frames} frames in {len(speech.pieces)} piece(s), {speech.duration_s:.2f} s of audio, "
             f"first audio after {speech.first_audio_s or 0:.2f} s ({spoken_as}seed {speech.seed}, "
-            f"{tts.backend.description})", highlight=False)
+            f"{tts.backend.description})",
+            highlight=False,
+        )
         return
     with progress:
         task = progress.add_task("frames", total=None)
-        result = tts.generate(req.text, seed=req.seed, temperature=req.temperature, top_k=req.top_k,
-                              top_p=req.top_p, max_frames=req.max_frames, voice=chosen,
-                              on_start=lambda n: progress.update(task, total=n),
-                              on_frame=lambda step: progress.update(task, completed=step + 1))
+        result = tts.generate(
+            req.text,
+            seed=req.seed,
+            temperature=req.temperature,
+            top_k=req.top_k,
+            top_p=req.top_p,
+            max_frames=req.max_frames,
+            voice=chosen,
+            on_start=lambda n: progress.update(task, total=n),
+            on_frame=lambda step: progress.update(task, completed=step + 1),
+        )
     if result.frames == 0:
         raise _no_audio(output)
     write_audio(output, result.audio, result.sample_rate)
     if not result.reached_eos:
         full = result.prompt_length + result.max_frames >= tts.config.max_seq_len
-        remedy = ("the context is full: shorten the text, or use --stream, which splits it by its estimated "
-                  "speech" if full
-                  else "raise --max-frames if the context allows, or shorten the text")
-        err.print(f"[yellow]warning:[/] stopped at the frame cap ({result.max_frames} frames) before the model "
-                  f"ended the utterance; the audio may be cut ({remedy})")
-    out.print(f"{output}: {result.frames} frames, {result.duration_s:.2f} s of audio, RTF {result.rtf:.2f} "
-              f"({spoken_as}seed {result.seed}, {tts.backend.description})", highlight=False)
+        remedy = (
+            "the context is full: shorten the text, or use --stream, which splits it by its estimated speech"
+            if full
+            else "raise --max-frames if the context allows, or shorten the text"
+        )
+        err.print(
+            f"[yellow]warning:[/] stopped at the frame cap ({result.max_frames} frames) before the model "
+            f"ended the utterance; the audio may be cut ({remedy})"
+        )
+    out.print(
+        f"{output}: {result.frames} frames, {result.duration_s:.2f} s of audio, RTF {result.rtf:.2f} "
+        f"({spoken_as}seed {result.seed}, {tts.backend.description})",
+        highlight=False,
+    )
 
 
 def _no_audio(output: Path) -> EngineError:
     """The error for an utterance the model ended on its first frame: nothing is written to ``output``."""
-    return EngineError(f"the model ended the utterance at once (eos on the first frame): nothing written to "
-                       f"{output}; try another --seed")
+    return EngineError(
+        f"the model ended the utterance at once (eos on the first frame): nothing written to "
+        f"{output}; try another --seed"
+    )
 
 
 def _write_stdout(speech, output: Path) -> None:
@@ -168,8 +236,11 @@ def _write_stream(speech, output: Path) -> None:
                 raise _no_audio(output)
     except KeyboardInterrupt:
         if partial_path(output).exists():
-            err.print(f"{output} is left as it was; the audio made so far is in {partial_path(output)}",
-                      highlight=False, soft_wrap=True)
+            err.print(
+                f"{output} is left as it was; the audio made so far is in {partial_path(output)}",
+                highlight=False,
+                soft_wrap=True,
+            )
         raise
     _warn_capped(speech)
 
@@ -178,5 +249,8 @@ def _warn_capped(speech) -> None:
     capped = [i + 1 for i, eos in enumerate(speech.reached_eos) if not eos]
     if capped:
         which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {', '.join(map(str, capped))}"
-        err.print(f"[yellow]warning:[/] {which} stopped at the frame cap before the model ended it; the audio may "
-                  "be cut (raise --max-frames)", highlight=False)
+        err.print(
+            f"[yellow]warning:[/] {which} stopped at the frame cap before the model ended it; the audio may "
+            "be cut (raise --max-frames)",
+            highlight=False,
+        )

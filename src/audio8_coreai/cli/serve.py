@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -24,22 +24,28 @@ def serve(
     cuda_graphs: CudaGraphsOpt = False,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
-    workers: Annotated[int, typer.Option(help="Model instances, each serving one request at a time.")]
-    = DEFAULTS.workers,
-    max_queue: Annotated[int, typer.Option(help="Requests that may wait for a worker; more get 503.")]
-    = DEFAULTS.max_queue,
-    max_frames: Annotated[Optional[int], typer.Option(help="Frame cap per utterance (default: the model's).")]
-    = None,
-    chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")]
-    = DEFAULTS.chunk_frames,
-    first_chunk_frames: Annotated[Optional[int], typer.Option(
-        help=f"Frames in a stream's first chunk (default {DEFAULTS.first_chunk_frames}, at most --chunk-frames)."
-    )] = None,
-    max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")]
-    = DEFAULTS.max_input_chars,
-    batch: Annotated[int, typer.Option(
-        help="Serve N requests at once from ONE model instance, their frames batched (torch backend; "
-             "replaces --workers). 0: off.")] = 0,
+    workers: Annotated[
+        int, typer.Option(help="Model instances, each serving one request at a time.")
+    ] = DEFAULTS.workers,
+    max_queue: Annotated[
+        int, typer.Option(help="Requests that may wait for a worker; more get 503.")
+    ] = DEFAULTS.max_queue,
+    max_frames: Annotated[int | None, typer.Option(help="Frame cap per utterance (default: the model's).")] = None,
+    chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")] = DEFAULTS.chunk_frames,
+    first_chunk_frames: Annotated[
+        int | None,
+        typer.Option(
+            help=f"Frames in a stream's first chunk (default {DEFAULTS.first_chunk_frames}, at most --chunk-frames)."
+        ),
+    ] = None,
+    max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")] = DEFAULTS.max_input_chars,
+    batch: Annotated[
+        int,
+        typer.Option(
+            help="Serve N requests at once from ONE model instance, their frames batched (torch backend; "
+            "replaces --workers). 0: off."
+        ),
+    ] = 0,
 ) -> None:
     """Serve the OpenAI-compatible speech API (POST /v1/audio/speech), voices, /health and /metrics."""
     import uvicorn
@@ -55,19 +61,36 @@ def serve(
     if batch and workers != 1:
         raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
     if batch and cuda_graphs:
-        raise ConfigError("--cuda-graphs replays one utterance's frame (--workers instances); --batch runs its own "
-                          "batched frames: give one of them")
+        raise ConfigError(
+            "--cuda-graphs replays one utterance's frame (--workers instances); --batch runs its own "
+            "batched frames: give one of them"
+        )
     instances = 1 if batch else workers
     with err.status(f"loading {instances} model instance(s)..."):
-        instances = [TTS.load(model, device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets,
-                            cuda_graphs=cuda_graphs) for _ in range(instances)]
+        instances = [
+            TTS.load(
+                model,
+                device=device,
+                dtype=dtype,
+                voices_dir=voices,
+                backend=backend,
+                assets=assets,
+                cuda_graphs=cuda_graphs,
+            )
+            for _ in range(instances)
+        ]
     if batch:
         _, instances = instances[0].batched(batch)
         workers = batch
-    settings = ServerSettings(workers=workers, max_queue=max_queue, max_input_chars=max_input_chars,
-                              max_frames=max_frames, chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames)
+    settings = ServerSettings(
+        workers=workers,
+        max_queue=max_queue,
+        max_input_chars=max_input_chars,
+        max_frames=max_frames,
+        chunk_frames=chunk_frames,
+        first_chunk_frames=first_chunk_frames,
+    )
     uvicorn.run(create_app(instances, settings), host=host, port=port, log_level="info")
-
 
 
 def _check_port(host: str, port: int) -> None:
@@ -83,6 +106,9 @@ def _check_port(host: str, port: int) -> None:
             s.bind((host, port))
     except OSError as e:
         in_use = e.errno in (errno.EADDRINUSE, errno.EACCES)  # taken, or a port below 1024 without root
-        remedy = ("pick another --port, or stop what uses it" if in_use else
-                  "give --host an address of this machine (127.0.0.1 for this machine only, 0.0.0.0 for all)")
+        remedy = (
+            "pick another --port, or stop what uses it"
+            if in_use
+            else "give --host an address of this machine (127.0.0.1 for this machine only, 0.0.0.0 for all)"
+        )
         raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}): {remedy}") from None

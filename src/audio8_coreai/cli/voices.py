@@ -12,8 +12,11 @@ from ..checkpoint import DEFAULT_MODEL
 from ..voices import VoiceError
 from .app import DeviceOpt, ModelOpt, VoicesOpt, app, err, friendly, out, print_warnings
 
-voice_app = typer.Typer(no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
-                        help="Cloned voices: register a clip by name, list, show, remove.")
+voice_app = typer.Typer(
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Cloned voices: register a clip by name, list, show, remove.",
+)
 app.add_typer(voice_app, name="voice")
 
 
@@ -21,8 +24,13 @@ app.add_typer(voice_app, name="voice")
 @friendly
 def voice_add(
     name: Annotated[str, typer.Argument(help="The new voice's name (letters, digits, space, '_', '-', '.').")],
-    audio: Annotated[Path, typer.Option("--audio", help="The clip: 0.5-30 s of the speaker alone (wav, flac, "
-                                                        "ogg, mp3; any sample rate and channels).")],
+    audio: Annotated[
+        Path,
+        typer.Option(
+            "--audio",
+            help="The clip: 0.5-30 s of the speaker alone (wav, flac, ogg, mp3; any sample rate and channels).",
+        ),
+    ],
     text: Annotated[str, typer.Option("--text", help="What the clip says, word for word.")],
     model: ModelOpt = DEFAULT_MODEL,
     voices: VoicesOpt = None,
@@ -43,8 +51,11 @@ def voice_add(
         tts = TTS.load(model, device=device)
     with err.status("encoding the clip..."):
         voice = tts.register_voice(name, audio, text, store=store, replace=force)
-    out.print(f"voice {voice.name!r}: {voice.duration_s:.2f} s at {voice.sample_rate} Hz -> {voice.frames} frames, "
-              f"saved to {store.path(voice.name)}", highlight=False)
+    out.print(
+        f"voice {voice.name!r}: {voice.duration_s:.2f} s at {voice.sample_rate} Hz -> {voice.frames} frames, "
+        f"saved to {store.path(voice.name)}",
+        highlight=False,
+    )
 
 
 @voice_app.command("list")
@@ -64,19 +75,29 @@ def voice_list(
         except VoiceError as e:
             entries.append((name, e))
     if as_json:
-        out.print_json(json.dumps([{"name": n, "error": str(v)} if isinstance(v, VoiceError)
-                                   else {**v.meta(), "frames": v.frames} for n, v in entries]))
+        out.print_json(
+            json.dumps(
+                [
+                    {"name": n, "error": str(v)} if isinstance(v, VoiceError) else {**v.meta(), "frames": v.frames}
+                    for n, v in entries
+                ]
+            )
+        )
         return
     if not entries:
-        out.print(f"no voices in {store.root}; add one with: audio8 voice add NAME --audio CLIP --text TRANSCRIPT",
-                  highlight=False)
+        out.print(
+            f"no voices in {store.root}; add one with: audio8 voice add NAME --audio CLIP --text TRANSCRIPT",
+            highlight=False,
+        )
     for _, v in entries:
         if isinstance(v, VoiceError):
             out.print(f"[red]damaged:[/] {v}", highlight=False)
         else:
             words = v.transcript if len(v.transcript) <= 50 else v.transcript[:49] + "…"
-            out.print(f"{v.name}  {v.duration_s:.1f} s, {v.frames} frames, {v.sample_rate} Hz, {v.created}  "
-                      f"\"{words}\"", highlight=False)
+            out.print(
+                f'{v.name}  {v.duration_s:.1f} s, {v.frames} frames, {v.sample_rate} Hz, {v.created}  "{words}"',
+                highlight=False,
+            )
 
 
 @voice_app.command("show")
@@ -94,10 +115,16 @@ def voice_show(
     if as_json:
         out.print_json(json.dumps({**v.meta(), "frames": v.frames, "codes": v.codes.tolist()}))
         return
-    rows = [("name", v.name), ("transcript", v.transcript), ("source", v.source or "-"),
-            ("source audio", f"{v.duration_s:.2f} s at {v.sample_rate} Hz"),
-            ("codes", f"[{v.codes.shape[0]}, {v.frames}] ({v.frames} frames)"), ("checkpoint", v.fingerprint),
-            ("created", v.created), ("file", str(store.path(v.name)))]
+    rows = [
+        ("name", v.name),
+        ("transcript", v.transcript),
+        ("source", v.source or "-"),
+        ("source audio", f"{v.duration_s:.2f} s at {v.sample_rate} Hz"),
+        ("codes", f"[{v.codes.shape[0]}, {v.frames}] ({v.frames} frames)"),
+        ("checkpoint", v.fingerprint),
+        ("created", v.created),
+        ("file", str(store.path(v.name))),
+    ]
     rows += [("warning", w) for w in v.warnings]
     for key, value in rows:
         out.print(f"{key:13s} {value}", highlight=False)

@@ -53,8 +53,9 @@ class BatchEngine:
         """Rows free for :meth:`admit`."""
         return self.model.free
 
-    def admit(self, prompt: np.ndarray, max_frames: int, seed: int | None = None,
-              noise: NoiseLike | None = None) -> BatchItem:
+    def admit(
+        self, prompt: np.ndarray, max_frames: int, seed: int | None = None, noise: NoiseLike | None = None
+    ) -> BatchItem:
         """Start an utterance: prefill ``prompt`` int [1+C, P] into a free row; its frame 0 comes with the next
         :meth:`step`. Noise from ``NoiseSource(seed)`` unless ``noise`` is given (as :func:`.loop.generate`).
         Raises EngineError when no row is free or the prompt and ``max_frames`` do not fit the context."""
@@ -82,8 +83,14 @@ class BatchEngine:
         return out
 
 
-def generate_batch(backend: TorchBackend, prompts: Sequence[np.ndarray], params: SamplingParams,
-                   seeds: Sequence[int], max_frames: Sequence[int], max_batch: int) -> list[Generation]:
+def generate_batch(
+    backend: TorchBackend,
+    prompts: Sequence[np.ndarray],
+    params: SamplingParams,
+    seeds: Sequence[int],
+    max_frames: Sequence[int],
+    max_batch: int,
+) -> list[Generation]:
     """:func:`.loop.generate` for many prompts, ``max_batch`` at a time through one :class:`BatchEngine`.
 
     Utterance i (prompt int [1+C, P_i], ``seeds[i]``, cap ``max_frames[i]``) gives the codes ``generate`` gives

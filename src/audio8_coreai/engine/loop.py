@@ -71,8 +71,9 @@ class Utterance:
         """The inputs of this utterance's next step (draws its noise)."""
         noise_slow, noise_fast = self.noise.next_frame()
         forced = None if self.forced is None else self.forced[self.steps]
-        return StepInputs(self.column, self.prompt_length + self.steps - 1, noise_slow, self.window.current()[0],
-                          noise_fast, forced)
+        return StepInputs(
+            self.column, self.prompt_length + self.steps - 1, noise_slow, self.window.current()[0], noise_fast, forced
+        )
 
     def record(self, res: FrameResult) -> None:
         """Apply one step's result: the publisher's stop rule, RAS push and next column."""
@@ -96,12 +97,19 @@ def step(backend: Backend, params: SamplingParams, inputs: StepInputs) -> FrameR
     draws."""
     if inputs.column is None:
         return backend.first_frame(params, inputs.noise_slow, inputs.window, inputs.noise_fast, inputs.forced)
-    return backend.frame(params, inputs.column, inputs.pos, inputs.noise_slow, inputs.window, inputs.noise_fast,
-                         inputs.forced)
+    return backend.frame(
+        params, inputs.column, inputs.pos, inputs.noise_slow, inputs.window, inputs.noise_fast, inputs.forced
+    )
 
 
-def frame_steps(backend: Backend, prompt_length: int, params: SamplingParams, max_frames: int, noise: NoiseLike,
-                forced: Sequence[np.ndarray] | None = None) -> Iterator[FrameResult]:
+def frame_steps(
+    backend: Backend,
+    prompt_length: int,
+    params: SamplingParams,
+    max_frames: int,
+    noise: NoiseLike,
+    forced: Sequence[np.ndarray] | None = None,
+) -> Iterator[FrameResult]:
     """The frame loop after ``backend.prefill`` of a prompt of ``prompt_length`` columns, one step at a time.
 
     Yields each step's :class:`FrameResult` as soon as the backend returns it: frames 0, 1, ... and, when the
@@ -139,9 +147,17 @@ class Generation:
         return int(self.codes.shape[1])
 
 
-def generate(backend: Backend, prompt: np.ndarray, params: SamplingParams, seed: int, max_frames: int,
-             on_frame: Callable[[int], None] | None = None, keep_results: bool = False,
-             noise: NoiseLike | None = None, forced: Sequence[np.ndarray] | None = None) -> Generation:
+def generate(
+    backend: Backend,
+    prompt: np.ndarray,
+    params: SamplingParams,
+    seed: int,
+    max_frames: int,
+    on_frame: Callable[[int], None] | None = None,
+    keep_results: bool = False,
+    noise: NoiseLike | None = None,
+    forced: Sequence[np.ndarray] | None = None,
+) -> Generation:
     """Prefill ``prompt`` int64 [1+C, P], then run the frame loop until eos or ``max_frames`` frames.
 
     Noise comes from ``NoiseSource(seed)`` (one [2, V+1] and one [C-1, codebook_size] uniform draw per
@@ -187,7 +203,8 @@ def frame_budget(cfg: ModelConfig, prompt_length: int, max_frames: int | None, d
     if room < 1:
         raise EngineError(
             f"the prompt is {prompt_length} tokens but the model's context is {cfg.max_seq_len} "
-            "(prompt + frames); shorten the text (or the voice's reference clip)")
+            "(prompt + frames); shorten the text (or the voice's reference clip)"
+        )
     if max_frames is None:
         return min(default_frames, room)
     max_frames = check_int(max_frames, "max_frames")
@@ -195,7 +212,8 @@ def frame_budget(cfg: ModelConfig, prompt_length: int, max_frames: int | None, d
         raise EngineError(
             f"the prompt is {prompt_length} tokens, so at most {room} frames fit the model's context of "
             f"{cfg.max_seq_len}; asked for {max_frames}: lower the frame cap (max_frames, --max-frames) or shorten the "
-            "text")
+            "text"
+        )
     return max_frames
 
 

@@ -65,14 +65,26 @@ class SpeechStream:
     stream paused while another utterance runs on the same backend (another stream, a generate, from any thread)
     raises EngineError when resumed, instead of continuing from the other's state. ``codec_thread``: decode chunk k
     on a thread of its own while the frames of chunk k+1 are made (the first chunk is decoded at once; the
-    samples are the same); only for a backend whose codec overlaps its frames (``Backend.overlaps_codec``). Raises ConfigError (a ValueError)
+    samples are the same); only for a backend whose codec overlaps its frames (``Backend.overlaps_codec``).
+    Raises ConfigError (a ValueError)
     unless ``chunk_frames`` and ``first_chunk_frames`` are whole numbers >= 1.
     """
 
-    def __init__(self, backend: Backend, pieces: list[Piece], params: SamplingParams, seed: int, *,
-                 chunk_frames: int, sample_rate: int, frame_length: int, first_chunk_frames: int | None = None,
-                 pause_s: float = PAUSE_S, on_frame: Callable[[int], None] | None = None,
-                 codec_thread: bool = False):
+    def __init__(
+        self,
+        backend: Backend,
+        pieces: list[Piece],
+        params: SamplingParams,
+        seed: int,
+        *,
+        chunk_frames: int,
+        sample_rate: int,
+        frame_length: int,
+        first_chunk_frames: int | None = None,
+        pause_s: float = PAUSE_S,
+        on_frame: Callable[[int], None] | None = None,
+        codec_thread: bool = False,
+    ):
         chunk_frames = check_int(chunk_frames, "chunk_frames")
         if first_chunk_frames is None:
             first_chunk_frames = min(DEFAULT_FIRST_CHUNK_FRAMES, chunk_frames)
@@ -190,4 +202,3 @@ class SpeechStream:
         audio = np.asarray(decoder.push(codes), dtype=np.float32)
         self.codec_s += time.perf_counter() - t0
         return audio
-

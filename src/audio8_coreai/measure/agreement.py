@@ -62,16 +62,23 @@ class Agreement:
         return self.semantic_rate >= SEMANTIC_BAR and self.codebook_rate >= CODEBOOK_BAR
 
     def to_json(self) -> dict:
-        return {**asdict(self), "semantic_rate": self.semantic_rate, "codebook_rate": self.codebook_rate,
-                "bars": {"semantic": SEMANTIC_BAR, "codebook": CODEBOOK_BAR}, "passed": self.passed}
+        return {
+            **asdict(self),
+            "semantic_rate": self.semantic_rate,
+            "codebook_rate": self.codebook_rate,
+            "bars": {"semantic": SEMANTIC_BAR, "codebook": CODEBOOK_BAR},
+            "passed": self.passed,
+        }
 
     def line(self) -> str:
         s, c = self.semantic, self.codebook
-        return (f"{self.backend}: semantic {s[0]}/{s[1]} ({100 * self.semantic_rate:.2f} %), codebook {c[0]}/{c[1]} "
-                f"({100 * self.codebook_rate:.2f} %), slow argmax {self.slow_argmax[0]}/{self.slow_argmax[1]}, "
-                f"min cos slow {self.slow_logits_min_cos:.6f} fast {self.fast_logits_min_cos:.6f} vs "
-                f"{self.reference} -> {'PASS' if self.passed else 'FAIL'} (bars {100 * SEMANTIC_BAR:.1f} / "
-                f"{100 * CODEBOOK_BAR:.1f} %)")
+        return (
+            f"{self.backend}: semantic {s[0]}/{s[1]} ({100 * self.semantic_rate:.2f} %), codebook {c[0]}/{c[1]} "
+            f"({100 * self.codebook_rate:.2f} %), slow argmax {self.slow_argmax[0]}/{self.slow_argmax[1]}, "
+            f"min cos slow {self.slow_logits_min_cos:.6f} fast {self.fast_logits_min_cos:.6f} vs "
+            f"{self.reference} -> {'PASS' if self.passed else 'FAIL'} (bars {100 * SEMANTIC_BAR:.1f} / "
+            f"{100 * CODEBOOK_BAR:.1f} %)"
+        )
 
 
 def record(backend: Backend, prompt: np.ndarray, params: SamplingParams, seed: int, frames: int) -> Recording:
@@ -91,11 +98,14 @@ def replay(backend: Backend, rec: Recording, params: SamplingParams, out: Agreem
         out.semantic = (out.semantic[0] + ok_sem, out.semantic[1] + 1)
         out.codebook = (out.codebook[0] + int(ok_cb.sum()), out.codebook[1] + len(ok_cb))
         per = [a + int(b) for a, b in zip(per, ok_cb)]
-        out.slow_argmax = (out.slow_argmax[0] + int(np.argmax(res.logits) == np.argmax(rec.logits[s])),
-                           out.slow_argmax[1] + 1)
+        out.slow_argmax = (
+            out.slow_argmax[0] + int(np.argmax(res.logits) == np.argmax(rec.logits[s])),
+            out.slow_argmax[1] + 1,
+        )
         out.slow_logits_min_cos = min(out.slow_logits_min_cos, cosine(res.logits, rec.logits[s]))
-        out.fast_logits_min_cos = min(out.fast_logits_min_cos,
-                                      min(cosine(x, y) for x, y in zip(res.fast_logits, rec.fast_logits[s])))
+        out.fast_logits_min_cos = min(
+            out.fast_logits_min_cos, min(cosine(x, y) for x, y in zip(res.fast_logits, rec.fast_logits[s]))
+        )
         out.frames += 1
     out.per_codebook = per
     return out

@@ -32,16 +32,19 @@ def load_fixture(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
     if not path.is_file():
         raise ParityError(f"fixture not found: {path} (give the fixture.npz of an oracle folder)")
     if not zipfile.is_zipfile(path):  # np.load would try it as a pickle and say so
-        raise ParityError(f"{path} is not an oracle fixture (a .npz archive, such as the fixture.npz of an oracle "
-                          "folder)")
+        raise ParityError(
+            f"{path} is not an oracle fixture (a .npz archive, such as the fixture.npz of an oracle folder)"
+        )
     try:
         with np.load(path) as f:
             arrays = {k: f[k] for k in f.files}
     except Exception as e:  # a corrupt npz raises zipfile/pickle/value errors alike
         raise ParityError(f"cannot read fixture {path}: {e}") from e
     if "meta_json" not in arrays:
-        raise ParityError(f"{path} is not an oracle fixture: it has no meta_json (its arrays: "
-                          f"{', '.join(sorted(arrays)[:5]) or 'none'})")
+        raise ParityError(
+            f"{path} is not an oracle fixture: it has no meta_json (its arrays: "
+            f"{', '.join(sorted(arrays)[:5]) or 'none'})"
+        )
     try:
         meta = json.loads(str(arrays["meta_json"]))
     except ValueError as e:
@@ -62,8 +65,9 @@ def recorded_from_another(fixture_path: str | Path, model_file: str | Path) -> P
 class _RecordedNoise:
     """Replays the recorded uniforms of a scenario's batch ``item`` in NoiseSource's interface."""
 
-    def __init__(self, fx: dict[str, np.ndarray], sc: str, num_semantic: int, codebook_size: int, num_fast: int,
-                 item: int = 0):
+    def __init__(
+        self, fx: dict[str, np.ndarray], sc: str, num_semantic: int, codebook_size: int, num_fast: int, item: int = 0
+    ):
         self.fx, self.sc, self.item, self.step = fx, sc, item, 0
         self.shapes = ((2, num_semantic + 1), (num_fast, codebook_size))
 
@@ -84,9 +88,14 @@ def _params(meta: dict, sc: str, backend: Backend) -> SamplingParams:
     info = meta["scenarios"][sc]
     extra = info.get("extra", {})
     cfg = backend.cfg
-    return SamplingParams(temperature=extra.get("temperature", 0.7), top_k=extra.get("top_k", 50),
-                          top_p=extra.get("top_p", 0.9), do_sample=info["do_sample"],
-                          ras_temperature=cfg.ras_temperature, ras_top_p=cfg.ras_top_p)
+    return SamplingParams(
+        temperature=extra.get("temperature", 0.7),
+        top_k=extra.get("top_k", 50),
+        top_p=extra.get("top_p", 0.9),
+        do_sample=info["do_sample"],
+        ras_temperature=cfg.ras_temperature,
+        ras_top_p=cfg.ras_top_p,
+    )
 
 
 def _forced(fx, sc, s, b) -> np.ndarray:

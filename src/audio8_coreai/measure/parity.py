@@ -116,7 +116,10 @@ class ParityReport:
     def totals(self) -> dict[str, tuple[int, int]]:
         out = {}
         for key in ("slow_argmax", "semantic_draws", "codebook_draws"):
-            out[key] = (sum(getattr(s, key)[0] for s in self.scenarios), sum(getattr(s, key)[1] for s in self.scenarios))
+            out[key] = (
+                sum(getattr(s, key)[0] for s in self.scenarios),
+                sum(getattr(s, key)[1] for s in self.scenarios),
+            )
         return out
 
     @property
@@ -132,8 +135,9 @@ class ParityReport:
                 return False
         if any(e.codes_equal[0] != e.codes_equal[1] or (e.latent_max_diff or 0.0) > t for e in self.encoder):
             return False
-        return all(c.waveform_max_diff <= t and max(c.intermediates_max_diff.values(), default=0) <= t
-                   for c in self.codec)
+        return all(
+            c.waveform_max_diff <= t and max(c.intermediates_max_diff.values(), default=0) <= t for c in self.codec
+        )
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "totals": self.totals(), "passed": self.passed}, indent=2)
@@ -146,8 +150,7 @@ def _compare_frame(rep: ScenarioReport, fx, sc, s, b, res: FrameResult, do_sampl
     rep.slow_argmax = _add(rep.slow_argmax, int(np.argmax(res.logits) == np.argmax(rec_logits)))
     rec_fast = fx[f"{sc}__fast_logits"][s, :, b]
     rep.fast_logits_max_diff = max(rep.fast_logits_max_diff, float(np.abs(res.fast_logits - rec_fast).max()))
-    rep.fast_logits_min_cos = min(rep.fast_logits_min_cos,
-                                  min(cosine(x, y) for x, y in zip(res.fast_logits, rec_fast)))
+    rep.fast_logits_min_cos = min(rep.fast_logits_min_cos, min(cosine(x, y) for x, y in zip(res.fast_logits, rec_fast)))
     rep.semantic_draws = _add(rep.semantic_draws, int(res.sampled_semantic == fx[f"{sc}__semantic"][s, b]))
     want = fx[f"{sc}__fast_choice"][s, :, b] if do_sample else fx[f"{sc}__codebooks"][s, b, 1:]
     agree = int((res.sampled_codes[1:] == want).sum())
@@ -155,8 +158,10 @@ def _compare_frame(rep: ScenarioReport, fx, sc, s, b, res: FrameResult, do_sampl
     semantic = int(fx[f"{sc}__semantic"][s, b])
     if res.sampled_semantic != semantic:
         rep.misses.append(DrawMiss(s, b, 0, semantic, int(res.sampled_semantic)))
-    rep.misses += [DrawMiss(s, b, int(c) + 1, int(want[c]), int(res.sampled_codes[c + 1]))
-                   for c in np.flatnonzero(res.sampled_codes[1:] != want)]
+    rep.misses += [
+        DrawMiss(s, b, int(c) + 1, int(want[c]), int(res.sampled_codes[c + 1]))
+        for c in np.flatnonzero(res.sampled_codes[1:] != want)
+    ]
 
 
 def _add(pair: tuple[int, int], ok: int) -> tuple[int, int]:
@@ -171,8 +176,9 @@ def replay_single(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: in
     cfg = backend.cfg
     max_new = int(meta["scenarios"][sc]["max_new_tokens"])
     noise = _RecordedNoise(fx, sc, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1, item or 0)
-    gen = generate(backend, _item_prompt(fx, sc, item), _params(meta, sc, backend), seed=0, max_frames=max_new,
-                   noise=noise)
+    gen = generate(
+        backend, _item_prompt(fx, sc, item), _params(meta, sc, backend), seed=0, max_frames=max_new, noise=noise
+    )
     compare_free_run(rep, fx, sc, gen.codes, gen.reached_eos, item or 0)
     return rep
 
@@ -200,15 +206,22 @@ def replay_forced(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: in
     shapes = ((2, cfg.num_semantic + 1), (cfg.num_codebooks - 1, cfg.codebook_size))
     noise = [_step_noise(fx, sc, s, b, shapes) for s in range(steps)]
     columns = np.stack([_forced(fx, sc, s, b) for s in range(steps)])
-    results = replay(backend, _item_prompt(fx, sc, item), params, columns, np.stack([n[0] for n in noise]),
-                     np.stack([n[1] for n in noise]))
+    results = replay(
+        backend,
+        _item_prompt(fx, sc, item),
+        params,
+        columns,
+        np.stack([n[0] for n in noise]),
+        np.stack([n[1] for n in noise]),
+    )
     for s, res in enumerate(results):
         _compare_frame(rep, fx, sc, s, b, res, params.do_sample)
     return rep
 
 
-def compare_free_run(rep: ScenarioReport, fx: dict, sc: str, codes: np.ndarray, reached_eos: bool,
-                     item: int = 0) -> None:
+def compare_free_run(
+    rep: ScenarioReport, fx: dict, sc: str, codes: np.ndarray, reached_eos: bool, item: int = 0
+) -> None:
     """Fill ``rep``'s free-run fields from a free run's ``codes`` int [C, T] and whether it ended on eos,
     against the recording of scenario ``sc`` (batch ``item``)."""
     n_want = int(fx[f"{sc}__code_lengths"][item])
@@ -218,8 +231,9 @@ def compare_free_run(rep: ScenarioReport, fx: dict, sc: str, codes: np.ndarray, 
     rep.free_run_eos, rep.free_run_expected_eos = reached_eos, bool(fx[f"{sc}__finished"][item])
     same = (codes[:, :n_want] == want[:, :frames]).all(axis=0)
     rep.free_run_prefix = len(same) if same.all() else int(np.argmin(same))
-    rep.free_run_identical = (frames == n_want and reached_eos == rep.free_run_expected_eos
-                              and np.array_equal(codes, want))
+    rep.free_run_identical = (
+        frames == n_want and reached_eos == rep.free_run_expected_eos and np.array_equal(codes, want)
+    )
 
 
 @torch.inference_mode()
@@ -248,17 +262,22 @@ def replay_batch(backend: TorchBackend, fx: dict, meta: dict, sc: str = "batch")
         if s > 0:
             col = torch.as_tensor(fx[f"{sc}__step_input_column"][s - 1], device=dev)[:, :, None]
             slot = torch.as_tensor(fx[f"{sc}__step_physical_position"][s - 1], device=dev)
-            key_valid[:, int(slot[0])] = torch.as_tensor(fx[f"{sc}__step_attention_mask_last"][s - 1], device=dev).bool()
+            key_valid[:, int(slot[0])] = torch.as_tensor(
+                fx[f"{sc}__step_attention_mask_last"][s - 1], device=dev
+            ).bool()
             mask = causal_cache_mask(slot, 1, length) & key_valid[:, None, None, :]
             rope = torch.as_tensor(fx[f"{sc}__step_token_position"][s - 1], device=dev)[:, None]
             logits, hidden = model.slow(col, rope, k, v, IndexKV(slot, mask))
             logits, hidden = logits[:, -1], hidden[:, -1]
         noises = [_step_noise(fx, sc, s, i, shapes) for i in range(b)]
         forced = torch.as_tensor(np.stack([_forced(fx, sc, s, i) for i in range(b)]), device=dev)
-        inputs = FrameInputs(noise_slow=torch.as_tensor(np.stack([n[0] for n in noises]), device=dev),
-                             window=torch.as_tensor(fx[f"{sc}__ras_previous"][s], device=dev),
-                             noise_fast=torch.as_tensor(np.stack([n[1] for n in noises]), device=dev),
-                             forced=forced, use_forced=torch.ones(b, device=dev))
+        inputs = FrameInputs(
+            noise_slow=torch.as_tensor(np.stack([n[0] for n in noises]), device=dev),
+            window=torch.as_tensor(fx[f"{sc}__ras_previous"][s], device=dev),
+            noise_fast=torch.as_tensor(np.stack([n[1] for n in noises]), device=dev),
+            forced=forced,
+            use_forced=torch.ones(b, device=dev),
+        )
         out = backend.frame_maths.sample(params, logits, hidden, inputs)
         for i in range(b):
             _compare_frame(rep, fx, sc, s, i, frame_result(out, i), params.do_sample)
@@ -276,13 +295,15 @@ def replay_codec(backend: TorchBackend, fx: dict, sc: str) -> list[CodecReport]:
     for i in range(codes.shape[0]):
         n = int(lengths[i]) // hop
         if isinstance(backend, TorchBackend):
-            inter = backend.decoder.intermediates(torch.as_tensor(codes[i:i + 1, :, :n], device=backend.device))
+            inter = backend.decoder.intermediates(torch.as_tensor(codes[i : i + 1, :, :n], device=backend.device))
             wave = inter.pop("waveform")[0].float().cpu().numpy()
-            diffs = {name: float(np.abs(val.float().cpu().numpy() - fx[f"{sc}__decode_item{i}_{name}"]).max())
-                     for name, val in inter.items()}
+            diffs = {
+                name: float(np.abs(val.float().cpu().numpy() - fx[f"{sc}__decode_item{i}_{name}"]).max())
+                for name, val in inter.items()
+            }
         else:
             wave, diffs = backend.decode_window(codes[i, :, :n]), {}
-        want = fx[f"{sc}__decode_waveform"][i, :n * hop]
+        want = fx[f"{sc}__decode_waveform"][i, : n * hop]
         out.append(CodecReport(f"{sc}[{i}]", float(np.abs(wave - want).max()), diffs, cosine(wave, want)))
     return out
 
@@ -313,8 +334,10 @@ def _cannot_replay(backend, meta: dict, sc: str) -> str | None:
     params = _params(meta, sc, backend)
     if not backend.draws_like(params):
         fix = ": audio8 convert --greedy" if not params.do_sample else ""
-        return (f"it draws {_describe(params)}; the backend's graphs bake in {_describe(backend.sampling)} (replay "
-                f"it on assets converted with its sampling{fix})")
+        return (
+            f"it draws {_describe(params)}; the backend's graphs bake in {_describe(backend.sampling)} (replay "
+            f"it on assets converted with its sampling{fix})"
+        )
     return None
 
 
@@ -333,9 +356,11 @@ def run_parity(backend: TorchBackend, fixture_path: str | Path, tolerance: float
     cfg = backend.cfg
     rec_v = fx["plain__slow_logits_compact"].shape[-1] if "plain__slow_logits_compact" in fx else None
     if rec_v != cfg.num_semantic + 1 or meta.get("config", {}).get("dim") != cfg.dim:
-        raise ParityError(f"fixture {fixture_path} was recorded for another checkpoint (compact head {rec_v}, "
-                          f"dim {meta.get('config', {}).get('dim')}; this model: {cfg.num_semantic + 1}, "
-                          f"{cfg.dim}); use the fixture of the checkpoint given with --model")
+        raise ParityError(
+            f"fixture {fixture_path} was recorded for another checkpoint (compact head {rec_v}, "
+            f"dim {meta.get('config', {}).get('dim')}; this model: {cfg.num_semantic + 1}, "
+            f"{cfg.dim}); use the fixture of the checkpoint given with --model"
+        )
     report = ParityReport(str(fixture_path), backend.description, tolerance)
     for sc in SCENARIOS:
         if f"{sc}__num_steps" not in fx:

@@ -45,25 +45,46 @@ class Recording:
     fast_logits: np.ndarray
 
 
-def record(backend: Backend, prompt: np.ndarray, params: SamplingParams, noise: NoiseLike,
-           max_frames: int) -> tuple[Recording, Generation]:
+def record(
+    backend: Backend, prompt: np.ndarray, params: SamplingParams, noise: NoiseLike, max_frames: int
+) -> tuple[Recording, Generation]:
     """Free-run ``prompt`` on ``backend`` (the reference) up to eos or ``max_frames`` frames, drawing from
     ``noise``; returns the recording (the eos step included) and the generation."""
     kept = RecordingNoise(noise)
     gen = generate(backend, prompt, params, 0, max_frames, keep_results=True, noise=kept)
     res = gen.frame_results
     columns = np.stack([np.concatenate([[r.semantic], r.codes]) for r in res]).astype(np.int64)
-    rec = Recording(prompt, columns, np.stack([n[0] for n in kept.frames]), np.stack([n[1] for n in kept.frames]),
-                    np.stack([r.logits for r in res]), np.stack([r.fast_logits for r in res]))
+    rec = Recording(
+        prompt,
+        columns,
+        np.stack([n[0] for n in kept.frames]),
+        np.stack([n[1] for n in kept.frames]),
+        np.stack([r.logits for r in res]),
+        np.stack([r.fast_logits for r in res]),
+    )
     return rec, gen
 
 
-def replay(backend: Backend, prompt: np.ndarray, params: SamplingParams, columns: np.ndarray,
-           noise_slow: np.ndarray, noise_fast: np.ndarray) -> list[FrameResult]:
+def replay(
+    backend: Backend,
+    prompt: np.ndarray,
+    params: SamplingParams,
+    columns: np.ndarray,
+    noise_slow: np.ndarray,
+    noise_fast: np.ndarray,
+) -> list[FrameResult]:
     """Teacher-force the recorded ``columns`` int64 [S, 1+C] of ``prompt`` through ``backend`` with the recorded
     uniforms; returns each step's result (its ``sampled_*`` draws are the backend's own)."""
-    gen = generate(backend, prompt, params, 0, len(columns), keep_results=True,
-                   noise=RecordedNoise(noise_slow, noise_fast), forced=list(columns))
+    gen = generate(
+        backend,
+        prompt,
+        params,
+        0,
+        len(columns),
+        keep_results=True,
+        noise=RecordedNoise(noise_slow, noise_fast),
+        forced=list(columns),
+    )
     return gen.frame_results
 
 

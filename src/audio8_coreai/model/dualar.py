@@ -20,8 +20,17 @@ def dualar_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         "codebook_embeddings.weight": (cfg.codebook_size * cfg.num_codebooks, cfg.dim),
     }
 
-    def block(prefix: str, dim: int, n_head: int, n_kv: int, head_dim: int, ffn: int,
-              qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+    def block(
+        prefix: str,
+        dim: int,
+        n_head: int,
+        n_kv: int,
+        head_dim: int,
+        ffn: int,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+    ) -> None:
         qkv = (n_head + 2 * n_kv) * head_dim
         shapes[f"{prefix}.attention.wqkv.weight"] = (qkv, dim)
         if qkv_bias:
@@ -39,16 +48,33 @@ def dualar_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[f"{prefix}.ffn_norm.weight"] = (dim,)
 
     for i in range(cfg.n_layer):
-        block(f"layers.{i}", cfg.dim, cfg.n_head, cfg.n_local_heads, cfg.head_dim, cfg.intermediate_size,
-              cfg.attention_qkv_bias, cfg.attention_o_bias, cfg.attention_qk_norm)
+        block(
+            f"layers.{i}",
+            cfg.dim,
+            cfg.n_head,
+            cfg.n_local_heads,
+            cfg.head_dim,
+            cfg.intermediate_size,
+            cfg.attention_qkv_bias,
+            cfg.attention_o_bias,
+            cfg.attention_qk_norm,
+        )
     shapes["norm.weight"] = (cfg.dim,)
     if not cfg.tie_word_embeddings:
         shapes["output.weight"] = (cfg.vocab_size, cfg.dim)
     shapes["fast_embeddings.weight"] = (cfg.codebook_size, cfg.fast_dim)
     for j in range(cfg.n_fast_layer):
-        block(f"fast_layers.{j}", cfg.fast_dim, cfg.fast_n_head, cfg.fast_n_local_heads, cfg.fast_head_dim,
-              cfg.fast_intermediate_size, cfg.fast_attention_qkv_bias, cfg.fast_attention_o_bias,
-              cfg.fast_attention_qk_norm)
+        block(
+            f"fast_layers.{j}",
+            cfg.fast_dim,
+            cfg.fast_n_head,
+            cfg.fast_n_local_heads,
+            cfg.fast_head_dim,
+            cfg.fast_intermediate_size,
+            cfg.fast_attention_qkv_bias,
+            cfg.fast_attention_o_bias,
+            cfg.fast_attention_qk_norm,
+        )
     shapes["fast_norm.weight"] = (cfg.fast_dim,)
     shapes["fast_output.weight"] = (cfg.codebook_size, cfg.fast_dim)
     return shapes
@@ -67,16 +93,24 @@ class SlowAR(nn.Module):
         self.embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.codebook_embeddings = nn.Embedding(cfg.codebook_size * cfg.num_codebooks, cfg.dim)
         self.layers = nn.ModuleList(
-            Block(cfg.dim, cfg.n_head, cfg.n_local_heads, cfg.head_dim, cfg.intermediate_size, cfg.norm_eps,
-                  cfg.attention_qkv_bias, cfg.attention_o_bias)
+            Block(
+                cfg.dim,
+                cfg.n_head,
+                cfg.n_local_heads,
+                cfg.head_dim,
+                cfg.intermediate_size,
+                cfg.norm_eps,
+                cfg.attention_qkv_bias,
+                cfg.attention_o_bias,
+            )
             for _ in range(cfg.n_layer)
         )
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.num_semantic + 1, bias=False)
         self.register_buffer("rope", rope_table(cfg.max_seq_len, cfg.head_dim, cfg.rope_base), persistent=False)
-        self.register_buffer("codebook_offsets",
-                             torch.arange(cfg.num_codebooks, dtype=torch.long) * cfg.codebook_size,
-                             persistent=False)
+        self.register_buffer(
+            "codebook_offsets", torch.arange(cfg.num_codebooks, dtype=torch.long) * cfg.codebook_size, persistent=False
+        )
 
     def embed(self, codes: Tensor) -> Tensor:
         """Code columns int [B, 1 + num_codebooks, S] -> embeddings [B, S, dim] (model dtype).
@@ -91,8 +125,9 @@ class SlowAR(nn.Module):
         is_sem = ((ids >= cfg.semantic_begin_id) & (ids <= cfg.semantic_end_id)).to(x.dtype)
         return x + cb.sum(dim=2) * is_sem.unsqueeze(-1)
 
-    def forward(self, codes: Tensor, rope_pos: Tensor | int, k_cache: Tensor, v_cache: Tensor,
-                kv: KVStep) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, codes: Tensor, rope_pos: Tensor | int, k_cache: Tensor, v_cache: Tensor, kv: KVStep
+    ) -> tuple[Tensor, Tensor]:
         """Run S columns through the slow AR, writing the KV cache in place.
 
         Args:
@@ -108,11 +143,11 @@ class SlowAR(nn.Module):
         if isinstance(rope_pos, Tensor):
             rope = self.rope[rope_pos]
         else:
-            rope = self.rope[rope_pos:rope_pos + codes.shape[-1]].unsqueeze(0)
+            rope = self.rope[rope_pos : rope_pos + codes.shape[-1]].unsqueeze(0)
         for i, layer in enumerate(self.layers):
             # A slice i:i+1, not an index: an in-place write through an indexed view exports as a masked
             # copy of the whole state.
-            x = layer(x, rope, k_cache[i:i + 1], v_cache[i:i + 1], kv)
+            x = layer(x, rope, k_cache[i : i + 1], v_cache[i : i + 1], kv)
         hidden = self.norm(x)
         return self.head(hidden), hidden
 
@@ -131,15 +166,21 @@ class FastAR(nn.Module):
         self.cfg = cfg
         self.fast_embeddings = nn.Embedding(cfg.codebook_size, cfg.fast_dim)
         self.fast_layers = nn.ModuleList(
-            Block(cfg.fast_dim, cfg.fast_n_head, cfg.fast_n_local_heads, cfg.fast_head_dim,
-                  cfg.fast_intermediate_size, cfg.norm_eps, cfg.fast_attention_qkv_bias,
-                  cfg.fast_attention_o_bias)
+            Block(
+                cfg.fast_dim,
+                cfg.fast_n_head,
+                cfg.fast_n_local_heads,
+                cfg.fast_head_dim,
+                cfg.fast_intermediate_size,
+                cfg.norm_eps,
+                cfg.fast_attention_qkv_bias,
+                cfg.fast_attention_o_bias,
+            )
             for _ in range(cfg.n_fast_layer)
         )
         self.fast_norm = RMSNorm(cfg.fast_dim, cfg.norm_eps)
         self.fast_output = nn.Linear(cfg.fast_dim, cfg.codebook_size, bias=False)
-        self.register_buffer("rope", rope_table(cfg.num_codebooks, cfg.fast_head_dim, cfg.rope_base),
-                             persistent=False)
+        self.register_buffer("rope", rope_table(cfg.num_codebooks, cfg.fast_head_dim, cfg.rope_base), persistent=False)
 
     def forward(self, x: Tensor, row: int, k_buf: Tensor, v_buf: Tensor) -> Tensor:
         """Rows ``row .. row+S-1`` of the frame from ``x`` [B, S, fast_dim] (row 0: the slow hidden; row p >= 1:
@@ -147,12 +188,12 @@ class FastAR(nn.Module):
         [n_fast_layer, B, n_kv, num_codebooks, D] at those rows; each row attends rows ``[0, its own]``.
         Returns the logits of the last row [B, codebook_size] (it predicts codebook ``row + S - 1``)."""
         s = x.shape[1]
-        rope = self.rope[row:row + s].unsqueeze(0)
+        rope = self.rope[row : row + s].unsqueeze(0)
         kv = SpanKV(row, row + s, causal=s > 1)
         if s > 1 and row != 0:
             raise ValueError(f"several fast-AR rows in one pass must start at row 0, not {row}")
         for i, layer in enumerate(self.fast_layers):
-            x = layer(x, rope, k_buf[i:i + 1], v_buf[i:i + 1], kv)
+            x = layer(x, rope, k_buf[i : i + 1], v_buf[i : i + 1], kv)
         return self.fast_output(self.fast_norm(x[:, -1:]))[:, 0]
 
     def new_kv_buffer(self, batch: int = 1) -> tuple[Tensor, Tensor]:
@@ -174,8 +215,13 @@ class DualAR(nn.Module):
         self.fast = FastAR(cfg)
 
     @classmethod
-    def from_state_dict(cls, cfg: ModelConfig, state: dict[str, Tensor], dtype: torch.dtype = torch.float32,
-                        device: torch.device | str = "cpu") -> "DualAR":
+    def from_state_dict(
+        cls,
+        cfg: ModelConfig,
+        state: dict[str, Tensor],
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> DualAR:
         """Build from a validated ``model.safetensors`` dict (publisher names) in ``dtype`` on ``device``.
 
         The compact head is ``embeddings.weight`` rows ``semantic_begin_id..semantic_end_id`` then
@@ -186,8 +232,9 @@ class DualAR(nn.Module):
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
         if missing or unexpected:
-            raise ValueError(f"model tensors do not match the config: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
+            raise ValueError(
+                f"model tensors do not match the config: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
         with torch.device("meta"):
             model = cls(cfg).to(dtype)  # allocated in ``dtype``: a bf16 build never holds fp32 weights
         model = model.to_empty(device=device)
@@ -202,13 +249,18 @@ class DualAR(nn.Module):
             for src, dst in mapping.items():
                 params[dst].copy_(state[src].to(dtype))
             head_src = state["embeddings.weight" if cfg.tie_word_embeddings else "output.weight"]
-            rows = torch.cat([head_src[cfg.semantic_begin_id:cfg.semantic_end_id + 1],
-                              head_src[cfg.eos_token_id:cfg.eos_token_id + 1]])
+            rows = torch.cat(
+                [
+                    head_src[cfg.semantic_begin_id : cfg.semantic_end_id + 1],
+                    head_src[cfg.eos_token_id : cfg.eos_token_id + 1],
+                ]
+            )
             params["slow.head.weight"].copy_(rows.to(dtype))
             # Buffers were allocated on meta; rebuild them (RoPE tables stay fp32, bf16-rounded).
             model.slow.rope = rope_table(cfg.max_seq_len, cfg.head_dim, cfg.rope_base).to(device)
-            model.slow.codebook_offsets = (torch.arange(cfg.num_codebooks, dtype=torch.long, device=device)
-                                           * cfg.codebook_size)
+            model.slow.codebook_offsets = (
+                torch.arange(cfg.num_codebooks, dtype=torch.long, device=device) * cfg.codebook_size
+            )
             model.fast.rope = rope_table(cfg.num_codebooks, cfg.fast_head_dim, cfg.rope_base).to(device)
         for p in model.parameters():
             p.data = p.data.to(dtype)

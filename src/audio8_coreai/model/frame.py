@@ -127,8 +127,15 @@ class Frame(nn.Module):
         logits, hidden = self.prefill(column, pos, k_cache, v_cache)
         return logits[:, -1], hidden[:, -1]
 
-    def slow_rows(self, column: Tensor, rows: list[int], positions: list[int], k_cache: Tensor, v_cache: Tensor,
-                  gather: bool | None = None) -> tuple[Tensor, Tensor]:
+    def slow_rows(
+        self,
+        column: Tensor,
+        rows: list[int],
+        positions: list[int],
+        k_cache: Tensor,
+        v_cache: Tensor,
+        gather: bool | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """:meth:`slow_step` for n utterances at their own points (eager, batched rows): column int64
         [n, 1+C, 1], utterance j in batch row ``rows[j]`` of ``k_cache``/``v_cache`` [n_layer, max_batch, n_kv,
         L, D] at slot and RoPE position ``positions[j]``. Returns logits [n, V+1] and hidden [n, dim], each row
@@ -161,8 +168,9 @@ class Frame(nn.Module):
         cfg, p = self.model.cfg, params
         eager = self.mode == "eager"
         if p.do_sample:
-            sampled_sem, _, _ = sample_semantic(logits, inputs.noise_slow, inputs.window, p, cfg.semantic_begin_id,
-                                                cfg.eos_token_id, eager=eager)
+            sampled_sem, _, _ = sample_semantic(
+                logits, inputs.noise_slow, inputs.window, p, cfg.semantic_begin_id, cfg.eos_token_id, eager=eager
+            )
         else:
             sampled_sem = greedy_semantic(logits, semantic_begin_id=cfg.semantic_begin_id, eos_id=cfg.eos_token_id)
         mix = inputs.use_forced.to(torch.long)
@@ -172,8 +180,9 @@ class Frame(nn.Module):
 
         def draw(row: int, lg: Tensor) -> Tensor:
             if p.do_sample:
-                drawn = sample_top_k_top_p(lg, inputs.noise_fast[:, row - 1], p.top_k, p.top_p, p.temperature,
-                                           eager=eager)
+                drawn = sample_top_k_top_p(
+                    lg, inputs.noise_fast[:, row - 1], p.top_k, p.top_p, p.temperature, eager=eager
+                )
             else:
                 drawn = greedy(lg)
             sampled.append(drawn)
@@ -181,8 +190,15 @@ class Frame(nn.Module):
             return kept[-1]
 
         fast_logits = self.fast_rows(hidden, code, draw)
-        return FrameOutputs(semantic, torch.stack(kept, 1), torch.stack(fast_logits, 1), sampled_sem,
-                            torch.stack(sampled, 1), logits, hidden)
+        return FrameOutputs(
+            semantic,
+            torch.stack(kept, 1),
+            torch.stack(fast_logits, 1),
+            sampled_sem,
+            torch.stack(sampled, 1),
+            logits,
+            hidden,
+        )
 
     def fast_rows(self, hidden: Tensor, code: Tensor, draw: Callable[[int, Tensor], Tensor]) -> list[Tensor]:
         """The fast AR's rows of one frame: rows 0 (``hidden`` [B, dim]) and 1 (the semantic code int64 [B]) in one

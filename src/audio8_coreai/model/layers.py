@@ -94,8 +94,9 @@ class Attention(nn.Module):
         ``mask`` bool [B or 1, 1, S, L], True = attend (None: every key). A query row with no visible key gives
         zeros (as torch's SDPA does for the publisher's left-padded rows), never NaN.
         """
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                              enable_gqa=self.n_head != self.n_kv)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_head != self.n_kv
+        )
 
     def out(self, heads: Tensor) -> Tensor:
         """``wo`` over the attention output [B, H, S, D] -> [B, S, dim]."""
@@ -135,12 +136,12 @@ class SpanKV:
 
     def attend(self, att: Attention, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         s = k.shape[2]
-        k_cache[:, :, :, self.start:self.start + s] = k.to(k_cache.dtype).unsqueeze(0)
-        v_cache[:, :, :, self.start:self.start + s] = v.to(v_cache.dtype).unsqueeze(0)
+        k_cache[:, :, :, self.start : self.start + s] = k.to(k_cache.dtype).unsqueeze(0)
+        v_cache[:, :, :, self.start : self.start + s] = v.to(v_cache.dtype).unsqueeze(0)
         if self.end is None:
             return att.sdpa(q, k_cache[0], v_cache[0], self.mask, self.causal)
-        mask = None if self.mask is None else self.mask[..., :self.end]
-        return att.sdpa(q, k_cache[0, :, :, :self.end], v_cache[0, :, :, :self.end], mask, self.causal)
+        mask = None if self.mask is None else self.mask[..., : self.end]
+        return att.sdpa(q, k_cache[0, :, :, : self.end], v_cache[0, :, :, : self.end], mask, self.causal)
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ class RowsKV:
         for j, (r, p) in enumerate(zip(self.rows, self.positions)):
             kc[r, :, p] = k[j, :, 0].to(kc.dtype)
             vc[r, :, p] = v[j, :, 0].to(vc.dtype)
-            outs.append(att.sdpa(q[j:j + 1], kc[r:r + 1, :, :p + 1], vc[r:r + 1, :, :p + 1]))
+            outs.append(att.sdpa(q[j : j + 1], kc[r : r + 1, :, : p + 1], vc[r : r + 1, :, : p + 1]))
         return torch.cat(outs)
 
 
@@ -203,8 +204,9 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``."""
 
-    def __init__(self, dim: int, n_head: int, n_kv: int, head_dim: int, ffn: int, eps: float,
-                 qkv_bias: bool, o_bias: bool):
+    def __init__(
+        self, dim: int, n_head: int, n_kv: int, head_dim: int, ffn: int, eps: float, qkv_bias: bool, o_bias: bool
+    ):
         super().__init__()
         self.attention = Attention(dim, n_head, n_kv, head_dim, qkv_bias, o_bias)
         self.feed_forward = FeedForward(dim, ffn)

@@ -23,16 +23,25 @@ ROUTES = "POST /v1/audio/speech, GET and POST /v1/voices, DELETE /v1/voices/NAME
 
 # Our codes for pydantic's own errors on some fields, codes a client can branch on; a schema validator gives its
 # code in the error's context (see schemas.refusal); any other schema error is invalid_request.
-FIELD_CODES = {("response_format", "literal_error"): "unsupported_format",
-               ("stream_format", "literal_error"): "unsupported_stream_format",
-               ("speed", "greater_than_equal"): "invalid_speed", ("speed", "less_than_equal"): "invalid_speed"}
+FIELD_CODES = {
+    ("response_format", "literal_error"): "unsupported_format",
+    ("stream_format", "literal_error"): "unsupported_stream_format",
+    ("speed", "greater_than_equal"): "invalid_speed",
+    ("speed", "less_than_equal"): "invalid_speed",
+}
 
 
 class ApiError(Audio8Error):
     """A request the server refuses: HTTP ``status``, the field to change (``param``) and a ``code``."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
@@ -44,8 +53,13 @@ class ApiError(Audio8Error):
 
 def damaged(e: DamagedVoice) -> ApiError:
     """A stored voice the server cannot read, said for an HTTP client: a 500 with the API's remedy, no path."""
-    return ApiError(500, f"the stored voice {e.name!r} is damaged or from a newer version on this server: DELETE "
-                         f"/v1/voices/{e.name} and POST it again", "voice", "voice_damaged")
+    return ApiError(
+        500,
+        f"the stored voice {e.name!r} is damaged or from a newer version on this server: DELETE "
+        f"/v1/voices/{e.name} and POST it again",
+        "voice",
+        "voice_damaged",
+    )
 
 
 def api_error(e: Audio8Error) -> ApiError:
@@ -63,8 +77,13 @@ def schema_error(first: dict[str, Any]) -> ApiError:
     field (``param``) and its code (a validator's own, :data:`FIELD_CODES`, or invalid_request)."""
     if first.get("type") == "json_invalid":  # loc is (body, character offset): say it in words
         at = first.get("loc", ("body", "?"))[-1]
-        return ApiError(400, f"the body is not valid JSON (at character {at}): send a JSON object such as "
-                             '{"model": "tts-1", "input": "Hello", "voice": "alloy"}', None, "invalid_json")
+        return ApiError(
+            400,
+            f"the body is not valid JSON (at character {at}): send a JSON object such as "
+            '{"model": "tts-1", "input": "Hello", "voice": "alloy"}',
+            None,
+            "invalid_json",
+        )
     where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
     own = (first.get("ctx") or {}).get("code")  # a schema validator's message names the field itself
     if own:
@@ -91,8 +110,9 @@ def install(app: FastAPI, count) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         # Unknown routes (404) and wrong methods (405) in the same error shape as every other refusal.
-        message = {404: f"no such endpoint: {request.method} {request.url.path}; this server has {ROUTES}",
-                   405: f"{request.method} is not allowed on {request.url.path}; this server has {ROUTES}"}.get(
-            exc.status_code, str(exc.detail))
+        message = {
+            404: f"no such endpoint: {request.method} {request.url.path}; this server has {ROUTES}",
+            405: f"{request.method} is not allowed on {request.url.path}; this server has {ROUTES}",
+        }.get(exc.status_code, str(exc.detail))
         code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code)
         return await refuse(ApiError(exc.status_code, message, None, code, exc.headers))

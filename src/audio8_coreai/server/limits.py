@@ -40,9 +40,13 @@ class SpeechBodyLimit:
 
     async def _refuse(self, size: str, scope, receive, send) -> None:
         self.metrics.count(413)
-        refusal = ApiError(413, f"the body is {size}, over {MAX_SPEECH_BODY_BYTES} for a speech request: send the "
-                                f"text (at most {self.max_input_chars} characters) and the settings only", None,
-                           "body_too_large")
+        refusal = ApiError(
+            413,
+            f"the body is {size}, over {MAX_SPEECH_BODY_BYTES} for a speech request: send the "
+            f"text (at most {self.max_input_chars} characters) and the settings only",
+            None,
+            "body_too_large",
+        )
         await refusal.response()(scope, receive, send)
 
 

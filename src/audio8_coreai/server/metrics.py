@@ -39,18 +39,26 @@ class Metrics:
         with self._lock:
             rtf = self.compute_s / self.audio_s if self.audio_s else 0.0
             ttfa = self.ttfa_sum / self.ttfa_count if self.ttfa_count else 0.0
-            rows = [("audio8_requests_total", "counter", "Finished HTTP requests by status code.",
-                     [(f'{{status="{s}"}}', n) for s, n in sorted(self.requests.items())]),
-                    ("audio8_frames_total", "counter", "Frames generated (46 ms of audio each).", [("", self.frames)]),
-                    ("audio8_audio_seconds_total", "counter", "Seconds of speech delivered.", [("", self.audio_s)]),
-                    ("audio8_compute_seconds_total", "counter", "Seconds spent in prefill, frames and codec.",
-                     [("", self.compute_s)]),
-                    ("audio8_rtf", "gauge", "Compute seconds per second of speech, all requests so far.",
-                     [("", rtf)]),
-                    ("audio8_ttfa_seconds_mean", "gauge", "Mean time to first audio (prefill included).",
-                     [("", ttfa)]),
-                    ("audio8_queue_depth", "gauge", "Requests waiting for a worker.", [("", queued)]),
-                    ("audio8_in_flight", "gauge", "Requests running on a worker.", [("", running)])]
+            rows = [
+                (
+                    "audio8_requests_total",
+                    "counter",
+                    "Finished HTTP requests by status code.",
+                    [(f'{{status="{s}"}}', n) for s, n in sorted(self.requests.items())],
+                ),
+                ("audio8_frames_total", "counter", "Frames generated (46 ms of audio each).", [("", self.frames)]),
+                ("audio8_audio_seconds_total", "counter", "Seconds of speech delivered.", [("", self.audio_s)]),
+                (
+                    "audio8_compute_seconds_total",
+                    "counter",
+                    "Seconds spent in prefill, frames and codec.",
+                    [("", self.compute_s)],
+                ),
+                ("audio8_rtf", "gauge", "Compute seconds per second of speech, all requests so far.", [("", rtf)]),
+                ("audio8_ttfa_seconds_mean", "gauge", "Mean time to first audio (prefill included).", [("", ttfa)]),
+                ("audio8_queue_depth", "gauge", "Requests waiting for a worker.", [("", queued)]),
+                ("audio8_in_flight", "gauge", "Requests running on a worker.", [("", running)]),
+            ]
         lines = []
         for name, kind, help_text, samples in rows:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]

@@ -71,14 +71,18 @@ class SpeechRequest(BaseModel):
     @classmethod
     def _own_pace(cls, speed: float) -> float:
         if speed != 1.0:
-            raise refusal("unsupported_speed", f"speed {speed} is not supported: this server makes speech at the "
-                          "model's own pace only (no time stretch); send speed 1.0 or leave it out")
+            raise refusal(
+                "unsupported_speed",
+                f"speed {speed} is not supported: this server makes speech at the "
+                "model's own pace only (no time stretch); send speed 1.0 or leave it out",
+            )
         return speed
 
     @field_validator("instructions")
     @classmethod
     def _no_directions(cls, instructions: str | None) -> str | None:
         if instructions:
-            raise refusal("unsupported_instructions", "instructions are not supported: this model takes no voice "
-                          "directions")
+            raise refusal(
+                "unsupported_instructions", "instructions are not supported: this model takes no voice directions"
+            )
         return instructions

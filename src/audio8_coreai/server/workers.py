@@ -40,8 +40,12 @@ class Workers:
         with self._lock:
             if self.admitted >= len(self.instances) + self.max_queue:
                 wait = math.ceil(self._job_s * (1 + self.queued / len(self.instances)))
-                raise ApiError(503, f"the server is busy ({self.running} requests running, {self.queued} "
-                               "waiting); retry later", code="queue_full", headers={"Retry-After": str(wait)})
+                raise ApiError(
+                    503,
+                    f"the server is busy ({self.running} requests running, {self.queued} waiting); retry later",
+                    code="queue_full",
+                    headers={"Retry-After": str(wait)},
+                )
             self.admitted += 1
 
     def submit(self, job: Callable[[TTS], Any]) -> asyncio.Future[Any]:

@@ -35,6 +35,8 @@ def check_text(text: str, what: str = "text") -> str:
         raise PromptError(f"{what} is empty (or only whitespace): give the words to speak")
     if not any(unicodedata.category(c)[0] in "LN" for c in cleaned):
         shown = cleaned if len(cleaned) <= 60 else f"{cleaned[:60]}... ({len(cleaned)} characters)"
-        raise PromptError(f"{what} {shown!r} has no letters or digits (only punctuation or symbols): "
-                          "there is nothing to speak; give at least one word")
+        raise PromptError(
+            f"{what} {shown!r} has no letters or digits (only punctuation or symbols): "
+            "there is nothing to speak; give at least one word"
+        )
     return cleaned

@@ -55,15 +55,21 @@ class PromptBuilder:
         for token in (IM_START, IM_END, VOICE):
             token_id = tokenizer.token_to_id(token)
             if token_id is None:
-                raise PromptError(f"the tokenizer has no {token} token: it is not an Audio8 tokenizer "
-                                  "(expected the checkpoint's tokenizer.json)")
+                raise PromptError(
+                    f"the tokenizer has no {token} token: it is not an Audio8 tokenizer "
+                    "(expected the checkpoint's tokenizer.json)"
+                )
             if not 0 <= token_id < config.vocab_size:
-                raise PromptError(f"{token} is id {token_id}, outside the model's vocab_size "
-                                  f"{config.vocab_size}: the tokenizer does not belong to this checkpoint")
+                raise PromptError(
+                    f"{token} is id {token_id}, outside the model's vocab_size "
+                    f"{config.vocab_size}: the tokenizer does not belong to this checkpoint"
+                )
             ids[token] = token_id
         if config.eos_token_id != ids[IM_END]:
-            raise PromptError(f"config eos_token_id {config.eos_token_id} is not the tokenizer's {IM_END} id "
-                              f"{ids[IM_END]}: the tokenizer does not belong to this checkpoint")
+            raise PromptError(
+                f"config eos_token_id {config.eos_token_id} is not the tokenizer's {IM_END} id "
+                f"{ids[IM_END]}: the tokenizer does not belong to this checkpoint"
+            )
         self.voice_id = ids[VOICE]
         # The template segments never change; tokenize them once.
         self._system_open = self.encode(SYSTEM_OPEN)
@@ -83,8 +89,10 @@ class PromptBuilder:
         ids = self.tokenizer.encode(segment, add_special_tokens=False).ids
         too_big = [i for i in ids if i >= self.config.vocab_size]
         if too_big:
-            raise PromptError(f"the tokenizer produced ids {too_big[:5]} >= vocab_size {self.config.vocab_size}: "
-                              "it does not belong to this checkpoint")
+            raise PromptError(
+                f"the tokenizer produced ids {too_big[:5]} >= vocab_size {self.config.vocab_size}: "
+                "it does not belong to this checkpoint"
+            )
         return ids
 
     def prefix_length(self, prompt: np.ndarray) -> int:
@@ -142,11 +150,14 @@ class PromptBuilder:
         start = len(prefix)
         prompt = np.zeros((self.config.num_codebooks + 1, start + n_ref + len(suffix)), dtype=np.int64)
         prompt[0, :start] = prefix
-        prompt[0, start:start + n_ref] = codes[0] + self.config.semantic_begin_id
-        prompt[0, start + n_ref:] = suffix
-        prompt[1:, start:start + n_ref] = codes
-        self.check_fits(prompt.shape[1], what=f"text of {len(target_ids)} tokens, a reference transcript of "
-                                              f"{len(transcript_ids)} tokens and a reference of {n_ref} frames")
+        prompt[0, start : start + n_ref] = codes[0] + self.config.semantic_begin_id
+        prompt[0, start + n_ref :] = suffix
+        prompt[1:, start : start + n_ref] = codes
+        self.check_fits(
+            prompt.shape[1],
+            what=f"text of {len(target_ids)} tokens, a reference transcript of "
+            f"{len(transcript_ids)} tokens and a reference of {n_ref} frames",
+        )
         return prompt
 
     def _check_codes(self, ref_codes: np.ndarray) -> np.ndarray:
@@ -161,8 +172,10 @@ class PromptBuilder:
         bad = (codes < 0) | (codes >= size)
         if bad.any():
             row, col = (int(x[0]) for x in np.nonzero(bad))
-            raise PromptError(f"reference code {int(codes[row, col])} at codebook {row}, frame {col} is outside "
-                              f"[0, {size}): the codes come from another codec or are corrupt")
+            raise PromptError(
+                f"reference code {int(codes[row, col])} at codebook {row}, frame {col} is outside "
+                f"[0, {size}): the codes come from another codec or are corrupt"
+            )
         return codes.astype(np.int64)
 
     def check_fits(self, prompt_len: int, max_new_frames: int = 1, what: str = "") -> None:
@@ -179,10 +192,14 @@ class PromptBuilder:
             return
         content = f" ({what})" if what else ""
         if prompt_len >= limit:
-            raise PromptTooLong(f"the prompt is {prompt_len} tokens{content} but the model's context "
-                              f"(max_seq_len) is {limit}, which must also hold the generated frames: "
-                              "shorten the text or use a shorter reference clip, or let it be split into sentences "
-                              "(audio8 say, TTS.synthesize and TTS.stream split long text)")
-        raise PromptTooLong(f"the prompt is {prompt_len} tokens{content}; with max_new_frames {max_new_frames} "
-                          f"that is {prompt_len + max_new_frames} positions, over max_seq_len {limit}: at most "
-                          f"{limit - prompt_len} frames fit, so lower max_new_frames or shorten the text")
+            raise PromptTooLong(
+                f"the prompt is {prompt_len} tokens{content} but the model's context "
+                f"(max_seq_len) is {limit}, which must also hold the generated frames: "
+                "shorten the text or use a shorter reference clip, or let it be split into sentences "
+                "(audio8 say, TTS.synthesize and TTS.stream split long text)"
+            )
+        raise PromptTooLong(
+            f"the prompt is {prompt_len} tokens{content}; with max_new_frames {max_new_frames} "
+            f"that is {prompt_len + max_new_frames} positions, over max_seq_len {limit}: at most "
+            f"{limit - prompt_len} frames fit, so lower max_new_frames or shorten the text"
+        )

@@ -21,30 +21,116 @@ _CLOSERS = "\"'”’»)]}」』）】》"
 # titles before a name and abbreviations that stand inside a sentence; lowercased, without the final period.
 # A missed sentence end costs little (the text is cut at the next one, or at a clause), a false one puts a
 # pause after "Dr.", so the lists lean towards keeping a sentence whole.
-ABBREVIATIONS_INSIDE = frozenset({
-    # en
-    "mr", "mrs", "ms", "mx", "dr", "prof", "rev", "hon", "st", "mt", "gen", "col", "capt", "lt", "sgt", "gov",
-    "sen", "rep", "fr", "sr", "jr", "vs", "cf", "viz", "e.g", "i.e",
-    # de: Herr, Fräulein, zum Beispiel, das heißt, unter anderem, beziehungsweise, vergleiche...
-    "hr", "frl", "z.b", "d.h", "u.a", "bzw", "vgl", "ggf", "evtl", "sog", "inkl", "zzgl",
-    # fr: Madame, Mademoiselle, Monseigneur, Professeur, par exemple, c'est-à-dire
-    "mme", "mlle", "mgr", "pr", "p.ex", "c.-à-d",
-    # es: Señora, Señorita, Doctora, usted, ustedes, doña, por ejemplo
-    "sra", "srta", "dra", "ud", "uds", "vd", "dña", "p.ej",
-})
+ABBREVIATIONS_INSIDE = frozenset(
+    {
+        # en
+        "mr",
+        "mrs",
+        "ms",
+        "mx",
+        "dr",
+        "prof",
+        "rev",
+        "hon",
+        "st",
+        "mt",
+        "gen",
+        "col",
+        "capt",
+        "lt",
+        "sgt",
+        "gov",
+        "sen",
+        "rep",
+        "fr",
+        "sr",
+        "jr",
+        "vs",
+        "cf",
+        "viz",
+        "e.g",
+        "i.e",
+        # de: Herr, Fräulein, zum Beispiel, das heißt, unter anderem, beziehungsweise, vergleiche...
+        "hr",
+        "frl",
+        "z.b",
+        "d.h",
+        "u.a",
+        "bzw",
+        "vgl",
+        "ggf",
+        "evtl",
+        "sog",
+        "inkl",
+        "zzgl",
+        # fr: Madame, Mademoiselle, Monseigneur, Professeur, par exemple, c'est-à-dire
+        "mme",
+        "mlle",
+        "mgr",
+        "pr",
+        "p.ex",
+        "c.-à-d",
+        # es: Señora, Señorita, Doctora, usted, ustedes, doña, por ejemplo
+        "sra",
+        "srta",
+        "dra",
+        "ud",
+        "uds",
+        "vd",
+        "dña",
+        "p.ej",
+    }
+)
 # Abbreviations that also close sentences ("... and so on, etc. The next"): a sentence end only when the
 # next word does not start with a lowercase letter or a digit ("etc. and", "No. 5", "ca. 30" continue).
-ABBREVIATIONS_EITHER = frozenset({
-    "etc", "approx", "fig", "no", "nos", "vol", "ch", "p", "pp", "inc", "ltd", "co", "corp", "ave", "blvd",  # en
-    "ca", "nr", "usw", "str", "abs",  # de
-    "env", "av", "bd",  # fr
-    "aprox", "pág", "núm", "tel",  # es
-})
+ABBREVIATIONS_EITHER = frozenset(
+    {
+        "etc",
+        "approx",
+        "fig",
+        "no",
+        "nos",
+        "vol",
+        "ch",
+        "p",
+        "pp",
+        "inc",
+        "ltd",
+        "co",
+        "corp",
+        "ave",
+        "blvd",  # en
+        "ca",
+        "nr",
+        "usw",
+        "str",
+        "abs",  # de
+        "env",
+        "av",
+        "bd",  # fr
+        "aprox",
+        "pág",
+        "núm",
+        "tel",  # es
+    }
+)
 # German ordinals before a month ("am 3. Oktober"): a number's period is no sentence end before these.
-MONTHS_DE = frozenset({
-    "januar", "februar", "märz", "april", "mai", "juni", "juli", "august", "september", "oktober", "november",
-    "dezember",
-})
+MONTHS_DE = frozenset(
+    {
+        "januar",
+        "februar",
+        "märz",
+        "april",
+        "mai",
+        "juni",
+        "juli",
+        "august",
+        "september",
+        "oktober",
+        "november",
+        "dezember",
+    }
+)
 
 _NEXT_WORD = re.compile(r"\s*(\w*)")
 _OPENING = re.compile(r"^\W+")  # opening quotes and brackets before a word
@@ -62,7 +148,7 @@ def _continues_sentence(text: str, i: int, j: int) -> bool:
         return following[:1].islower()
     if run != ".":
         return False
-    word = _OPENING.sub("", text[text.rfind(" ", 0, i) + 1:i])  # "(Dr" -> "Dr", "“Mr" -> "Mr"
+    word = _OPENING.sub("", text[text.rfind(" ", 0, i) + 1 : i])  # "(Dr" -> "Dr", "“Mr" -> "Mr"
     key = word.lower()
     if key in ABBREVIATIONS_INSIDE or (len(word) == 1 and word.isupper() and word != "I"):
         return True
@@ -71,8 +157,9 @@ def _continues_sentence(text: str, i: int, j: int) -> bool:
     return (key in ABBREVIATIONS_EITHER or "." in word) and lower_next  # "U.S. and", "p.m. tomorrow"
 
 
-def _cut(text: str, latin: str, cjk: str,
-         continues: Callable[[str, int, int], bool] = lambda text, i, j: False) -> list[tuple[int, int]]:
+def _cut(
+    text: str, latin: str, cjk: str, continues: Callable[[str, int, int], bool] = lambda text, i, j: False
+) -> list[tuple[int, int]]:
     """Spans ``(start, end)`` of ``text`` cut after each run of the given marks (and its closers), except where
     ``continues(text, i, j)`` says the run ``text[i:j]`` does not end one; every character belongs to one span,
     so the spans joined give back ``text``."""
@@ -112,8 +199,10 @@ def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[
     """
     text = check_text(text)
     if max_tokens < 1:
-        raise PromptError(f"no room for text: an utterance can hold {max_tokens} tokens of it (a voice whose "
-                          "reference fills the context?)")
+        raise PromptError(
+            f"no room for text: an utterance can hold {max_tokens} tokens of it (a voice whose "
+            "reference fills the context?)"
+        )
     if count(text) <= max_tokens:
         return [text]
     spans: list[tuple[int, int]] = []
@@ -131,14 +220,16 @@ def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[
                 if count(text[w0:w1]) > max_tokens:
                     run = text[w0:w1].strip()
                     shown = run if len(run) <= 40 else run[:39] + "…"
-                    raise PromptError(f"cannot split the text: {shown!r} (character {w0}) is {count(run)} tokens "
-                                      f"with no punctuation or space to split at, over the {max_tokens} tokens "
-                                      "one utterance can hold; add punctuation or spaces")
+                    raise PromptError(
+                        f"cannot split the text: {shown!r} (character {w0}) is {count(run)} tokens "
+                        f"with no punctuation or space to split at, over the {max_tokens} tokens "
+                        "one utterance can hold; add punctuation or spaces"
+                    )
                 spans.append((w0, w1))
     pieces: list[tuple[int, int]] = []
     for s0, s1 in spans:
         speakable = any(unicodedata.category(c)[0] in "LN" for c in text[s0:s1])
-        if pieces and (not speakable or count(text[pieces[-1][0]:s1].strip()) <= max_tokens):
+        if pieces and (not speakable or count(text[pieces[-1][0] : s1].strip()) <= max_tokens):
             pieces[-1] = (pieces[-1][0], s1)
         else:
             pieces.append((s0, s1))

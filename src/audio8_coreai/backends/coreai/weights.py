@@ -71,17 +71,28 @@ def _quantize_slow_linears(model: DualAR, context: int) -> None:
     from coreai_opt.quantization import ModuleQuantizerConfig, QuantizationSpec, Quantizer, QuantizerConfig
     from coreai_opt.quantization.spec import PerBlockGranularity, QuantizationScheme
 
-    spec = QuantizationSpec(dtype=torch.int8, qscheme=QuantizationScheme.SYMMETRIC_WITH_CLIPPING,
-                            granularity=PerBlockGranularity(axis=1, block_size=QUANT_BLOCK))
+    spec = QuantizationSpec(
+        dtype=torch.int8,
+        qscheme=QuantizationScheme.SYMMETRIC_WITH_CLIPPING,
+        granularity=PerBlockGranularity(axis=1, block_size=QUANT_BLOCK),
+    )
     weights_only = ModuleQuantizerConfig(op_input_spec=None, op_output_spec=None, op_state_spec={"weight": spec})
     # Eager mode keeps an nn.Module, so the one quantized slow AR serves prefill and frame alike.
-    config = QuantizerConfig(global_config=None, execution_mode="eager", module_name_configs={
-        r"layers\.\d+\.(attention\.(wqkv|wo)|feed_forward\.w[123])": weights_only})
+    config = QuantizerConfig(
+        global_config=None,
+        execution_mode="eager",
+        module_name_configs={r"layers\.\d+\.(attention\.(wqkv|wo)|feed_forward\.w[123])": weights_only},
+    )
     cfg = model.cfg
     k, v = model.new_kv_cache(length=context)
     slots = torch.arange(PREFILL_WIDTH)
-    example = (torch.zeros(1, 1 + cfg.num_codebooks, PREFILL_WIDTH, dtype=torch.long), slots[None], k, v,
-               SpanKV(0, None, causal_cache_mask(slots[:1], PREFILL_WIDTH, context)))
+    example = (
+        torch.zeros(1, 1 + cfg.num_codebooks, PREFILL_WIDTH, dtype=torch.long),
+        slots[None],
+        k,
+        v,
+        SpanKV(0, None, causal_cache_mask(slots[:1], PREFILL_WIDTH, context)),
+    )
     quantizer = Quantizer(model.slow, config)
     quantizer.prepare(example)
     model.slow = quantizer.finalize(backend=ExportBackend.CoreAI)
@@ -90,8 +101,9 @@ def _quantize_slow_linears(model: DualAR, context: int) -> None:
 def dualar_model(ckpt: Checkpoint, precision: str, context: int) -> DualAR:
     """The DualAR of ``ckpt`` for ``precision``: float32 for fp32, float16 otherwise, and for int8-fp16 the slow
     AR's linear weights in int8 (prepared on an example prefill window over ``context`` KV slots)."""
-    model = DualAR.from_state_dict(ckpt.config, ckpt.model_state_dict(),
-                                   torch.float32 if precision == "fp32" else torch.float16)
+    model = DualAR.from_state_dict(
+        ckpt.config, ckpt.model_state_dict(), torch.float32 if precision == "fp32" else torch.float16
+    )
     if precision == "int8-fp16":
         _quantize_slow_linears(model, context)
     return model

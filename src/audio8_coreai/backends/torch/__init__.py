@@ -2,5 +2,12 @@
 
 from .backend import CODEC_FILE, MODEL_FILE, TorchBackend, TorchCodecStream, frame_result, resolve_device, resolve_dtype
 
-__all__ = ["CODEC_FILE", "MODEL_FILE", "TorchBackend", "TorchCodecStream", "frame_result", "resolve_device",
-           "resolve_dtype"]
+__all__ = [
+    "CODEC_FILE",
+    "MODEL_FILE",
+    "TorchBackend",
+    "TorchCodecStream",
+    "frame_result",
+    "resolve_device",
+    "resolve_dtype",
+]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -70,11 +69,15 @@ def frame_result(out: FrameOutputs, i: int) -> FrameResult:
 
     Raises CheckpointError naming the model file when its logits are not finite (damaged weights).
     """
-    return FrameResult(int(out.semantic[i]), out.codes[i].cpu().numpy(),
-                       require_finite(out.logits[i].float().cpu().numpy(), "model", MODEL_FILE),
-                       out.hidden[i].float().cpu().numpy(),
-                       require_finite(out.fast_logits[i].float().cpu().numpy(), "model", MODEL_FILE),
-                       int(out.sampled_semantic[i]), out.sampled_codes[i].cpu().numpy())
+    return FrameResult(
+        int(out.semantic[i]),
+        out.codes[i].cpu().numpy(),
+        require_finite(out.logits[i].float().cpu().numpy(), "model", MODEL_FILE),
+        out.hidden[i].float().cpu().numpy(),
+        require_finite(out.fast_logits[i].float().cpu().numpy(), "model", MODEL_FILE),
+        int(out.sampled_semantic[i]),
+        out.sampled_codes[i].cpu().numpy(),
+    )
 
 
 class TorchBackend(Backend):
@@ -98,9 +101,15 @@ class TorchBackend(Backend):
     name = "torch"
     overlaps_codec = True
 
-    def __init__(self, checkpoint: Checkpoint, device: str = "cpu", precision: str | None = None,
-                 codec_dtype: str | None = None, frame_mode: str = "eager",
-                 prefix_length: Callable[[np.ndarray], int] | None = None):
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        device: str = "cpu",
+        precision: str | None = None,
+        codec_dtype: str | None = None,
+        frame_mode: str = "eager",
+        prefix_length: Callable[[np.ndarray], int] | None = None,
+    ):
         self.device = resolve_device(device)
         if frame_mode not in ("eager", "graph"):
             raise BackendError(f"unknown frame mode {frame_mode!r}: eager or graph")
@@ -143,8 +152,9 @@ class TorchBackend(Backend):
         # pickle is read whole (1.6 GB for the release), so the encoder re-reads that one.
         self._codec_state = codec_state if checkpoint.codec_mapped else None
         # Sized for the longest utterance the context allows, so whole-utterance decodes never need windows.
-        self.decoder = CodecDecoder.from_state_dict(checkpoint.codec_config, codec_state,
-                                                    max_frames=self.cfg.max_seq_len)
+        self.decoder = CodecDecoder.from_state_dict(
+            checkpoint.codec_config, codec_state, max_frames=self.cfg.max_seq_len
+        )
         self.decoder = self.decoder.to(self.device, self.codec_dtype).eval().requires_grad_(False)
         del codec_state  # a full read (legacy pickle) is freed here; a mapping may stay in _codec_state
         release_freed_memory()
@@ -173,8 +183,9 @@ class TorchBackend(Backend):
         self.v_cache.zero_()
 
     @torch.inference_mode()
-    def prefill(self, prompt: np.ndarray, k_cache: torch.Tensor | None = None,
-                v_cache: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def prefill(
+        self, prompt: np.ndarray, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Run the prompt int [1+C, P] in windows of 32 columns from slot 0.
 
         Returns the last column's compact logits [V+1] and post-norm hidden [dim] (float32), the
@@ -209,13 +220,14 @@ class TorchBackend(Backend):
             v_cache[:, :, :, :start] = kept[1]
         return self._windows(prompt, start, k_cache, v_cache)
 
-    def _windows(self, prompt: np.ndarray, first: int, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    def _windows(
+        self, prompt: np.ndarray, first: int, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Prefill windows over ``prompt`` columns ``first..`` (slots alike); the last column's logits, hidden."""
         n = prompt.shape[1]
         logits = hidden = None
         for start in range(first, n, PREFILL_WIDTH):
-            window = np.ascontiguousarray(prompt[:, start:start + PREFILL_WIDTH], dtype=np.int64)
+            window = np.ascontiguousarray(prompt[:, start : start + PREFILL_WIDTH], dtype=np.int64)
             codes = torch.from_numpy(window)[None].to(self.device)
             lg, hd = self.frame_maths.prefill(codes, start, k_cache, v_cache)
             logits, hidden = lg[0, -1], hd[0, -1]
@@ -223,16 +235,30 @@ class TorchBackend(Backend):
         return require_finite(logits.float().cpu().numpy(), "model", MODEL_FILE), hidden.float().cpu().numpy()
 
     @torch.inference_mode()
-    def first_frame(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray,
-                    noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
+    def first_frame(
+        self,
+        params: SamplingParams,
+        noise_slow: np.ndarray,
+        window: np.ndarray,
+        noise_fast: np.ndarray,
+        forced: np.ndarray | None = None,
+    ) -> FrameResult:
         """Sample frame 0 from the prefill's last logits/hidden (no slow step)."""
         logits, hidden = self._last
         inputs = self._inputs(noise_slow, window, noise_fast, forced)
         return frame_result(self.frame_maths.sample(params, logits[None], hidden[None], inputs), 0)
 
     @torch.inference_mode()
-    def frame(self, params: SamplingParams, column: np.ndarray, pos: int, noise_slow: np.ndarray,
-              window: np.ndarray, noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
+    def frame(
+        self,
+        params: SamplingParams,
+        column: np.ndarray,
+        pos: int,
+        noise_slow: np.ndarray,
+        window: np.ndarray,
+        noise_fast: np.ndarray,
+        forced: np.ndarray | None = None,
+    ) -> FrameResult:
         """Slow step on the previous ``column`` int [1+C] at slot ``pos``, then sample the next frame."""
         inputs = self._inputs(noise_slow, window, noise_fast, forced)
         inputs.column = torch.as_tensor(np.asarray(column, dtype=np.int64), device=self.device).view(1, -1, 1)
@@ -247,11 +273,13 @@ class TorchBackend(Backend):
         dev = self.device
         c = self.cfg.num_codebooks
         f = np.zeros(1 + c, dtype=np.int64) if forced is None else np.asarray(forced, dtype=np.int64)
-        return FrameInputs(noise_slow=torch.as_tensor(noise_slow, dtype=torch.float32, device=dev)[None],
-                           window=torch.as_tensor(np.asarray(window, dtype=np.int64), device=dev)[None],
-                           noise_fast=torch.as_tensor(noise_fast, dtype=torch.float32, device=dev)[None],
-                           forced=torch.as_tensor(f, device=dev)[None],
-                           use_forced=torch.tensor([0.0 if forced is None else 1.0], device=dev))
+        return FrameInputs(
+            noise_slow=torch.as_tensor(noise_slow, dtype=torch.float32, device=dev)[None],
+            window=torch.as_tensor(np.asarray(window, dtype=np.int64), device=dev)[None],
+            noise_fast=torch.as_tensor(noise_fast, dtype=torch.float32, device=dev)[None],
+            forced=torch.as_tensor(f, device=dev)[None],
+            use_forced=torch.tensor([0.0 if forced is None else 1.0], device=dev),
+        )
 
     @torch.inference_mode()
     def decode_window(self, codes: np.ndarray) -> np.ndarray:
@@ -277,15 +305,24 @@ class TorchBackend(Backend):
             return [np.zeros(0, dtype=np.float32) for _ in codes]
         batch = np.zeros((len(codes), self.cfg.num_codebooks, longest), dtype=np.int64)
         for i, c in enumerate(codes):
-            batch[i, :, :c.shape[1]] = c
+            batch[i, :, : c.shape[1]] = c
         stream = StreamingDecoder(self.decoder)
         batch = torch.as_tensor(batch, device=self.device)
-        wav = torch.cat([stream.push(batch[..., start:start + DECODE_CHUNK_FRAMES])
-                         for start in range(0, longest, DECODE_CHUNK_FRAMES)], dim=-1).cpu().numpy()
+        wav = (
+            torch.cat(
+                [
+                    stream.push(batch[..., start : start + DECODE_CHUNK_FRAMES])
+                    for start in range(0, longest, DECODE_CHUNK_FRAMES)
+                ],
+                dim=-1,
+            )
+            .cpu()
+            .numpy()
+        )
         require_finite(wav, "codec", CODEC_FILE)
-        return [wav[i, :c.shape[1] * hop] for i, c in enumerate(codes)]
+        return [wav[i, : c.shape[1] * hop] for i, c in enumerate(codes)]
 
-    def codec_stream(self) -> "TorchCodecStream":
+    def codec_stream(self) -> TorchCodecStream:
         """A fresh exact incremental decoder for one utterance (see :class:`TorchCodecStream`)."""
         return TorchCodecStream(self.decoder)
 
@@ -293,9 +330,11 @@ class TorchBackend(Backend):
         """The fp32 codec encoder on this device, built on first use and rebuilt when a clip needs more
         than the ``frames`` (code frames of 2048 samples) it was sized for."""
         if self._encoder is None or self._encoder_frames < frames:
-            self._encoder = CodecEncoder.from_state_dict(self.checkpoint.codec_config,
-                                                         self._codec_state or self.checkpoint.codec_state_dict(),
-                                                         max_frames=max(frames, 1)).to(self.device)
+            self._encoder = CodecEncoder.from_state_dict(
+                self.checkpoint.codec_config,
+                self._codec_state or self.checkpoint.codec_state_dict(),
+                max_frames=max(frames, 1),
+            ).to(self.device)
             self._encoder_frames = max(frames, 1)
         return self._encoder
 

@@ -52,13 +52,15 @@ class GraphedFrame:
         self.frame = Frame(model, mode="graph")
         self.k_cache, self.v_cache, self.capture = k_cache, v_cache, capture
         c = cfg.num_codebooks
-        self.inputs = FrameInputs(noise_slow=torch.zeros(1, 2, cfg.num_semantic + 1, device=dev),
-                                  window=torch.zeros(1, cfg.ras_window_size, dtype=torch.long, device=dev),
-                                  noise_fast=torch.zeros(1, c - 1, cfg.codebook_size, device=dev),
-                                  forced=torch.zeros(1, 1 + c, dtype=torch.long, device=dev),
-                                  use_forced=torch.zeros(1, device=dev),
-                                  column=torch.zeros(1, 1 + c, 1, dtype=torch.long, device=dev),
-                                  pos=torch.zeros(1, dtype=torch.long, device=dev))
+        self.inputs = FrameInputs(
+            noise_slow=torch.zeros(1, 2, cfg.num_semantic + 1, device=dev),
+            window=torch.zeros(1, cfg.ras_window_size, dtype=torch.long, device=dev),
+            noise_fast=torch.zeros(1, c - 1, cfg.codebook_size, device=dev),
+            forced=torch.zeros(1, 1 + c, dtype=torch.long, device=dev),
+            use_forced=torch.zeros(1, device=dev),
+            column=torch.zeros(1, 1 + c, 1, dtype=torch.long, device=dev),
+            pos=torch.zeros(1, dtype=torch.long, device=dev),
+        )
         self._graphs: OrderedDict[SamplingParams, tuple[torch.cuda.CUDAGraph, FrameOutputs]] = OrderedDict()
         self._pool = None  # one memory pool shared by every captured graph
 

@@ -25,7 +25,6 @@ import tempfile
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...errors import Audio8Error
@@ -81,8 +80,7 @@ def _session(nodes, inits, inputs, outputs, threads: int):
 
     def model():  # a fresh proto each time: saving with external data rewrites the one it saves
         graph = helper.make_graph(nodes, "audio8_linear", inputs, outputs, inits)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                       helper.make_opsetid(ORT_DOMAIN, 1)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ORT_DOMAIN, 1)])
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -100,18 +98,24 @@ def _session(nodes, inits, inputs, outputs, threads: int):
     try:
         with tempfile.TemporaryDirectory(prefix="audio8-ort-", ignore_cleanup_errors=True) as folder:
             path = os.path.join(folder, "graph.onnx")
-            onnx.save_model(model(), path, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location="graph.data", size_threshold=1024)
+            onnx.save_model(
+                model(),
+                path,
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location="graph.data",
+                size_threshold=1024,
+            )
             return ort.InferenceSession(path, so, providers=providers)
     except OSError:
         return ort.InferenceSession(model().SerializeToString(), so, providers=providers)
 
 
-def _split16(helper, numpy_helper, name: str, x: str, out: str, k: int, block: int, inits: list,
-             nodes: list) -> None:
+def _split16(helper, numpy_helper, name: str, x: str, out: str, k: int, block: int, inits: list, nodes: list) -> None:
     """``out`` [2M, K] = ``x`` [M, K] as two rows each: ``hi`` on the int8 grid of its own block scale (max|q| =
     127, so MatMulNBits's int8 quantization of it is exact to an ulp of the scale) and ``lo = x - hi``, which
     MatMulNBits then quantizes at a 127x finer scale: 16-bit fixed point per block, from int8 arithmetic."""
+
     def c(v, n: str) -> str:  # a named constant initializer
         inits.append(numpy_helper.from_array(np.asarray(v), f"{name}_{n}"))
         return f"{name}_{n}"
@@ -123,23 +127,38 @@ def _split16(helper, numpy_helper, name: str, x: str, out: str, k: int, block: i
     def p(n: str) -> str:
         return f"{name}_{n}"
 
-    nodes += [helper.make_node("Reshape", [x, shape3], [p("xr")]),
-              helper.make_node("Abs", [p("xr")], [p("ax")]),
-              helper.make_node("ReduceMax", [p("ax")], [p("amax")], axes=[-1], keepdims=1),
-              helper.make_node("Div", [p("amax"), q127], [p("s0")]),
-              helper.make_node("Max", [p("s0"), tiny], [p("s")]),
-              helper.make_node("Div", [p("xr"), p("s")], [p("xs")]),
-              helper.make_node("Round", [p("xs")], [p("xq")]),
-              helper.make_node("Clip", [p("xq"), lo_q, hi_q], [p("xc")]),
-              helper.make_node("Mul", [p("xc"), p("s")], [p("hi")]),
-              helper.make_node("Sub", [p("xr"), p("hi")], [p("lo")]),
-              helper.make_node("Concat", [p("hi"), p("lo")], [p("x2r")], axis=0),
-              helper.make_node("Reshape", [p("x2r"), shape2], [out])]
+    nodes += [
+        helper.make_node("Reshape", [x, shape3], [p("xr")]),
+        helper.make_node("Abs", [p("xr")], [p("ax")]),
+        helper.make_node("ReduceMax", [p("ax")], [p("amax")], axes=[-1], keepdims=1),
+        helper.make_node("Div", [p("amax"), q127], [p("s0")]),
+        helper.make_node("Max", [p("s0"), tiny], [p("s")]),
+        helper.make_node("Div", [p("xr"), p("s")], [p("xs")]),
+        helper.make_node("Round", [p("xs")], [p("xq")]),
+        helper.make_node("Clip", [p("xq"), lo_q, hi_q], [p("xc")]),
+        helper.make_node("Mul", [p("xc"), p("s")], [p("hi")]),
+        helper.make_node("Sub", [p("xr"), p("hi")], [p("lo")]),
+        helper.make_node("Concat", [p("hi"), p("lo")], [p("x2r")], axis=0),
+        helper.make_node("Reshape", [p("x2r"), shape2], [out]),
+    ]
 
 
-def _matmul_nbits(helper, numpy_helper, name: str, x: str, y: str, weight: Tensor, bias: Tensor | None,
-                  bits: int, block: int, accuracy: int, inits: list, nodes: list, pieces: int = 1,
-                  lo_bits: int = 8) -> None:
+def _matmul_nbits(
+    helper,
+    numpy_helper,
+    name: str,
+    x: str,
+    y: str,
+    weight: Tensor,
+    bias: Tensor | None,
+    bits: int,
+    block: int,
+    accuracy: int,
+    inits: list,
+    nodes: list,
+    pieces: int = 1,
+    lo_bits: int = 8,
+) -> None:
     """``y = x @ weight.T (+ bias)`` as MatMulNBits. ``pieces`` 2: 16-bit fixed point from int8 kernels, see
     :func:`_two_pieces`."""
     n, k = weight.shape
@@ -147,19 +166,56 @@ def _matmul_nbits(helper, numpy_helper, name: str, x: str, y: str, weight: Tenso
     out = y if bias is None else f"{name}_ys"
     if pieces == 2:
         lo_codes, lo_scales, _ = pack_nbits(weight.detach().float().cpu() - torch.from_numpy(deq), lo_bits, block)
-        _two_pieces(helper, numpy_helper, name, x, out, (codes, scales, bits), (lo_codes, lo_scales, lo_bits), n,
-                    k, block, accuracy, inits, nodes)
+        _two_pieces(
+            helper,
+            numpy_helper,
+            name,
+            x,
+            out,
+            (codes, scales, bits),
+            (lo_codes, lo_scales, lo_bits),
+            n,
+            k,
+            block,
+            accuracy,
+            inits,
+            nodes,
+        )
     else:
         inits += [numpy_helper.from_array(codes, f"{name}_q"), numpy_helper.from_array(scales, f"{name}_s")]
-        nodes.append(helper.make_node("MatMulNBits", [x, f"{name}_q", f"{name}_s"], [out], domain=ORT_DOMAIN,
-                                      K=k, N=n, bits=bits, block_size=block, accuracy_level=accuracy))
+        nodes.append(
+            helper.make_node(
+                "MatMulNBits",
+                [x, f"{name}_q", f"{name}_s"],
+                [out],
+                domain=ORT_DOMAIN,
+                K=k,
+                N=n,
+                bits=bits,
+                block_size=block,
+                accuracy_level=accuracy,
+            )
+        )
     if bias is not None:
         inits.append(numpy_helper.from_array(bias.detach().float().cpu().numpy(), f"{name}_b"))
         nodes.append(helper.make_node("Add", [out, f"{name}_b"], [y]))
 
 
-def _two_pieces(helper, numpy_helper, name: str, x: str, y: str, hi: tuple, lo: tuple, n: int, k: int, block: int,
-                accuracy: int, inits: list, nodes: list) -> None:
+def _two_pieces(
+    helper,
+    numpy_helper,
+    name: str,
+    x: str,
+    y: str,
+    hi: tuple,
+    lo: tuple,
+    n: int,
+    k: int,
+    block: int,
+    accuracy: int,
+    inits: list,
+    nodes: list,
+) -> None:
     """``y`` [M, N] = ``x`` [M, K] @ (w_hi + w_lo).T from int8 kernels: the weight as ``hi`` (codes, scales, bits:
     int8 per block) plus ``lo``, its quantized residual (int8: 16-bit fixed point; int4: 12-bit), and the input as
     :func:`_split16`'s x_hi + x_lo (16-bit fixed point per block).
@@ -170,20 +226,33 @@ def _two_pieces(helper, numpy_helper, name: str, x: str, y: str, hi: tuple, lo: 
     time grows with the rows, and tiling N does not help: measured). ``x_hi @ w_lo`` is fed ``x`` itself:
     the int8 quantization MatMulNBits applies to its input per block is x_hi. Each weight piece is one node
     (ONNX Runtime prepacks a weight once per consuming node)."""
+
     def p(s: str) -> str:
         return f"{name}_{s}"
 
     _split16(helper, numpy_helper, p("a"), x, p("x2"), k, block, inits, nodes)  # [x_hi; x_lo]: 2M rows
     for piece, rows, (codes, scales, bits) in (("hi", p("x2"), hi), ("lo", x, lo)):
         inits += [numpy_helper.from_array(codes, p(f"q_{piece}")), numpy_helper.from_array(scales, p(f"s_{piece}"))]
-        nodes.append(helper.make_node("MatMulNBits", [rows, p(f"q_{piece}"), p(f"s_{piece}")], [p(f"y_{piece}")],
-                                      domain=ORT_DOMAIN, K=k, N=n, bits=bits, block_size=block,
-                                      accuracy_level=accuracy))
+        nodes.append(
+            helper.make_node(
+                "MatMulNBits",
+                [rows, p(f"q_{piece}"), p(f"s_{piece}")],
+                [p(f"y_{piece}")],
+                domain=ORT_DOMAIN,
+                K=k,
+                N=n,
+                bits=bits,
+                block_size=block,
+                accuracy_level=accuracy,
+            )
+        )
     # Split + Sum, not a ReduceSum over [2, M, N]: ONNX Runtime's reduction took ~10 % of a prefill pass.
-    nodes += [helper.make_node("Shape", [x], [p("m")], start=0, end=1),
-              helper.make_node("Concat", [p("m"), p("m")], [p("halves")], axis=0),
-              helper.make_node("Split", [p("y_hi"), p("halves")], [p("y_xhi"), p("y_xlo")], axis=0),
-              helper.make_node("Sum", [p("y_xhi"), p("y_xlo"), p("y_lo")], [y])]
+    nodes += [
+        helper.make_node("Shape", [x], [p("m")], start=0, end=1),
+        helper.make_node("Concat", [p("m"), p("m")], [p("halves")], axis=0),
+        helper.make_node("Split", [p("y_hi"), p("halves")], [p("y_xhi"), p("y_xlo")], axis=0),
+        helper.make_node("Sum", [p("y_xhi"), p("y_xlo"), p("y_lo")], [y]),
+    ]
 
 
 class OrtModule(nn.Module):
@@ -203,8 +272,10 @@ class OrtModule(nn.Module):
         return torch.from_numpy(y).view(*lead, self.out_features).to(x.device, x.dtype)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
-                f"block={self.block}, accuracy_level={self.accuracy}, pieces={self.pieces}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+            f"block={self.block}, accuracy_level={self.accuracy}, pieces={self.pieces}"
+        )
 
 
 class NBitsLinear(OrtModule):
@@ -214,17 +285,44 @@ class NBitsLinear(OrtModule):
     in integers (VNNI), the fast path; 0 dequantizes to fp32.
     """
 
-    def __init__(self, linear: nn.Linear, bits: int = 8, block: int = DEFAULT_BLOCK, accuracy: int = 4,
-                 threads: int = 1, pieces: int = 1, lo_bits: int = 8):
+    def __init__(
+        self,
+        linear: nn.Linear,
+        bits: int = 8,
+        block: int = DEFAULT_BLOCK,
+        accuracy: int = 4,
+        threads: int = 1,
+        pieces: int = 1,
+        lo_bits: int = 8,
+    ):
         super().__init__()
         _, helper, tp, numpy_helper = _ort()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bits, self.block, self.accuracy, self.pieces = bits, block, accuracy, pieces
         nodes, inits = [], []
-        _matmul_nbits(helper, numpy_helper, "l", "x", "y", linear.weight, linear.bias, bits, block, accuracy,
-                      inits, nodes, pieces, lo_bits)
-        self._sess = _session(nodes, inits, [helper.make_tensor_value_info("x", tp.FLOAT, ["M", self.in_features])],
-                              [helper.make_tensor_value_info("y", tp.FLOAT, ["M", self.out_features])], threads)
+        _matmul_nbits(
+            helper,
+            numpy_helper,
+            "l",
+            "x",
+            "y",
+            linear.weight,
+            linear.bias,
+            bits,
+            block,
+            accuracy,
+            inits,
+            nodes,
+            pieces,
+            lo_bits,
+        )
+        self._sess = _session(
+            nodes,
+            inits,
+            [helper.make_tensor_value_info("x", tp.FLOAT, ["M", self.in_features])],
+            [helper.make_tensor_value_info("y", tp.FLOAT, ["M", self.out_features])],
+            threads,
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return self._run(x)
@@ -237,8 +335,16 @@ class NBitsFeedForward(OrtModule):
     weights are all three matrices.
     """
 
-    def __init__(self, ff: nn.Module, bits: int = 8, block: int = DEFAULT_BLOCK, accuracy: int = 4,
-                 threads: int = 1, pieces: int = 1, lo_bits: int = 8):
+    def __init__(
+        self,
+        ff: nn.Module,
+        bits: int = 8,
+        block: int = DEFAULT_BLOCK,
+        accuracy: int = 4,
+        threads: int = 1,
+        pieces: int = 1,
+        lo_bits: int = 8,
+    ):
         super().__init__()
         _, helper, tp, numpy_helper = _ort()
         dim, hidden = ff.w1.in_features, ff.w1.out_features
@@ -247,17 +353,39 @@ class NBitsFeedForward(OrtModule):
         self.bits, self.block, self.accuracy, self.pieces = bits, block, accuracy, pieces
         nodes, inits = [], []
         w13 = torch.cat([ff.w1.weight, ff.w3.weight])
-        _matmul_nbits(helper, numpy_helper, "w13", "x", "h13", w13, None, bits, block, accuracy, inits, nodes,
-                      pieces, lo_bits)
+        _matmul_nbits(
+            helper, numpy_helper, "w13", "x", "h13", w13, None, bits, block, accuracy, inits, nodes, pieces, lo_bits
+        )
         inits.append(numpy_helper.from_array(np.array([hidden, hidden], dtype=np.int64), "split"))
-        nodes += [helper.make_node("Split", ["h13", "split"], ["a", "b"], axis=-1),
-                  helper.make_node("Sigmoid", ["a"], ["sa"]),
-                  helper.make_node("Mul", ["a", "sa"], ["silu"]),
-                  helper.make_node("Mul", ["silu", "b"], ["g"])]
-        _matmul_nbits(helper, numpy_helper, "w2", "g", "y", ff.w2.weight, None, bits, block, accuracy, inits, nodes,
-                      pieces, lo_bits)
-        self._sess = _session(nodes, inits, [helper.make_tensor_value_info("x", tp.FLOAT, ["M", dim])],
-                              [helper.make_tensor_value_info("y", tp.FLOAT, ["M", dim])], threads)
+        nodes += [
+            helper.make_node("Split", ["h13", "split"], ["a", "b"], axis=-1),
+            helper.make_node("Sigmoid", ["a"], ["sa"]),
+            helper.make_node("Mul", ["a", "sa"], ["silu"]),
+            helper.make_node("Mul", ["silu", "b"], ["g"]),
+        ]
+        _matmul_nbits(
+            helper,
+            numpy_helper,
+            "w2",
+            "g",
+            "y",
+            ff.w2.weight,
+            None,
+            bits,
+            block,
+            accuracy,
+            inits,
+            nodes,
+            pieces,
+            lo_bits,
+        )
+        self._sess = _session(
+            nodes,
+            inits,
+            [helper.make_tensor_value_info("x", tp.FLOAT, ["M", dim])],
+            [helper.make_tensor_value_info("y", tp.FLOAT, ["M", dim])],
+            threads,
+        )
 
     @property
     def weights(self) -> int:

@@ -95,7 +95,10 @@ def map_embeddings(model, state: dict[str, Tensor]) -> None:
     for owner, name in _embedding_tables(model):
         emb, stored = getattr(owner, name), state.get(f"{name}.weight")
         same = stored is not None and (stored.dtype, stored.shape, stored.device) == (
-            emb.weight.dtype, emb.weight.shape, emb.weight.device)
+            emb.weight.dtype,
+            emb.weight.shape,
+            emb.weight.device,
+        )
         if isinstance(emb, (UpcastEmbedding, nn.Embedding)) and same:
             emb.weight = nn.Parameter(stored, requires_grad=False)
     release_freed_memory()

@@ -16,7 +16,8 @@ runs them as one batched call: N streams read the weights once per frame. The co
 threads, beside the frame loop (on another core).
 
 Rows whose thread is busy elsewhere (decoding a chunk, sending bytes) are simply not in that frame's call; the
-frame thread waits at most ``gather_s`` for the rows heard from in the last ``RECENT_S`` once one call is ready. Calls with different sampling
+frame thread waits at most ``gather_s`` for the rows heard from in the last ``RECENT_S`` once one call is ready.
+Calls with different sampling
 settings go in separate batched calls.
 """
 
@@ -80,16 +81,19 @@ class BatchModel:
         """Prefill ``prompt`` int [1+C, P] into ``row``; returns its last logits [V+1] and hidden [dim]
         (float32, as the backend's prefill) and keeps them for the row's frame 0."""
         b = self.backend
-        logits, hidden = b.prefill(prompt, self.k_cache[:, row:row + 1], self.v_cache[:, row:row + 1])
+        logits, hidden = b.prefill(prompt, self.k_cache[:, row : row + 1], self.v_cache[:, row : row + 1])
         dtype = b.model.slow.norm.weight.dtype
-        self._prefilled[row] = (torch.as_tensor(logits, device=b.device).to(dtype),
-                                torch.as_tensor(hidden, device=b.device).to(dtype))
+        self._prefilled[row] = (
+            torch.as_tensor(logits, device=b.device).to(dtype),
+            torch.as_tensor(hidden, device=b.device).to(dtype),
+        )
         return logits, hidden
 
     @torch.inference_mode()
     def frames(self, params: SamplingParams, calls: Sequence[tuple[int, StepInputs]]) -> list[FrameResult]:
         """One frame for each call (its KV row and its step's inputs), in one batched call: the slow step of the
-        calls with a column, then one sampler pass (semantic draws, the fast AR's rows, codebook draws) for all. Returns their results in order;
+        calls with a column, then one sampler pass (semantic draws, the fast AR's rows, codebook draws) for all.
+        Returns their results in order;
         each equals the backend's ``first_frame``/``frame`` on the same inputs up to float rounding."""
         n = len(calls)
         if n == 0:
@@ -103,8 +107,9 @@ class BatchModel:
         hidden: list[torch.Tensor | None] = [None] * n
         if stepped:
             column = torch.as_tensor(np.stack([steps[i].column for i in stepped]), device=dev).view(-1, 1 + c, 1)
-            lg, hd = frame.slow_rows(column, [rows[i] for i in stepped], [steps[i].pos for i in stepped],
-                                     self.k_cache, self.v_cache)
+            lg, hd = frame.slow_rows(
+                column, [rows[i] for i in stepped], [steps[i].pos for i in stepped], self.k_cache, self.v_cache
+            )
             for j, i in enumerate(stepped):
                 logits[i], hidden[i] = lg[j], hd[j]
         for i, x in enumerate(steps):
@@ -115,10 +120,13 @@ class BatchModel:
         for i, x in enumerate(steps):
             if x.forced is not None:
                 forced[i], use_forced[i] = x.forced, 1.0
-        inputs = FrameInputs(noise_slow=torch.as_tensor(np.stack([x.noise_slow for x in steps]), device=dev),
-                             window=torch.as_tensor(np.stack([x.window for x in steps]), device=dev),
-                             noise_fast=torch.as_tensor(np.stack([x.noise_fast for x in steps]), device=dev),
-                             forced=torch.as_tensor(forced, device=dev), use_forced=use_forced)
+        inputs = FrameInputs(
+            noise_slow=torch.as_tensor(np.stack([x.noise_slow for x in steps]), device=dev),
+            window=torch.as_tensor(np.stack([x.window for x in steps]), device=dev),
+            noise_fast=torch.as_tensor(np.stack([x.noise_fast for x in steps]), device=dev),
+            forced=torch.as_tensor(forced, device=dev),
+            use_forced=use_forced,
+        )
         out = frame.sample(params, torch.stack(logits), torch.stack(hidden), inputs)
         return [frame_result(out, i) for i in range(n)]
 
@@ -158,7 +166,7 @@ class FrameServer:
         self._thread = threading.Thread(target=self._loop, name="audio8-frames", daemon=True)
         self._thread.start()
 
-    def rows(self) -> list["RowBackend"]:
+    def rows(self) -> list[RowBackend]:
         """The ``max_batch`` row backends, one per request thread."""
         return list(self._rows)
 
@@ -265,13 +273,27 @@ class RowBackend(Backend):
         """Prefill ``prompt`` int [1+C, P] into this row (on the frame thread, alone)."""
         return self.server.submit(_Job(self.row, run=lambda: self.server.model.prefill(self.row, prompt)))
 
-    def first_frame(self, params: SamplingParams, noise_slow: np.ndarray, window: np.ndarray,
-                    noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
+    def first_frame(
+        self,
+        params: SamplingParams,
+        noise_slow: np.ndarray,
+        window: np.ndarray,
+        noise_fast: np.ndarray,
+        forced: np.ndarray | None = None,
+    ) -> FrameResult:
         call = StepInputs(None, 0, noise_slow, window, noise_fast, forced)
         return self.server.submit(_Job(self.row, params=params, call=call))
 
-    def frame(self, params: SamplingParams, column: np.ndarray, pos: int, noise_slow: np.ndarray,
-              window: np.ndarray, noise_fast: np.ndarray, forced: np.ndarray | None = None) -> FrameResult:
+    def frame(
+        self,
+        params: SamplingParams,
+        column: np.ndarray,
+        pos: int,
+        noise_slow: np.ndarray,
+        window: np.ndarray,
+        noise_fast: np.ndarray,
+        forced: np.ndarray | None = None,
+    ) -> FrameResult:
         call = StepInputs(np.asarray(column, dtype=np.int64), pos, noise_slow, window, noise_fast, forced)
         return self.server.submit(_Job(self.row, params=params, call=call))
 

@@ -43,22 +43,44 @@ their public names.
 
 from .baseline import BaselineFrame
 from .config import (
-                     DEFAULT_CHECKPOINT,
-                     FAST_PASSES,
-                     FIRST_CHUNK,
-                     PUBLISHER,
-                     SENTENCE,
-                     STREAM_CHUNK,
-                     STREAM_WINDOW,
-                     BenchConfig,
-                     median_ms,
+    DEFAULT_CHECKPOINT,
+    FAST_PASSES,
+    FIRST_CHUNK,
+    PUBLISHER,
+    SENTENCE,
+    STREAM_CHUNK,
+    STREAM_WINDOW,
+    BenchConfig,
+    median_ms,
 )
 from .parts import frame_parts, linear_modules, weight_floor
 from .report import COLUMNS, format_table, meta
 from .run import measure, measure_codec, measure_group, measure_rss, with_totals
 from .workers import ensure_checkpoint, main, run_configs
 
-__all__ = ["COLUMNS", "DEFAULT_CHECKPOINT", "FAST_PASSES", "FIRST_CHUNK", "PUBLISHER", "SENTENCE", "STREAM_CHUNK",
-           "STREAM_WINDOW", "BaselineFrame", "BenchConfig", "ensure_checkpoint", "format_table", "frame_parts",
-           "linear_modules", "main", "measure", "measure_codec", "measure_group", "measure_rss", "median_ms", "meta",
-           "run_configs", "weight_floor", "with_totals"]
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_CHECKPOINT",
+    "FAST_PASSES",
+    "FIRST_CHUNK",
+    "PUBLISHER",
+    "SENTENCE",
+    "STREAM_CHUNK",
+    "STREAM_WINDOW",
+    "BaselineFrame",
+    "BenchConfig",
+    "ensure_checkpoint",
+    "format_table",
+    "frame_parts",
+    "linear_modules",
+    "main",
+    "measure",
+    "measure_codec",
+    "measure_group",
+    "measure_rss",
+    "median_ms",
+    "meta",
+    "run_configs",
+    "weight_floor",
+    "with_totals",
+]

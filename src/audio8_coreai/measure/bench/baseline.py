@@ -15,11 +15,11 @@ class BaselineFrame:
     def __init__(self, backend, params):
         self.backend, self.params = backend, params
         cfg = backend.cfg
-        self.allowed = np.concatenate([np.arange(cfg.semantic_begin_id, cfg.semantic_end_id + 1),
-                                       [cfg.eos_token_id]])
+        self.allowed = np.concatenate([np.arange(cfg.semantic_begin_id, cfg.semantic_end_id + 1), [cfg.eos_token_id]])
 
-    def __call__(self, column: np.ndarray, pos: int, noise_slow: np.ndarray, window: np.ndarray,
-                 noise_fast: np.ndarray) -> tuple[int, np.ndarray]:
+    def __call__(
+        self, column: np.ndarray, pos: int, noise_slow: np.ndarray, window: np.ndarray, noise_fast: np.ndarray
+    ) -> tuple[int, np.ndarray]:
         import torch
 
         from ...sampling import np_sample_semantic, np_sample_top_k_top_p
@@ -36,8 +36,9 @@ class BaselineFrame:
         codes = [code]
 
         def draw(row: int, lg: torch.Tensor) -> torch.Tensor:  # each row's logits to the host, a NumPy draw
-            codes.append(int(np_sample_top_k_top_p(lg[0].float().numpy(), noise_fast[row - 1], p.top_k, p.top_p,
-                                                   p.temperature)))
+            codes.append(
+                int(np_sample_top_k_top_p(lg[0].float().numpy(), noise_fast[row - 1], p.top_k, p.top_p, p.temperature))
+            )
             return torch.tensor([codes[-1]])
 
         with torch.inference_mode():

@@ -12,8 +12,10 @@ from pathlib import Path
 from ...engine.stream import DEFAULT_FIRST_CHUNK_FRAMES
 from ...settings import DEFAULTS
 
-SENTENCE = ("The meeting has been moved to Thursday afternoon, so please update your calendars and let "
-            "the rest of the team know before the end of the day.")
+SENTENCE = (
+    "The meeting has been moved to Thursday afternoon, so please update your calendars and let "
+    "the rest of the team know before the end of the day."
+)
 STREAM_CHUNK = 32  # frames emitted per streaming decode
 FIRST_CHUNK = DEFAULT_FIRST_CHUNK_FRAMES  # frames of a stream's first chunk (engine/stream.py)
 STREAM_WINDOW = 160  # frames decoded per streaming chunk (128 of context, attention window of the codec)

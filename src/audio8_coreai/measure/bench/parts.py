@@ -64,8 +64,13 @@ def weight_floor(backend, runs: int, passes: int = FAST_PASSES) -> dict:
     fast_ms, _ = median_ms(run_fast, runs)
     n_slow = sum(_weights(m) for m in slow)
     n_fast = sum(_weights(m) for m in fast)
-    return {"floor_ms": slow_ms + fast_ms, "floor_slow_ms": slow_ms, "floor_fast_ms": fast_ms,
-            "fast_passes": passes, "weights_per_frame_m": (n_slow + passes * n_fast) / 1e6}
+    return {
+        "floor_ms": slow_ms + fast_ms,
+        "floor_slow_ms": slow_ms,
+        "floor_fast_ms": fast_ms,
+        "fast_passes": passes,
+        "weights_per_frame_m": (n_slow + passes * n_fast) / 1e6,
+    }
 
 
 def _sync(dev) -> None:

@@ -23,13 +23,22 @@ def _load(cfg: BenchConfig):
         raise ValueError(f"the bench drives the torch backend; got {cfg.backend!r}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)  # before loading: ONNX Runtime sessions take the count then
-    return TTS.load(cfg.checkpoint, device=cfg.device, precision="fp32" if cfg.baseline else cfg.precision,
-                    codec_dtype=cfg.codec_dtype, cuda_graphs=cfg.cuda_graphs)
+    return TTS.load(
+        cfg.checkpoint,
+        device=cfg.device,
+        precision="fp32" if cfg.baseline else cfg.precision,
+        codec_dtype=cfg.codec_dtype,
+        cuda_graphs=cfg.cuda_graphs,
+    )
 
 
 def _random_codes(cc, n: int, rng) -> np.ndarray:
-    return np.concatenate([rng.integers(0, cc.semantic_codebook_size, (1, n)),
-                           rng.integers(0, cc.residual_codebook_size, (cc.residual_codebooks, n))])
+    return np.concatenate(
+        [
+            rng.integers(0, cc.semantic_codebook_size, (1, n)),
+            rng.integers(0, cc.residual_codebook_size, (cc.residual_codebooks, n)),
+        ]
+    )
 
 
 class _Run:
@@ -114,9 +123,14 @@ class _Run:
             self._add(key, floor[key])
 
     def result(self) -> dict:
-        out: dict = {"label": self.cfg.label, **asdict(self.cfg), "threads_used": self.threads,
-                     "load_s": self.load_s, "prompt_columns": int(self.prompt.shape[1]),
-                     "description": self.backend.description}
+        out: dict = {
+            "label": self.cfg.label,
+            **asdict(self.cfg),
+            "threads_used": self.threads,
+            "load_s": self.load_s,
+            "prompt_columns": int(self.prompt.shape[1]),
+            "description": self.backend.description,
+        }
         for key, vals in self.samples.items():
             vals = vals[1:] if len(vals) > 1 else vals  # the first round is the warm-up
             out[key] = statistics.median(vals)
@@ -140,8 +154,11 @@ def measure_codec(backend, runs: int) -> dict:
     cc = backend.checkpoint.codec_config
     rng = np.random.default_rng(0)
     window = _random_codes(cc, STREAM_WINDOW, rng)
-    out = {"codec_ms_per_window": median_ms(lambda: backend.decode_window(window), runs)[0],
-           "codec_window_frames": STREAM_WINDOW, "frame_audio_ms": cc.frame_length / cc.sample_rate * 1e3}
+    out = {
+        "codec_ms_per_window": median_ms(lambda: backend.decode_window(window), runs)[0],
+        "codec_window_frames": STREAM_WINDOW,
+        "frame_audio_ms": cc.frame_length / cc.sample_rate * 1e3,
+    }
     first, steady = [], []
     for _ in range(runs + 1):
         stream = backend.codec_stream()
@@ -150,10 +167,13 @@ def measure_codec(backend, runs: int) -> dict:
         first.append((time.perf_counter() - t0) * 1e3)
         for i in (1, 2):
             t0 = time.perf_counter()
-            stream.push(window[:, FIRST_CHUNK + (i - 1) * STREAM_CHUNK:FIRST_CHUNK + i * STREAM_CHUNK])
+            stream.push(window[:, FIRST_CHUNK + (i - 1) * STREAM_CHUNK : FIRST_CHUNK + i * STREAM_CHUNK])
             steady.append((time.perf_counter() - t0) * 1e3)
-    out.update(codec_first_chunk_ms=statistics.median(first[1:]), codec_ms_per_chunk=statistics.median(steady[2:]),
-               codec_streaming="incremental")
+    out.update(
+        codec_first_chunk_ms=statistics.median(first[1:]),
+        codec_ms_per_chunk=statistics.median(steady[2:]),
+        codec_streaming="incremental",
+    )
     return out
 
 
@@ -191,8 +211,7 @@ def measure_group(configs: list[BenchConfig]) -> list[dict]:
                 torch.set_num_threads(r.cfg.threads)
             codecs[key] = measure_codec(r.backend, r.cfg.runs)
     cpu_use = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
-    rows = [with_totals({**r.result(), "cpu_use": cpu_use}, codecs[(r.cfg.codec_dtype, r.cfg.threads)])
-            for r in runs]
+    rows = [with_totals({**r.result(), "cpu_use": cpu_use}, codecs[(r.cfg.codec_dtype, r.cfg.threads)]) for r in runs]
     base = next((r for r in rows if r.get("baseline")), None)
     for r in rows:
         if base is not None:
@@ -207,8 +226,11 @@ def measure_rss(cfg: BenchConfig) -> dict:
     r._frame_loop()
     cc = r.backend.checkpoint.codec_config
     r.backend.decode_window(_random_codes(cc, STREAM_WINDOW, np.random.default_rng(0)))
-    return {"label": cfg.label, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
-            "load_s_alone": r.load_s}
+    return {
+        "label": cfg.label,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
+        "load_s_alone": r.load_s,
+    }
 
 
 def measure(cfg: BenchConfig) -> dict:

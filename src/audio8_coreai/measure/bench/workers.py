@@ -29,8 +29,11 @@ def ensure_checkpoint(path: Path, log=print) -> Path:
 
 
 def _worker(mode: str, payload) -> list | dict:
-    proc = subprocess.run([sys.executable, "-m", "audio8_coreai.measure.bench", mode, json.dumps(payload)],
-                          stdout=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "audio8_coreai.measure.bench", mode, json.dumps(payload)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     if proc.returncode:
         raise RuntimeError(f"the bench worker ({mode}) failed (exit status {proc.returncode}); its error is above")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -57,5 +60,6 @@ def main(argv: list[str] | None = None) -> None:
     elif len(argv) == 2 and argv[0] == "--worker":
         print(json.dumps(measure(BenchConfig(**json.loads(argv[1])))))
     else:
-        raise SystemExit("usage: python -m audio8_coreai.measure.bench --group|--rss|--worker JSON "
-                         "(use `audio8 bench`)")
+        raise SystemExit(
+            "usage: python -m audio8_coreai.measure.bench --group|--rss|--worker JSON (use `audio8 bench`)"
+        )

@@ -40,7 +40,7 @@ class ErrorCount:
     def rate(self) -> float | None:
         return self.edits / self.units if self.units else None
 
-    def __add__(self, other: "ErrorCount") -> "ErrorCount":
+    def __add__(self, other: ErrorCount) -> ErrorCount:
         return ErrorCount(self.edits + other.edits, self.units + other.units)
 
 
@@ -62,8 +62,7 @@ def count_errors(language: str, reference: str, hypothesis: str) -> ErrorCount:
     if not ref:
         return ErrorCount(0, 0)
     out = jiwer.process_words(ref, hyp) if language in WORD_LANGUAGES else jiwer.process_characters(ref, hyp)
-    return ErrorCount(out.substitutions + out.deletions + out.insertions,
-                      out.substitutions + out.deletions + out.hits)
+    return ErrorCount(out.substitutions + out.deletions + out.insertions, out.substitutions + out.deletions + out.hits)
 
 
 class Recognizer(Protocol):
@@ -163,8 +162,9 @@ def load_recognizer(spec: str) -> CallableRecognizer:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise GateError(f"--recognizer {spec!r}: cannot import {module_name} ({e}); put it in the current folder "
-                        "or on PYTHONPATH") from e
+        raise GateError(
+            f"--recognizer {spec!r}: cannot import {module_name} ({e}); put it in the current folder or on PYTHONPATH"
+        ) from e
     finally:
         sys.path.remove(cwd)
     fn = module
@@ -205,8 +205,10 @@ def _asr_summary(by_language: dict[str, list[FixtureResult]], recognizers) -> di
         scored = [r.asr for r in results if r.asr and "port" in r.asr]
         if not scored:
             have = ", ".join(sorted({x for r in recognizers or () for x in r.languages or ()})) or "none"
-            out[lang] = {"fixtures": len(results),
-                         "skipped": f"no recogniser for {lang!r} (recognisers here cover: {have})"}
+            out[lang] = {
+                "fixtures": len(results),
+                "skipped": f"no recogniser for {lang!r} (recognisers here cover: {have})",
+            }
             continue
         entry = {"fixtures": len(scored), "metric": scored[0]["metric"], "recognizer": scored[0]["recognizer"]}
         for label in ("reference", "port"):

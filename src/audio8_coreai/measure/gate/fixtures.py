@@ -72,12 +72,23 @@ def load_fixtures(path: str | Path | None = None) -> list[Fixture]:
             out.append(Fixture(name, language, check_text(text), seed))
             continue
         if not isinstance(ref, dict) or not isinstance(ref.get("text"), str):
-            raise GateError(f"{where} ({name}): reference must be null or {{\"text\": transcript, \"audio\": "
-                            "clip path or null, \"espeak_voice\": optional}")
+            raise GateError(
+                f'{where} ({name}): reference must be null or {{"text": transcript, "audio": '
+                'clip path or null, "espeak_voice": optional}'
+            )
         audio = ref.get("audio")
         clip = None if audio is None else (path.parent / Path(audio).expanduser())
-        out.append(Fixture(name, language, check_text(text), seed, check_text(ref["text"], "reference text"),
-                           clip, ref.get("espeak_voice")))
+        out.append(
+            Fixture(
+                name,
+                language,
+                check_text(text),
+                seed,
+                check_text(ref["text"], "reference text"),
+                clip,
+                ref.get("espeak_voice"),
+            )
+        )
     return out
 
 
@@ -87,8 +98,10 @@ def espeak_clip(text: str, voice: str, path: Path) -> Path:
     Raises GateError when espeak-ng is not installed or fails (unknown voice)."""
     exe = shutil.which("espeak-ng")
     if exe is None:
-        raise GateError("espeak-ng is not installed, and a clone fixture without a clip needs it to speak its "
-                        "reference (apt-get install espeak-ng), or give the clip in the fixtures file")
+        raise GateError(
+            "espeak-ng is not installed, and a clone fixture without a clip needs it to speak its "
+            "reference (apt-get install espeak-ng), or give the clip in the fixtures file"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     run = subprocess.run([exe, "-v", voice, "-w", str(path), text], capture_output=True, text=True, timeout=120)
     if run.returncode != 0 or not path.is_file():

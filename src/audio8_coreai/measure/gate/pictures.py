@@ -41,8 +41,15 @@ def plot_fixture(path: Path, title: str, signals: Sequence[tuple[str, np.ndarray
         t = np.arange(len(x)) / sample_rate
         axes[0, i].plot(t, x, linewidth=0.4)
         axes[0, i].set(title=f"{label}: {len(x) / sample_rate:.2f} s", xlabel="s", ylim=(-1, 1))
-        axes[1, i].imshow(mel, origin="lower", aspect="auto", vmin=lo, vmax=hi, cmap="magma",
-                          extent=(0, len(x) / sample_rate, 0, N_MELS))
+        axes[1, i].imshow(
+            mel,
+            origin="lower",
+            aspect="auto",
+            vmin=lo,
+            vmax=hi,
+            cmap="magma",
+            extent=(0, len(x) / sample_rate, 0, N_MELS),
+        )
         axes[1, i].set(title=f"{label}: log-mel", xlabel="s", ylabel="mel bin")
     fig.suptitle(title)
     fig.savefig(path)
@@ -69,23 +76,50 @@ def plot_summary(path: Path, report: GateReport) -> Path:
         ax.legend(fontsize=8, ncols=2, loc="lower right", bbox_to_anchor=(1.0, 1.0))  # above the bars
 
     tf = [f.teacher_forced for f in report.fixtures]
-    bars(agree, [pct(t["semantic_draws"]) for t in tf], [pct(t["codebook_draws"]) for t in tf],
-         ("semantic", "codebook"), "teacher-forced draws equal to the reference", "%")
+    bars(
+        agree,
+        [pct(t["semantic_draws"]) for t in tf],
+        [pct(t["codebook_draws"]) for t in tf],
+        ("semantic", "codebook"),
+        "teacher-forced draws equal to the reference",
+        "%",
+    )
     agree.set_ylim(min([90.0] + [pct(t["codebook_draws"]) - 2 for t in tf]), 100.5)
-    bars(frames, [t["free_run_expected_frames"] or 0 for t in tf], [t["free_run_frames"] or 0 for t in tf],
-         ("reference", "port"), "free-run frames", "frames")
+    bars(
+        frames,
+        [t["free_run_expected_frames"] or 0 for t in tf],
+        [t["free_run_frames"] or 0 for t in tf],
+        ("reference", "port"),
+        "free-run frames",
+        "frames",
+    )
     rows = [f for f in report.fixtures if f.asr and "port" in f.asr]
     if rows:
-        bars(asr, [100 * (f.asr["reference"]["rate"] or 0) for f in rows],
-             [100 * (f.asr["port"]["rate"] or 0) for f in rows], ("reference", "port"),
-             "ASR error (WER en, CER others)", "%", np.arange(len(rows)), [f.name for f in rows])
+        bars(
+            asr,
+            [100 * (f.asr["reference"]["rate"] or 0) for f in rows],
+            [100 * (f.asr["port"]["rate"] or 0) for f in rows],
+            ("reference", "port"),
+            "ASR error (WER en, CER others)",
+            "%",
+            np.arange(len(rows)),
+            [f.name for f in rows],
+        )
     else:
         asr.set_axis_off()
         asr.text(0.5, 0.5, "ASR round trip skipped", ha="center", va="center")
     rows = [f for f in report.fixtures if f.speaker and "port" in f.speaker]
     if rows:
-        bars(spk, [f.speaker["reference"] for f in rows], [f.speaker["port"] for f in rows], ("reference", "port"),
-             "speaker similarity to the reference clip", "cosine", np.arange(len(rows)), [f.name for f in rows])
+        bars(
+            spk,
+            [f.speaker["reference"] for f in rows],
+            [f.speaker["port"] for f in rows],
+            ("reference", "port"),
+            "speaker similarity to the reference clip",
+            "cosine",
+            np.arange(len(rows)),
+            [f.name for f in rows],
+        )
     else:
         spk.set_axis_off()
         spk.text(0.5, 0.5, "speaker similarity skipped", ha="center", va="center")

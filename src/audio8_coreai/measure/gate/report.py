@@ -49,16 +49,20 @@ class GateReport:
     def totals(self) -> dict:
         """Teacher-forced sums over the fixtures: agreeing/total draws, min cosines, misses and near-ties."""
         tf = [f.teacher_forced for f in self.fixtures]
-        out = {k: [sum(t[k][0] for t in tf), sum(t[k][1] for t in tf)]
-               for k in ("slow_argmax", "semantic_draws", "codebook_draws")}
+        out = {
+            k: [sum(t[k][0] for t in tf), sum(t[k][1] for t in tf)]
+            for k in ("slow_argmax", "semantic_draws", "codebook_draws")
+        }
         out["slow_logits_min_cos"] = min((t["slow_logits_min_cos"] for t in tf), default=1.0)
         out["fast_logits_min_cos"] = min((t["fast_logits_min_cos"] for t in tf), default=1.0)
         misses = [m for t in tf for m in t["misses"]]
         out["misses"] = len(misses)
         out["misses_low_margin"] = sum(m["margin"] < LOW_MARGIN for m in misses)
         out["free_run_identical"] = [sum(bool(t["free_run_identical"]) for t in tf), len(tf)]
-        out["free_run_frames"] = [sum(t["free_run_frames"] or 0 for t in tf),
-                                  sum(t["free_run_expected_frames"] or 0 for t in tf)]
+        out["free_run_frames"] = [
+            sum(t["free_run_frames"] or 0 for t in tf),
+            sum(t["free_run_expected_frames"] or 0 for t in tf),
+        ]
         return out
 
     @property
@@ -79,33 +83,51 @@ def _fmt_rate(c: dict) -> str:
 def render_markdown(report: GateReport) -> str:
     """``report.md``: verdicts, totals, per-language ASR, speaker, a table per fixture, misses, pictures."""
     t = report.totals()
-    lines = [f"# Gate: {report.port} against {report.reference}", "",
-             f"Model `{report.model}`, precision {report.precision}; {len(report.fixtures)} fixtures in "
-             f"{report.seconds:.0f} s. **{'PASS' if report.passed else 'FAIL'}**", "",
-             "## Verdicts", ""]
+    lines = [
+        f"# Gate: {report.port} against {report.reference}",
+        "",
+        f"Model `{report.model}`, precision {report.precision}; {len(report.fixtures)} fixtures in "
+        f"{report.seconds:.0f} s. **{'PASS' if report.passed else 'FAIL'}**",
+        "",
+        "## Verdicts",
+        "",
+    ]
     for key, v in report.verdicts.items():
         if isinstance(v, dict):
             v = ", ".join(f"{k}: {x}" for k, x in v.items()) or "-"
         lines.append(f"- {key}: {v}")
-    lines += ["", f"Margins: ASR {report.margins.get('asr')} (absolute rate), speaker {report.margins.get('speaker')} "
-              "(cosine).", "", "## Teacher-forced agreement", "",
-              "| measure | value |", "|---|---|",
-              f"| semantic draws | {t['semantic_draws'][0]}/{t['semantic_draws'][1]} |",
-              f"| codebook draws | {t['codebook_draws'][0]}/{t['codebook_draws'][1]} |",
-              f"| slow argmax | {t['slow_argmax'][0]}/{t['slow_argmax'][1]} |",
-              f"| slow / fast logits cos min | {t['slow_logits_min_cos']:.6f} / {t['fast_logits_min_cos']:.6f} |",
-              f"| misses (reference margin < {LOW_MARGIN}) | {t['misses']} ({t['misses_low_margin']}) |",
-              f"| free runs identical | {t['free_run_identical'][0]}/{t['free_run_identical'][1]} |",
-              f"| free-run frames port / reference | {t['free_run_frames'][0]} / {t['free_run_frames'][1]} |", ""]
+    lines += [
+        "",
+        f"Margins: ASR {report.margins.get('asr')} (absolute rate), speaker {report.margins.get('speaker')} (cosine).",
+        "",
+        "## Teacher-forced agreement",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| semantic draws | {t['semantic_draws'][0]}/{t['semantic_draws'][1]} |",
+        f"| codebook draws | {t['codebook_draws'][0]}/{t['codebook_draws'][1]} |",
+        f"| slow argmax | {t['slow_argmax'][0]}/{t['slow_argmax'][1]} |",
+        f"| slow / fast logits cos min | {t['slow_logits_min_cos']:.6f} / {t['fast_logits_min_cos']:.6f} |",
+        f"| misses (reference margin < {LOW_MARGIN}) | {t['misses']} ({t['misses_low_margin']}) |",
+        f"| free runs identical | {t['free_run_identical'][0]}/{t['free_run_identical'][1]} |",
+        f"| free-run frames port / reference | {t['free_run_frames'][0]} / {t['free_run_frames'][1]} |",
+        "",
+    ]
     if report.asr:
-        lines += ["## ASR round trip", "", "| language | metric | fixtures | reference | port | verdict |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "## ASR round trip",
+            "",
+            "| language | metric | fixtures | reference | port | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
         for lang, a in report.asr.items():
             if "skipped" in a:
                 lines.append(f"| {lang} | - | {a['fixtures']} | - | - | skipped: {a['skipped']} |")
             else:
-                lines.append(f"| {lang} | {a['metric']} | {a['fixtures']} | {_fmt_rate(a['reference'])} | "
-                             f"{_fmt_rate(a['port'])} | {report.verdicts['asr'].get(lang)} |")
+                lines.append(
+                    f"| {lang} | {a['metric']} | {a['fixtures']} | {_fmt_rate(a['reference'])} | "
+                    f"{_fmt_rate(a['port'])} | {report.verdicts['asr'].get(lang)} |"
+                )
         lines.append("")
     if report.speaker:
         lines += ["## Speaker similarity (clones)", ""]
@@ -113,11 +135,18 @@ def render_markdown(report: GateReport) -> str:
             lines.append(f"skipped: {report.speaker['skipped']}")
         else:
             s = report.speaker
-            lines.append(f"{s['encoder']}, {s['fixtures']} clones: reference mean {s['reference_mean']:.3f} / min "
-                         f"{s['reference_min']:.3f}; port mean {s['port_mean']:.3f} / min {s['port_min']:.3f}")
+            lines.append(
+                f"{s['encoder']}, {s['fixtures']} clones: reference mean {s['reference_mean']:.3f} / min "
+                f"{s['reference_min']:.3f}; port mean {s['port_mean']:.3f} / min {s['port_min']:.3f}"
+            )
         lines.append("")
-    lines += ["## Fixtures", "", "| fixture | lang | semantic | codebook | misses | wav cos | log-mel cos | frames "
-              "port/ref | prefix | eos | ASR ref/port | speaker ref/port |", "|" + "---|" * 12]
+    lines += [
+        "## Fixtures",
+        "",
+        "| fixture | lang | semantic | codebook | misses | wav cos | log-mel cos | frames "
+        "port/ref | prefix | eos | ASR ref/port | speaker ref/port |",
+        "|" + "---|" * 12,
+    ]
     for f in report.fixtures:
         tf, c = f.teacher_forced, f.codec or {}
         asr = f.asr or {}
@@ -126,24 +155,35 @@ def render_markdown(report: GateReport) -> str:
         spk_s = "-" if "port" not in spk else f"{spk['reference']:.3f}/{spk['port']:.3f}"
         wav = "-" if "waveform_cos" not in c else f"{c['waveform_cos']:.6f}"
         mel = "-" if "logmel_cos" not in c else f"{c['logmel_cos']:.6f}"
-        lines.append(f"| {f.name} | {f.language or '-'} | {tf['semantic_draws'][0]}/{tf['semantic_draws'][1]} | "
-                     f"{tf['codebook_draws'][0]}/{tf['codebook_draws'][1]} | {len(tf['misses'])} | {wav} | {mel} | "
-                     f"{tf['free_run_frames']}/{tf['free_run_expected_frames']} | {tf['free_run_prefix']} | "
-                     f"{tf['free_run_eos']} | {asr_s} | {spk_s} |")
+        lines.append(
+            f"| {f.name} | {f.language or '-'} | {tf['semantic_draws'][0]}/{tf['semantic_draws'][1]} | "
+            f"{tf['codebook_draws'][0]}/{tf['codebook_draws'][1]} | {len(tf['misses'])} | {wav} | {mel} | "
+            f"{tf['free_run_frames']}/{tf['free_run_expected_frames']} | {tf['free_run_prefix']} | "
+            f"{tf['free_run_eos']} | {asr_s} | {spk_s} |"
+        )
     misses = [(f.name, m) for f in report.fixtures for m in f.teacher_forced["misses"]]
     if misses:
-        lines += ["", "## Misses (teacher-forced)", "", "| fixture | step | item | draw | reference | port | margin |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Misses (teacher-forced)",
+            "",
+            "| fixture | step | item | draw | reference | port | margin |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for name, m in misses:
             draw = "semantic" if m["draw"] == 0 else f"codebook {m['draw']}"
-            lines.append(f"| {name} | {m['step']} | {m['item']} | {draw} | {m['want']} | {m['got']} | "
-                         f"{m['margin']:.4f} |")
+            lines.append(
+                f"| {name} | {m['step']} | {m['item']} | {draw} | {m['want']} | {m['got']} | {m['margin']:.4f} |"
+            )
     asr_rows = [f for f in report.fixtures if f.asr and "port" in f.asr]
     if asr_rows:
         lines += ["", "## Transcripts", ""]
         for f in asr_rows:
-            lines += [f"- **{f.name}** text: {f.text}", f"  - reference: {f.asr['reference']['text']}",
-                      f"  - port: {f.asr['port']['text']}"]
+            lines += [
+                f"- **{f.name}** text: {f.text}",
+                f"  - reference: {f.asr['reference']['text']}",
+                f"  - port: {f.asr['port']['text']}",
+            ]
     if report.skipped:
         lines += ["", "## Skipped", ""] + [f"- {s}" for s in report.skipped]
     lines += ["", "## Pictures", "", "![summary](summary.png)", ""]

@@ -28,25 +28,43 @@ from .tensors import _codec_stage, _teacher_forced, record_run
 
 def _eos_verdict(results: list[FixtureResult]) -> str:
     """``fail`` when the port stopped at the cap where the reference reached eos."""
-    capped = [f.name for f in results
-              if f.teacher_forced["free_run_expected_eos"] and not f.teacher_forced["free_run_eos"]]
+    capped = [
+        f.name for f in results if f.teacher_forced["free_run_expected_eos"] and not f.teacher_forced["free_run_eos"]
+    ]
     return "fail" if capped else "pass"
 
 
 def _tensor_verdict(results: list[FixtureResult], precision: str) -> str:
     if precision != "fp32":
         return f"reported ({precision}: exact agreement is not expected)"
-    exact = all(t["semantic_draws"][0] == t["semantic_draws"][1] and t["codebook_draws"][0] == t["codebook_draws"][1]
-                and t["free_run_identical"] is not False for t in (f.teacher_forced for f in results))
+    exact = all(
+        t["semantic_draws"][0] == t["semantic_draws"][1]
+        and t["codebook_draws"][0] == t["codebook_draws"][1]
+        and t["free_run_identical"] is not False
+        for t in (f.teacher_forced for f in results)
+    )
     return "pass" if exact else "fail"
 
 
-def run_gate(model: str | Path, out_dir: str | Path, *, against: str | Path = "fp32", backend: str = "torch",
-             device: str = "cpu", dtype: str = "fp32", assets: str | Path | None = None,
-             fixtures: str | Path | None = None, names: Sequence[str] | None = None, reference_device: str = "cpu",
-             max_frames: int | None = None, recognizers: Sequence[Recognizer] | None = None,
-             speaker_encoder: SpeakerEncoder | None = None, asr_margin: float = ASR_MARGIN,
-             speaker_margin: float = SPEAKER_MARGIN, log: Callable[[str], None] | None = None) -> GateReport:
+def run_gate(
+    model: str | Path,
+    out_dir: str | Path,
+    *,
+    against: str | Path = "fp32",
+    backend: str = "torch",
+    device: str = "cpu",
+    dtype: str = "fp32",
+    assets: str | Path | None = None,
+    fixtures: str | Path | None = None,
+    names: Sequence[str] | None = None,
+    reference_device: str = "cpu",
+    max_frames: int | None = None,
+    recognizers: Sequence[Recognizer] | None = None,
+    speaker_encoder: SpeakerEncoder | None = None,
+    asr_margin: float = ASR_MARGIN,
+    speaker_margin: float = SPEAKER_MARGIN,
+    log: Callable[[str], None] | None = None,
+) -> GateReport:
     """Run the ladder (package docstring) and write ``report.json``, ``report.md``, ``summary.png``,
     ``pictures/NAME.png``, ``audio/NAME.{reference,port}.wav`` and generated clips under ``out_dir``.
 
@@ -75,22 +93,37 @@ def run_gate(model: str | Path, out_dir: str | Path, *, against: str | Path = "f
     for sub in ("pictures", "audio"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     if str(against) == "fp32":
-        report = _against_fp32(model, out, backend, device, dtype, assets, fixtures, names, reference_device,
-                               max_frames, recognizers, speaker_encoder, asr_margin, speaker_margin, say)
+        report = _against_fp32(
+            model,
+            out,
+            backend,
+            device,
+            dtype,
+            assets,
+            fixtures,
+            names,
+            reference_device,
+            max_frames,
+            recognizers,
+            speaker_encoder,
+            asr_margin,
+            speaker_margin,
+            say,
+        )
     else:
         report = _against_oracle(model, out, Path(against).expanduser(), backend, device, dtype, assets, say)
     report.margins = {"asr": asr_margin, "speaker": speaker_margin}
     report.seconds = time.perf_counter() - t0
     plot_summary(out / "summary.png", report)
-    (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=_json),
-                                     encoding="utf-8")
+    (out / "report.json").write_text(
+        json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=_json), encoding="utf-8"
+    )
     (out / "report.md").write_text(render_markdown(report), encoding="utf-8")
     say(f"wrote {out / 'report.md'}: {'PASS' if report.passed else 'FAIL'}")
     return report
 
 
-def _against_oracle(model, out: Path, fixture: Path, backend: str, device: str, dtype: str, assets,
-                    say) -> GateReport:
+def _against_oracle(model, out: Path, fixture: Path, backend: str, device: str, dtype: str, assets, say) -> GateReport:
     """The oracle rungs: parity's whole replay, margins for its misses, the codec stage and pictures."""
     from ...checkpoint import load_checkpoint
 
@@ -101,8 +134,14 @@ def _against_oracle(model, out: Path, fixture: Path, backend: str, device: str, 
     parity: ParityReport = run_parity(port, fixture)
     rate = ckpt.codec_config.sample_rate
     hop = ckpt.codec_config.frame_length
-    report = GateReport(str(model), port.description, f"oracle {fixture}", port.precision,
-                        parity=json.loads(parity.to_json()), skipped=list(parity.skipped))
+    report = GateReport(
+        str(model),
+        port.description,
+        f"oracle {fixture}",
+        port.precision,
+        parity=json.loads(parity.to_json()),
+        skipped=list(parity.skipped),
+    )
     why = "an oracle fixture records no text (its random weights make no speech)"
     report.skipped += [f"ASR round trip: {why}", f"speaker similarity: {why}"]
     for rep in parity.scenarios:
@@ -111,28 +150,52 @@ def _against_oracle(model, out: Path, fixture: Path, backend: str, device: str, 
         result = FixtureResult(rep.name, None, None, None, sc == "clone", _teacher_forced(rep, fx, params, port.cfg))
         if fx[f"{sc}__prompt_input_ids"].shape[0] == 1:  # batch scenarios: parity's codec rung covers them
             n = int(fx[f"{sc}__code_lengths"][0])
-            reference = fx[f"{sc}__decode_waveform"][0, :n * hop]
+            reference = fx[f"{sc}__decode_waveform"][0, : n * hop]
             decoded = port.decode_window(fx[f"{sc}__codes"][0, :, :n]) if n else np.zeros(0, np.float32)
             result.codec = _codec_stage(reference, decoded, rate)
             result.picture = f"pictures/{rep.name}.png"
-            plot_fixture(out / result.picture, f"{rep.name}: the port decodes the oracle's codes",
-                         [("oracle", reference), ("port", decoded)], rate)
+            plot_fixture(
+                out / result.picture,
+                f"{rep.name}: the port decodes the oracle's codes",
+                [("oracle", reference), ("port", decoded)],
+                rate,
+            )
         report.fixtures.append(result)
-        say(f"{rep.name}: semantic {rep.semantic_draws[0]}/{rep.semantic_draws[1]}, codebook "
-            f"{rep.codebook_draws[0]}/{rep.codebook_draws[1]}, free run identical {rep.free_run_identical}")
+        say(
+            f"{rep.name}: semantic {rep.semantic_draws[0]}/{rep.semantic_draws[1]}, codebook "
+            f"{rep.codebook_draws[0]}/{rep.codebook_draws[1]}, free run identical {rep.free_run_identical}"
+        )
     # Past the recording the replayed uniforms are neutral (0.5), so once a reduced-precision free run flips,
     # its length says nothing about the port: eos is judged only where the run must be identical.
     eos = _eos_verdict(report.fixtures) if report.precision == "fp32" else "reported (the recorded uniforms end)"
-    report.verdicts = {"tensor": _tensor_verdict(report.fixtures, report.precision), "eos": eos, "asr": {},
-                       "speaker": "skipped"}
+    report.verdicts = {
+        "tensor": _tensor_verdict(report.fixtures, report.precision),
+        "eos": eos,
+        "asr": {},
+        "speaker": "skipped",
+    }
     if report.precision == "fp32" and not parity.passed:
         report.verdicts["tensor"] = "fail"
     return report
 
 
-def _against_fp32(model, out: Path, backend: str, device: str, dtype: str, assets, fixtures, names,
-                  reference_device: str, max_frames, recognizers, speaker_encoder, asr_margin, speaker_margin,
-                  say) -> GateReport:
+def _against_fp32(
+    model,
+    out: Path,
+    backend: str,
+    device: str,
+    dtype: str,
+    assets,
+    fixtures,
+    names,
+    reference_device: str,
+    max_frames,
+    recognizers,
+    speaker_encoder,
+    asr_margin,
+    speaker_margin,
+    say,
+) -> GateReport:
     """The fp32 rungs over a fixtures file: record the fp32 torch run, replay it through the port, free-run
     the port, then the codec, ASR and speaker rungs and pictures."""
     from ...tts import TTS
@@ -156,12 +219,14 @@ def _against_fp32(model, out: Path, backend: str, device: str, dtype: str, asset
     # Core AI graphs bake their sampling in; the reference must draw with the same settings.
     params = port.backend.sampling or port.sampling()
     cfg, rate = port.config, port.sample_rate
-    report = GateReport(str(model), port.backend.description, f"fp32 ({ref.backend.description})",
-                        port.backend.precision)
+    report = GateReport(
+        str(model), port.backend.description, f"fp32 ({ref.backend.description})", port.backend.precision
+    )
     by_language: dict[str, list[FixtureResult]] = {}
     for fixture in chosen:
-        result = _fp32_fixture(fixture, port, ref, params, cfg, rate, out, max_frames, recognizers,
-                               speaker_encoder, spk_why, say)
+        result = _fp32_fixture(
+            fixture, port, ref, params, cfg, rate, out, max_frames, recognizers, speaker_encoder, spk_why, say
+        )
         report.fixtures.append(result)
         by_language.setdefault(fixture.language, []).append(result)
     report.asr = _asr_summary(by_language, recognizers)
@@ -173,21 +238,43 @@ def _against_fp32(model, out: Path, backend: str, device: str, dtype: str, asset
         else:
             ok = (a["port"]["rate"] or 0.0) <= (a["reference"]["rate"] or 0.0) + asr_margin
             asr_verdicts[lang] = "pass" if ok else "fail"
-    speaker = "skipped" if not report.speaker or "skipped" in report.speaker else (  # empty: no clone fixtures
-        "pass" if report.speaker["port_mean"] >= report.speaker["reference_mean"] - speaker_margin else "fail")
-    report.verdicts = {"tensor": _tensor_verdict(report.fixtures, report.precision),
-                       "eos": _eos_verdict(report.fixtures), "asr": asr_verdicts, "speaker": speaker}
+    speaker = (
+        "skipped"
+        if not report.speaker or "skipped" in report.speaker
+        # empty: no clone fixtures
+        else ("pass" if report.speaker["port_mean"] >= report.speaker["reference_mean"] - speaker_margin else "fail")
+    )
+    report.verdicts = {
+        "tensor": _tensor_verdict(report.fixtures, report.precision),
+        "eos": _eos_verdict(report.fixtures),
+        "asr": asr_verdicts,
+        "speaker": speaker,
+    }
     return report
 
 
-def _fp32_fixture(fixture: Fixture, port, ref, params: SamplingParams, cfg, rate: int, out: Path, max_frames,
-                  recognizers, speaker_encoder, spk_why, say) -> FixtureResult:
+def _fp32_fixture(
+    fixture: Fixture,
+    port,
+    ref,
+    params: SamplingParams,
+    cfg,
+    rate: int,
+    out: Path,
+    max_frames,
+    recognizers,
+    speaker_encoder,
+    spk_why,
+    say,
+) -> FixtureResult:
     """Every rung of one fixture against the fp32 reference."""
     voice, clip = None, None
     if fixture.clone:
         path = fixture.ref_audio or espeak_clip(
-            fixture.ref_text, fixture.espeak_voice or ESPEAK_VOICES.get(fixture.language, fixture.language),
-            out / "clips" / f"{fixture.name}.wav")
+            fixture.ref_text,
+            fixture.espeak_voice or ESPEAK_VOICES.get(fixture.language, fixture.language),
+            out / "clips" / f"{fixture.name}.wav",
+        )
         clip, _ = read_reference(path)  # 44.1 kHz mono, as the codec encoder sees it
         voice = ref.voice_from_clip(path, fixture.ref_text, fixture.name)
         prompt = port.prompts.clone(fixture.text, voice.transcript, voice.codes)
@@ -199,8 +286,9 @@ def _fp32_fixture(fixture: Fixture, port, ref, params: SamplingParams, cfg, rate
     rep = replay_forced(port.backend, fx, meta, fixture.name)
     free = generate(port.backend, prompt, params, fixture.seed, budget)
     compare_free_run(rep, fx, fixture.name, free.codes, free.reached_eos)
-    result = FixtureResult(fixture.name, fixture.language, fixture.text, fixture.seed, fixture.clone,
-                           _teacher_forced(rep, fx, params, cfg))
+    result = FixtureResult(
+        fixture.name, fixture.language, fixture.text, fixture.seed, fixture.clone, _teacher_forced(rep, fx, params, cfg)
+    )
     del fx  # the recording holds every step's logits and uniforms: free them before the next fixture
     reference.frame_results.clear()
     ref_audio = ref.backend.decode_window(reference.codes) if reference.frames else np.zeros(0, np.float32)
@@ -218,10 +306,16 @@ def _fp32_fixture(fixture: Fixture, port, ref, params: SamplingParams, cfg, rate
     if fixture.clone:
         result.speaker = _speaker_fixture(clip, REFERENCE_RATE, ref_audio, port_audio, rate, speaker_encoder, spk_why)
     result.picture = f"pictures/{fixture.name}.png"
-    plot_fixture(out / result.picture, f"{fixture.name} ({fixture.language}, seed {fixture.seed})",
-                 [("reference", ref_audio), ("port", port_audio)], rate)
+    plot_fixture(
+        out / result.picture,
+        f"{fixture.name} ({fixture.language}, seed {fixture.seed})",
+        [("reference", ref_audio), ("port", port_audio)],
+        rate,
+    )
     tf = result.teacher_forced
-    say(f"{fixture.name}: semantic {tf['semantic_draws'][0]}/{tf['semantic_draws'][1]}, codebook "
+    say(
+        f"{fixture.name}: semantic {tf['semantic_draws'][0]}/{tf['semantic_draws'][1]}, codebook "
         f"{tf['codebook_draws'][0]}/{tf['codebook_draws'][1]}, frames {free.frames}/{reference.frames}, "
-        f"identical prefix {tf['free_run_prefix']}")
+        f"identical prefix {tf['free_run_prefix']}"
+    )
     return result

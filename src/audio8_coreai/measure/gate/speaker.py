@@ -35,8 +35,9 @@ class ResemblyzerEncoder:
         try:
             from resemblyzer import VoiceEncoder, preprocess_wav
         except ImportError as e:  # resemblyzer itself, or webrtcvad/librosa under it
-            raise GateError(f"resemblyzer cannot be imported ({e}): {_GATE_EXTRA} and "
-                            "pip install --no-deps resemblyzer") from e
+            raise GateError(
+                f"resemblyzer cannot be imported ({e}): {_GATE_EXTRA} and pip install --no-deps resemblyzer"
+            ) from e
         self._preprocess = preprocess_wav
         self._encoder = VoiceEncoder("cpu", verbose=False)
 
@@ -68,9 +69,13 @@ def _speaker_fixture(clip, clip_rate: int, ref_audio, port_audio, rate: int, enc
         return {"skipped": why}
     try:
         target = encoder.embed(clip, clip_rate)
-        return {"encoder": encoder.name,
-                **{label: float(target @ encoder.embed(audio, rate))
-                   for label, audio in (("reference", ref_audio), ("port", port_audio))}}
+        return {
+            "encoder": encoder.name,
+            **{
+                label: float(target @ encoder.embed(audio, rate))
+                for label, audio in (("reference", ref_audio), ("port", port_audio))
+            },
+        }
     except GateError as e:
         return {"skipped": str(e)}
 
@@ -84,5 +89,11 @@ def _speaker_summary(results: list[FixtureResult], encoder, why) -> dict:
         reasons = sorted({r.speaker["skipped"] for r in clones if r.speaker and "skipped" in r.speaker})
         return {"fixtures": len(clones), "skipped": "; ".join(reasons) or why}
     ref, port = [s["reference"] for s in scored], [s["port"] for s in scored]
-    return {"encoder": scored[0]["encoder"], "fixtures": len(scored), "reference_mean": float(np.mean(ref)),
-            "reference_min": float(np.min(ref)), "port_mean": float(np.mean(port)), "port_min": float(np.min(port))}
+    return {
+        "encoder": scored[0]["encoder"],
+        "fixtures": len(scored),
+        "reference_mean": float(np.mean(ref)),
+        "reference_min": float(np.min(ref)),
+        "port_mean": float(np.mean(port)),
+        "port_min": float(np.min(port)),
+    }

@@ -57,14 +57,24 @@ def miss_margins(rep: ScenarioReport, fx: dict, sc: str, params: SamplingParams,
     out = []
     for m in rep.misses:
         if m.draw == 0:
-            noise = np.stack([fx[f"{sc}__sem_regular_uniform_compact"][m.step, m.item],
-                              fx[f"{sc}__sem_ras_uniform_compact"][m.step, m.item]]) if params.do_sample else None
+            noise = (
+                np.stack(
+                    [
+                        fx[f"{sc}__sem_regular_uniform_compact"][m.step, m.item],
+                        fx[f"{sc}__sem_ras_uniform_compact"][m.step, m.item],
+                    ]
+                )
+                if params.do_sample
+                else None
+            )
             margin = _semantic_margin(fx[f"{sc}__slow_logits_compact"][m.step, m.item], noise, params, m.want, cfg)
         else:
             logits = fx[f"{sc}__fast_logits"][m.step, m.draw - 1, m.item]
             if params.do_sample:
-                margin = gumbel_margin(np_processed_scores(logits, params.top_k, params.top_p, params.temperature),
-                                       fx[f"{sc}__fast_uniform"][m.step, m.draw - 1, m.item])
+                margin = gumbel_margin(
+                    np_processed_scores(logits, params.top_k, params.top_p, params.temperature),
+                    fx[f"{sc}__fast_uniform"][m.step, m.draw - 1, m.item],
+                )
             else:
                 margin = gumbel_margin(logits)
         out.append({**asdict(m), "margin": round(margin, 6)})
@@ -76,15 +86,30 @@ def record_run(name: str, rec: Recording, params: SamplingParams, gen: Generatio
     scenario ``name``, batch 1 -> (arrays, meta) for :func:`..parity.replay_forced` and
     :func:`..parity.compare_free_run`. Every step is recorded, the eos step included."""
     semantic, codebooks = rec.columns[:, 0], rec.columns[:, 1:]
-    fx = {"num_steps": np.int64(len(rec.columns)), "prompt_input_ids": rec.prompt[None],
-          "sem_regular_uniform_compact": rec.noise_slow[:, None, 0], "sem_ras_uniform_compact": rec.noise_slow[:, None, 1],
-          "fast_uniform": rec.noise_fast[:, :, None], "semantic": semantic[:, None], "codebooks": codebooks[:, None],
-          "slow_logits_compact": rec.logits[:, None], "fast_logits": rec.fast_logits[:, :, None],
-          "fast_choice": codebooks[:, 1:, None], "codes": gen.codes[None],
-          "code_lengths": np.array([gen.frames]), "finished": np.array([gen.reached_eos])}
-    meta = {"scenarios": {name: {"do_sample": params.do_sample, "max_new_tokens": gen.max_frames,
-                                 "extra": {"temperature": params.temperature, "top_k": params.top_k,
-                                           "top_p": params.top_p}}}}
+    fx = {
+        "num_steps": np.int64(len(rec.columns)),
+        "prompt_input_ids": rec.prompt[None],
+        "sem_regular_uniform_compact": rec.noise_slow[:, None, 0],
+        "sem_ras_uniform_compact": rec.noise_slow[:, None, 1],
+        "fast_uniform": rec.noise_fast[:, :, None],
+        "semantic": semantic[:, None],
+        "codebooks": codebooks[:, None],
+        "slow_logits_compact": rec.logits[:, None],
+        "fast_logits": rec.fast_logits[:, :, None],
+        "fast_choice": codebooks[:, 1:, None],
+        "codes": gen.codes[None],
+        "code_lengths": np.array([gen.frames]),
+        "finished": np.array([gen.reached_eos]),
+    }
+    meta = {
+        "scenarios": {
+            name: {
+                "do_sample": params.do_sample,
+                "max_new_tokens": gen.max_frames,
+                "extra": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p},
+            }
+        }
+    }
     return {f"{name}__{k}": v for k, v in fx.items()}, meta
 
 
@@ -93,9 +118,11 @@ def _codec_stage(reference: np.ndarray, port: np.ndarray, sample_rate: int) -> d
     if not len(reference):
         return {"skipped": "no frames to decode"}
     n = min(len(reference), len(port))
-    return {"waveform_cos": cosine(port[:n], reference[:n]),
-            "waveform_max_diff": float(np.abs(port[:n] - reference[:n]).max()),
-            "logmel_cos": log_mel_cos(reference, port, sample_rate)}
+    return {
+        "waveform_cos": cosine(port[:n], reference[:n]),
+        "waveform_max_diff": float(np.abs(port[:n] - reference[:n]).max()),
+        "logmel_cos": log_mel_cos(reference, port, sample_rate),
+    }
 
 
 def _teacher_forced(rep: ScenarioReport, fx: dict, params: SamplingParams, cfg) -> dict:

@@ -49,8 +49,13 @@ class CodecDecoder(nn.Module):
         self.decoder = _SEANetDecoder(cfg)
 
     @classmethod
-    def from_state_dict(cls, cfg: CodecConfig, sd: Mapping[str, Tensor], dtype: torch.dtype = torch.float32,
-                        max_frames: int = DEFAULT_MAX_FRAMES) -> "CodecDecoder":
+    def from_state_dict(
+        cls,
+        cfg: CodecConfig,
+        sd: Mapping[str, Tensor],
+        dtype: torch.dtype = torch.float32,
+        max_frames: int = DEFAULT_MAX_FRAMES,
+    ) -> CodecDecoder:
         """Build from the publisher's codec tensors (``codec.pth`` / ``codec.safetensors`` names).
 
         ``sd`` may be raw (``normalize_codec_state_dict`` is applied) and must hold only codec keys;
@@ -88,8 +93,12 @@ class CodecDecoder(nn.Module):
         post_in = self.dequantize(codes)
         post_out = self.post_transform(post_in)
         upsample_out = self.upsample(post_out)
-        return {"post_in": post_in, "post_out": post_out, "upsample_out": upsample_out,
-                "waveform": self.synthesize(upsample_out).float()}
+        return {
+            "post_in": post_in,
+            "post_out": post_out,
+            "upsample_out": upsample_out,
+            "waveform": self.synthesize(upsample_out).float(),
+        }
 
     def forward(self, codes: Tensor) -> Tensor:
         return self.synthesize(self.upsample(self.post_transform(self.dequantize(codes)))).float()

@@ -24,9 +24,17 @@ class _SEANetEncoder(nn.Module):
         samples_per_step = 1
         for stride, n_layer in zip(cfg.encoder_strides, cfg.encoder_transformer_layers):
             samples_per_step *= stride  # this block's transformer runs at 44.1 kHz / samples_per_step
-            layers.append(EncoderBlock(ch, stride, n_layer, cfg.encoder_transformer_window,
-                                        cfg.encoder_transformer_intermediate_size, cfg.head_dim,
-                                        max_frames * cfg.frame_length // samples_per_step))
+            layers.append(
+                EncoderBlock(
+                    ch,
+                    stride,
+                    n_layer,
+                    cfg.encoder_transformer_window,
+                    cfg.encoder_transformer_intermediate_size,
+                    cfg.head_dim,
+                    max_frames * cfg.frame_length // samples_per_step,
+                )
+            )
             ch *= 2
         layers += [Snake(ch), CausalConv(ch, cfg.latent_dim, 3)]
         self.block = nn.Sequential(*layers)
@@ -50,8 +58,13 @@ class CodecEncoder(nn.Module):
         self.quantizer = EncodeQuantizer(cfg, max_frames)
 
     @classmethod
-    def from_state_dict(cls, cfg: CodecConfig, sd: Mapping[str, Tensor], dtype: torch.dtype = torch.float32,
-                        max_frames: int = DEFAULT_MAX_FRAMES) -> "CodecEncoder":
+    def from_state_dict(
+        cls,
+        cfg: CodecConfig,
+        sd: Mapping[str, Tensor],
+        dtype: torch.dtype = torch.float32,
+        max_frames: int = DEFAULT_MAX_FRAMES,
+    ) -> CodecEncoder:
         """As :meth:`CodecDecoder.from_state_dict`, keeping the encoder's tensors (decoder ones ignored)."""
         with torch.device("meta"):
             module = cls(cfg, max_frames)

@@ -98,8 +98,7 @@ class ResidualUnit(nn.Module):
 class EncoderBlock(nn.Module):
     """Three residual units at ``c_in``, Snake, strided conv to ``2 c_in``, optional window transformer."""
 
-    def __init__(self, c_in: int, stride: int, n_layer: int, window: int, ffn: int, head_dim: int,
-                 max_positions: int):
+    def __init__(self, c_in: int, stride: int, n_layer: int, window: int, ffn: int, head_dim: int, max_positions: int):
         super().__init__()
         layers: list[nn.Module] = [ResidualUnit(c_in, d) for d in RESIDUAL_DILATIONS]
         layers += [Snake(c_in), CausalConv(c_in, 2 * c_in, 2 * stride, stride=stride)]
@@ -151,6 +150,6 @@ class ConvNeXt(nn.Module):
 def resample_stack(latent: int, transposed: bool) -> nn.Sequential:
     """The quantizer's 2 x [conv k2 s2 (no weight norm) -> ConvNeXt]: 4x down, or 4x up when transposed."""
     conv = CausalConvTranspose if transposed else CausalConv
-    return nn.Sequential(*[
-        nn.Sequential(conv(latent, latent, f, stride=f), ConvNeXt(latent)) for f in QUANTIZER_FACTORS
-    ])
+    return nn.Sequential(
+        *[nn.Sequential(conv(latent, latent, f, stride=f), ConvNeXt(latent)) for f in QUANTIZER_FACTORS]
+    )

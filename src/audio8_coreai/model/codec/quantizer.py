@@ -69,8 +69,9 @@ class _VQs(nn.Module):
         super().__init__()
         lat, d = cfg.latent_dim, cfg.codebook_dim
         self.semantic_quantizer = _ResidualVQ(1, lat, cfg.semantic_codebook_size, d, with_in_proj=with_in_proj)
-        self.quantizer = _ResidualVQ(cfg.residual_codebooks, lat, cfg.residual_codebook_size, d,
-                                     with_in_proj=with_in_proj)
+        self.quantizer = _ResidualVQ(
+            cfg.residual_codebooks, lat, cfg.residual_codebook_size, d, with_in_proj=with_in_proj
+        )
 
 
 class DecodeQuantizer(_VQs):

@@ -55,7 +55,7 @@ class StreamingDecoder:
         if tail is None:
             tail = x.new_zeros(*x.shape[:-1], steps)
         full = torch.cat([tail, x], dim=-1)
-        self._tails[module] = full[..., full.shape[-1] - steps:].clone()  # not a view pinning all of ``full``
+        self._tails[module] = full[..., full.shape[-1] - steps :].clone()  # not a view pinning all of ``full``
         return full
 
     def _run(self, module: nn.Module, x: Tensor) -> Tensor:
@@ -78,7 +78,7 @@ class StreamingDecoder:
             if not steps:
                 return module(x)
             y = module.full(self._with_tail(module, x, steps))
-            return y[..., steps * stride:(steps + x.shape[-1]) * stride]
+            return y[..., steps * stride : (steps + x.shape[-1]) * stride]
         if isinstance(module, (Snake, nn.Tanh)):
             return module(x)
         raise TypeError(f"streaming decode does not know how to stream {type(module).__name__}")

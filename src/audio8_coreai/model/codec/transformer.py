@@ -13,6 +13,7 @@ from ..layers import FeedForward, RMSNorm, apply_rope, rope_table
 RMS_NORM_EPS = 1e-5  # codec transformer RMSNorm (SPEC.md section 10, item 3)
 ROPE_BASE = 10000.0  # codec transformers (the LM uses 1e6)
 
+
 class _LayerScale(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
@@ -89,8 +90,10 @@ class WindowTransformer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         length = x.shape[-1]
         if length > self.mask.shape[0]:
-            raise ValueError(f"codec transformer: {length} positions exceed max_positions {self.mask.shape[0]} "
-                             "(build the codec with a larger max_frames)")
+            raise ValueError(
+                f"codec transformer: {length} positions exceed max_positions {self.mask.shape[0]} "
+                "(build the codec with a larger max_frames)"
+            )
         rope, mask = self.rope[:length], self.mask[:length, :length]
         h = x.transpose(1, 2)
         for layer in self.layers:
@@ -111,27 +114,30 @@ class WindowTransformer(nn.Module):
         """
         end = start + x.shape[-1]
         if end > self.mask.shape[0]:
-            raise ValueError(f"codec transformer: position {end} exceeds max_positions {self.mask.shape[0]} "
-                             "(build the codec with a larger max_frames)")
+            raise ValueError(
+                f"codec transformer: position {end} exceeds max_positions {self.mask.shape[0]} "
+                "(build the codec with a larger max_frames)"
+            )
         cached = past[0][0].shape[2] if past[0] else 0
-        rope, mask = self.rope[start:end], self.mask[start:end, start - cached:end]
+        rope, mask = self.rope[start:end], self.mask[start:end, start - cached : end]
         h = x.transpose(1, 2)
         for layer, kv in zip(self.layers, past):
             h = layer(h, rope, mask, kv)
-            kv[:] = [t[:, :, max(0, t.shape[2] - self.window + 1):] for t in kv]
+            kv[:] = [t[:, :, max(0, t.shape[2] - self.window + 1) :] for t in kv]
         return self.norm(h).transpose(1, 2)
 
 
 def quantizer_transformer(cfg: CodecConfig, max_frames: int) -> WindowTransformer:
     """``pre_module`` or ``post_module``: the quantizer's window transformer over the latent, one position per frame."""
     qt = cfg.quantizer_transformer
-    return WindowTransformer(cfg.latent_dim, qt.n_layer, cfg.head_dim, qt.intermediate_size, qt.window_size,
-                              max_frames)
+    return WindowTransformer(cfg.latent_dim, qt.n_layer, cfg.head_dim, qt.intermediate_size, qt.window_size, max_frames)
 
 
 def check_heads(cfg: CodecConfig) -> None:
     """The codec transformers use ``dim // head_dim`` heads; the quantizer's declared head count must agree."""
     qt = cfg.quantizer_transformer
     if cfg.latent_dim % cfg.head_dim or cfg.latent_dim // cfg.head_dim != qt.n_head:
-        raise ValueError(f"codec: latent_dim {cfg.latent_dim} with head_dim {cfg.head_dim} does not give "
-                         f"quantizer_transformer.n_head {qt.n_head}")
+        raise ValueError(
+            f"codec: latent_dim {cfg.latent_dim} with head_dim {cfg.head_dim} does not give "
+            f"quantizer_transformer.n_head {qt.n_head}"
+        )

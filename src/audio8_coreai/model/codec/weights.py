@@ -139,7 +139,7 @@ def normalize_codec_state_dict(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 def _canonical(key: str) -> tuple[str, str]:
     """``(module weight name, role)``: role ``g``/``v`` for either weight-norm flavour, ``""`` otherwise."""
-    for (g_suffix, v_suffix) in (_WN_PARAMETRIZED, _WN_LEGACY):
+    for g_suffix, v_suffix in (_WN_PARAMETRIZED, _WN_LEGACY):
         if key.endswith(g_suffix):
             return key[: -len(g_suffix)] + ".weight", "g"
         if key.endswith(v_suffix):
@@ -170,8 +170,11 @@ def load_codec_weights(module: nn.Module, cfg: CodecConfig, sd: Mapping[str, Ten
     missing = sorted(name for c, (name, _) in expected.items() if c[0] in wanted and c not in given)
     if missing:
         raise ValueError(f"codec checkpoint: missing keys {missing}")
-    bad = [f"{k} {tuple(v.shape)} (expected {expected[c][1]})" for c, (k, v) in given.items()
-           if tuple(v.shape) != expected[c][1]]
+    bad = [
+        f"{k} {tuple(v.shape)} (expected {expected[c][1]})"
+        for c, (k, v) in given.items()
+        if tuple(v.shape) != expected[c][1]
+    ]
     if bad:
         raise ValueError(f"codec checkpoint: wrong shapes {bad}")
 

@@ -17,10 +17,17 @@ def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """The model served, its backend and device, and the workers' load."""
     first, workers = server.tts, server.workers
     backend = first.backend
-    return {"status": "ok", "model": str(first.checkpoint.path), "backend": backend.description,
-            "device": backend.device_name,
-            "sample_rate": first.sample_rate, "workers": len(server.instances), "running": workers.running,
-            "queued": workers.queued, "max_queue": server.settings.max_queue}
+    return {
+        "status": "ok",
+        "model": str(first.checkpoint.path),
+        "backend": backend.description,
+        "device": backend.device_name,
+        "sample_rate": first.sample_rate,
+        "workers": len(server.instances),
+        "running": workers.running,
+        "queued": workers.queued,
+        "max_queue": server.settings.max_queue,
+    }
 
 
 @router.get("/metrics", response_class=PlainTextResponse)

@@ -26,8 +26,9 @@ router = APIRouter()
 
 # OpenAI's voice names: a client written for OpenAI sends one of these; without a stored voice of that name it
 # gets the model's own voice rather than an error.
-OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx",
-                           "sage", "shimmer", "verse"})
+OPENAI_VOICES = frozenset(
+    {"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer", "verse"}
+)
 _GONE = object()
 _STARTED = object()  # a job's first item when its stream is built
 
@@ -49,22 +50,43 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
     A stored voice is read here (a damaged one is refused before a worker is taken) and handed to the worker."""
     settings, tts = server.settings, server.tts
     if len(req.input) > settings.max_input_chars:
-        raise ApiError(400, f"input is {len(req.input)} characters; this server takes at most "
-                       f"{settings.max_input_chars} per request: split the text", "input", "input_too_long")
+        raise ApiError(
+            400,
+            f"input is {len(req.input)} characters; this server takes at most "
+            f"{settings.max_input_chars} per request: split the text",
+            "input",
+            "input_too_long",
+        )
     if req.max_frames is not None and settings.max_frames is not None and req.max_frames > settings.max_frames:
-        raise ApiError(400, f"max_frames {req.max_frames} is over this server's cap of {settings.max_frames}",
-                       "max_frames", "max_frames_too_large")
+        raise ApiError(
+            400,
+            f"max_frames {req.max_frames} is over this server's cap of {settings.max_frames}",
+            "max_frames",
+            "max_frames_too_large",
+        )
     voice = None
     if req.voice is not None:
         if tts.voices.path(req.voice).is_file():
             voice = tts.voices.load(req.voice)
         elif req.voice.lower() not in OPENAI_VOICES:
-            raise ApiError(400, f"no voice named {req.voice!r}: GET /v1/voices lists the stored voices (OpenAI's "
-                           "names, such as alloy, speak in the model's own voice)", "voice", "voice_not_found")
-    return check_request(req.input, voice=voice, seed=req.seed, temperature=req.temperature, top_k=req.top_k,
-                         top_p=req.top_p, max_frames=req.max_frames if req.max_frames is not None else
-                         settings.max_frames, chunk_frames=settings.chunk_frames,
-                         first_chunk_frames=settings.first_chunk_frames)
+            raise ApiError(
+                400,
+                f"no voice named {req.voice!r}: GET /v1/voices lists the stored voices (OpenAI's "
+                "names, such as alloy, speak in the model's own voice)",
+                "voice",
+                "voice_not_found",
+            )
+    return check_request(
+        req.input,
+        voice=voice,
+        seed=req.seed,
+        temperature=req.temperature,
+        top_k=req.top_k,
+        top_p=req.top_p,
+        max_frames=req.max_frames if req.max_frames is not None else settings.max_frames,
+        chunk_frames=settings.chunk_frames,
+        first_chunk_frames=settings.first_chunk_frames,
+    )
 
 
 @router.post("/v1/audio/speech")
@@ -89,10 +111,18 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
         try:
             if cancel.is_set():
                 return
-            stream = engine.stream(checked.text, chunk_frames=checked.chunk_frames,
-                                   first_chunk_frames=checked.first_chunk_frames, seed=checked.seed,
-                                   temperature=checked.temperature, top_k=checked.top_k, top_p=checked.top_p,
-                                   max_frames=checked.max_frames, voice=checked.voice, on_frame=on_frame)
+            stream = tts.stream(
+                checked.text,
+                chunk_frames=checked.chunk_frames,
+                first_chunk_frames=checked.first_chunk_frames,
+                seed=checked.seed,
+                temperature=checked.temperature,
+                top_k=checked.top_k,
+                top_p=checked.top_p,
+                max_frames=checked.max_frames,
+                voice=checked.voice,
+                on_frame=on_frame,
+            )
             put(items.put_nowait, _STARTED)
             for chunk in stream:
                 put(items.put_nowait, chunk)
@@ -114,8 +144,11 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
             raise item.error if isinstance(item.error, Audio8Error) else _failed(item.error)
         if req.stream:
             streamed = True  # from here the body's generator tells the worker when to stop
-            return StreamingResponse(_stream_body(items, cancel, req.response_format, first.sample_rate, metrics),
-                                     media_type=media, headers=headers)
+            return StreamingResponse(
+                _stream_body(items, cancel, req.response_format, first.sample_rate, metrics),
+                media_type=media,
+                headers=headers,
+            )
         chunks = []
         while not isinstance(item := await _next_or_gone(items, request), _End):
             if item is _GONE:
@@ -127,8 +160,13 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
     if item.error is not None:
         raise _failed(item.error)
     if item.stream.frames == 0:  # not an empty file: a client would play silence and not know why
-        raise ApiError(422, "the model ended the utterance at once (eos on the first frame): no audio to send; "
-                       "send the request again without a seed, or with another one", "seed", "no_audio")
+        raise ApiError(
+            422,
+            "the model ended the utterance at once (eos on the first frame): no audio to send; "
+            "send the request again without a seed, or with another one",
+            "seed",
+            "no_audio",
+        )
     audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     metrics.count(200)
     # Off the event loop: a long mp3 or opus takes a noticeable time to encode.
@@ -157,8 +195,9 @@ async def _next_or_gone(items: asyncio.Queue, request: Request) -> Any:
         getter.cancel()
 
 
-async def _stream_body(items: asyncio.Queue, cancel: threading.Event, fmt: str, sample_rate: int,
-                       metrics: Metrics) -> AsyncIterator[bytes]:
+async def _stream_body(
+    items: asyncio.Queue, cancel: threading.Event, fmt: str, sample_rate: int, metrics: Metrics
+) -> AsyncIterator[bytes]:
     """The body of a streaming response: encoded chunks as the worker makes them. When the client goes, the
     server cancels this generator; ``finally`` then tells the worker to stop at its next frame."""
     encoder = SpeechEncoder(fmt, sample_rate)

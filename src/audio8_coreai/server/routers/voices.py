@@ -25,8 +25,15 @@ def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     for name in store.names():
         try:
             v = store.load(name)
-            voices.append({"name": v.name, "transcript": v.transcript, "duration_s": v.duration_s,
-                           "frames": v.frames, "created": v.created})
+            voices.append(
+                {
+                    "name": v.name,
+                    "transcript": v.transcript,
+                    "duration_s": v.duration_s,
+                    "frames": v.frames,
+                    "created": v.created,
+                }
+            )
         except DamagedVoice as e:
             voices.append({"name": name, "error": damaged(e).message})
         except VoiceError as e:
@@ -42,18 +49,27 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
     settings = server.settings
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > settings.max_upload_bytes:
-        raise ApiError(413, f"upload is {int(size)} bytes, over this server's {settings.max_upload_bytes}: "
-                       "send a clip of 0.5 to 30 s", "audio", "upload_too_large")
+        raise ApiError(
+            413,
+            f"upload is {int(size)} bytes, over this server's {settings.max_upload_bytes}: send a clip of 0.5 to 30 s",
+            "audio",
+            "upload_too_large",
+        )
     form = await request.form(max_part_size=settings.max_upload_bytes)
     name, transcript, upload = form.get("name"), form.get("transcript"), form.get("audio")
     replace = str(form.get("replace", "false")).lower() in ("1", "true", "yes")
     if not isinstance(name, str) or not isinstance(transcript, str) or upload is None or isinstance(upload, str):
-        raise ApiError(400, "POST /v1/voices takes multipart fields name, transcript and an audio file",
-                       None, "invalid_request")
+        raise ApiError(
+            400, "POST /v1/voices takes multipart fields name, transcript and an audio file", None, "invalid_request"
+        )
     data = await upload.read(settings.max_upload_bytes + 1)
     if len(data) > settings.max_upload_bytes:
-        raise ApiError(413, f"upload is over this server's {settings.max_upload_bytes} bytes: send a clip of "
-                       "0.5 to 30 s", "audio", "upload_too_large")
+        raise ApiError(
+            413,
+            f"upload is over this server's {settings.max_upload_bytes} bytes: send a clip of 0.5 to 30 s",
+            "audio",
+            "upload_too_large",
+        )
     try:
         name = check_name(name)
         server.tts.voices.check_new(name, replace)
@@ -69,14 +85,21 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
             try:
                 return tts.register_voice(name, path, transcript, replace=replace)
             except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
-                raise ApiError(400, str(e).replace(str(path), shown).replace(path.name, shown), None,
-                               "invalid_voice") from None
+                raise ApiError(
+                    400, str(e).replace(str(path), shown).replace(path.name, shown), None, "invalid_voice"
+                ) from None
 
     voice = await server.workers.submit(job)
     warnings = [w.replace("clip" + Path(shown).suffix[:16], shown) for w in voice.warnings]
     server.metrics.count(201)
-    return {"name": voice.name, "transcript": voice.transcript, "duration_s": voice.duration_s,
-            "frames": voice.frames, "created": voice.created, "warnings": warnings}
+    return {
+        "name": voice.name,
+        "transcript": voice.transcript,
+        "duration_s": voice.duration_s,
+        "frames": voice.frames,
+        "created": voice.created,
+        "warnings": warnings,
+    }
 
 
 @router.delete("/v1/voices/{name}")
