@@ -12,12 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from audio8_coreai.config import CodecConfig
-from audio8_coreai.model.codec import (
-    CodecDecoder,
-    CodecEncoder,
-    codec_param_shapes,
-    normalize_codec_state_dict,
-)
+from audio8_coreai.model.codec import CodecDecoder, CodecEncoder, codec_param_shapes, normalize_codec_state_dict
 
 SHAPES_0_6B = Path(__file__).resolve().parents[2] / "shared" / "reference" / "param_shapes_0.6b.json"
 DECODE_ITEMS = [("plain", 0), ("greedy", 0), ("batch", 0), ("batch", 1), ("clone", 0), ("codec_clamp", 0)]

@@ -61,8 +61,7 @@ def voice_add(
 @voice_app.command("list")
 @friendly
 def voice_list(
-    voices: VoicesOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the voices as JSON.")] = False,
+    voices: VoicesOpt = None, as_json: Annotated[bool, typer.Option("--json", help="Print the voices as JSON.")] = False
 ) -> None:
     """List the stored voices (a damaged file is listed with what is wrong)."""
     from ..voices import VoiceStore
@@ -132,10 +131,7 @@ def voice_show(
 
 @voice_app.command("rm")
 @friendly
-def voice_rm(
-    name: Annotated[str, typer.Argument(help="The voice to remove.")],
-    voices: VoicesOpt = None,
-) -> None:
+def voice_rm(name: Annotated[str, typer.Argument(help="The voice to remove.")], voices: VoicesOpt = None) -> None:
     """Remove a stored voice."""
     from ..voices import VoiceStore
 

@@ -3,13 +3,7 @@
 from .checks import PromptError, check_text, clean_text
 from .prompt import PromptBuilder, PromptTooLong
 from .split import split_text
-from .tokenizer import (
-    TokenizerError,
-    build_qwen_tokenizer,
-    build_tiny_tokenizer,
-    load_tokenizer,
-    write_tokenizer_files,
-)
+from .tokenizer import TokenizerError, build_qwen_tokenizer, build_tiny_tokenizer, load_tokenizer, write_tokenizer_files
 
 __all__ = [
     "PromptBuilder",
