@@ -34,7 +34,7 @@ else:
 from typer.testing import CliRunner
 
 from audio8_coreai import TTS
-from audio8_coreai.backends.base import BackendError, EngineError
+from audio8_coreai.backends.base import BackendError, EngineError, StepInputs
 from audio8_coreai.backends.coreai import AssetError, CoreAIBackend, convert, read_manifest
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
@@ -43,6 +43,7 @@ from audio8_coreai.config import SamplingParams
 from audio8_coreai.engine.loop import generate
 from audio8_coreai.measure.oracle import load_fixture
 from audio8_coreai.measure.parity import replay_codec, replay_encoder, replay_forced, replay_single
+from audio8_coreai.precision import PrecisionError
 
 TEXT = "Hello there."  # 76 prompt columns with the tiny byte-level tokenizer: 52 frames fit a context of 128
 
@@ -594,16 +595,20 @@ def test_sampling_other_than_the_baked_one_is_refused(fp32_backend, oracle, fixt
     fp32_backend.prefill(fixture["plain__prompt_input_ids"][0])
     other = SamplingParams(temperature=0.9)
     with pytest.raises(BackendError, match="baked into the frame graphs"):
-        fp32_backend.first_frame(
-            other, np.full((2, 257), 0.5, np.float32), np.full(10, -1), np.full((9, 256), 0.5, np.float32)
+        fp32_backend.frame(
+            other, StepInputs(None, 0, np.full((2, 257), 0.5, np.float32), np.full(10, -1), np.full((9, 256), 0.5))
         )
 
 
 def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
     with pytest.raises(AssetError, match="not an empty folder"):
         convert(oracle, fp32_assets, progress=False)
-    with pytest.raises(AssetError, match="unknown precision"):
+    with pytest.raises(PrecisionError, match="unknown dtype or precision 'int4'"):
         convert(oracle, tmp_path / "a", "int4", progress=False)
+    with pytest.raises(
+        PrecisionError, match="precision int16 does not run on coreai: use one of fp32, fp16, int8-fp16"
+    ):
+        convert(oracle, tmp_path / "a", "int16", progress=False)
     with pytest.raises(AssetError, match="multiple of 32"):
         convert(oracle, tmp_path / "a", context=100, progress=False)
     with pytest.raises(AssetError, match="unknown or no parts"):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from audio8_coreai.backends.base import BackendError
+from audio8_coreai.backends.base import BackendError, StepInputs
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.backends.torch.cudagraphs import GRAPHS_KEPT, GraphedFrame
 from audio8_coreai.checkpoint import load_checkpoint
@@ -44,8 +44,8 @@ def test_static_frame_equals_the_eager_frame(oracle_dir):
         noise_fast = rng.random((cfg.num_codebooks - 1, cfg.codebook_size), dtype=np.float32).clip(1e-6)
         graphed.prefill(prompt)
         eager.prefill(prompt)
-        got = graphed.frame(params, prompt[:, -1], 7, noise_slow, window, noise_fast)
-        want = eager.frame(params, prompt[:, -1], 7, noise_slow, window, noise_fast)
+        step = StepInputs(prompt[:, -1], 7, noise_slow, window, noise_fast)
+        got, want = graphed.frame(params, step), eager.frame(params, step)
         assert got.semantic == want.semantic and np.array_equal(got.codes, want.codes)
         np.testing.assert_allclose(got.logits, want.logits, rtol=0, atol=1e-5)
         np.testing.assert_allclose(got.fast_logits, want.fast_logits, rtol=0, atol=1e-5)

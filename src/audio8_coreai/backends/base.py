@@ -99,7 +99,9 @@ class Lease:
 
 
 class Backend(ABC):
-    """The calls the engine, the API and the tools make on a backend, batch 1 (one utterance at a time).
+    """The calls the engine, the API and the tools make on a backend, batch 1 (one utterance at a time):
+    :meth:`prefill`, :meth:`frame`, the codec (:meth:`decode_window`, :meth:`codec_stream`, :meth:`encode`),
+    :meth:`reset`.
 
     Attributes every backend sets: ``name`` (``torch``, ``coreai``), ``cfg`` (the model's config; Core AI assets
     may hold a shorter context than the checkpoint's), ``checkpoint``, ``precision`` (its name, see
@@ -141,34 +143,12 @@ class Backend(ABC):
     @abstractmethod
     def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Run the prompt int64 [1+C, P] from slot 0; return the last column's compact logits [V+1] and post-norm
-        hidden [dim] (float32), kept for :meth:`first_frame`."""
+        hidden [dim] (float32), kept for frame 0."""
 
     @abstractmethod
-    def first_frame(
-        self,
-        params: SamplingParams,
-        noise_slow: np.ndarray,
-        window: np.ndarray,
-        noise_fast: np.ndarray,
-        forced: np.ndarray | None = None,
-    ) -> FrameResult:
-        """Frame 0, drawn from the prefill's last logits and hidden: noise_slow float32 [2, V+1], RAS window
-        int64 [W], noise_fast float32 [C-1, codebook_size], ``forced`` int64 [1+C] a column to keep instead of the
-        draws (teacher forcing) or None."""
-
-    @abstractmethod
-    def frame(
-        self,
-        params: SamplingParams,
-        column: np.ndarray,
-        pos: int,
-        noise_slow: np.ndarray,
-        window: np.ndarray,
-        noise_fast: np.ndarray,
-        forced: np.ndarray | None = None,
-    ) -> FrameResult:
-        """A later frame: the slow step on the previous ``column`` int64 [1+C] at slot ``pos``, then the draws
-        (inputs as :meth:`first_frame`)."""
+    def frame(self, params: SamplingParams, step: StepInputs) -> FrameResult:
+        """One frame: frame 0 drawn from the prefill's last logits and hidden (``step.column`` None), or the slow
+        step on the previous column at slot ``step.pos`` then the draws (see :class:`StepInputs`)."""
 
     @abstractmethod
     def decode_window(self, codes: np.ndarray) -> np.ndarray:

@@ -92,16 +92,6 @@ class Utterance:
         return np.stack(self.codes, axis=1)
 
 
-def step(backend: Backend, params: SamplingParams, inputs: StepInputs) -> FrameResult:
-    """One frame on ``backend``: frame 0 from the prefill, or the slow step on the previous column then the
-    draws."""
-    if inputs.column is None:
-        return backend.first_frame(params, inputs.noise_slow, inputs.window, inputs.noise_fast, inputs.forced)
-    return backend.frame(
-        params, inputs.column, inputs.pos, inputs.noise_slow, inputs.window, inputs.noise_fast, inputs.forced
-    )
-
-
 def frame_steps(
     backend: Backend,
     prompt_length: int,
@@ -121,7 +111,7 @@ def frame_steps(
     """
     utterance = Utterance(backend.cfg, prompt_length, max_frames, noise, forced)
     while not utterance.done:
-        res = step(backend, params, utterance.next_inputs())
+        res = backend.frame(params, utterance.next_inputs())
         utterance.record(res)
         yield res
 

@@ -18,7 +18,7 @@ import numpy as np
 from ...checkpoint import Checkpoint
 from ...config import ModelConfig, SamplingParams
 from ...model.frame import PREFILL_WIDTH
-from ..base import Backend, BackendError, CodecStream, FrameResult, RedecodeStream
+from ..base import Backend, BackendError, CodecStream, FrameResult, RedecodeStream, StepInputs
 from .manifest import DUALAR_FUNCTIONS, AssetError, checked_manifest, require_coreai
 
 
@@ -181,20 +181,14 @@ class CoreAIBackend(Backend):
         """A stream that re-decodes the utterance so far at every push (:class:`..base.RedecodeStream`)."""
         return RedecodeStream(self)
 
-    def _tail(
-        self,
-        params: SamplingParams,
-        noise_slow: np.ndarray,
-        window: np.ndarray,
-        noise_fast: np.ndarray,
-        forced: np.ndarray | None,
-    ) -> dict[str, np.ndarray]:
+    def _tail(self, params: SamplingParams, step: StepInputs) -> dict[str, np.ndarray]:
         if not self.draws_like(params):
             raise BackendError(
                 f"these Core AI assets were converted with sampling {self.sampling} baked into the "
                 f"frame graphs; {params} was asked for: use the converted settings, or convert "
                 "a variant with them"
             )
+        noise_slow, window, noise_fast, forced = step.noise_slow, step.window, step.noise_fast, step.forced
         f = np.zeros(1 + self.cfg.num_codebooks, np.int32) if forced is None else np.asarray(forced, np.int32)
         return {
             "noise_slow": np.asarray(noise_slow, np.float32),
@@ -216,42 +210,24 @@ class CoreAIBackend(Backend):
             out["sampled_codes"].astype(np.int64),
         )
 
-    def first_frame(
-        self,
-        params: SamplingParams,
-        noise_slow: np.ndarray,
-        window: np.ndarray,
-        noise_fast: np.ndarray,
-        forced: np.ndarray | None = None,
-    ) -> FrameResult:
-        """Frame 0 from the prefill's last logits/hidden (``first_frame``, one runtime call)."""
-        if self._last is None:
-            raise BackendError("first_frame needs a prefill first")
-        tail = self._tail(params, noise_slow, window, noise_fast, forced)
-        logits, hidden = self._last
-        return self._result(self._call(self._fns["first_frame"], {"logits": logits, "hidden": hidden, **tail}))
+    def frame(self, params: SamplingParams, step: StepInputs) -> FrameResult:
+        """Frame 0 from the prefill's last logits and hidden (``step.column`` None: ``first_frame``), or the slow
+        step on the previous column at slot ``step.pos`` and the next frame (``frame``); one runtime call.
 
-    def frame(
-        self,
-        params: SamplingParams,
-        column: np.ndarray,
-        pos: int,
-        noise_slow: np.ndarray,
-        window: np.ndarray,
-        noise_fast: np.ndarray,
-        forced: np.ndarray | None = None,
-    ) -> FrameResult:
-        """The slow step on ``column`` int [1+C] at slot ``pos`` and the next frame (``frame``, one call).
-
-        Raises BackendError for a ``pos`` outside the context or sampling settings other than the baked ones.
+        Raises BackendError before a prefill, for a slot outside the context, or for sampling settings other than
+        the baked ones.
         """
-        if not 0 <= pos < self.context:
-            raise BackendError(f"slot {pos} is outside the assets' context of {self.context}")
-        tail = self._tail(params, noise_slow, window, noise_fast, forced)
-        codes = np.asarray(column, np.int32).reshape(1, -1, 1)
-        return self._result(
-            self._call(self._fns["frame"], {"codes": codes, "pos": np.array([pos], np.int32), **tail}, self._state)
-        )
+        tail = self._tail(params, step)
+        if step.column is None:
+            if self._last is None:
+                raise BackendError("frame 0 needs a prefill first")
+            logits, hidden = self._last
+            return self._result(self._call(self._fns["first_frame"], {"logits": logits, "hidden": hidden, **tail}))
+        if not 0 <= step.pos < self.context:
+            raise BackendError(f"slot {step.pos} is outside the assets' context of {self.context}")
+        codes = np.asarray(step.column, np.int32).reshape(1, -1, 1)
+        inputs = {"codes": codes, "pos": np.array([step.pos], np.int32), **tail}
+        return self._result(self._call(self._fns["frame"], inputs, self._state))
 
     def _codec_fn(self, part: str) -> tuple[Any, dict[str, Any]]:
         if part not in self._codec:

@@ -18,7 +18,7 @@ from ...model.dualar import DualAR
 from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
 from ...precision import default_precision, resolve_precision
 from ...settings import DEFAULTS
-from ..base import Backend, BackendError, FrameResult
+from ..base import Backend, BackendError, FrameResult, StepInputs
 from .cudagraphs import GraphedFrame
 from .kernels import QuantError
 from .quantize import apply_precision, map_embeddings, release_freed_memory
@@ -189,7 +189,7 @@ class TorchBackend(Backend):
         """Run the prompt int [1+C, P] in windows of 32 columns from slot 0.
 
         Returns the last column's compact logits [V+1] and post-norm hidden [dim] (float32), the
-        inputs of :meth:`first_frame`. The last window is as wide as what is left of the prompt: eager
+        inputs of frame 0. The last window is as wide as what is left of the prompt: eager
         PyTorch needs no static shape, and padding a 49-column prompt to 64 cost a quarter more work.
         Writes this backend's KV state (zeroed first), or ``k_cache``/``v_cache`` [n_layer, 1, n_kv, L, D] when
         given (a row of a batch, see batching.py: slots past the prompt are left as they are, never attended).
@@ -235,51 +235,28 @@ class TorchBackend(Backend):
         return require_finite(logits.float().cpu().numpy(), "model", MODEL_FILE), hidden.float().cpu().numpy()
 
     @torch.inference_mode()
-    def first_frame(
-        self,
-        params: SamplingParams,
-        noise_slow: np.ndarray,
-        window: np.ndarray,
-        noise_fast: np.ndarray,
-        forced: np.ndarray | None = None,
-    ) -> FrameResult:
-        """Sample frame 0 from the prefill's last logits/hidden (no slow step)."""
-        logits, hidden = self._last
-        inputs = self._inputs(noise_slow, window, noise_fast, forced)
-        return frame_result(self.frame_maths.sample(params, logits[None], hidden[None], inputs), 0)
-
-    @torch.inference_mode()
-    def frame(
-        self,
-        params: SamplingParams,
-        column: np.ndarray,
-        pos: int,
-        noise_slow: np.ndarray,
-        window: np.ndarray,
-        noise_fast: np.ndarray,
-        forced: np.ndarray | None = None,
-    ) -> FrameResult:
-        """Slow step on the previous ``column`` int [1+C] at slot ``pos``, then sample the next frame."""
-        inputs = self._inputs(noise_slow, window, noise_fast, forced)
-        inputs.column = torch.as_tensor(np.asarray(column, dtype=np.int64), device=self.device).view(1, -1, 1)
-        if self._graphed is not None:
-            inputs.pos = torch.tensor([pos], device=self.device)
-            return frame_result(self._graphed(params, inputs), 0)
-        inputs.pos = pos
-        return frame_result(self.frame_maths(params, inputs, self.k_cache, self.v_cache), 0)
-
-    def _inputs(self, noise_slow, window, noise_fast, forced) -> FrameInputs:
-        """A batch-1 :class:`.model.frame.FrameInputs` from the engine's NumPy arrays (column and pos unset)."""
-        dev = self.device
+    def frame(self, params: SamplingParams, step: StepInputs) -> FrameResult:
+        """Frame 0 from the prefill's last logits and hidden (``step.column`` None), or the slow step on the previous
+        column at slot ``step.pos`` then the draws."""
         c = self.cfg.num_codebooks
-        f = np.zeros(1 + c, dtype=np.int64) if forced is None else np.asarray(forced, dtype=np.int64)
-        return FrameInputs(
-            noise_slow=torch.as_tensor(noise_slow, dtype=torch.float32, device=dev)[None],
-            window=torch.as_tensor(np.asarray(window, dtype=np.int64), device=dev)[None],
-            noise_fast=torch.as_tensor(noise_fast, dtype=torch.float32, device=dev)[None],
-            forced=torch.as_tensor(f, device=dev)[None],
-            use_forced=torch.tensor([0.0 if forced is None else 1.0], device=dev),
+        dev = self.device
+        forced = np.zeros(1 + c, dtype=np.int64) if step.forced is None else np.asarray(step.forced, dtype=np.int64)
+        inputs = FrameInputs(
+            noise_slow=torch.as_tensor(step.noise_slow, dtype=torch.float32, device=dev)[None],
+            window=torch.as_tensor(np.asarray(step.window, dtype=np.int64), device=dev)[None],
+            noise_fast=torch.as_tensor(step.noise_fast, dtype=torch.float32, device=dev)[None],
+            forced=torch.as_tensor(forced, device=dev)[None],
+            use_forced=torch.tensor([0.0 if step.forced is None else 1.0], device=dev),
         )
+        if step.column is None:
+            logits, hidden = self._last
+            return frame_result(self.frame_maths.sample(params, logits[None], hidden[None], inputs), 0)
+        inputs.column = torch.as_tensor(np.asarray(step.column, dtype=np.int64), device=dev).view(1, -1, 1)
+        if self._graphed is not None:
+            inputs.pos = torch.tensor([step.pos], device=dev)
+            return frame_result(self._graphed(params, inputs), 0)
+        inputs.pos = step.pos
+        return frame_result(self.frame_maths(params, inputs, self.k_cache, self.v_cache), 0)
 
     @torch.inference_mode()
     def decode_window(self, codes: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ prefill) in the same sampler pass. Rows come and go between frames (continuous b
 
 This is how ``audio8 serve --batch N`` shares the weights: a :class:`FrameServer` owns a :class:`BatchModel` and
 one thread that runs it. Each of its ``N`` rows
-is lent to a :class:`RowBackend`, a backend with the engine's calls (``prefill``, ``first_frame``, ``frame``,
+is lent to a :class:`RowBackend`, a backend with the engine's calls (``prefill``, ``frame``,
 the codec) that hands its model work to that thread and waits for the answer. A request thread drives its
 utterance exactly as with a backend of its own (:class:`...engine.stream.SpeechStream`: splitting, noise, RAS window,
 streaming codec all unchanged), while the frame thread gathers the frame calls of every row that is waiting and
@@ -94,7 +94,7 @@ class BatchModel:
         """One frame for each call (its KV row and its step's inputs), in one batched call: the slow step of the
         calls with a column, then one sampler pass (semantic draws, the fast AR's rows, codebook draws) for all.
         Returns their results in order;
-        each equals the backend's ``first_frame``/``frame`` on the same inputs up to float rounding."""
+        each equals the backend's ``frame`` on the same inputs up to float rounding."""
         n = len(calls)
         if n == 0:
             return []
@@ -273,29 +273,9 @@ class RowBackend(Backend):
         """Prefill ``prompt`` int [1+C, P] into this row (on the frame thread, alone)."""
         return self.server.submit(_Job(self.row, run=lambda: self.server.model.prefill(self.row, prompt)))
 
-    def first_frame(
-        self,
-        params: SamplingParams,
-        noise_slow: np.ndarray,
-        window: np.ndarray,
-        noise_fast: np.ndarray,
-        forced: np.ndarray | None = None,
-    ) -> FrameResult:
-        call = StepInputs(None, 0, noise_slow, window, noise_fast, forced)
-        return self.server.submit(_Job(self.row, params=params, call=call))
-
-    def frame(
-        self,
-        params: SamplingParams,
-        column: np.ndarray,
-        pos: int,
-        noise_slow: np.ndarray,
-        window: np.ndarray,
-        noise_fast: np.ndarray,
-        forced: np.ndarray | None = None,
-    ) -> FrameResult:
-        call = StepInputs(np.asarray(column, dtype=np.int64), pos, noise_slow, window, noise_fast, forced)
-        return self.server.submit(_Job(self.row, params=params, call=call))
+    def frame(self, params: SamplingParams, step: StepInputs) -> FrameResult:
+        """This row's frame, run by the frame thread in one batched call with the other rows waiting."""
+        return self.server.submit(_Job(self.row, params=params, call=step))
 
     def decode_window(self, codes: np.ndarray) -> np.ndarray:
         return self.shared.decode_window(codes)
