@@ -41,6 +41,20 @@ class CheckedRequest:
     chunk_frames: int
     first_chunk_frames: int | None
 
+    def options(self) -> dict[str, int | float | None]:
+        """The keyword arguments of :meth:`.tts.TTS.generate` this request sets (seed, sampling, frame cap)."""
+        return {
+            "seed": self.seed,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "max_frames": self.max_frames,
+        }
+
+    def stream_options(self) -> dict[str, int | float | None]:
+        """:meth:`options` and the chunk sizes: the keyword arguments of :meth:`.tts.TTS.stream`."""
+        return {**self.options(), "chunk_frames": self.chunk_frames, "first_chunk_frames": self.first_chunk_frames}
+
 
 def check_request(
     text: str,

@@ -115,16 +115,11 @@ def say(
         print_warnings(read_reference(ref_audio)[1].warnings)
     elif voice is not None:
         VoiceStore(voices).load(req.voice)  # an unknown or damaged voice fails here; the checkpoint check follows
+    load_options = dict(
+        device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets, cuda_graphs=cuda_graphs
+    )
     with err.status("loading the model..."):
-        tts = TTS.load(
-            model,
-            device=device,
-            dtype=dtype,
-            voices_dir=voices,
-            backend=backend,
-            assets=assets,
-            cuda_graphs=cuda_graphs,
-        )
+        tts = TTS.load(model, **load_options)
     progress = Progress(
         TextColumn("frames"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True
     )
@@ -137,17 +132,7 @@ def say(
         )
         stream = True
     if stream or to_stdout:
-        speech = tts.stream(
-            req.text,
-            chunk_frames=req.chunk_frames,
-            first_chunk_frames=req.first_chunk_frames,
-            seed=req.seed,
-            temperature=req.temperature,
-            top_k=req.top_k,
-            top_p=req.top_p,
-            max_frames=req.max_frames,
-            voice=chosen,
-        )
+        speech = tts.stream(req.text, voice=chosen, **req.stream_options())
         with progress:
             task = progress.add_task("frames", total=speech.max_frames)
             speech.on_frame = lambda step: progress.update(task, completed=step + 1)
@@ -163,14 +148,10 @@ def say(
         task = progress.add_task("frames", total=None)
         result = tts.generate(
             req.text,
-            seed=req.seed,
-            temperature=req.temperature,
-            top_k=req.top_k,
-            top_p=req.top_p,
-            max_frames=req.max_frames,
             voice=chosen,
             on_start=lambda n: progress.update(task, total=n),
             on_frame=lambda step: progress.update(task, completed=step + 1),
+            **req.options(),
         )
     if result.frames == 0:
         raise _no_audio(output)

@@ -65,20 +65,12 @@ def serve(
             "--cuda-graphs replays one utterance's frame (--workers instances); --batch runs its own "
             "batched frames: give one of them"
         )
+    load_options = dict(
+        device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets, cuda_graphs=cuda_graphs
+    )
     instances = 1 if batch else workers
     with err.status(f"loading {instances} model instance(s)..."):
-        instances = [
-            TTS.load(
-                model,
-                device=device,
-                dtype=dtype,
-                voices_dir=voices,
-                backend=backend,
-                assets=assets,
-                cuda_graphs=cuda_graphs,
-            )
-            for _ in range(instances)
-        ]
+        instances = [TTS.load(model, **load_options) for _ in range(instances)]
     if batch:
         _, instances = instances[0].batched(batch)
         workers = batch

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 from torch import Tensor, nn
 
@@ -11,7 +9,7 @@ from ...config import CodecConfig
 from .layers import DEFAULT_MAX_FRAMES, CausalConv, DecoderBlock, Snake
 from .quantizer import DecodeQuantizer
 from .transformer import check_heads
-from .weights import load_codec_weights
+from .weights import CodecPart
 
 
 class _SEANetDecoder(nn.Module):
@@ -26,7 +24,7 @@ class _SEANetDecoder(nn.Module):
         self.model = nn.Sequential(*layers)
 
 
-class CodecDecoder(nn.Module):
+class CodecDecoder(CodecPart):
     """Codes -> 44.1 kHz audio: the publisher's ``ArkttsCodec.decode`` (SPEC.md section 8).
 
     ``forward(codes)``: codes int ``[B, num_codebooks, T]`` (row 0 semantic, rows 1.. residual) ->
@@ -42,31 +40,11 @@ class CodecDecoder(nn.Module):
     """
 
     def __init__(self, cfg: CodecConfig, max_frames: int = DEFAULT_MAX_FRAMES):
-        super().__init__()
+        super().__init__(cfg, max_frames)
         check_heads(cfg)
         self.cfg = cfg
         self.quantizer = DecodeQuantizer(cfg, max_frames)
         self.decoder = _SEANetDecoder(cfg)
-
-    @classmethod
-    def from_state_dict(
-        cls,
-        cfg: CodecConfig,
-        sd: Mapping[str, Tensor],
-        dtype: torch.dtype = torch.float32,
-        max_frames: int = DEFAULT_MAX_FRAMES,
-    ) -> CodecDecoder:
-        """Build from the publisher's codec tensors (``codec.pth`` / ``codec.safetensors`` names).
-
-        ``sd`` may be raw (``normalize_codec_state_dict`` is applied) and must hold only codec keys;
-        the encoder's tensors are accepted and ignored. Weight norm is folded (both flavours). The module
-        is returned in eval mode without gradients, in ``dtype`` on the CPU. Raises ValueError naming
-        unexpected keys, missing decoder keys or wrong shapes.
-        """
-        with torch.device("meta"):
-            module = cls(cfg, max_frames)
-        load_codec_weights(module, cfg, sd, dtype)
-        return module
 
     def dequantize(self, codes: Tensor) -> Tensor:
         """codes int ``[B, 10, T]`` -> ``[B, latent, T]``: clamp, then sum every codebook's back-projection."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +12,7 @@ from ...config import CodecConfig
 from .layers import DEFAULT_MAX_FRAMES, CausalConv, EncoderBlock, Snake
 from .quantizer import EncodeQuantizer
 from .transformer import check_heads
-from .weights import load_codec_weights
+from .weights import CodecPart
 
 
 class _SEANetEncoder(nn.Module):
@@ -40,7 +39,7 @@ class _SEANetEncoder(nn.Module):
         self.block = nn.Sequential(*layers)
 
 
-class CodecEncoder(nn.Module):
+class CodecEncoder(CodecPart):
     """44.1 kHz audio -> codes: the publisher's ``ArkttsCodec.encode`` (SPEC.md section 8).
 
     ``forward(audio)``: float ``[B, 1, N]`` with N a multiple of ``cfg.frame_length`` (2048 samples) ->
@@ -51,25 +50,11 @@ class CodecEncoder(nn.Module):
     """
 
     def __init__(self, cfg: CodecConfig, max_frames: int = DEFAULT_MAX_FRAMES):
-        super().__init__()
+        super().__init__(cfg, max_frames)
         check_heads(cfg)
         self.cfg = cfg
         self.encoder = _SEANetEncoder(cfg, max_frames)
         self.quantizer = EncodeQuantizer(cfg, max_frames)
-
-    @classmethod
-    def from_state_dict(
-        cls,
-        cfg: CodecConfig,
-        sd: Mapping[str, Tensor],
-        dtype: torch.dtype = torch.float32,
-        max_frames: int = DEFAULT_MAX_FRAMES,
-    ) -> CodecEncoder:
-        """As :meth:`CodecDecoder.from_state_dict`, keeping the encoder's tensors (decoder ones ignored)."""
-        with torch.device("meta"):
-            module = cls(cfg, max_frames)
-        load_codec_weights(module, cfg, sd, dtype)
-        return module
 
     def latent(self, audio: Tensor) -> Tensor:
         """audio ``[B, 1, N]`` -> SEANet encoder output ``[B, latent, N / hop_length]`` (hop 512 samples)."""

@@ -10,7 +10,14 @@ import torch
 from torch import Tensor, nn
 
 from ...config import CodecConfig
-from .layers import CONVNEXT_EXPANSION, CONVNEXT_KERNEL, QUANTIZER_FACTORS, RESIDUAL_DILATIONS, RESIDUAL_KERNEL
+from .layers import (
+    CONVNEXT_EXPANSION,
+    CONVNEXT_KERNEL,
+    DEFAULT_MAX_FRAMES,
+    QUANTIZER_FACTORS,
+    RESIDUAL_DILATIONS,
+    RESIDUAL_KERNEL,
+)
 
 _WN_PARAMETRIZED = (".parametrizations.weight.original0", ".parametrizations.weight.original1")
 _WN_LEGACY = (".weight_g", ".weight_v")
@@ -189,3 +196,31 @@ def load_codec_weights(module: nn.Module, cfg: CodecConfig, sd: Mapping[str, Ten
             state[name] = v * (g / norm)
     module.load_state_dict({k: t.to(dtype) for k, t in state.items()}, strict=True, assign=True)
     module.eval().requires_grad_(False)
+
+
+class CodecPart(nn.Module):
+    """A half of the codec (decoder or encoder) built from the publisher's tensors by :meth:`from_state_dict`."""
+
+    def __init__(self, cfg: CodecConfig, max_frames: int):
+        super().__init__()
+
+    @classmethod
+    def from_state_dict(
+        cls,
+        cfg: CodecConfig,
+        sd: Mapping[str, Tensor],
+        dtype: torch.dtype = torch.float32,
+        max_frames: int = DEFAULT_MAX_FRAMES,
+    ) -> CodecPart:
+        """Build from the publisher's codec tensors (``codec.pth`` / ``codec.safetensors`` names), sized for
+        ``max_frames`` frames.
+
+        ``sd`` may be raw (``normalize_codec_state_dict`` is applied) and must hold only codec keys; the other
+        half's tensors are accepted and ignored. Weight norm is folded (both flavours). The module is returned in
+        eval mode without gradients, in ``dtype`` on the CPU. Raises ValueError naming unexpected keys, missing
+        keys of this half or wrong shapes.
+        """
+        with torch.device("meta"):
+            module = cls(cfg, max_frames)
+        load_codec_weights(module, cfg, sd, dtype)
+        return module

@@ -111,18 +111,7 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
         try:
             if cancel.is_set():
                 return
-            stream = tts.stream(
-                checked.text,
-                chunk_frames=checked.chunk_frames,
-                first_chunk_frames=checked.first_chunk_frames,
-                seed=checked.seed,
-                temperature=checked.temperature,
-                top_k=checked.top_k,
-                top_p=checked.top_p,
-                max_frames=checked.max_frames,
-                voice=checked.voice,
-                on_frame=on_frame,
-            )
+            stream = tts.stream(checked.text, voice=checked.voice, on_frame=on_frame, **checked.stream_options())
             put(items.put_nowait, _STARTED)
             for chunk in stream:
                 put(items.put_nowait, chunk)
