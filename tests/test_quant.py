@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from audio8_coreai.backends.torch import TorchBackend
-from audio8_coreai.backends.torch.kernels import NBitsFeedForward, NBitsLinear, pack_nbits
+from audio8_coreai.backends.torch.kernels import NBits, NBitsFeedForward, NBitsLinear, pack_nbits
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.measure.agreement import CODEBOOK_BAR, SEMANTIC_BAR, Agreement, record, replay
@@ -68,7 +68,7 @@ def test_nbits_linear_fp32_compute_is_the_dequantized_product(bits):
     x = torch.randn(3, 1, 64)
     _, _, deq = pack_nbits(lin.weight, bits, 32)
     want = x @ torch.from_numpy(deq).T + lin.bias
-    got = NBitsLinear(lin, bits, 32, accuracy=0)(x)
+    got = NBitsLinear(lin, NBits(bits, 32, accuracy=0))(x)
     assert got.shape == (3, 1, 96)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -81,14 +81,14 @@ def test_sessions_load_from_a_temporary_file_and_from_bytes_alike(tmp_path, monk
     lin = _linear()
     x = torch.randn(2, 64)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    from_file = NBitsLinear(lin, 8, 32, pieces=2)(x)
+    from_file = NBitsLinear(lin, NBits(8, 32, pieces=2))(x)
     assert list(tmp_path.iterdir()) == []
 
     def unwritable(*args, **kwargs):
         raise PermissionError(13, "Permission denied", str(tmp_path))
 
     monkeypatch.setattr(tempfile, "TemporaryDirectory", unwritable)
-    from_bytes = NBitsLinear(lin, 8, 32, pieces=2)(x)
+    from_bytes = NBitsLinear(lin, NBits(8, 32, pieces=2))(x)
     assert torch.equal(from_file, from_bytes)
     assert from_file.shape == (2, 96)
 
@@ -100,10 +100,10 @@ def test_two_int8_pieces_are_16_bit_fixed_point():
     x[:, :2] *= 30  # outlier channels
     want = x.double() @ lin.weight.double().T + lin.bias.double()
     scale = want.abs().max()
-    err8 = ((NBitsLinear(lin, 8, 32)(x).double() - want).abs().max() / scale).item()
-    err16 = ((NBitsLinear(lin, 8, 32, pieces=2)(x).double() - want).abs().max() / scale).item()
+    err8 = ((NBitsLinear(lin, NBits(8, 32))(x).double() - want).abs().max() / scale).item()
+    err16 = ((NBitsLinear(lin, NBits(8, 32, pieces=2))(x).double() - want).abs().max() / scale).item()
     assert err16 < 2e-4 and err16 < err8 / 50
-    assert NBitsLinear(lin, 8, 32, pieces=2)(torch.zeros(1, 64)).sub(lin.bias).abs().max().item() == 0.0
+    assert NBitsLinear(lin, NBits(8, 32, pieces=2))(torch.zeros(1, 64)).sub(lin.bias).abs().max().item() == 0.0
 
 
 @pytest.mark.parametrize("lo_bits", [8, 4])
@@ -113,7 +113,7 @@ def test_many_rows_at_once_equal_rows_one_at_a_time(lo_bits):
     lin = _linear(n=96, k=128)
     x = torch.randn(32, 128)
     x[:, :2] *= 30  # outlier channels
-    q = NBitsLinear(lin, 8, 32, pieces=2, lo_bits=lo_bits)
+    q = NBitsLinear(lin, NBits(8, 32, pieces=2, lo_bits=lo_bits))
     together = q(x)
     alone = torch.cat([q(row[None]) for row in x])
     torch.testing.assert_close(together, alone, rtol=1e-6, atol=1e-5)
@@ -127,7 +127,7 @@ def test_feed_forward_in_one_session_matches_swiglu():
     ff = FeedForward(64, 128)
     x = torch.randn(2, 3, 64)
     want = ff(x)
-    got = NBitsFeedForward(ff, 8, 32, pieces=2)(x)
+    got = NBitsFeedForward(ff, NBits(8, 32, pieces=2))(x)
     assert got.shape == want.shape
     assert ((got - want).abs().max() / want.abs().max()).item() < 5e-4
 

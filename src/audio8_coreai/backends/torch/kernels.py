@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -74,192 +75,176 @@ def pack_nbits(weight: Tensor, bits: int, block: int) -> tuple[np.ndarray, np.nd
     return np.ascontiguousarray(codes.numpy()), scale.reshape(-1).numpy(), deq.numpy()
 
 
-def _session(nodes, inits, inputs, outputs, threads: int):
-    ort, helper, _, _ = _ort()
-    import onnx  # installed with onnxruntime's extra (_ort checked it)
+@dataclass(frozen=True)
+class NBits:
+    """A kernel's weight format: codes of ``bits`` (4 or 8) per weight, one fp32 scale per ``block`` input
+    channels; ``pieces`` 2 adds the weight's quantized residual in ``lo_bits`` and splits the input into two int8
+    pieces (16-bit fixed point per block, :meth:`_Graph.two_pieces`); ``accuracy`` is MatMulNBits's
+    ``accuracy_level`` (4 quantizes the input per block to int8 and multiplies in integers, the fast path; 0
+    dequantizes to fp32)."""
 
-    def model():  # a fresh proto each time: saving with external data rewrites the one it saves
-        graph = helper.make_graph(nodes, "audio8_linear", inputs, outputs, inits)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ORT_DOMAIN, 1)])
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    # A spinning pool fights other processes for the cores and measured up to 3x slower here under load.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    # No per-session arena: ~190 sessions would each keep their largest activation (prefill's); 0.45 GB here.
-    so.enable_cpu_mem_arena = False
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    providers = ["CPUExecutionProvider"]
-    # Loaded from a file whose weights are external data, ONNX Runtime maps them, prepacks them and drops the
-    # mapping; loaded from bytes it keeps a copy of every weight beside the prepacked form (measured per int8
-    # weight: 1.54 bytes resident against 2.64). The files go once the session holds what it needs; without a
-    # writable temporary folder the bytes still work, at the larger footprint.
-    try:
-        with tempfile.TemporaryDirectory(prefix="audio8-ort-", ignore_cleanup_errors=True) as folder:
-            path = os.path.join(folder, "graph.onnx")
-            onnx.save_model(
-                model(),
-                path,
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location="graph.data",
-                size_threshold=1024,
-            )
-            return ort.InferenceSession(path, so, providers=providers)
-    except OSError:
-        return ort.InferenceSession(model().SerializeToString(), so, providers=providers)
+    bits: int = 8
+    block: int = DEFAULT_BLOCK
+    pieces: int = 1
+    lo_bits: int = 8
+    accuracy: int = 4
 
 
-def _split16(helper, numpy_helper, name: str, x: str, out: str, k: int, block: int, inits: list, nodes: list) -> None:
-    """``out`` [2M, K] = ``x`` [M, K] as two rows each: ``hi`` on the int8 grid of its own block scale (max|q| =
-    127, so MatMulNBits's int8 quantization of it is exact to an ulp of the scale) and ``lo = x - hi``, which
-    MatMulNBits then quantizes at a 127x finer scale: 16-bit fixed point per block, from int8 arithmetic."""
+class _Graph:
+    """An ONNX graph being built: its nodes and initializers, and the session it becomes."""
 
-    def c(v, n: str) -> str:  # a named constant initializer
-        inits.append(numpy_helper.from_array(np.asarray(v), f"{name}_{n}"))
-        return f"{name}_{n}"
+    def __init__(self) -> None:
+        _, self.helper, self.tensor_proto, self.numpy_helper = _ort()
+        self.nodes: list = []
+        self.inits: list = []
 
-    shape3, shape2 = c(np.array([0, k // block, block], np.int64), "sh3"), c(np.array([-1, k], np.int64), "sh2")
-    q127, tiny = c(np.float32(127.0), "127"), c(np.float32(1e-30), "tiny")
-    lo_q, hi_q = c(np.float32(-127.0), "m127"), q127
+    def const(self, value, name: str) -> str:
+        """A named constant initializer; returns its name."""
+        self.inits.append(self.numpy_helper.from_array(np.asarray(value), name))
+        return name
 
-    def p(n: str) -> str:
-        return f"{name}_{n}"
+    def node(self, op: str, inputs: list[str], outputs: list[str], **attrs) -> None:
+        self.nodes.append(self.helper.make_node(op, inputs, outputs, **attrs))
 
-    nodes += [
-        helper.make_node("Reshape", [x, shape3], [p("xr")]),
-        helper.make_node("Abs", [p("xr")], [p("ax")]),
-        helper.make_node("ReduceMax", [p("ax")], [p("amax")], axes=[-1], keepdims=1),
-        helper.make_node("Div", [p("amax"), q127], [p("s0")]),
-        helper.make_node("Max", [p("s0"), tiny], [p("s")]),
-        helper.make_node("Div", [p("xr"), p("s")], [p("xs")]),
-        helper.make_node("Round", [p("xs")], [p("xq")]),
-        helper.make_node("Clip", [p("xq"), lo_q, hi_q], [p("xc")]),
-        helper.make_node("Mul", [p("xc"), p("s")], [p("hi")]),
-        helper.make_node("Sub", [p("xr"), p("hi")], [p("lo")]),
-        helper.make_node("Concat", [p("hi"), p("lo")], [p("x2r")], axis=0),
-        helper.make_node("Reshape", [p("x2r"), shape2], [out]),
-    ]
-
-
-def _matmul_nbits(
-    helper,
-    numpy_helper,
-    name: str,
-    x: str,
-    y: str,
-    weight: Tensor,
-    bias: Tensor | None,
-    bits: int,
-    block: int,
-    accuracy: int,
-    inits: list,
-    nodes: list,
-    pieces: int = 1,
-    lo_bits: int = 8,
-) -> None:
-    """``y = x @ weight.T (+ bias)`` as MatMulNBits. ``pieces`` 2: 16-bit fixed point from int8 kernels, see
-    :func:`_two_pieces`."""
-    n, k = weight.shape
-    codes, scales, deq = pack_nbits(weight, bits, block)
-    out = y if bias is None else f"{name}_ys"
-    if pieces == 2:
-        lo_codes, lo_scales, _ = pack_nbits(weight.detach().float().cpu() - torch.from_numpy(deq), lo_bits, block)
-        _two_pieces(
-            helper,
-            numpy_helper,
-            name,
-            x,
-            out,
-            (codes, scales, bits),
-            (lo_codes, lo_scales, lo_bits),
-            n,
-            k,
-            block,
-            accuracy,
-            inits,
-            nodes,
+    def matmul_nbits(
+        self, x: str, y: str, codes: np.ndarray, scales: np.ndarray, n: int, k: int, bits: int, fmt: NBits, name: str
+    ) -> None:
+        """One MatMulNBits node ``y = x @ w.T`` over packed ``codes`` and ``scales`` (named ``name_q``/``name_s``)."""
+        self.const(codes, f"{name}_q")
+        self.const(scales, f"{name}_s")
+        self.node(
+            "MatMulNBits",
+            [x, f"{name}_q", f"{name}_s"],
+            [y],
+            domain=ORT_DOMAIN,
+            K=k,
+            N=n,
+            bits=bits,
+            block_size=fmt.block,
+            accuracy_level=fmt.accuracy,
         )
-    else:
-        inits += [numpy_helper.from_array(codes, f"{name}_q"), numpy_helper.from_array(scales, f"{name}_s")]
-        nodes.append(
-            helper.make_node(
-                "MatMulNBits",
-                [x, f"{name}_q", f"{name}_s"],
-                [out],
-                domain=ORT_DOMAIN,
-                K=k,
-                N=n,
-                bits=bits,
-                block_size=block,
-                accuracy_level=accuracy,
-            )
+
+    def linear(self, name: str, x: str, y: str, weight: Tensor, bias: Tensor | None, fmt: NBits) -> None:
+        """``y = x @ weight.T (+ bias)`` in ``fmt`` (two pieces: see :meth:`two_pieces`)."""
+        n, k = weight.shape
+        codes, scales, deq = pack_nbits(weight, fmt.bits, fmt.block)
+        out = y if bias is None else f"{name}_ys"
+        if fmt.pieces == 2:
+            residual = weight.detach().float().cpu() - torch.from_numpy(deq)
+            lo_codes, lo_scales, _ = pack_nbits(residual, fmt.lo_bits, fmt.block)
+            self.two_pieces(name, x, out, (codes, scales), (lo_codes, lo_scales), n, k, fmt)
+        else:
+            self.matmul_nbits(x, out, codes, scales, n, k, fmt.bits, fmt, name)
+        if bias is not None:
+            self.const(bias.detach().float().cpu().numpy(), f"{name}_b")
+            self.node("Add", [out, f"{name}_b"], [y])
+
+    def split16(self, name: str, x: str, out: str, k: int, block: int) -> None:
+        """``out`` [2M, K] = ``x`` [M, K] as two rows each: ``hi`` on the int8 grid of its own block scale (max|q| =
+        127, so MatMulNBits's int8 quantization of it is exact to an ulp of the scale) and ``lo = x - hi``, which
+        MatMulNBits then quantizes at a 127x finer scale: 16-bit fixed point per block, from int8 arithmetic."""
+
+        def p(n: str) -> str:
+            return f"{name}_{n}"
+
+        shape3, shape2 = (
+            self.const(np.array([0, k // block, block], np.int64), p("sh3")),
+            self.const(np.array([-1, k], np.int64), p("sh2")),
         )
-    if bias is not None:
-        inits.append(numpy_helper.from_array(bias.detach().float().cpu().numpy(), f"{name}_b"))
-        nodes.append(helper.make_node("Add", [out, f"{name}_b"], [y]))
+        q127, tiny = self.const(np.float32(127.0), p("127")), self.const(np.float32(1e-30), p("tiny"))
+        lo_q = self.const(np.float32(-127.0), p("m127"))
+        for op, ins, outs, attrs in (
+            ("Reshape", [x, shape3], ["xr"], {}),
+            ("Abs", ["xr"], ["ax"], {}),
+            ("ReduceMax", ["ax"], ["amax"], {"axes": [-1], "keepdims": 1}),
+            ("Div", ["amax", q127], ["s0"], {}),
+            ("Max", ["s0", tiny], ["s"], {}),
+            ("Div", ["xr", "s"], ["xs"], {}),
+            ("Round", ["xs"], ["xq"], {}),
+            ("Clip", ["xq", lo_q, q127], ["xc"], {}),
+            ("Mul", ["xc", "s"], ["hi"], {}),
+            ("Sub", ["xr", "hi"], ["lo"], {}),
+            ("Concat", ["hi", "lo"], ["x2r"], {"axis": 0}),
+            ("Reshape", ["x2r", shape2], [out], {}),
+        ):
+            named = [v if v in (x, shape3, shape2, q127, tiny, lo_q, out) else p(v) for v in ins]
+            self.node(op, named, [v if v == out else p(v) for v in outs], **attrs)
 
+    def two_pieces(self, name: str, x: str, y: str, hi: tuple, lo: tuple, n: int, k: int, fmt: NBits) -> None:
+        """``y`` [M, N] = ``x`` [M, K] @ (w_hi + w_lo).T from int8 kernels: the weight as ``hi`` (codes, scales:
+        ``fmt.bits`` per block) plus ``lo``, its quantized residual (``fmt.lo_bits``; int8: 16-bit fixed point,
+        int4: 12-bit), and the input as :meth:`split16`'s x_hi + x_lo (16-bit fixed point per block).
 
-def _two_pieces(
-    helper,
-    numpy_helper,
-    name: str,
-    x: str,
-    y: str,
-    hi: tuple,
-    lo: tuple,
-    n: int,
-    k: int,
-    block: int,
-    accuracy: int,
-    inits: list,
-    nodes: list,
-) -> None:
-    """``y`` [M, N] = ``x`` [M, K] @ (w_hi + w_lo).T from int8 kernels: the weight as ``hi`` (codes, scales, bits:
-    int8 per block) plus ``lo``, its quantized residual (int8: 16-bit fixed point; int4: 12-bit), and the input as
-    :func:`_split16`'s x_hi + x_lo (16-bit fixed point per block).
+        Three products, ``(x_hi + x_lo) @ w_hi + x_hi @ w_lo``: the fourth, ``x_lo @ w_lo``, is under 1/127^2 of a
+        block's product and dropping it saves a quarter of the work, which at M > 1 (prefill) is the time (MLAS's
+        int8 kernel is compute-bound there). ``x_hi @ w_lo`` is fed ``x`` itself: the int8 quantization
+        MatMulNBits applies to its input per block is x_hi. Each weight piece is one node (ONNX Runtime prepacks
+        a weight once per consuming node)."""
 
-    Three products, ``(x_hi + x_lo) @ w_hi + x_hi @ w_lo``: the fourth, ``x_lo @ w_lo``, is under 1/127^2 of a
-    block's product and dropping it saves a quarter of the work, which at M > 1 (prefill) is the time: there MLAS's
-    int8 kernel is compute-bound (about 65 GMAC/s on one core here, about twice torch's fp32 GEMM at M = 32; its
-    time grows with the rows, and tiling N does not help: measured). ``x_hi @ w_lo`` is fed ``x`` itself:
-    the int8 quantization MatMulNBits applies to its input per block is x_hi. Each weight piece is one node
-    (ONNX Runtime prepacks a weight once per consuming node)."""
+        def p(s: str) -> str:
+            return f"{name}_{s}"
 
-    def p(s: str) -> str:
-        return f"{name}_{s}"
+        self.split16(p("a"), x, p("x2"), k, fmt.block)  # [x_hi; x_lo]: 2M rows
+        self.matmul_nbits(p("x2"), p("y_hi"), *hi, n, k, fmt.bits, fmt, p("hi"))
+        self.matmul_nbits(x, p("y_lo"), *lo, n, k, fmt.lo_bits, fmt, p("lo"))
+        # Split + Sum, not a ReduceSum over [2, M, N]: ONNX Runtime's reduction took ~10 % of a prefill pass.
+        self.node("Shape", [x], [p("m")], start=0, end=1)
+        self.node("Concat", [p("m"), p("m")], [p("halves")], axis=0)
+        self.node("Split", [p("y_hi"), p("halves")], [p("y_xhi"), p("y_xlo")], axis=0)
+        self.node("Sum", [p("y_xhi"), p("y_xlo"), p("y_lo")], [y])
 
-    _split16(helper, numpy_helper, p("a"), x, p("x2"), k, block, inits, nodes)  # [x_hi; x_lo]: 2M rows
-    for piece, rows, (codes, scales, bits) in (("hi", p("x2"), hi), ("lo", x, lo)):
-        inits += [numpy_helper.from_array(codes, p(f"q_{piece}")), numpy_helper.from_array(scales, p(f"s_{piece}"))]
-        nodes.append(
-            helper.make_node(
-                "MatMulNBits",
-                [rows, p(f"q_{piece}"), p(f"s_{piece}")],
-                [p(f"y_{piece}")],
-                domain=ORT_DOMAIN,
-                K=k,
-                N=n,
-                bits=bits,
-                block_size=block,
-                accuracy_level=accuracy,
-            )
-        )
-    # Split + Sum, not a ReduceSum over [2, M, N]: ONNX Runtime's reduction took ~10 % of a prefill pass.
-    nodes += [
-        helper.make_node("Shape", [x], [p("m")], start=0, end=1),
-        helper.make_node("Concat", [p("m"), p("m")], [p("halves")], axis=0),
-        helper.make_node("Split", [p("y_hi"), p("halves")], [p("y_xhi"), p("y_xlo")], axis=0),
-        helper.make_node("Sum", [p("y_xhi"), p("y_xlo"), p("y_lo")], [y]),
-    ]
+    def session(self, in_features: int, out_features: int, threads: int):
+        """The ONNX Runtime session of this graph: input ``x`` float32 [M, in_features], output ``y``."""
+        ort = _ort()[0]
+        import onnx  # installed with onnxruntime's extra (_ort checked it)
+
+        helper, fp = self.helper, self.tensor_proto.FLOAT
+        inputs = [helper.make_tensor_value_info("x", fp, ["M", in_features])]
+        outputs = [helper.make_tensor_value_info("y", fp, ["M", out_features])]
+
+        def model():  # a fresh proto each time: saving with external data rewrites the one it saves
+            graph = helper.make_graph(self.nodes, "audio8_linear", inputs, outputs, self.inits)
+            opsets = [helper.make_opsetid("", 17), helper.make_opsetid(ORT_DOMAIN, 1)]
+            return helper.make_model(graph, opset_imports=opsets)
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        # A spinning pool fights other processes for the cores and measured up to 3x slower here under load.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # No per-session arena: ~190 sessions would each keep their largest activation (prefill's); 0.45 GB here.
+        so.enable_cpu_mem_arena = False
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        providers = ["CPUExecutionProvider"]
+        # Loaded from a file whose weights are external data, ONNX Runtime maps them, prepacks them and drops the
+        # mapping; loaded from bytes it keeps a copy of every weight beside the prepacked form (measured per int8
+        # weight: 1.54 bytes resident against 2.64). The files go once the session holds what it needs; without a
+        # writable temporary folder the bytes still work, at the larger footprint.
+        try:
+            with tempfile.TemporaryDirectory(prefix="audio8-ort-", ignore_cleanup_errors=True) as folder:
+                path = os.path.join(folder, "graph.onnx")
+                onnx.save_model(
+                    model(),
+                    path,
+                    save_as_external_data=True,
+                    all_tensors_to_one_file=True,
+                    location="graph.data",
+                    size_threshold=1024,
+                )
+                return ort.InferenceSession(path, so, providers=providers)
+        except OSError:
+            return ort.InferenceSession(model().SerializeToString(), so, providers=providers)
 
 
 class OrtModule(nn.Module):
     """Runs a one-input, one-output ONNX Runtime session on float32 [..., in_features] -> [..., out_features];
-    ``weights`` is the number of weights one call reads."""
+    ``weights`` is the number of weights one call reads, ``fmt`` its weight format."""
 
     input_dtype = torch.float32
+
+    def __init__(self, in_features: int, out_features: int, fmt: NBits):
+        super().__init__()
+        self.in_features, self.out_features, self.fmt = in_features, out_features, fmt
 
     @property
     def weights(self) -> int:
@@ -271,61 +256,21 @@ class OrtModule(nn.Module):
         y = self._sess.run(None, {"x": a})[0]
         return torch.from_numpy(y).view(*lead, self.out_features).to(x.device, x.dtype)
 
+    def forward(self, x: Tensor) -> Tensor:
+        return self._run(x)
+
     def extra_repr(self) -> str:
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
-            f"block={self.block}, accuracy_level={self.accuracy}, pieces={self.pieces}"
-        )
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}"
 
 
 class NBitsLinear(OrtModule):
-    """``nn.Linear`` with ``bits``-bit block-quantized weights, run by ONNX Runtime's ``MatMulNBits``.
+    """``nn.Linear`` with block-quantized weights in format ``fmt``, run by ONNX Runtime's ``MatMulNBits``."""
 
-    ``accuracy`` is the operator's ``accuracy_level``: 4 quantizes the input per block to int8 and multiplies
-    in integers (VNNI), the fast path; 0 dequantizes to fp32.
-    """
-
-    def __init__(
-        self,
-        linear: nn.Linear,
-        bits: int = 8,
-        block: int = DEFAULT_BLOCK,
-        accuracy: int = 4,
-        threads: int = 1,
-        pieces: int = 1,
-        lo_bits: int = 8,
-    ):
-        super().__init__()
-        _, helper, tp, numpy_helper = _ort()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.bits, self.block, self.accuracy, self.pieces = bits, block, accuracy, pieces
-        nodes, inits = [], []
-        _matmul_nbits(
-            helper,
-            numpy_helper,
-            "l",
-            "x",
-            "y",
-            linear.weight,
-            linear.bias,
-            bits,
-            block,
-            accuracy,
-            inits,
-            nodes,
-            pieces,
-            lo_bits,
-        )
-        self._sess = _session(
-            nodes,
-            inits,
-            [helper.make_tensor_value_info("x", tp.FLOAT, ["M", self.in_features])],
-            [helper.make_tensor_value_info("y", tp.FLOAT, ["M", self.out_features])],
-            threads,
-        )
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self._run(x)
+    def __init__(self, linear: nn.Linear, fmt: NBits = NBits(), threads: int = 1):
+        super().__init__(linear.in_features, linear.out_features, fmt)
+        g = _Graph()
+        g.linear("l", "x", "y", linear.weight, linear.bias, fmt)
+        self._sess = g.session(self.in_features, self.out_features, threads)
 
 
 class NBitsFeedForward(OrtModule):
@@ -335,61 +280,20 @@ class NBitsFeedForward(OrtModule):
     weights are all three matrices.
     """
 
-    def __init__(
-        self,
-        ff: nn.Module,
-        bits: int = 8,
-        block: int = DEFAULT_BLOCK,
-        accuracy: int = 4,
-        threads: int = 1,
-        pieces: int = 1,
-        lo_bits: int = 8,
-    ):
-        super().__init__()
-        _, helper, tp, numpy_helper = _ort()
+    def __init__(self, ff: nn.Module, fmt: NBits = NBits(), threads: int = 1):
         dim, hidden = ff.w1.in_features, ff.w1.out_features
-        self.in_features = self.out_features = dim
+        super().__init__(dim, dim, fmt)
         self.hidden = hidden
-        self.bits, self.block, self.accuracy, self.pieces = bits, block, accuracy, pieces
-        nodes, inits = [], []
-        w13 = torch.cat([ff.w1.weight, ff.w3.weight])
-        _matmul_nbits(
-            helper, numpy_helper, "w13", "x", "h13", w13, None, bits, block, accuracy, inits, nodes, pieces, lo_bits
-        )
-        inits.append(numpy_helper.from_array(np.array([hidden, hidden], dtype=np.int64), "split"))
-        nodes += [
-            helper.make_node("Split", ["h13", "split"], ["a", "b"], axis=-1),
-            helper.make_node("Sigmoid", ["a"], ["sa"]),
-            helper.make_node("Mul", ["a", "sa"], ["silu"]),
-            helper.make_node("Mul", ["silu", "b"], ["g"]),
-        ]
-        _matmul_nbits(
-            helper,
-            numpy_helper,
-            "w2",
-            "g",
-            "y",
-            ff.w2.weight,
-            None,
-            bits,
-            block,
-            accuracy,
-            inits,
-            nodes,
-            pieces,
-            lo_bits,
-        )
-        self._sess = _session(
-            nodes,
-            inits,
-            [helper.make_tensor_value_info("x", tp.FLOAT, ["M", dim])],
-            [helper.make_tensor_value_info("y", tp.FLOAT, ["M", dim])],
-            threads,
-        )
+        g = _Graph()
+        g.linear("w13", "x", "h13", torch.cat([ff.w1.weight, ff.w3.weight]), None, fmt)
+        g.const(np.array([hidden, hidden], dtype=np.int64), "split")
+        g.node("Split", ["h13", "split"], ["a", "b"], axis=-1)
+        g.node("Sigmoid", ["a"], ["sa"])
+        g.node("Mul", ["a", "sa"], ["silu"])
+        g.node("Mul", ["silu", "b"], ["g"])
+        g.linear("w2", "g", "y", ff.w2.weight, None, fmt)
+        self._sess = g.session(dim, dim, threads)
 
     @property
     def weights(self) -> int:
         return 3 * self.in_features * self.hidden
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self._run(x)

@@ -8,10 +8,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...precision import DEFAULT_BLOCK, Precision
-from .kernels import NBitsFeedForward, NBitsLinear, QuantError
+from .kernels import NBits, NBitsFeedForward, NBitsLinear, QuantError
 
 KINDS = ("fp32", "int8", "int4", "int12", "int16")
 _NBITS = {"int8": (8, 1, 8), "int4": (4, 1, 8), "int12": (8, 2, 4), "int16": (8, 2, 8)}  # kind -> (bits, pieces, lo)
+
+
+def nbits(kind: str, block: int = DEFAULT_BLOCK) -> NBits:
+    """The kernel format of a weight ``kind`` (int8, int4, int12, int16) with ``block`` channels per scale."""
+    bits, pieces, lo = _NBITS[kind]
+    return NBits(bits, block, pieces, lo)
 
 
 def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int = 1) -> None:
@@ -28,18 +34,17 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
         return
     for blk in blocks:
         att, ff = blk.attention, blk.feed_forward
-        bits, pieces, lo = _NBITS[kind]
-        att.wqkv = NBitsLinear(att.wqkv, bits, block, threads=threads, pieces=pieces, lo_bits=lo)
-        att.wo = NBitsLinear(att.wo, bits, block, threads=threads, pieces=pieces, lo_bits=lo)
-        blk.feed_forward = NBitsFeedForward(ff, bits, block, threads=threads, pieces=pieces, lo_bits=lo)
+        fmt = nbits(kind, block)
+        att.wqkv = NBitsLinear(att.wqkv, fmt, threads)
+        att.wo = NBitsLinear(att.wo, fmt, threads)
+        blk.feed_forward = NBitsFeedForward(ff, fmt, threads)
 
 
 def quantize_linear(linear: nn.Linear, kind: str, block: int = DEFAULT_BLOCK, threads: int = 1) -> nn.Module:
     """One ``nn.Linear`` (a head) for ``kind``'s kernels (fp32: itself)."""
     if kind == "fp32":
         return linear
-    bits, pieces, lo = _NBITS[kind]
-    return NBitsLinear(linear, bits, block, threads=threads, pieces=pieces, lo_bits=lo)
+    return NBitsLinear(linear, nbits(kind, block), threads)
 
 
 class UpcastEmbedding(nn.Module):
