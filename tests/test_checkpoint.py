@@ -24,6 +24,7 @@ from audio8_coreai.checkpoint import (
 from audio8_coreai.config import CodecConfig
 from audio8_coreai.model.codec import CodecDecoder, codec_param_shapes
 from audio8_coreai.model.dualar import DualAR, dualar_param_shapes
+from audio8_coreai.model.layers import SpanKV
 
 PUBLISHER_FILES = ("config.json", "generation_config.json", "model.safetensors", "codec.pth")
 
@@ -137,7 +138,7 @@ def test_made_weights_give_a_working_model(tiny_checkpoint):
     pos = torch.arange(n)
     mask = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
     with torch.no_grad():
-        logits, hidden = model.slow(codes, pos[None], pos, mask, k, v)
+        logits, hidden = model.slow(codes, pos[None], k, v, SpanKV(0, None, mask))
     assert torch.isfinite(logits).all() and torch.isfinite(hidden).all()
     # eos is reachable: somewhere it ranks among the top-50 candidates the sampler draws from.
     eos_rank = (logits[0] > logits[0, :, cfg.eos_index :]).sum(dim=-1)

@@ -58,6 +58,22 @@ def _req(d: dict[str, Any], key: str, kind: type, where: str) -> Any:
 
 
 @dataclass(frozen=True)
+class BlockShape:
+    """One transformer block's sizes: width ``dim``, ``n_head`` query and ``n_kv`` KV heads of ``head_dim``, the
+    feed-forward's ``ffn`` width, which projections carry biases, whether q/k are normed, RMSNorm's ``eps``."""
+
+    dim: int
+    n_head: int
+    n_kv: int
+    head_dim: int
+    ffn: int
+    eps: float
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """The DualAR language model's sizes and special ids (the publisher's ``ArkttsConfig``).
 
@@ -103,6 +119,24 @@ class ModelConfig:
     codec_sample_rate: int = 44100
     codec_frame_size: int = 2048
     codec_filename: str = "codec.pth"
+
+    @property
+    def slow_block(self) -> BlockShape:
+        """The slow AR's block sizes."""
+        return self._block("")
+
+    @property
+    def fast_block(self) -> BlockShape:
+        """The fast AR's block sizes."""
+        return self._block("fast_")
+
+    def _block(self, prefix: str) -> BlockShape:
+        """The block sizes of the fields named with ``prefix`` (the publisher's convention: ``fast_`` for the
+        fast AR's)."""
+        names = ("dim", "n_head", "n_local_heads", "head_dim", "intermediate_size")
+        dim, n_head, n_kv, head_dim, ffn = (getattr(self, prefix + name) for name in names)
+        flags = (getattr(self, f"{prefix}attention_{name}") for name in ("qkv_bias", "o_bias", "qk_norm"))
+        return BlockShape(dim, n_head, n_kv, head_dim, ffn, self.norm_eps, *flags)
 
     @property
     def num_semantic(self) -> int:

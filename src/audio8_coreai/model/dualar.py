@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..config import BlockShape, ModelConfig
 from .layers import Block, KVStep, RMSNorm, SpanKV, rope_table
 
 
@@ -20,61 +20,31 @@ def dualar_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         "codebook_embeddings.weight": (cfg.codebook_size * cfg.num_codebooks, cfg.dim),
     }
 
-    def block(
-        prefix: str,
-        dim: int,
-        n_head: int,
-        n_kv: int,
-        head_dim: int,
-        ffn: int,
-        qkv_bias: bool,
-        o_bias: bool,
-        qk_norm: bool,
-    ) -> None:
-        qkv = (n_head + 2 * n_kv) * head_dim
-        shapes[f"{prefix}.attention.wqkv.weight"] = (qkv, dim)
-        if qkv_bias:
+    def block(prefix: str, s: BlockShape) -> None:
+        qkv = (s.n_head + 2 * s.n_kv) * s.head_dim
+        shapes[f"{prefix}.attention.wqkv.weight"] = (qkv, s.dim)
+        if s.qkv_bias:
             shapes[f"{prefix}.attention.wqkv.bias"] = (qkv,)
-        shapes[f"{prefix}.attention.wo.weight"] = (dim, n_head * head_dim)
-        if o_bias:
-            shapes[f"{prefix}.attention.wo.bias"] = (dim,)
-        if qk_norm:
-            shapes[f"{prefix}.attention.q_norm.weight"] = (head_dim,)
-            shapes[f"{prefix}.attention.k_norm.weight"] = (head_dim,)
-        shapes[f"{prefix}.feed_forward.w1.weight"] = (ffn, dim)
-        shapes[f"{prefix}.feed_forward.w3.weight"] = (ffn, dim)
-        shapes[f"{prefix}.feed_forward.w2.weight"] = (dim, ffn)
-        shapes[f"{prefix}.attention_norm.weight"] = (dim,)
-        shapes[f"{prefix}.ffn_norm.weight"] = (dim,)
+        shapes[f"{prefix}.attention.wo.weight"] = (s.dim, s.n_head * s.head_dim)
+        if s.o_bias:
+            shapes[f"{prefix}.attention.wo.bias"] = (s.dim,)
+        if s.qk_norm:
+            shapes[f"{prefix}.attention.q_norm.weight"] = (s.head_dim,)
+            shapes[f"{prefix}.attention.k_norm.weight"] = (s.head_dim,)
+        shapes[f"{prefix}.feed_forward.w1.weight"] = (s.ffn, s.dim)
+        shapes[f"{prefix}.feed_forward.w3.weight"] = (s.ffn, s.dim)
+        shapes[f"{prefix}.feed_forward.w2.weight"] = (s.dim, s.ffn)
+        shapes[f"{prefix}.attention_norm.weight"] = (s.dim,)
+        shapes[f"{prefix}.ffn_norm.weight"] = (s.dim,)
 
     for i in range(cfg.n_layer):
-        block(
-            f"layers.{i}",
-            cfg.dim,
-            cfg.n_head,
-            cfg.n_local_heads,
-            cfg.head_dim,
-            cfg.intermediate_size,
-            cfg.attention_qkv_bias,
-            cfg.attention_o_bias,
-            cfg.attention_qk_norm,
-        )
+        block(f"layers.{i}", cfg.slow_block)
     shapes["norm.weight"] = (cfg.dim,)
     if not cfg.tie_word_embeddings:
         shapes["output.weight"] = (cfg.vocab_size, cfg.dim)
     shapes["fast_embeddings.weight"] = (cfg.codebook_size, cfg.fast_dim)
     for j in range(cfg.n_fast_layer):
-        block(
-            f"fast_layers.{j}",
-            cfg.fast_dim,
-            cfg.fast_n_head,
-            cfg.fast_n_local_heads,
-            cfg.fast_head_dim,
-            cfg.fast_intermediate_size,
-            cfg.fast_attention_qkv_bias,
-            cfg.fast_attention_o_bias,
-            cfg.fast_attention_qk_norm,
-        )
+        block(f"fast_layers.{j}", cfg.fast_block)
     shapes["fast_norm.weight"] = (cfg.fast_dim,)
     shapes["fast_output.weight"] = (cfg.codebook_size, cfg.fast_dim)
     return shapes
@@ -92,19 +62,7 @@ class SlowAR(nn.Module):
         self.cfg = cfg
         self.embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.codebook_embeddings = nn.Embedding(cfg.codebook_size * cfg.num_codebooks, cfg.dim)
-        self.layers = nn.ModuleList(
-            Block(
-                cfg.dim,
-                cfg.n_head,
-                cfg.n_local_heads,
-                cfg.head_dim,
-                cfg.intermediate_size,
-                cfg.norm_eps,
-                cfg.attention_qkv_bias,
-                cfg.attention_o_bias,
-            )
-            for _ in range(cfg.n_layer)
-        )
+        self.layers = nn.ModuleList(Block(cfg.slow_block) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.num_semantic + 1, bias=False)
         self.register_buffer("rope", rope_table(cfg.max_seq_len, cfg.head_dim, cfg.rope_base), persistent=False)
@@ -165,19 +123,7 @@ class FastAR(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.fast_embeddings = nn.Embedding(cfg.codebook_size, cfg.fast_dim)
-        self.fast_layers = nn.ModuleList(
-            Block(
-                cfg.fast_dim,
-                cfg.fast_n_head,
-                cfg.fast_n_local_heads,
-                cfg.fast_head_dim,
-                cfg.fast_intermediate_size,
-                cfg.norm_eps,
-                cfg.fast_attention_qkv_bias,
-                cfg.fast_attention_o_bias,
-            )
-            for _ in range(cfg.n_fast_layer)
-        )
+        self.fast_layers = nn.ModuleList(Block(cfg.fast_block) for _ in range(cfg.n_fast_layer))
         self.fast_norm = RMSNorm(cfg.fast_dim, cfg.norm_eps)
         self.fast_output = nn.Linear(cfg.fast_dim, cfg.codebook_size, bias=False)
         self.register_buffer("rope", rope_table(cfg.num_codebooks, cfg.fast_head_dim, cfg.rope_base), persistent=False)

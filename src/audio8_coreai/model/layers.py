@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import BlockShape
+
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """``x * rsqrt(mean(x^2) + eps)`` in fp32, cast back to ``x.dtype``, then times ``weight``.
@@ -204,14 +206,12 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``."""
 
-    def __init__(
-        self, dim: int, n_head: int, n_kv: int, head_dim: int, ffn: int, eps: float, qkv_bias: bool, o_bias: bool
-    ):
+    def __init__(self, s: BlockShape):
         super().__init__()
-        self.attention = Attention(dim, n_head, n_kv, head_dim, qkv_bias, o_bias)
-        self.feed_forward = FeedForward(dim, ffn)
-        self.attention_norm = RMSNorm(dim, eps)
-        self.ffn_norm = RMSNorm(dim, eps)
+        self.attention = Attention(s.dim, s.n_head, s.n_kv, s.head_dim, s.qkv_bias, s.o_bias)
+        self.feed_forward = FeedForward(s.dim, s.ffn)
+        self.attention_norm = RMSNorm(s.dim, s.eps)
+        self.ffn_norm = RMSNorm(s.dim, s.eps)
 
     def forward(self, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor, kv: KVStep) -> Tensor:
         """One block over ``x`` [B, S, dim] with RoPE ``rope`` [B or 1, S, D/2, 2], writing this layer's keys and
