@@ -106,13 +106,13 @@ def test_prompt_heads_are_kept_and_give_the_same_state(tiny_tts):
     """The second prompt with a known head runs only its rest: the same logits and KV state as when the head
     was computed (bitwise), within float rounding of one sweep over the whole prompt, and the same audio."""
     backend = tiny_tts.backend
-    backend._heads.clear()
+    backend.forget_heads()
     prompt = tiny_tts.prompts.plain(TEXT)
     head = tiny_tts.prompts.prefix_length(prompt)
     assert 0 < head < prompt.shape[1]
     computed = backend.prefill(prompt)
     k_computed = backend.k_cache[:, :, :, : prompt.shape[1]].clone()
-    assert len(backend._heads) == 1
+    assert len(backend.kept_heads) == 1
     kept = backend.prefill(prompt)
     assert np.array_equal(computed[0], kept[0]) and np.array_equal(computed[1], kept[1])
     assert torch.equal(backend.k_cache[:, :, :, : prompt.shape[1]], k_computed)
@@ -131,15 +131,15 @@ def test_at_most_prefix_cache_heads_are_kept(tiny_tts):
     from audio8_coreai.backends.torch.backend import PREFIX_CACHE
 
     backend = tiny_tts.backend
-    backend._heads.clear()
+    backend.forget_heads()
     codes = np.zeros((10, 2), np.int64)
     prompts = [tiny_tts.prompts.clone(TEXT, f"Voice number {i}.", codes) for i in range(PREFIX_CACHE + 2)]
     for p in prompts:  # a voice per transcript: each its own head
         backend.prefill(p)
     heads = [p[:, : tiny_tts.prompts.prefix_length(p)].tobytes() for p in prompts]
-    assert list(backend._heads) == heads[2:]  # the least recently used went first
+    assert backend.kept_heads == heads[2:]  # the least recently used went first
     backend.prefill(tiny_tts.prompts.plain(TEXT))
-    assert len(backend._heads) == PREFIX_CACHE
+    assert len(backend.kept_heads) == PREFIX_CACHE
 
 
 def test_threads_take_turns_and_an_overtaken_stream_says_so(tiny_tts):
@@ -237,7 +237,7 @@ def test_text_whose_speech_would_pass_the_frame_budget_is_split_not_cut(tiny_tts
     """The prompt fits the context, the estimated speech does not fit the frame budget: synthesize splits it
     exactly as stream does (it used to run generate and stop at the cap)."""
     text = " ".join(["Words go here."] * 10)
-    assert tiny_tts._prompt(text, None).shape[1] < tiny_tts.config.max_seq_len  # one prompt would fit
+    assert tiny_tts.prompts.plain(text).shape[1] < tiny_tts.config.max_seq_len  # one prompt would fit
     assert not tiny_tts.fits_one_utterance(text)
     speech = tiny_tts.stream(text, seed=3, max_frames=4, chunk_frames=16, first_chunk_frames=16)
     streamed = np.concatenate(list(speech))

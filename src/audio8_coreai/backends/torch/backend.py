@@ -182,6 +182,15 @@ class TorchBackend(Backend):
         self.k_cache.zero_()
         self.v_cache.zero_()
 
+    @property
+    def kept_heads(self) -> list[bytes]:
+        """The prompt heads whose KV state is kept (the head's codes as int64 bytes), least recently used first."""
+        return list(self._heads)
+
+    def forget_heads(self) -> None:
+        """Drop every kept prompt head: the next prefill computes its head again."""
+        self._heads.clear()
+
     @torch.inference_mode()
     def prefill(
         self, prompt: np.ndarray, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None
