@@ -9,23 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio import read_reference
 from .backends.base import Backend, BackendError, EngineError, check_backend_choice, open_backend
 from .backends.torch import TorchBackend
 from .backends.torch.rows import FrameServer
 from .checkpoint import DEFAULT_MODEL, Checkpoint, CheckpointError, load_checkpoint
+from .cloning import VoiceCloning
 from .config import SamplingParams, check_int
 from .engine.batch import generate_batch
 from .engine.loop import frame_budget, generate
 from .engine.stream import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
 from .request import check_seed, sampling_config
-from .settings import DEFAULTS
 from .text import PromptBuilder, PromptError, PromptTooLong, check_text, load_tokenizer, split_text
-from .voices import Voice, VoiceError, VoiceStore, check_name, check_voice_choice, now_utc
-
-# A voice must leave room for this many frames (64 x 2048 samples = 3.0 s) after its clone prompt: a
-# reference that crowds out the speech is refused when registered, not discovered at every utterance.
-MIN_VOICE_FRAMES = DEFAULTS.min_voice_frames
+from .voices import Voice, VoiceStore
 
 
 @dataclass
@@ -59,7 +54,7 @@ class Synthesis:
         return total / self.duration_s if self.duration_s else float("inf")
 
 
-class TTS:
+class TTS(VoiceCloning):
     """Audio8-TTS-Preview-0.6b loaded from a checkpoint, ready to speak.
 
     Build with :meth:`load`. One utterance at a time per instance (the KV state is the backend's): calls from
@@ -361,57 +356,6 @@ class TTS:
             codec_thread=codec_thread,
         )
 
-    def voice_from_clip(self, audio: str | Path, text: str, name: str = "") -> Voice:
-        """A voice from a reference clip file and its transcript, not stored (see :meth:`register_voice`).
-
-        The clip is read by :func:`.audio.read_reference` (any libsndfile format and rate, mixed to mono,
-        resampled to 44.1 kHz, 0.5-30 s; its warnings land in ``Voice.warnings``) and encoded by this
-        checkpoint's codec into codes int64 [num_codebooks, ceil(N / 2048)].
-        Raises AudioError (unusable clip), PromptError (empty transcript), VoiceError (the clone prompt
-        would leave fewer than MIN_VOICE_FRAMES frames of the context; the message gives the numbers).
-        """
-        transcript = check_text(text, "reference text")
-        samples, info = read_reference(audio)
-        self._check_voice_room(-(-len(samples) // self.checkpoint.codec_config.frame_length), transcript)
-        codes = self.backend.encode(samples)
-        return Voice(
-            codes,
-            transcript,
-            info.sample_rate,
-            info.duration_s,
-            self.checkpoint.fingerprint(),
-            now_utc(),
-            name,
-            str(info.path.resolve()),
-            tuple(info.warnings),
-        )
-
-    def register_voice(
-        self,
-        name: str,
-        audio: str | Path,
-        text: str,
-        *,
-        store: VoiceStore | str | Path | None = None,
-        replace: bool = False,
-    ) -> Voice:
-        """Encode the clip ``audio`` with its transcript ``text`` and save it as voice ``name``.
-
-        ``store``: a VoiceStore or its folder (default :attr:`voices`); ``replace`` overwrites a voice of
-        that name (atomically). The name is checked before any work. Returns the stored :class:`Voice`.
-        Raises VoiceError (bad or taken name, unwritable store, reference too long for the context),
-        AudioError, PromptError as :meth:`voice_from_clip`.
-        """
-        if store is None:
-            store = self.voices
-        elif not isinstance(store, VoiceStore):
-            store = VoiceStore(store)
-        name = check_name(name)
-        store.check_new(name, replace)
-        voice = self.voice_from_clip(audio, text, name)
-        store.save(voice, replace=replace)
-        return voice
-
     def _split(self, text: str, voice: Voice | None) -> list[str]:
         """Checked ``text`` as the pieces :meth:`stream` speaks in ``voice``: each one's prompt plus its estimated
         speech (FRAMES_PER_TOKEN frames per text token) fits the context, and its frames the default frame
@@ -441,46 +385,3 @@ class TTS:
         if voice is None:
             return self.prompts.plain(text)
         return self.prompts.clone(text, voice.transcript, voice.codes)
-
-    def _voice(self, voice: str | Voice | None, ref_audio: str | Path | None, ref_text: str | None) -> Voice | None:
-        """The voice an utterance asks for (None: the plain prompt), checked against this checkpoint."""
-        check_voice_choice(voice, ref_audio, ref_text)
-        if ref_audio is not None:
-            return self.voice_from_clip(ref_audio, ref_text)
-        if voice is None:
-            return None
-        if isinstance(voice, str):
-            return self.voices.load(voice, self.checkpoint.fingerprint())
-        if not isinstance(voice, Voice):
-            raise VoiceError(f"voice must be a name or a Voice, got {type(voice).__name__}")
-        voice.check_checkpoint(self.checkpoint.fingerprint())
-        return voice
-
-    def _check_voice_room(self, frames: int, transcript: str) -> None:
-        """Raise VoiceError unless the clone prompt for a reference of ``frames`` code frames and a one-word
-        text leaves at least MIN_VOICE_FRAMES frames of ``max_seq_len`` (the slow AR's context holds prompt
-        and frames). Checked before encoding, from the sample count: a refusal costs no codec time."""
-        # The prompt's length without the reference: the template, the transcript and a one-token target.
-        one_frame = np.zeros((self.config.num_codebooks, 1), dtype=np.int64)
-        context = self.config.max_seq_len
-        try:
-            overhead = self.prompts.clone("a", transcript, one_frame).shape[1] - 1
-        except PromptTooLong:  # the transcript alone overfills the context
-            tokens = len(self.prompts.encode(transcript))
-            raise VoiceError(
-                f"the reference transcript is too long for this model: {tokens} tokens, while the "
-                f"model's context holds {context} positions for the whole prompt (reference and "
-                f"transcript included) and at least {MIN_VOICE_FRAMES} frames of speech; "
-                "use a shorter clip (0.5-30 s) with its transcript"
-            ) from None
-        room = context - overhead - frames
-        if room >= MIN_VOICE_FRAMES:
-            return
-        seconds = self.checkpoint.codec_config.frame_length / self.sample_rate
-        longest = max(0, context - overhead - MIN_VOICE_FRAMES)
-        raise VoiceError(
-            f"the reference clip is too long for this model: its {frames} frames ({frames * seconds:.1f} "
-            f"s) and the {overhead} tokens of prompt text leave {max(room, 0)} of the context's "
-            f"{context} positions for speech, under the {MIN_VOICE_FRAMES} a voice must leave; use a "
-            f"clip of at most {longest * seconds:.1f} s (or a shorter transcript)"
-        )
