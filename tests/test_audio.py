@@ -8,7 +8,8 @@ import soundfile as sf
 import soxr
 
 import clips
-from audio8_coreai.audio import AudioError, read_reference
+from audio8_coreai.audio import read_reference
+from audio8_coreai.errors import AudioError
 
 RATES = [8000, 16000, 22050, 44100, 48000]
 # (extension, subtype): 16/24-bit integer and float WAV, 16/24-bit FLAC (FLAC has no float samples).

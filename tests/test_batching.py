@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from audio8_coreai import TTS
-from audio8_coreai.backends.base import EngineError
 from audio8_coreai.engine.batch import BatchEngine, generate_batch
 from audio8_coreai.engine.loop import generate
+from audio8_coreai.errors import EngineError
 from audio8_coreai.model.frame import Frame
 
 TEXTS = (
@@ -137,8 +137,7 @@ def test_tts_generate_batch_equals_generate(tts_fp32):
 
 
 def test_tts_generate_batch_bad_input(tts_fp32):
-    from audio8_coreai.config import ConfigError
-    from audio8_coreai.text import PromptError
+    from audio8_coreai.errors import ConfigError, PromptError
 
     with pytest.raises(ValueError, match="one seed per text"):
         tts_fp32.generate_batch(["a", "b"], seeds=[1])

@@ -14,14 +14,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from audio8_coreai.checkpoint import (
-    CheckpointError,
-    derive_codec_config,
-    load_checkpoint,
-    make_checkpoint,
-    resolve_checkpoint,
-)
+from audio8_coreai.checkpoint import derive_codec_config, load_checkpoint, make_checkpoint, resolve_checkpoint
 from audio8_coreai.config import CodecConfig
+from audio8_coreai.errors import CheckpointError
 from audio8_coreai.model.codec import CodecDecoder, codec_param_shapes
 from audio8_coreai.model.dualar import DualAR, dualar_param_shapes
 from audio8_coreai.model.layers import SpanKV
@@ -334,7 +329,7 @@ def test_nan_weights_are_named_not_spoken(part, tiny_checkpoint, tmp_path):
     """Weights that pass every load check but hold NaN (a damaged download): the synthesis stops with the file to
     fetch again, never a 'try another seed' or a WAV of NaN."""
     from audio8_coreai import TTS
-    from audio8_coreai.checkpoint import CheckpointError
+    from audio8_coreai.errors import CheckpointError
 
     bad = tmp_path / "nan"
     shutil.copytree(tiny_checkpoint, bad)

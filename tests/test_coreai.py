@@ -34,16 +34,16 @@ else:
 from typer.testing import CliRunner
 
 from audio8_coreai import TTS
-from audio8_coreai.backends.base import BackendError, EngineError, StepInputs
-from audio8_coreai.backends.coreai import AssetError, CoreAIBackend, convert, read_manifest
+from audio8_coreai.backends.base import StepInputs
+from audio8_coreai.backends.coreai import CoreAIBackend, convert, read_manifest
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.cli import app
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.engine.loop import generate
+from audio8_coreai.errors import AssetError, BackendError, EngineError, PrecisionError
 from audio8_coreai.measure.oracle import load_fixture
 from audio8_coreai.measure.parity import replay_codec, replay_encoder, replay_forced, replay_single
-from audio8_coreai.precision import PrecisionError
 
 TEXT = "Hello there."  # 76 prompt columns with the tiny byte-level tokenizer: 52 frames fit a context of 128
 

@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from audio8_coreai.backends.base import BackendError, StepInputs
+from audio8_coreai.backends.base import StepInputs
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.backends.torch.cudagraphs import GRAPHS_KEPT, GraphedFrame
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
+from audio8_coreai.errors import BackendError
 from audio8_coreai.measure.parity import run_parity
 from audio8_coreai.tts import TTS
 

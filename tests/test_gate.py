@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.cli import app
+from audio8_coreai.errors import GateError
 from audio8_coreai.measure.gate import (
     DEFAULT_FIXTURES,
     ESPEAK_VOICES,
-    GateError,
     count_errors,
     espeak_clip,
     gumbel_margin,

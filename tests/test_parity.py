@@ -6,7 +6,7 @@ import pytest
 
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
-from audio8_coreai.measure.oracle import ParityError
+from audio8_coreai.errors import ParityError
 from audio8_coreai.measure.parity import run_parity
 
 # Steps the publisher ran per scenario, and the frames it emitted (oracle meta.json).

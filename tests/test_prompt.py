@@ -10,9 +10,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from audio8_coreai.config import ModelConfig
+from audio8_coreai.errors import PromptError
 from audio8_coreai.text import (
     PromptBuilder,
-    PromptError,
     build_qwen_tokenizer,
     build_tiny_tokenizer,
     check_text,

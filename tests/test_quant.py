@@ -15,11 +15,12 @@ from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.backends.torch.kernels import NBits, NBitsFeedForward, NBitsLinear, pack_nbits
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
+from audio8_coreai.errors import PrecisionError
 from audio8_coreai.measure.agreement import CODEBOOK_BAR, SEMANTIC_BAR, Agreement, record, replay
 from audio8_coreai.measure.parity import run_parity
 from audio8_coreai.model.frame import Frame, FrameInputs
 from audio8_coreai.model.layers import FeedForward
-from audio8_coreai.precision import PRECISIONS, PrecisionError, resolve_precision
+from audio8_coreai.precision import PRECISIONS, resolve_precision
 
 pytest.importorskip("onnxruntime")
 

@@ -18,8 +18,9 @@ from audio8_coreai.backends.base import RedecodeStream
 from audio8_coreai.cli import app
 from audio8_coreai.config import CodecConfig
 from audio8_coreai.engine.stream import DEFAULT_FIRST_CHUNK_FRAMES, PAUSE_S
+from audio8_coreai.errors import PromptError
 from audio8_coreai.model.codec import CodecDecoder, StreamingDecoder
-from audio8_coreai.text import PromptError, split_text
+from audio8_coreai.text import split_text
 
 EXACT = 1e-5  # the bar: streamed samples equal the whole-utterance decode's at fp32
 TEXT = "The meeting has been moved to Thursday afternoon."

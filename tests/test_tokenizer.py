@@ -10,10 +10,10 @@ import unicodedata
 import pytest
 from tokenizers import Tokenizer
 
+from audio8_coreai.errors import TokenizerError
 from audio8_coreai.text.tokenizer import (
     QWEN_SPECIAL_IDS,
     TINY_SPECIAL_IDS,
-    TokenizerError,
     build_qwen_tokenizer,
     build_tiny_tokenizer,
     load_tokenizer,

@@ -6,12 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from audio8_coreai.backends.base import EngineError
-from audio8_coreai.config import ConfigError
+from audio8_coreai.errors import ConfigError, EngineError, PromptError, VoiceError
 from audio8_coreai.request import check_request
 from audio8_coreai.settings import DEFAULTS
-from audio8_coreai.text import PromptError
-from audio8_coreai.voices import VoiceError
 
 TEXT = "The meeting has been moved to Thursday afternoon."
 
@@ -247,11 +244,7 @@ def test_text_whose_speech_would_pass_the_frame_budget_is_split_not_cut(tiny_tts
 
 def test_every_error_class_is_an_audio8_error_and_exported(tiny_checkpoint, tiny_tts):
     import audio8_coreai
-    from audio8_coreai.backends.coreai import AssetError
-    from audio8_coreai.backends.torch.kernels import QuantError
-    from audio8_coreai.measure.gate import GateError
-    from audio8_coreai.measure.oracle import ParityError
-    from audio8_coreai.text import TokenizerError
+    from audio8_coreai.errors import AssetError, GateError, ParityError, QuantError, TokenizerError
 
     exported = [getattr(audio8_coreai, n) for n in audio8_coreai.__all__ if n.endswith("Error")]
     assert len(exported) == 8

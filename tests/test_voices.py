@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 import clips
-from audio8_coreai.audio import AudioError
-from audio8_coreai.text import PromptError
-from audio8_coreai.voices import Voice, VoiceError, VoiceStore, check_name, default_voices_dir
+from audio8_coreai.errors import AudioError, PromptError, VoiceError
+from audio8_coreai.voices import Voice, VoiceStore, check_name, default_voices_dir
 
 TEXT = "The meeting has been moved to Thursday afternoon."
 

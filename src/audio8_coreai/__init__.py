@@ -14,14 +14,18 @@ Every error raised on purpose is an :class:`Audio8Error` (ConfigError, Checkpoin
 VoiceError, EngineError, BackendError are exported here too); its message says what to change.
 """
 
-from .audio import AudioError
-from .backends.base import BackendError, EngineError
-from .checkpoint import CheckpointError
-from .config import ConfigError
-from .errors import Audio8Error
-from .text import PromptError
+from .errors import (
+    Audio8Error,
+    AudioError,
+    BackendError,
+    CheckpointError,
+    ConfigError,
+    EngineError,
+    PromptError,
+    VoiceError,
+)
 from .tts import TTS, Synthesis
-from .voices import Voice, VoiceError, VoiceStore
+from .voices import Voice, VoiceStore
 
 __all__ = [
     "TTS",

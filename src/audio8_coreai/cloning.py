@@ -10,9 +10,10 @@ from .audio import read_reference
 from .backends.base import Backend
 from .checkpoint import Checkpoint
 from .config import ModelConfig
+from .errors import PromptTooLong, VoiceError
 from .settings import DEFAULTS
-from .text import PromptBuilder, PromptTooLong, check_text
-from .voices import Voice, VoiceError, VoiceStore, check_name, check_voice_choice, now_utc
+from .text import PromptBuilder, check_text
+from .voices import Voice, VoiceStore, check_name, check_voice_choice, now_utc
 
 # A voice must leave room for this many frames (64 x 2048 samples = 3.0 s) after its clone prompt: a
 # reference that crowds out the speech is refused when registered, not discovered at every utterance.

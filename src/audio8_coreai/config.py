@@ -14,19 +14,9 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import Audio8Error
+from .errors import ConfigError
 
 MODEL_TYPE = "arktts"
-
-
-class ConfigError(Audio8Error, ValueError):
-    """A config file is missing a key, has a wrong type or describes another model, or a setting is out of
-    range; ``field`` names that setting when there is one (``temperature``, ``seed``...), for the HTTP error's
-    ``param``."""
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.field = field
 
 
 def check_int(value: Any, name: str, minimum: int = 1) -> int:

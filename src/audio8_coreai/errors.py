@@ -1,10 +1,83 @@
-"""The base of every error this package raises on purpose.
+"""Every error this package raises on purpose: :class:`Audio8Error` and its subclasses, one taxonomy.
 
-Each module keeps its own error class (ConfigError, CheckpointError, PromptError, AudioError, VoiceError,
-EngineError, BackendError, ...), all subclasses of :class:`Audio8Error`, so a caller can catch them in one
-``except`` and show the message, which says what to do. Anything else escaping the package is a bug.
+A caller catches them in one ``except Audio8Error`` (the CLI and the server do) and shows the message, which
+says what to do. Anything else escaping the package is a bug.
 """
+
+from __future__ import annotations
 
 
 class Audio8Error(Exception):
     """An input, file or setting this package cannot use; the message names it and what to change."""
+
+
+class ConfigError(Audio8Error, ValueError):
+    """A config file is missing a key, has a wrong type or describes another model, or a setting is out of
+    range; ``field`` names that setting when there is one (``temperature``, ``seed``...), for the HTTP error's
+    ``param``."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+class CheckpointError(Audio8Error):
+    """A checkpoint cannot be found, read or used; the message names the file and what to do."""
+
+
+class PrecisionError(Audio8Error, ValueError):
+    """A precision name that does not exist, or that the chosen runtime does not run."""
+
+
+class PromptError(Audio8Error, ValueError):
+    """The text, reference or prompt length cannot make a valid prompt; the message says what to change."""
+
+
+class PromptTooLong(PromptError):
+    """A well-formed prompt that, with the frames asked for, does not fit the context (``max_seq_len``)."""
+
+
+class TokenizerError(Audio8Error, ValueError):
+    """A tokenizer file is missing or unreadable, or a rebuilt tokenizer came out inconsistent."""
+
+
+class AudioError(Audio8Error, ValueError):
+    """An audio file cannot be written (or read) as asked; the message says what to do."""
+
+
+class VoiceError(Audio8Error, ValueError):
+    """A voice cannot be named, saved, found, read or used as asked; the message says what to do."""
+
+
+class DamagedVoice(VoiceError):
+    """A stored voice file that cannot be read (damaged, or written by a newer version); ``name`` is the voice's.
+    The message gives the file and the CLI's remedy; a server says its own (its clients see no paths)."""
+
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
+        self.name = name
+
+
+class BackendError(Audio8Error, ValueError):
+    """A device, precision, backend or asset folder that cannot be used as asked."""
+
+
+class EngineError(Audio8Error, ValueError):
+    """An utterance that cannot be generated as asked (it does not fit the context, or its stream was
+    overtaken by another utterance on the same backend)."""
+
+
+class AssetError(BackendError):
+    """A Core AI asset folder that is missing, incomplete, stale, or converted from another checkpoint."""
+
+
+class QuantError(Audio8Error, RuntimeError):
+    """The low-precision kernels are unavailable (onnxruntime missing) or a shape does not fit them."""
+
+
+class ParityError(Audio8Error, ValueError):
+    """The fixture file is missing, unreadable or was recorded for another checkpoint."""
+
+
+class GateError(Audio8Error, ValueError):
+    """The gate cannot run as asked (bad fixtures file, no espeak-ng for a clip, missing extra)."""

@@ -13,14 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import Audio8Error
+from .errors import PrecisionError
 
 DEFAULT_BLOCK = 32
 """Input channels per quantization block (one fp32 scale each)."""
-
-
-class PrecisionError(Audio8Error, ValueError):
-    """A precision name that does not exist, or that the chosen runtime does not run."""
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError, GenerationConfig, check_int, check_number
+from .config import GenerationConfig, check_int, check_number
+from .errors import ConfigError, VoiceError
 from .settings import DEFAULTS
 from .text import check_text
-from .voices import Voice, VoiceError, check_name, check_voice_choice
+from .voices import Voice, check_name, check_voice_choice
 
 
 def check_seed(seed: int | None) -> int:

@@ -9,17 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends.base import Backend, BackendError, EngineError, check_backend_choice, open_backend
+from .backends.base import Backend, check_backend_choice, open_backend
 from .backends.torch import TorchBackend
 from .backends.torch.rows import FrameServer
-from .checkpoint import DEFAULT_MODEL, Checkpoint, CheckpointError, load_checkpoint
+from .checkpoint import DEFAULT_MODEL, Checkpoint, load_checkpoint
 from .cloning import VoiceCloning
 from .config import SamplingParams, check_int
 from .engine.batch import generate_batch
 from .engine.loop import frame_budget, generate
 from .engine.stream import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
+from .errors import BackendError, CheckpointError, EngineError, PromptError, PromptTooLong
 from .request import check_seed, sampling_config
-from .text import PromptBuilder, PromptError, PromptTooLong, check_text, load_tokenizer, split_text
+from .text import PromptBuilder, check_text, load_tokenizer, split_text
 from .voices import Voice, VoiceStore
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import platformdirs
 
-from .audio import AudioError, publish
-from .errors import Audio8Error
+from .audio import publish
+from .errors import AudioError, DamagedVoice, VoiceError
 
 FORMAT = 1  # the on-disk format version in ``meta``; a newer file is refused rather than misread
 SUFFIX = ".npz"
@@ -42,19 +42,6 @@ _NAME_RULE = (
     "a voice name is 1 to 64 letters, digits, spaces, '_', '-' or '.', starting with a letter, digit "
     "or '_' (no path separators, no '..')"
 )
-
-
-class VoiceError(Audio8Error, ValueError):
-    """A voice cannot be named, saved, found, read or used as asked; the message says what to do."""
-
-
-class DamagedVoice(VoiceError):
-    """A stored voice file that cannot be read (damaged, or written by a newer version); ``name`` is the voice's.
-    The message gives the file and the CLI's remedy; a server says its own (its clients see no paths)."""
-
-    def __init__(self, message: str, name: str):
-        super().__init__(message)
-        self.name = name
 
 
 # File names Windows keeps for devices (with any extension): a voice store should copy to any disk.

@@ -1,7 +1,7 @@
 """Audio in and out: reference clips read and checked, speech written to files (one atomic publish) or encoded."""
 
+from ..errors import AudioError
 from .encode import MEDIA_TYPES, SPEECH_FORMATS, STREAMABLE_FORMATS, SpeechEncoder, check_speech_format, encode_speech
-from .errors import AudioError
 from .files import check_writable, open_audio_writer, partial_path, publish, write_audio
 from .reference import REFERENCE_RATE, ReferenceInfo, read_reference
 

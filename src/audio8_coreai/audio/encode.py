@@ -8,7 +8,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from .errors import AudioError
+from ..errors import AudioError
 
 # Encoded speech for the HTTP API (OpenAI's response_format names). libsndfile (through soundfile) encodes them
 # all: MP3 with LAME since libsndfile 1.1, Opus in Ogg since 1.0.29; a build without them gets a clear error.

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from .errors import AudioError
+from ..errors import AudioError
 
 # Formats written by extension; soundfile (libsndfile) encodes them all.
 WRITE_FORMATS = {".wav": ("WAV", "FLOAT"), ".flac": ("FLAC", "PCM_24"), ".ogg": ("OGG", "VORBIS")}

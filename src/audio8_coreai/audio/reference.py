@@ -10,7 +10,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from .errors import AudioError
+from ..errors import AudioError
 
 # Reference clips for voice cloning. The publisher's processor takes any length and level (SPEC.md section 9);
 # these limits are ours (DESIGN.md pipeline, issue 4): under half a second there is too little of the voice to

@@ -20,16 +20,7 @@ import numpy as np
 
 from ..checkpoint import Checkpoint
 from ..config import ModelConfig, SamplingParams
-from ..errors import Audio8Error
-
-
-class BackendError(Audio8Error, ValueError):
-    """A device, precision, backend or asset folder that cannot be used as asked."""
-
-
-class EngineError(Audio8Error, ValueError):
-    """An utterance that cannot be generated as asked (it does not fit the context, or its stream was
-    overtaken by another utterance on the same backend)."""
+from ..errors import BackendError, EngineError
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Checkpoints in the publisher's folder layout: find (folder or hub id), validate before any allocation, load
 weights safely, write random ones for tests and benchmarks."""
 
-from .layout import CODEC_SPEC_FILE, CONFIG_FILE, DEFAULT_MODEL, GENERATION_FILE, MODEL_FILE, CheckpointError
+from ..errors import CheckpointError
+from .layout import CODEC_SPEC_FILE, CONFIG_FILE, DEFAULT_MODEL, GENERATION_FILE, MODEL_FILE
 from .load import Checkpoint, load_checkpoint
 from .locate import resolve_checkpoint
 from .random import make_checkpoint

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 from ..config import ModelConfig
-from ..errors import Audio8Error
 
 DEFAULT_MODEL = "Audio8/Audio8-TTS-Preview-0.6b"
 
@@ -28,10 +27,6 @@ FOLDER_CONTENTS = (
     "config.json, model.safetensors and codec.pth (or codec.safetensors); "
     "tokenizer.json, tokenizer_config.json and generation_config.json are used when present"
 )
-
-
-class CheckpointError(Audio8Error):
-    """A checkpoint cannot be found, read or used; the message names the file and what to do."""
 
 
 def checkpoint_files(weights: bool = True, codec: bool = True) -> list[str]:

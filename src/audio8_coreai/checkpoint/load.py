@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..config import MODEL_TYPE, CodecConfig, ConfigError, GenerationConfig, ModelConfig
+from ..config import MODEL_TYPE, CodecConfig, GenerationConfig, ModelConfig
+from ..errors import CheckpointError, ConfigError
 from ..model.codec import codec_param_shapes
 from ..model.dualar import dualar_param_shapes
 from .layout import (
@@ -27,7 +28,6 @@ from .layout import (
     GENERATION_FILE,
     MODEL_FILE,
     TOKENIZER_FILES,
-    CheckpointError,
 )
 from .locate import resolve_checkpoint
 from .read import codec_tensors, read_json, safetensors_shapes

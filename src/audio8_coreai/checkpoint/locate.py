@@ -6,7 +6,8 @@ import os
 import re
 from pathlib import Path
 
-from .layout import DEFAULT_MODEL, FOLDER_CONTENTS, CheckpointError, checkpoint_files
+from ..errors import CheckpointError
+from .layout import DEFAULT_MODEL, FOLDER_CONTENTS, checkpoint_files
 
 # Hub ids are "owner/name"; anything else that does not exist on disk is a mistyped path.
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")

@@ -23,10 +23,11 @@ from safetensors.torch import save_file
 
 from ..audio.files import staged_folder
 from ..config import CodecConfig, ModelConfig
+from ..errors import CheckpointError, TokenizerError
 from ..model.codec import codec_param_shapes
 from ..model.dualar import dualar_param_shapes
-from ..text import TokenizerError, build_qwen_tokenizer, build_tiny_tokenizer, write_tokenizer_files
-from .layout import CODEC_SPEC_FILE, CONFIG_FILE, GENERATION_FILE, MODEL_FILE, CheckpointError
+from ..text import build_qwen_tokenizer, build_tiny_tokenizer, write_tokenizer_files
+from .layout import CODEC_SPEC_FILE, CONFIG_FILE, GENERATION_FILE, MODEL_FILE
 from .load import load_checkpoint
 
 # Random-init scales, from the oracle's meta.json (embed_std 0.3, linear_std 0.1, eos_boost 2.0, at dim 64).

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
+from ..errors import CheckpointError
 from ..model.codec import normalize_codec_state_dict
-from .layout import FOLDER_CONTENTS, CheckpointError
+from .layout import FOLDER_CONTENTS
 from .validate import MAX_LISTED
 
 _SAFETENSORS_DTYPES = {

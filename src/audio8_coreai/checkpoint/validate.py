@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..config import CodecConfig, QuantizerTransformerConfig
-from .layout import CheckpointError
+from ..errors import CheckpointError
 
 MAX_LISTED = 5  # mismatches named in one message; the totals say how many more there are
 

@@ -9,9 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ..backends.base import BackendError
 from ..checkpoint import DEFAULT_MODEL
-from ..config import ConfigError
+from ..errors import BackendError, ConfigError
 from ..settings import DEFAULTS
 from .app import AssetsOpt, BackendOpt, DeviceOpt, ModelOpt, app, err, friendly, out
 

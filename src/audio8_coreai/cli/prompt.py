@@ -9,8 +9,8 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from ..checkpoint import DEFAULT_MODEL, CheckpointError
-from ..text import PromptError
+from ..checkpoint import DEFAULT_MODEL
+from ..errors import CheckpointError, PromptError
 from .app import ModelOpt, app, friendly, out
 
 

@@ -9,9 +9,8 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..audio import AudioError
-from ..backends.base import EngineError
 from ..checkpoint import DEFAULT_MODEL
+from ..errors import AudioError, EngineError
 from ..settings import DEFAULTS
 from .app import (
     AssetsOpt,

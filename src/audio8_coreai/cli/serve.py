@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..checkpoint import DEFAULT_MODEL
-from ..config import ConfigError
+from ..errors import ConfigError
 from ..settings import DEFAULTS
 from .app import AssetsOpt, BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, ModelOpt, VoicesOpt, app, err, friendly
 

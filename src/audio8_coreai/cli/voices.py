@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ..checkpoint import DEFAULT_MODEL
-from ..voices import VoiceError
+from ..errors import VoiceError
 from .app import DeviceOpt, ModelOpt, VoicesOpt, app, err, friendly, out, print_warnings
 
 voice_app = typer.Typer(

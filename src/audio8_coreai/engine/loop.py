@@ -17,8 +17,9 @@ from typing import Protocol
 
 import numpy as np
 
-from ..backends.base import Backend, EngineError, FrameResult, StepInputs
+from ..backends.base import Backend, FrameResult, StepInputs
 from ..config import ModelConfig, SamplingParams, check_int
+from ..errors import EngineError
 from ..sampling import NoiseSource, RasWindow
 
 

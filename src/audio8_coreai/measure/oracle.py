@@ -16,11 +16,7 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..config import SamplingParams
-from ..errors import Audio8Error
-
-
-class ParityError(Audio8Error, ValueError):
-    """The fixture file is missing, unreadable or was recorded for another checkpoint."""
+from ..errors import ParityError
 
 
 def load_fixture(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:

@@ -28,10 +28,11 @@ from ..backends.base import FrameResult
 from ..backends.torch import TorchBackend, frame_result
 from ..config import SamplingParams
 from ..engine.loop import generate
+from ..errors import ParityError
 from ..model.frame import FrameInputs
 from ..model.layers import IndexKV, causal_cache_mask
 from ..settings import DEFAULTS
-from .oracle import ParityError, _forced, _item_prompt, _params, _RecordedNoise, _step_noise, load_fixture
+from .oracle import _forced, _item_prompt, _params, _RecordedNoise, _step_noise, load_fixture
 from .replay import replay
 from .stats import cosine
 

@@ -15,9 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from ..config import ConfigError
-from ..errors import Audio8Error
-from ..voices import DamagedVoice
+from ..errors import Audio8Error, ConfigError, DamagedVoice
 
 ROUTES = "POST /v1/audio/speech, GET and POST /v1/voices, DELETE /v1/voices/NAME, GET /health, GET /metrics"
 

@@ -9,8 +9,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from ..audio import SPEECH_FORMATS, AudioError, check_speech_format
-from ..voices import VoiceError, check_name
+from ..audio import SPEECH_FORMATS, check_speech_format
+from ..errors import AudioError, VoiceError
+from ..voices import check_name
 
 SpeechFormat = Literal[SPEECH_FORMATS]  # wav | pcm | flac | mp3 | opus
 

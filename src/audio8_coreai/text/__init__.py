@@ -1,9 +1,10 @@
 """Text in: the tokenizers, text checks, the long-text splitter and the [num_codebooks + 1, P] prompt builder."""
 
-from .checks import PromptError, check_text, clean_text
-from .prompt import PromptBuilder, PromptTooLong
+from ..errors import PromptError, PromptTooLong, TokenizerError
+from .checks import check_text, clean_text
+from .prompt import PromptBuilder
 from .split import split_text
-from .tokenizer import TokenizerError, build_qwen_tokenizer, build_tiny_tokenizer, load_tokenizer, write_tokenizer_files
+from .tokenizer import build_qwen_tokenizer, build_tiny_tokenizer, load_tokenizer, write_tokenizer_files
 
 __all__ = [
     "PromptBuilder",

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from ..errors import Audio8Error
-
-
-class PromptError(Audio8Error, ValueError):
-    """The text, reference or prompt length cannot make a valid prompt; the message says what to change."""
+from ..errors import PromptError
 
 
 def clean_text(text: str) -> str:

@@ -19,7 +19,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..config import ModelConfig
-from .checks import PromptError, check_text, clean_text
+from ..errors import PromptError, PromptTooLong
+from .checks import check_text, clean_text
 from .tokenizer import IM_END, IM_START, VOICE
 
 # Template segments, verbatim from the publisher's processor (SPEC.md section 5).
@@ -35,10 +36,6 @@ ASSISTANT_VOICE = "<|im_start|>assistant\n<|voice|>"
 # ``\d`` as in the publisher's Python regex (Unicode decimal digits).
 SPEAKER_TAG = re.compile(r"<\|speaker:\d+\|>")
 DEFAULT_SPEAKER = "<|speaker:0|>"
-
-
-class PromptTooLong(PromptError):
-    """A well-formed prompt that, with the frames asked for, does not fit the context (``max_seq_len``)."""
 
 
 class PromptBuilder:

@@ -6,7 +6,8 @@ import re
 import unicodedata
 from collections.abc import Callable
 
-from .checks import PromptError, check_text
+from ..errors import PromptError
+from .checks import check_text
 
 # A Latin mark ends a piece only before a space or the end ("3.14", "3,5", "e.g.x" and "U.S.A" stay whole); a
 # CJK mark ends one wherever it is, since CJK text has no spaces. Closing quotes and brackets stay with the mark

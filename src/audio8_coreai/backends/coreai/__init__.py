@@ -9,8 +9,9 @@ The converter: ``weights`` (the modules in a precision), ``export`` (the asset f
 ``manifest`` (the asset folder's format, the dualar contract and the manifest each asset carries).
 """
 
+from ...errors import AssetError
 from .convert import convert
-from .manifest import DECODER_FRAMES, ENCODER_FRAMES, PARTS, AssetError, read_manifest
+from .manifest import DECODER_FRAMES, ENCODER_FRAMES, PARTS, read_manifest
 from .runtime import CoreAIBackend
 
 __all__ = ["DECODER_FRAMES", "ENCODER_FRAMES", "PARTS", "AssetError", "CoreAIBackend", "convert", "read_manifest"]

@@ -11,6 +11,7 @@ from typing import Any
 from ...audio.files import staged_folder
 from ...checkpoint import Checkpoint, load_checkpoint
 from ...config import SamplingParams
+from ...errors import AssetError
 from ...model.frame import PREFILL_WIDTH
 from ...precision import resolve_precision
 from .export import AssetFunction, decoder_function, dualar_functions, encoder_function, export_function
@@ -19,7 +20,6 @@ from .manifest import (
     DUALAR_FUNCTIONS,
     ENCODER_FRAMES,
     PARTS,
-    AssetError,
     asset_metadata,
     decoder_context,
     function_contract,

@@ -47,8 +47,8 @@ from typing import Any
 from torch import Tensor
 
 from ...checkpoint import CODEC_SPEC_FILE, CONFIG_FILE, GENERATION_FILE, Checkpoint
+from ...errors import AssetError, BackendError
 from ...settings import DEFAULTS
-from ..base import BackendError
 
 FORMAT = 1  # bump when the graphs, their contract or the manifest change: older folders are then refused
 MANIFEST_KEY = "audio8"
@@ -62,10 +62,6 @@ DECODER_STEP = 32  # new frames per window when an utterance is longer than the 
 
 # coreai-torch compares torch's version as a string: "2.13.0+cpu" reads as newer than its validated 2.13.0.
 warnings.filterwarnings("ignore", message="coreai-torch has only been validated", category=UserWarning)
-
-
-class AssetError(BackendError):
-    """A Core AI asset folder that is missing, incomplete, stale, or converted from another checkpoint."""
 
 
 def require_coreai() -> None:

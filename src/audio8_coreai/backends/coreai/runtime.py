@@ -17,9 +17,10 @@ import numpy as np
 
 from ...checkpoint import Checkpoint
 from ...config import ModelConfig, SamplingParams
+from ...errors import AssetError, BackendError
 from ...model.frame import PREFILL_WIDTH
-from ..base import Backend, BackendError, CodecStream, FrameResult, RedecodeStream, StepInputs
-from .manifest import DUALAR_FUNCTIONS, AssetError, checked_manifest, require_coreai
+from ..base import Backend, CodecStream, FrameResult, RedecodeStream, StepInputs
+from .manifest import DUALAR_FUNCTIONS, checked_manifest, require_coreai
 
 
 def _specialization() -> Any:

@@ -13,14 +13,14 @@ import torch
 
 from ...checkpoint import Checkpoint, require_finite
 from ...config import ModelConfig, SamplingParams
+from ...errors import BackendError, QuantError
 from ...model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ...model.dualar import DualAR
 from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
 from ...precision import default_precision, resolve_precision
 from ...settings import DEFAULTS
-from ..base import Backend, BackendError, FrameResult, StepInputs
+from ..base import Backend, FrameResult, StepInputs
 from .cudagraphs import GraphedFrame
-from .kernels import QuantError
 from .quantize import apply_precision, map_embeddings, release_freed_memory
 
 # Frames per push when decoding a whole utterance. 16-32-frame pushes of the incremental decoder keep the SEANet

@@ -28,14 +28,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ...errors import Audio8Error
+from ...errors import QuantError
 from ...precision import DEFAULT_BLOCK
 
 ORT_DOMAIN = "com.microsoft"
-
-
-class QuantError(Audio8Error, RuntimeError):
-    """The low-precision kernels are unavailable (onnxruntime missing) or a shape does not fit them."""
 
 
 def _ort():

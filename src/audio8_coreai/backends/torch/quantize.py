@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...errors import QuantError
 from ...precision import DEFAULT_BLOCK, Precision
-from .kernels import NBits, NBitsFeedForward, NBitsLinear, QuantError
+from .kernels import NBits, NBitsFeedForward, NBitsLinear
 
 KINDS = ("fp32", "int8", "int4", "int12", "int16")
 _NBITS = {"int8": (8, 1, 8), "int4": (4, 1, 8), "int12": (8, 2, 4), "int16": (8, 2, 8)}  # kind -> (bits, pieces, lo)

@@ -33,9 +33,10 @@ import numpy as np
 import torch
 
 from ...config import SamplingParams
+from ...errors import EngineError
 from ...model.frame import FrameInputs
 from ...settings import DEFAULTS
-from ..base import Backend, CodecStream, EngineError, FrameResult, StepInputs
+from ..base import Backend, CodecStream, FrameResult, StepInputs
 from .backend import TorchBackend, frame_result
 
 GATHER_S = DEFAULTS.gather_s  # how long a ready frame call waits for the other rows' calls (a frame takes 50-500 ms)

@@ -18,7 +18,8 @@ def ensure_checkpoint(path: Path, log=print) -> Path:
     path = path.expanduser()
     if path.is_dir() and any(path.iterdir()):
         return path
-    from ...checkpoint import CheckpointError, make_checkpoint
+    from ...checkpoint import make_checkpoint
+    from ...errors import CheckpointError
 
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{path} is a file: give a checkpoint folder, or a new folder for the random 0.6b one")

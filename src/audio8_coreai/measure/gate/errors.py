@@ -1,11 +1,9 @@
-"""The gate's error: it cannot run as asked."""
+"""The gate's error and the remedy it names when an extra is missing."""
 
 from __future__ import annotations
 
-from ...errors import Audio8Error
+from ...errors import GateError
 
 _GATE_EXTRA = "pip install 'audio8-coreai[gate]'"
 
-
-class GateError(Audio8Error, ValueError):
-    """The gate cannot run as asked (bad fixtures file, no espeak-ng for a clip, missing extra)."""
+__all__ = ["GateError", "_GATE_EXTRA"]

@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from ...errors import Audio8Error
+from ...errors import Audio8Error, DamagedVoice, VoiceError
 from ...tts import TTS
-from ...voices import DamagedVoice, VoiceError, check_name
+from ...voices import check_name
 from ..errors import ApiError, damaged
 from ..state import State, state
 
