@@ -13,14 +13,14 @@ from dataclasses import dataclass
 class Settings:
     """The defaults of every tunable value; one line each says what it is."""
 
-    # Text and streaming (streaming.py, tts.py)
+    # Text and streaming (engine/stream.py, tts.py)
     chunk_frames: int = 16  # frames per streamed chunk: 16 x 2048 samples = 0.74 s of audio
     first_chunk_frames: int = 1  # frames in a stream's first chunk (TTFA waits for them); chunks then double
     pause_s: float = 0.25  # silence between the pieces of a split text: a sentence break's pause in read speech
     frames_per_token: int = 8  # frames one text token takes when spoken, with margin: how text is split
     min_voice_frames: int = 64  # frames a voice's clone prompt must leave in the context (64 x 2048 samples = 3.0 s)
 
-    # Torch backend (backends/torch.py, cudagraphs.py)
+    # Torch backend (backends/torch/backend.py, cudagraphs.py)
     decode_chunk_frames: int = 16  # frames per codec push when decoding a whole utterance (fastest, smallest)
     prefix_cache: int = 8  # prompt heads whose KV state is kept, least recently used dropped first
     cuda_graphs_kept: int = 4  # captured CUDA graphs kept, one per set of sampling settings, LRU

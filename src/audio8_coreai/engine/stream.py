@@ -25,10 +25,8 @@ from ..settings import DEFAULTS
 from .loop import frame_steps, noise_source
 
 DEFAULT_CHUNK_FRAMES = DEFAULTS.chunk_frames  # 16 x 2048 samples = 0.74 s of audio per chunk
-# The stream's first chunk, whose frames TTFA waits for. On the 0.6b random checkpoint on the 2-core CPU
-# (benchmarks/bench_streaming.py, 2 threads, 48-column prompt) TTFA is 0.91 s with 1 frame, 1.16 s with 2, 1.61 s
-# with 4 and about 4 s with 16. Chunks then double (1, 2, 4, 8, 16 frames), so the 46 ms of the first is followed
-# by ever longer ones; a short chunk decodes dearer per frame (118 ms for 1 frame, 70 ms/frame for 4).
+# The stream's first chunk, whose frames TTFA waits for (README, Streaming: TTFA by first-chunk size). Chunks then
+# double (1, 2, 4, 8, 16 frames), so the 46 ms of the first is followed by ever longer ones.
 DEFAULT_FIRST_CHUNK_FRAMES = DEFAULTS.first_chunk_frames
 PAUSE_S = DEFAULTS.pause_s  # silence between the pieces of a split text: a sentence break's pause in read speech
 # Frames one text token takes when spoken, with margin: English and Chinese run at about 6 frames (46 ms each)

@@ -23,10 +23,8 @@ from ..base import Backend, FrameResult, StepInputs
 from .cudagraphs import GraphedFrame
 from .quantize import apply_precision, map_embeddings, release_freed_memory
 
-# Frames per push when decoding a whole utterance. 16-32-frame pushes of the incremental decoder keep the SEANet
-# activations in cache: 47.6 ms per frame against 72.0 for the whole run in 256-step pieces with 32 steps of
-# context, and 70.3 for 64-frame pushes (0.6b codec, 160 frames, 2 threads); the peak RSS of a 160-frame decode
-# drops by 0.5 GB.
+# Frames per push when decoding a whole utterance: pushes this short keep the SEANet activations in cache (faster
+# and smaller than one whole run; README, Speed).
 DECODE_CHUNK_FRAMES = DEFAULTS.decode_chunk_frames
 
 # Prompt heads (TorchBackend.prefix_length) whose KV state is kept, least recently used dropped first: a plain
@@ -201,7 +199,7 @@ class TorchBackend(Backend):
         inputs of frame 0. The last window is as wide as what is left of the prompt: eager
         PyTorch needs no static shape, and padding a 49-column prompt to 64 cost a quarter more work.
         Writes this backend's KV state (zeroed first), or ``k_cache``/``v_cache`` [n_layer, 1, n_kv, L, D] when
-        given (a row of a batch, see batching.py: slots past the prompt are left as they are, never attended).
+        given (a row of a batch, see rows.py: slots past the prompt are left as they are, never attended).
 
         With :attr:`prefix_length` set, the prompt's head (its first ``prefix_length(prompt)`` columns: the
         system turn and a voice's reference) runs as windows of its own, and its KV state is kept for the

@@ -1,21 +1,13 @@
-"""Low-precision linears for the torch backend on CPU: the fastest well-kept kernels measured on this machine.
-
-Measured side by side (``benchmarks/bench_kernels.py``: the fast AR's 63M weights at batch 1, one thread, a
-2-core AVX-512 VNNI/BF16 machine under load), relative to fp32 ``F.linear``: ONNX Runtime's ``MatMulNBits``
-(8-bit weights in blocks along the input, int8 compute, ``accuracy_level`` 4) 0.20-0.27x; torch's dynamic
-qint8 (fbgemm) 0.27x but with per-tensor 7-bit activations; ``torch._weight_int8pack_mm`` 0.45x (bf16 inputs)
-and 2.9x (fp32 inputs); oneDNN bf16 with prepacked weights 0.58x; plain bf16 ``F.linear`` 0.78x. With two
-threads on a loaded machine every OpenMP-threaded torch kernel here slows down several times (its barrier
-waits on a descheduled thread), while ONNX Runtime without spinning does not.
-
-So:
+"""Low-precision linears for the torch backend on CPU: ONNX Runtime's ``MatMulNBits``, the fastest well-kept
+kernel measured for them (the README's Speed section has the side-by-side figures).
 
 * :class:`NBitsLinear` and :class:`NBitsFeedForward`: weights quantized symmetric per block of ``block``
   input channels (one fp32 scale per block, int8 range [-127, 127] or int4 [-7, 7]), run by an ONNX Runtime
-  session (built in memory, no file) per module. The feed-forward runs ``w1``/``w3`` as one matmul, SiLU and
-  the product, and ``w2`` in a single session call.
-:func:`.quantize.quantize_blocks` swaps these into transformer blocks in place. Each replacement keeps ``in_features``/
-``out_features`` (and says its ``input_dtype``) so the benchmark's weight-streaming floor can call it alone.
+  session per module. The feed-forward runs ``w1``/``w3`` as one matmul, SiLU and the product, and ``w2`` in a
+  single session call.
+* :func:`.quantize.quantize_blocks` swaps these into transformer blocks in place. Each keeps ``in_features``/
+  ``out_features`` and declares ``input_dtype`` and ``weights`` (:class:`OrtModule`), so the benchmark's
+  weight-streaming floor can call it alone and count what it reads.
 """
 
 from __future__ import annotations
