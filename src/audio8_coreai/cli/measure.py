@@ -248,7 +248,7 @@ def bench(
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
     from ..backends.torch import resolve_device, resolve_dtype
     from ..measure.bench import BenchConfig, ensure_checkpoint, format_table, meta, run_configs
-    from ..precision import resolve_precision
+    from ..precision import resolve_precision, runtime_of
 
     if frames < 1 or runs < 1:
         raise ConfigError("--frames and --runs must be >= 1")
@@ -256,9 +256,9 @@ def bench(
         raise ConfigError(f"--cuda-graphs times CUDA graphs: add --device cuda (not {device})")
     # Checked here, not in the worker after minutes of loading: the device, every precision and codec dtype, and
     # where the JSON goes.
-    resolve_device(device)
+    runtime = runtime_of("torch", resolve_device(device).type)
     for name in precision or []:
-        resolve_precision(name, "torch-cpu")
+        resolve_precision(name, runtime)
     for name in codec_dtype or []:
         resolve_dtype(name)
     if json_out is not None and not json_out.expanduser().parent.is_dir():

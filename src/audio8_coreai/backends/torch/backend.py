@@ -17,7 +17,7 @@ from ...errors import BackendError, QuantError
 from ...model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ...model.dualar import DualAR
 from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
-from ...precision import default_precision, resolve_precision
+from ...precision import default_precision, resolve_precision, runtime_of
 from ...settings import DEFAULTS
 from ..base import Backend, FrameResult, StepInputs
 from .cudagraphs import GraphedFrame
@@ -113,10 +113,9 @@ class TorchBackend(Backend):
             raise BackendError(f"unknown frame mode {frame_mode!r}: eager or graph")
         super().__init__()
         # ``precision``: a name of precision.PRECISIONS that the torch backend runs; None: the device's default.
-        # runtime checked below: a quantized precision on CUDA gets its own message
-        self.spec = resolve_precision(precision or default_precision(self.device.type))
-        if "torch-cpu" not in self.spec.runtimes:
-            resolve_precision(self.spec.name, "torch-cpu")  # raises, naming the torch precisions
+        # checked before any weight is read: PrecisionError names the precisions this device runs
+        runtime = runtime_of("torch", self.device.type)
+        self.spec = resolve_precision(precision or default_precision(self.device.type), runtime)
         self.precision = self.spec.name
         self.dtype = self.spec.dtype
         if self.device.type == "cuda" and self.dtype == torch.float32:
@@ -133,8 +132,6 @@ class TorchBackend(Backend):
         self.model = DualAR.from_state_dict(self.cfg, state, build, self.device)
         del state
         if self.spec.quantized:
-            if self.device.type != "cpu":
-                raise BackendError(f"precision {self.precision} runs on the CPU only; use fp32 or bf16 on {device}")
             try:
                 apply_precision(self.model, self.spec)
             except QuantError as e:
