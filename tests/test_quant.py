@@ -20,7 +20,7 @@ from audio8_coreai.measure.agreement import CODEBOOK_BAR, SEMANTIC_BAR, Agreemen
 from audio8_coreai.measure.parity import run_parity
 from audio8_coreai.model.frame import Frame, FrameInputs
 from audio8_coreai.model.layers import FeedForward
-from audio8_coreai.precision import PRECISIONS, resolve_precision
+from audio8_coreai.precision import PRECISIONS, resolve_precision, runtime_of
 
 pytest.importorskip("onnxruntime")
 
