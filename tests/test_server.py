@@ -246,6 +246,19 @@ def test_an_utterance_that_ends_at_once_is_a_422_not_an_empty_file(
         assert speech(url, input="Hi.", top_k=1).status_code == 200
 
 
+def test_the_server_frame_cap_is_a_ceiling_clipped_to_the_context(never_eos_checkpoint, tmp_path):
+    """serve --max-frames caps a request that sets none; a cap above what the context leaves is clipped to it (a
+    never-ending checkpoint with a 128-position context makes every frame count)."""
+    body = {"input": "Hi.", "response_format": "wav", "seed": 1}
+    room = 128 - TTS.load(never_eos_checkpoint, device="cpu").prompts.plain("Hi.").shape[1]  # frames that fit
+    for cap in (5, 100_000):
+        with serving(never_eos_checkpoint, tmp_path / str(cap), ServerSettings(workers=1, max_frames=cap)) as url:
+            r = httpx.post(f"{url}/v1/audio/speech", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        frames = len(decode(r.content, "wav")[0]) // 2048
+        assert frames == min(cap, room)
+
+
 def test_a_huge_speech_body_is_a_413_before_it_is_parsed(base):
     body = b'{"input": "Hi", "pad": "' + b"x" * (2 << 20) + b'"}'
     r = httpx.post(f"{base}/v1/audio/speech", content=body, headers={"content-type": "application/json"})

@@ -19,7 +19,7 @@ from .engine.batch import generate_batch
 from .engine.loop import frame_budget, generate
 from .engine.stream import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
 from .errors import BackendError, CheckpointError, EngineError, PromptError, PromptTooLong
-from .request import check_seed, sampling_config
+from .request import check_chunks, check_seed, sampling_config
 from .text import PromptBuilder, check_text, load_tokenizer, split_text
 from .voices import Voice, VoiceStore
 
@@ -308,6 +308,7 @@ class TTS(VoiceCloning):
         ref_text: str | None = None,
         on_frame: Callable[[int], None] | None = None,
         codec_thread: bool = False,
+        frame_cap: int | None = None,
     ) -> SpeechStream:
         """Speak ``text`` as it is made: a :class:`.streaming.SpeechStream` of float32 chunks (mono, 44.1 kHz),
         exact to the whole-utterance decode. The first chunk holds ``first_chunk_frames`` (None: 1, at most
@@ -320,18 +321,22 @@ class TTS(VoiceCloning):
         order in the same voice, the seed's noise stream running on, with a short pause between. Text the
         splitter keeps in one piece gives :meth:`generate`'s samples with the same arguments (a prompt that fits
         the context may still be split, when its estimated speech would not fit). ``max_frames`` caps every
-        piece (None: as :meth:`generate`); ``on_frame`` as in :class:`.streaming.SpeechStream`;
+        piece (None: as :meth:`generate`, at most ``frame_cap`` when given: a ceiling clipped to what the
+        context leaves, as a server's cap); ``on_frame`` as in :class:`.streaming.SpeechStream`;
         ``codec_thread`` decodes each chunk on a thread of its own while the next chunk's frames are made (same
         samples; see SpeechStream); the other arguments as :meth:`generate`.
         Everything is checked here, before any frame (the stream's ``seed`` tells the one drawn when None):
         raises as :meth:`generate` does, PromptError for a run of text that cannot be split to fit, and
-        ValueError for ``chunk_frames`` or ``first_chunk_frames`` < 1.
+        ConfigError unless ``chunk_frames`` >= 1 and ``first_chunk_frames`` None or 1 to ``chunk_frames``.
         """
+        chunk_frames, first_chunk_frames = check_chunks(chunk_frames, first_chunk_frames)
         params = self.sampling(temperature, top_k, top_p)
         text = check_text(text)
         chosen = self._voice(voice, ref_audio, ref_text)
         parts = self._split(text, chosen)
         default_frames = self.checkpoint.generation.max_new_tokens
+        if frame_cap is not None:
+            default_frames = min(default_frames, check_int(frame_cap, "frame_cap"))
         pieces = []
         for index, words in enumerate(parts):
             prompt = self._prompt(words, chosen)

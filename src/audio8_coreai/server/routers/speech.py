@@ -83,7 +83,7 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
         temperature=req.temperature,
         top_k=req.top_k,
         top_p=req.top_p,
-        max_frames=req.max_frames if req.max_frames is not None else settings.max_frames,
+        max_frames=req.max_frames,
         chunk_frames=settings.chunk_frames,
         first_chunk_frames=settings.first_chunk_frames,
     )
@@ -111,7 +111,13 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
         try:
             if cancel.is_set():
                 return
-            stream = tts.stream(checked.text, voice=checked.voice, on_frame=on_frame, **checked.stream_options())
+            stream = tts.stream(
+                checked.text,
+                voice=checked.voice,
+                on_frame=on_frame,
+                frame_cap=server.settings.max_frames,  # a ceiling: clipped to what each prompt leaves
+                **checked.stream_options(),
+            )
             put(items.put_nowait, _STARTED)
             for chunk in stream:
                 put(items.put_nowait, chunk)
