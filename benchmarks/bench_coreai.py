@@ -28,6 +28,7 @@ from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.engine.loop import frame_steps, noise_source
 from audio8_coreai.model.frame import PREFILL_WIDTH
+from audio8_coreai.precision import names
 
 PROMPT_COLUMNS = 40  # two prefill windows
 
@@ -71,7 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="checkpoint folder")
     ap.add_argument("--assets", help="existing asset folder (skips conversion)")
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8-fp16"))
+    ap.add_argument("--precision", default="fp32", choices=names("coreai"))
     ap.add_argument("--context", type=int, default=None)
     ap.add_argument("--frames", type=int, default=8)
     args = ap.parse_args()

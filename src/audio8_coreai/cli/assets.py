@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -13,12 +12,6 @@ from ..settings import DEFAULTS
 from .app import ModelOpt, app, friendly, out
 
 
-class Precision(StrEnum):
-    fp32 = "fp32"
-    fp16 = "fp16"
-    int8_fp16 = "int8-fp16"
-
-
 @app.command()
 @friendly
 def convert(
@@ -27,8 +20,8 @@ def convert(
         Path, typer.Option("--out", help="New folder for the assets (must not exist or be empty).")
     ] = Path("assets"),
     precision: Annotated[
-        Precision, typer.Option(help="fp32 (exact), fp16, or int8-fp16 (int8 slow-AR weights, fp16 elsewhere).")
-    ] = Precision.fp32,
+        str, typer.Option(help="fp32 (exact), fp16, or int8-fp16 (int8 slow-AR weights, fp16 elsewhere).")
+    ] = "fp32",
     context: Annotated[
         int | None,
         typer.Option(help="KV slots for prompt + frames, a multiple of 32 (default: the model's max_seq_len)."),
@@ -59,14 +52,16 @@ def convert(
     from ..backends.coreai import convert as convert_assets
     from ..checkpoint import load_checkpoint
     from ..config import SamplingParams
+    from ..precision import resolve_precision
 
+    resolve_precision(precision, "coreai")  # before the checkpoint is read: names the Core AI precisions
     t0 = time.perf_counter()
     ckpt = load_checkpoint(model)
     sampling = SamplingParams.from_configs(ckpt.config, ckpt.generation)
     path = convert_assets(
         ckpt,
         out_dir,
-        precision.value,
+        precision,
         context,
         sampling=dataclasses.replace(sampling, do_sample=False) if greedy else sampling,
         decoder_frames=decoder_frames,

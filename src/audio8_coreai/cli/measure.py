@@ -37,8 +37,8 @@ def parity(
     ] = DEFAULTS.tolerance,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full report as JSON.")] = False,
 ) -> None:
-    """Replay an oracle fixture; exit 0 only when fp32 parity holds (reports agreement counts for bf16,
-    fp16 and int8-fp16). Core AI assets replay what their baked sampling allows and say what they skip."""
+    """Replay an oracle fixture; exit 0 only when fp32 parity holds (reports agreement counts for the other
+    precisions). Core AI assets replay what their baked sampling allows and say what they skip."""
     from ..backends.base import open_backend
     from ..checkpoint import load_checkpoint
     from ..measure.oracle import recorded_from_another
