@@ -19,7 +19,7 @@ from .engine.batch import generate_batch
 from .engine.loop import frame_budget, generate
 from .engine.stream import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
 from .errors import BackendError, CheckpointError, EngineError, PromptError, PromptTooLong
-from .request import check_chunks, check_seed, sampling_config
+from .request import check_seed, sampling_config
 from .text import PromptBuilder, check_text, load_tokenizer, split_text
 from .voices import Voice, VoiceStore
 
@@ -327,9 +327,9 @@ class TTS(VoiceCloning):
         samples; see SpeechStream); the other arguments as :meth:`generate`.
         Everything is checked here, before any frame (the stream's ``seed`` tells the one drawn when None):
         raises as :meth:`generate` does, PromptError for a run of text that cannot be split to fit, and
-        ConfigError unless ``chunk_frames`` >= 1 and ``first_chunk_frames`` None or 1 to ``chunk_frames``.
+        ConfigError for ``chunk_frames`` or ``first_chunk_frames`` < 1 (a first chunk may be longer than the
+        others through the API; the CLI and server keep it at most ``chunk_frames``).
         """
-        chunk_frames, first_chunk_frames = check_chunks(chunk_frames, first_chunk_frames)
         params = self.sampling(temperature, top_k, top_p)
         text = check_text(text)
         chosen = self._voice(voice, ref_audio, ref_text)
