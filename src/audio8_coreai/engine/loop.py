@@ -29,19 +29,6 @@ class NoiseLike(Protocol):
     def next_frame(self) -> tuple[np.ndarray, np.ndarray]: ...
 
 
-class RecordedNoise:
-    """A :class:`NoiseLike` replaying recorded uniforms: ``noise_slow`` [S, 2, V+1], ``noise_fast`` [S, C-1, K]."""
-
-    def __init__(self, noise_slow: np.ndarray, noise_fast: np.ndarray):
-        self.noise_slow, self.noise_fast = noise_slow, noise_fast
-        self._step = 0
-
-    def next_frame(self) -> tuple[np.ndarray, np.ndarray]:
-        s = self._step
-        self._step += 1
-        return self.noise_slow[s], self.noise_fast[s]
-
-
 @dataclass
 class Utterance:
     """The host side of one utterance's frame loop: ``prompt_length`` (columns), frame cap ``max_frames``, its

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.base import Backend
-from ..config import SamplingParams
+from ..config import ModelConfig, SamplingParams
 from ..errors import ParityError
+from .replay import RecordedNoise
 
 
 def load_fixture(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
@@ -58,18 +59,12 @@ def recorded_from_another(fixture_path: str | Path, model_file: str | Path) -> P
     return folder
 
 
-class _RecordedNoise:
-    """Replays the recorded uniforms of a scenario's batch ``item`` in NoiseSource's interface."""
-
-    def __init__(
-        self, fx: dict[str, np.ndarray], sc: str, num_semantic: int, codebook_size: int, num_fast: int, item: int = 0
-    ):
-        self.fx, self.sc, self.item, self.step = fx, sc, item, 0
-        self.shapes = ((2, num_semantic + 1), (num_fast, codebook_size))
-
-    def next_frame(self) -> tuple[np.ndarray, np.ndarray]:
-        s, self.step = self.step, self.step + 1
-        return _step_noise(self.fx, self.sc, s, self.item, self.shapes)
+def recorded_noise(fx: dict[str, np.ndarray], sc: str, item: int, steps: int, cfg: ModelConfig) -> RecordedNoise:
+    """The recorded uniforms of scenario ``sc``'s batch ``item`` for ``steps`` steps (neutral 0.5 where nothing
+    was recorded: greedy scenarios, or past the recording's end)."""
+    shapes = ((2, cfg.num_semantic + 1), (cfg.num_codebooks - 1, cfg.codebook_size))
+    noise = [_step_noise(fx, sc, s, item, shapes) for s in range(steps)]
+    return RecordedNoise(np.stack([n[0] for n in noise]), np.stack([n[1] for n in noise]))
 
 
 def _step_noise(fx, sc, s, b, shapes):

@@ -32,7 +32,7 @@ from ..errors import ParityError
 from ..model.frame import FrameInputs
 from ..model.layers import IndexKV, causal_cache_mask
 from ..settings import DEFAULTS
-from .oracle import _forced, _item_prompt, _params, _RecordedNoise, _step_noise, load_fixture
+from .oracle import _forced, _item_prompt, _params, _step_noise, load_fixture, recorded_noise
 from .replay import replay
 from .stats import cosine
 
@@ -176,7 +176,7 @@ def replay_single(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: in
     # Free run: the engine's own loop, fed the recorded uniforms.
     cfg = backend.cfg
     max_new = int(meta["scenarios"][sc]["max_new_tokens"])
-    noise = _RecordedNoise(fx, sc, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1, item or 0)
+    noise = recorded_noise(fx, sc, item or 0, max_new, cfg)
     gen = generate(
         backend, _item_prompt(fx, sc, item), _params(meta, sc, backend), seed=0, max_frames=max_new, noise=noise
     )
@@ -204,17 +204,8 @@ def replay_forced(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: in
     else:
         steps = min(int(fx[f"{sc}__num_steps"]), int(fx[f"{sc}__code_lengths"][b]) + int(fx[f"{sc}__finished"][b]))
         rep = ScenarioReport(f"{sc}[{b}]", steps, scenario=sc)
-    shapes = ((2, cfg.num_semantic + 1), (cfg.num_codebooks - 1, cfg.codebook_size))
-    noise = [_step_noise(fx, sc, s, b, shapes) for s in range(steps)]
     columns = np.stack([_forced(fx, sc, s, b) for s in range(steps)])
-    results = replay(
-        backend,
-        _item_prompt(fx, sc, item),
-        params,
-        columns,
-        np.stack([n[0] for n in noise]),
-        np.stack([n[1] for n in noise]),
-    )
+    results = replay(backend, _item_prompt(fx, sc, item), params, columns, recorded_noise(fx, sc, b, steps, cfg))
     for s, res in enumerate(results):
         _compare_frame(rep, fx, sc, s, b, res, params.do_sample)
     return rep

@@ -15,7 +15,21 @@ import numpy as np
 
 from ..backends.base import Backend, FrameResult
 from ..config import SamplingParams
-from ..engine.loop import Generation, NoiseLike, RecordedNoise, generate
+from ..engine.loop import Generation, NoiseLike, generate
+
+
+class RecordedNoise:
+    """A :class:`...engine.loop.NoiseLike` replaying recorded uniforms: ``noise_slow`` [S, 2, V+1],
+    ``noise_fast`` [S, C-1, K]."""
+
+    def __init__(self, noise_slow: np.ndarray, noise_fast: np.ndarray):
+        self.noise_slow, self.noise_fast = noise_slow, noise_fast
+        self._step = 0
+
+    def next_frame(self) -> tuple[np.ndarray, np.ndarray]:
+        s = self._step
+        self._step += 1
+        return self.noise_slow[s], self.noise_fast[s]
 
 
 class RecordingNoise:
@@ -66,28 +80,15 @@ def record(
 
 
 def replay(
-    backend: Backend,
-    prompt: np.ndarray,
-    params: SamplingParams,
-    columns: np.ndarray,
-    noise_slow: np.ndarray,
-    noise_fast: np.ndarray,
+    backend: Backend, prompt: np.ndarray, params: SamplingParams, columns: np.ndarray, noise: NoiseLike
 ) -> list[FrameResult]:
-    """Teacher-force the recorded ``columns`` int64 [S, 1+C] of ``prompt`` through ``backend`` with the recorded
-    uniforms; returns each step's result (its ``sampled_*`` draws are the backend's own)."""
-    gen = generate(
-        backend,
-        prompt,
-        params,
-        0,
-        len(columns),
-        keep_results=True,
-        noise=RecordedNoise(noise_slow, noise_fast),
-        forced=list(columns),
-    )
+    """Teacher-force the recorded ``columns`` int64 [S, 1+C] of ``prompt`` through ``backend``, drawing from
+    ``noise`` (the recorded uniforms); returns each step's result (its ``sampled_*`` draws are the backend's
+    own)."""
+    gen = generate(backend, prompt, params, 0, len(columns), keep_results=True, noise=noise, forced=list(columns))
     return gen.frame_results
 
 
 def replay_recording(backend: Backend, rec: Recording, params: SamplingParams) -> list[FrameResult]:
     """:func:`replay` of a :class:`Recording`."""
-    return replay(backend, rec.prompt, params, rec.columns, rec.noise_slow, rec.noise_fast)
+    return replay(backend, rec.prompt, params, rec.columns, RecordedNoise(rec.noise_slow, rec.noise_fast))
