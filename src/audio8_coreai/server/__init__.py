@@ -17,6 +17,8 @@ Endpoints:
   ``max_upload_bytes``; ``replace=true`` overwrites), ``DELETE /v1/voices/{name}``.
 * ``GET /health``: model, backend and the device in use, workers, queue. ``GET /metrics``: Prometheus text
   (requests by status, frames, audio and compute seconds, RTF, time to first audio, queue depth).
+* ``GET /``: a web page on these endpoints (type text, pick or upload a voice, hear it as it streams, download
+  it): plain HTML/JS shipped in ``server/static`` (:mod:`.routers.page`).
 
 Errors are JSON ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape) with 400 (bad
 request), 404 (no such voice), 413 (upload too large), 503 (queue full, with ``Retry-After``) or 500.

@@ -13,7 +13,7 @@ from ..tts import TTS
 from . import errors
 from .limits import SpeechBodyLimit
 from .metrics import Metrics
-from .routers import health, speech, voices
+from .routers import health, page, speech, voices
 from .state import ServerSettings, State
 from .workers import Workers
 
@@ -37,6 +37,7 @@ def create_app(instances: Sequence[TTS], settings: ServerSettings | None = None)
     app.add_middleware(SpeechBodyLimit, max_input_chars=settings.max_input_chars, metrics=server.metrics)
     for router in (speech.router, voices.router, health.router):
         app.include_router(router)
+    app.include_router(page.router)  # GET /: the web page
     return app
 
 
