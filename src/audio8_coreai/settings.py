@@ -36,6 +36,8 @@ class Settings:
     disconnect_poll_s: float = 0.25  # how often a whole-file request checks that its client is still there
     gather_s: float = 0.003  # batched serving: how long a ready frame call waits for the other rows' calls
     recent_s: float = 2.0  # batched serving: a row heard from this recently is expected to call again soon
+    pcm_sample_rate: int = 24000  # a pcm body's rate when neither request nor server gives one (OpenAI's pcm)
+    default_voice_seed: int = 0  # the seed of a request naming neither voice nor seed: the model's own voice, steady
 
     # Measurement and conversion tools (`audio8 parity | gate | bench | convert | make-checkpoint`)
     tolerance: float = 1e-4  # max |logit/waveform diff| for fp32 parity with the oracle

@@ -13,17 +13,21 @@ from ..tts import TTS
 from . import errors
 from .limits import SpeechBodyLimit
 from .metrics import Metrics
-from .routers import health, page, speech, voices
+from .routers import health, models, page, speech, voices
 from .state import ServerSettings, State
+from .voicenames import check_voices
 from .workers import Workers
 
 
 def create_app(instances: Sequence[TTS], settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker); raises
-    ValueError without one."""
+    ValueError without one, VoiceError for a ``voice_map`` target or ``default_voice`` that is no usable stored
+    voice (:func:`.voicenames.check_voices`)."""
     settings = settings or ServerSettings()
     if not instances:
         raise ValueError("the server needs at least one model instance")
+    first = instances[0]
+    check_voices(first.voices, settings.voice_map, settings.default_voice, first.checkpoint.fingerprint())
     server = State(settings, list(instances), Workers(instances, settings.max_queue), Metrics())
 
     @contextlib.asynccontextmanager
@@ -35,7 +39,7 @@ def create_app(instances: Sequence[TTS], settings: ServerSettings | None = None)
     app.state.server = server
     errors.install(app, server.metrics.count)
     app.add_middleware(SpeechBodyLimit, max_input_chars=settings.max_input_chars, metrics=server.metrics)
-    for router in (speech.router, voices.router, health.router):
+    for router in (speech.router, voices.router, health.router, models.router):
         app.include_router(router)
     app.include_router(page.router)  # GET /: the web page
     return app
