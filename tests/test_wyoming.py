@@ -49,13 +49,15 @@ def make_voice(name: str, fingerprint: str) -> Voice:
 @pytest.fixture(scope="module")
 def never_eos_tts(tiny_checkpoint, tmp_path_factory) -> TTS:
     """The tiny checkpoint that never draws eos (steered.py), its full context (sentences stay one utterance): every
-    utterance runs to its cap. Its voice store holds ``ana`` (this checkpoint's) and ``stranger`` (another's)."""
+    utterance runs to its cap. Its voice store holds ``ana`` (this checkpoint's), ``stranger`` (another's) and
+    ``broken`` (a damaged file)."""
     from steered import steer_eos
 
     never_eos = steer_eos(tiny_checkpoint, tmp_path_factory.mktemp("steered") / "never_eos", "never")
     tts = TTS.load(never_eos, device="cpu", voices_dir=tmp_path_factory.mktemp("voices"))
     tts.voices.save(make_voice("ana", tts.checkpoint.fingerprint()))
     tts.voices.save(make_voice("stranger", "f" * 64))
+    tts.voices.path("broken").write_bytes(b"not a voice")
     return tts
 
 
@@ -135,7 +137,7 @@ def test_describe_lists_the_own_voice_and_this_checkpoints_stored_voices(never_e
     (events,) = talk(never_eos_tts, [Describe().event(), None])
     (program,) = Info.from_event(events[0]).tts
     assert program.name == "audio8" and program.installed and program.supports_synthesize_streaming
-    assert [v.name for v in program.voices] == [DEFAULTS.wyoming_voice, "ana"]  # not the other checkpoint's
+    assert [v.name for v in program.voices] == [DEFAULTS.wyoming_voice, "ana"]  # not another's, not a damaged one
     assert all(v.languages == list(LANGUAGES) for v in program.voices)
     assert set(LANGUAGES) == {"en", "zh", "ja", "ko", "de", "fr", "es"}
 
@@ -220,7 +222,8 @@ def test_complete_sentences_of_growing_text(text, sentences, rest):
     [
         ([Synthesize("").event()], "PromptError", "empty"),
         ([Synthesize(" ... ").event()], "PromptError", "no letters or digits"),
-        ([Synthesize("Hi.", voice=SynthesizeVoice("nobody")).event()], "VoiceError", "no voice named 'nobody'"),
+        ([Synthesize("Hi.", voice=SynthesizeVoice("nobody")).event()], "VoiceError", "the model's own is 'audio8'"),
+        ([Synthesize("Hi.", voice=SynthesizeVoice("broken")).event()], "DamagedVoice", "'broken' is damaged"),
         ([Synthesize("Hi.", voice=SynthesizeVoice("stranger")).event()], "VoiceError", "another checkpoint"),
         ([Synthesize("Hi. " * 20).event()], "ConfigError", "at most 40"),
         ([Event("synthesize", {"voice": {}})], "ProtocolError", "malformed synthesize event"),
@@ -237,6 +240,17 @@ def test_bad_requests_get_an_error_event_and_the_connection_goes_on(never_eos_tt
     assert error.code == code and needle in error.text, error
     assert "Traceback" not in error.text and "/" not in error.text.replace("synthesize-start", "")
     assert [e.type for e in received[1:]] == ["info"]
+
+
+def test_a_bug_is_an_error_event_without_its_details(never_eos_tts, monkeypatch):
+    def broken(self):
+        raise RuntimeError("at /some/server/path")
+
+    monkeypatch.setattr(Speaker, "info", broken)
+    (received,) = talk(never_eos_tts, [Describe().event(), None, Synthesize("Hi.").event(), None])
+    error = Error.from_event(received[0])
+    assert error.code == "server_error" and "RuntimeError" in error.text and "/some" not in error.text
+    assert [e.type for e in received[1:]][0] == "audio-start"  # the connection goes on
 
 
 def test_an_utterance_ending_at_once_is_a_no_audio_error(eos_first_checkpoint):

@@ -39,7 +39,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from .. import __version__
 from ..audio import encode_speech
 from ..checkpoint import DEFAULT_MODEL
-from ..errors import Audio8Error, ConfigError, NoAudio, PromptError, ProtocolError, VoiceError
+from ..errors import Audio8Error, ConfigError, DamagedVoice, NoAudio, PromptError, ProtocolError, VoiceError
 from ..request import CheckedRequest, check_request, check_seed
 from ..settings import DEFAULTS
 from ..text import check_text
@@ -131,7 +131,9 @@ class Speaker:
         if name is None or name == self.settings.own_voice:
             return None
         if not self.tts.voices.path(name).is_file():
-            raise VoiceError(f"no voice named {name!r}: describe lists the voices (the model's own is {name!r})")
+            raise VoiceError(
+                f"no voice named {name!r}: describe lists the voices (the model's own is {self.settings.own_voice!r})"
+            )
         return self.tts.voices.load(name, self.tts.checkpoint.fingerprint())
 
     def check(self, text: str, voice: Voice | None, seed: int | None) -> CheckedRequest:
@@ -242,6 +244,18 @@ def _parse(event: Event, kind: type[T]) -> T:
         ) from None
 
 
+def _refusal(e: Audio8Error) -> Error:
+    """``e`` as the ``error`` event a client gets: its message, the error's class as the code (``no_audio`` for
+    :class:`NoAudio`); a damaged stored voice said without the server's path."""
+    if isinstance(e, DamagedVoice):
+        text = (
+            f"the stored voice {e.name!r} is damaged or from a newer version on this server: remove it "
+            f"(audio8 voice rm) and add it again"
+        )
+        return Error(text=text, code="DamagedVoice")
+    return Error(text=str(e), code="no_audio" if isinstance(e, NoAudio) else type(e).__name__)
+
+
 class WyomingHandler(AsyncEventHandler):
     """One client connection: answers its events in order (see the module's docstring)."""
 
@@ -270,14 +284,12 @@ class WyomingHandler(AsyncEventHandler):
             return False
         except Audio8Error as e:
             self.stream = None
-            code = "no_audio" if isinstance(e, NoAudio) else type(e).__name__
-            await self.write_event(Error(text=str(e), code=code).event())
-        except Exception as e:
+            await self.write_event(_refusal(e).event())
+        except Exception as e:  # a bug: its traceback goes to the server's log, not to the client
             log.exception("synthesis failed")
             self.stream = None
-            await self.write_event(
-                Error(text=f"synthesis failed: {type(e).__name__}: {e}", code="server_error").event()
-            )
+            failed = f"synthesis failed ({type(e).__name__}): the server's log has the details"
+            await self.write_event(Error(text=failed, code="server_error").event())
         return True
 
     async def _synthesize(self, request: Synthesize) -> None:
@@ -328,10 +340,13 @@ class WyomingHandler(AsyncEventHandler):
         if stream is None:
             raise ProtocolError("synthesize-stop without synthesize-start: start a stream first")
         try:
-            await self._say(check_text(stream.pending))
+            rest = check_text(stream.pending)
         except PromptError:
             if not stream.tried:  # the stream held no words: refused as empty text
-                raise  # else the rest is punctuation after the last sentence
+                raise
+            rest = None  # punctuation after the last sentence
+        if rest is not None:
+            await self._say(rest)
         if not stream.audio.samples:
             raise NoAudio(
                 "the model ended each sentence at once (eos on its first frame): no audio to send; "
