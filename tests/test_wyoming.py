@@ -242,6 +242,29 @@ def test_bad_requests_get_an_error_event_and_the_connection_goes_on(never_eos_tt
     assert [e.type for e in received[1:]] == ["info"]
 
 
+def test_a_client_that_leaves_stops_its_utterance(never_eos_tts, monkeypatch):
+    steps = []
+    stream = never_eos_tts.stream
+
+    def counted(*args, on_frame, **kwargs):
+        return stream(*args, on_frame=lambda step: (steps.append(step), on_frame(step)), **kwargs)
+
+    monkeypatch.setattr(never_eos_tts, "stream", counted)
+
+    async def main() -> None:
+        async with serving(never_eos_tts, WyomingSettings(seed=SEED, max_frames=300)) as port:
+            async with AsyncTcpClient("127.0.0.1", port) as client:
+                await client.write_event(Synthesize("Hello.").event())
+                assert (await client.read_event()).type == "audio-start"
+            made = -1
+            while made != len(steps):  # until no frame came for half a second
+                made = len(steps)
+                await asyncio.sleep(0.5)
+
+    asyncio.run(main())
+    assert 1 <= len(steps) < 100  # of the 300 the cap allows
+
+
 def test_a_bug_is_an_error_event_without_its_details(never_eos_tts, monkeypatch):
     def broken(self):
         raise RuntimeError("at /some/server/path")

@@ -92,6 +92,7 @@ class Speaker:
         self.tts = tts
         self.settings = settings
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="audio8-wyoming")
+        self._live: set[threading.Event] = set()  # the cancel flags of utterances given to the model thread
 
     def info(self) -> Info:
         """The ``info`` answer: the model's own voice, then the stored voices this checkpoint can speak in."""
@@ -186,19 +187,23 @@ class Speaker:
             except BaseException as e:  # handed to the connection, which says it as an error event
                 put(items.put_nowait, _End(error=e))
 
+        self._live.add(cancel)
         loop.run_in_executor(self._pool, job)
         try:
             while not isinstance(item := await items.get(), _End):
                 await send(item)
         finally:
             cancel.set()
+            self._live.discard(cancel)
         if item.error is not None:
             raise item.error
         return item.frames
 
-    def close(self) -> None:
-        """Drop queued utterances; a running one ends with its connection."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    async def close(self) -> None:
+        """Drop queued utterances, stop the running one at its next frame and wait for the model thread to end."""
+        for cancel in self._live:
+            cancel.set()
+        await asyncio.get_running_loop().run_in_executor(None, lambda: self._pool.shutdown(cancel_futures=True))
 
 
 class _Audio:
@@ -362,4 +367,4 @@ async def serve(speaker: Speaker, server: AsyncServer) -> None:
     try:
         await server.run(lambda reader, writer: WyomingHandler(reader, writer, speaker))
     finally:
-        speaker.close()
+        await speaker.close()
