@@ -37,10 +37,15 @@ def wyoming(
     """Serve Home Assistant's Wyoming protocol: describe, synthesize and streaming synthesize, 44.1 kHz audio."""
     import asyncio
 
-    from wyoming.server import AsyncTcpServer
+    try:
+        from wyoming.server import AsyncTcpServer
 
+        from ..server.wyoming import Speaker, WyomingSettings, serve
+    except ImportError as e:
+        raise ConfigError(
+            f"audio8 wyoming needs the wyoming package: pip install 'audio8-coreai[wyoming]' ({e})"
+        ) from e
     from ..request import check_request
-    from ..server.wyoming import Speaker, WyomingSettings, serve
     from ..tts import TTS
 
     if max_input_chars < 1 or (max_frames is not None and max_frames < 1):
