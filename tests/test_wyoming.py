@@ -84,7 +84,8 @@ async def serving(tts: TTS, settings: WyomingSettings | None = None) -> AsyncIte
 
 def talk(tts: TTS, *conversations: list[Event | None], settings: WyomingSettings | None = None) -> list[list[Event]]:
     """Hold each conversation (the events to send; None: read the answer up to its last event) with ``tts``
-    served, on a connection of its own, all at once; returns what each one received."""
+    served, on a connection of its own, all at once; returns what each one received, ending with None where the
+    server closed the connection."""
 
     async def converse(port: int, events: list[Event | None]) -> list[Event]:
         received: list[Event] = []
@@ -93,9 +94,9 @@ def talk(tts: TTS, *conversations: list[Event | None], settings: WyomingSettings
                 if event is not None:
                     await client.write_event(event)
                     continue
-                while (answer := await asyncio.wait_for(client.read_event(), 60)) is not None:
-                    received.append(answer)
-                    if answer.type in ("info", "audio-stop", "synthesize-stopped", "error"):
+                while True:
+                    received.append(answer := await asyncio.wait_for(client.read_event(), 60))
+                    if answer is None or answer.type in ("info", "audio-stop", "synthesize-stopped"):
                         break
         return received
 
@@ -233,13 +234,14 @@ def test_complete_sentences_of_growing_text(text, sentences, rest):
         ([SynthesizeStart().event(), SynthesizeChunk("x" * 41).event()], "ConfigError", "without a sentence end"),
     ],
 )
-def test_bad_requests_get_an_error_event_and_the_connection_goes_on(never_eos_tts, events, code, needle):
+def test_bad_requests_get_an_error_event_then_the_end_of_the_connection(never_eos_tts, events, code, needle):
     settings = WyomingSettings(seed=SEED, max_frames=FRAMES, max_input_chars=40)
-    (received,) = talk(never_eos_tts, [*events, None, Describe().event(), None], settings=settings)
+    received, other = talk(never_eos_tts, [*events, None], [Describe().event(), None], settings=settings)
     error = Error.from_event(received[0])
     assert error.code == code and needle in error.text, error
     assert "Traceback" not in error.text and "/" not in error.text.replace("synthesize-start", "")
-    assert [e.type for e in received[1:]] == ["info"]
+    assert received[1:] == [None]  # closed: a client waiting for audio-stop does not wait for ever
+    assert other[0].type == "info"  # the server goes on
 
 
 def test_a_client_that_leaves_stops_its_utterance(never_eos_tts, monkeypatch):
@@ -270,10 +272,11 @@ def test_a_bug_is_an_error_event_without_its_details(never_eos_tts, monkeypatch)
         raise RuntimeError("at /some/server/path")
 
     monkeypatch.setattr(Speaker, "info", broken)
-    (received,) = talk(never_eos_tts, [Describe().event(), None, Synthesize("Hi.").event(), None])
+    received, other = talk(never_eos_tts, [Describe().event(), None], [Synthesize("Hi.").event(), None])
     error = Error.from_event(received[0])
     assert error.code == "server_error" and "RuntimeError" in error.text and "/some" not in error.text
-    assert [e.type for e in received[1:]][0] == "audio-start"  # the connection goes on
+    assert received[1:] == [None]
+    assert pcm(other) == spoken(never_eos_tts, "Hi.")  # the server goes on
 
 
 def test_an_utterance_ending_at_once_is_a_no_audio_error(eos_first_checkpoint):
@@ -284,7 +287,7 @@ def test_an_utterance_ending_at_once_is_a_no_audio_error(eos_first_checkpoint):
         [SynthesizeStart().event(), SynthesizeChunk("Hello. Bye.").event(), SynthesizeStop().event(), None],
         settings=WyomingSettings(seed=SEED, top_k=1),  # top-k 1: eos on the first frame (steered.py)
     )
-    assert [e.type for e in one] == [e.type for e in streamed] == ["error"]
+    assert [e and e.type for e in one] == [e and e.type for e in streamed] == ["error", None]
     assert Error.from_event(one[0]).code == Error.from_event(streamed[0]).code == "no_audio"
 
 

@@ -13,9 +13,11 @@ Events served (the ``wyoming`` package's own classes, its :class:`AsyncServer` a
 
 A voice is chosen by name (``voice.name``); a language asks for nothing (the model reads the text it is given).
 Every refusal is an ``error`` event whose text says what to change and whose code is the error's class
-(:mod:`..errors`; ``no_audio`` when the model ends the utterance on its first frame), never a traceback; a
-stream is dropped after an error. The model runs on one thread of its own, one utterance at a time, so the
-event loop keeps serving; a client that disconnects stops its utterance at the next frame.
+(:mod:`..errors`; ``no_audio`` when the model ends the utterance on its first frame), never a traceback; the
+connection is then closed, as wyoming-piper does, so a client that waits for ``audio-stop`` without reading
+``error`` events (as Home Assistant's non-streaming one has) sees the end instead of waiting for ever. The model runs
+on one thread of its own, one utterance at a time, so the event loop keeps serving; a client that disconnects
+stops its utterance at the next frame.
 """
 
 from __future__ import annotations
@@ -288,13 +290,13 @@ class WyomingHandler(AsyncEventHandler):
         except ConnectionError:  # the client has gone: nothing to tell it
             return False
         except Audio8Error as e:
-            self.stream = None
             await self.write_event(_refusal(e).event())
+            return False
         except Exception as e:  # a bug: its traceback goes to the server's log, not to the client
             log.exception("synthesis failed")
-            self.stream = None
             failed = f"synthesis failed ({type(e).__name__}): the server's log has the details"
             await self.write_event(Error(text=failed, code="server_error").event())
+            return False
         return True
 
     async def _synthesize(self, request: Synthesize) -> None:
