@@ -50,5 +50,9 @@ class Settings:
     encoder_frames: int = 216  # Core AI codec encoder bucket: 10.0 s, the voice-registration clip
     checkpoint_seed: int = 0  # make-checkpoint: the seed of the random weights (same seed, same files)
 
+    # Wyoming server for Home Assistant (server/wyoming.py; `audio8 wyoming`)
+    wyoming_port: int = 10200  # TCP port: the Wyoming convention for text to speech (Home Assistant's default)
+    wyoming_voice: str = "audio8"  # the name the model's own voice is listed under (describe, synthesize)
+
 
 DEFAULTS = Settings()
