@@ -307,7 +307,8 @@ def test_the_command_serves_describe_and_synthesize(never_eos_checkpoint, tmp_pa
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ.copy())
 
     async def ask() -> list[Event]:
-        for _ in range(600):
+        deadline = time.monotonic() + 300  # a loaded machine takes its time to import torch and load
+        while time.monotonic() < deadline:
             try:
                 async with AsyncTcpClient("127.0.0.1", port) as client:
                     await client.write_event(Describe().event())

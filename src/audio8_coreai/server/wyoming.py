@@ -61,7 +61,8 @@ _ATTRIBUTION = Attribution(name="Audio8", url=f"https://huggingface.co/{DEFAULT_
 
 @dataclass(frozen=True)
 class WyomingSettings:
-    """What one ``audio8 wyoming`` serves: ``seed`` (None: each utterance, or each stream, draws one), sampling
+    """What one ``audio8 wyoming`` serves: ``seed`` (None: the model's own voice speaks with
+    DEFAULTS.default_voice_seed, one steady speaker as over HTTP; a stored voice draws one per utterance), sampling
     overrides (None: the checkpoint's), a frame cap per utterance (``max_frames``, None: the model's budget), the
     longest text per request or unfinished sentence (``max_input_chars``) and the name the model's own voice is
     listed under (``own_voice``)."""
@@ -138,6 +139,13 @@ class Speaker:
                 f"no voice named {name!r}: describe lists the voices (the model's own is {self.settings.own_voice!r})"
             )
         return self.tts.voices.load(name, self.tts.checkpoint.fingerprint())
+
+    def seed(self, voice: Voice | None) -> int | None:
+        """The seed of a request in ``voice``: the server's ``--seed``; else, in the model's own voice,
+        DEFAULTS.default_voice_seed (one steady speaker, as the HTTP server's default voice); else None (drawn)."""
+        if self.settings.seed is None and voice is None:
+            return DEFAULTS.default_voice_seed
+        return self.settings.seed
 
     def check(self, text: str, voice: Voice | None, seed: int | None) -> CheckedRequest:
         """``text`` in ``voice`` checked as every request is (:func:`...request.check_request`) and against the
@@ -282,7 +290,7 @@ class WyomingHandler(AsyncEventHandler):
                 start = _parse(event, SynthesizeStart)
                 voice = self.speaker.voice(start.voice.name if start.voice else None)
                 audio = _Audio(self.write_event, self.speaker.tts.sample_rate)
-                self.stream = _Stream(voice, check_seed(self.speaker.settings.seed), audio)
+                self.stream = _Stream(voice, check_seed(self.speaker.seed(voice)), audio)
             elif SynthesizeChunk.is_type(event.type):
                 await self._add(_parse(event, SynthesizeChunk).text)
             elif SynthesizeStop.is_type(event.type):
@@ -301,7 +309,7 @@ class WyomingHandler(AsyncEventHandler):
 
     async def _synthesize(self, request: Synthesize) -> None:
         voice = self.speaker.voice(request.voice.name if request.voice else None)
-        checked = self.speaker.check(request.text, voice, self.speaker.settings.seed)
+        checked = self.speaker.check(request.text, voice, self.speaker.seed(voice))
         audio = _Audio(self.write_event, self.speaker.tts.sample_rate)
         if not await self.speaker.speak(checked, audio.send):
             raise NoAudio(
