@@ -33,7 +33,6 @@ class Settings:
     max_input_chars: int = 4096  # longest input text per speech request (OpenAI's limit)
     max_speech_body_bytes: int = 1024 * 1024  # a speech request's JSON body: the longest input escaped, with room
     max_upload_bytes: int = 32 * 1024 * 1024  # a voice upload: 30 s of 96 kHz stereo float wav is 23 MB
-    disconnect_poll_s: float = 0.25  # how often a whole-file request checks that its client is still there
     gather_s: float = 0.003  # batched serving: how long a ready frame call waits for the other rows' calls
     recent_s: float = 2.0  # batched serving: a row heard from this recently is expected to call again soon
     # Slow clients (uvicorn's own knobs, set by server/connections.py). uvicorn times out nothing before a request's

@@ -17,7 +17,8 @@ class ServerSettings:
     """What ``audio8 serve`` can set (defaults: :data:`.settings.DEFAULTS`). ``max_frames``: the cap per piece
     (None: the model's default budget); a request may ask for less, never more. ``chunk_frames``: frames per
     streamed chunk; ``first_chunk_frames``: frames in a stream's first chunk (None: the default of
-    :class:`..engine.stream.SpeechStream`)."""
+    :class:`..engine.stream.SpeechStream`). Slow clients: ``request_timeout_s``, ``keep_alive_s`` and
+    ``max_connections`` (:mod:`.connections`), ``stream_buffer_chunks`` and ``stall_s`` (:mod:`.relay`)."""
 
     workers: int = DEFAULTS.workers
     max_queue: int = DEFAULTS.max_queue
@@ -26,6 +27,11 @@ class ServerSettings:
     max_frames: int | None = None
     chunk_frames: int = DEFAULTS.chunk_frames
     first_chunk_frames: int | None = None
+    request_timeout_s: float = DEFAULTS.request_timeout_s
+    keep_alive_s: int = DEFAULTS.keep_alive_s
+    max_connections: int = DEFAULTS.max_connections
+    stream_buffer_chunks: int = DEFAULTS.stream_buffer_chunks
+    stall_s: float = DEFAULTS.stall_s
 
 
 @dataclass
