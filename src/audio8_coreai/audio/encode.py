@@ -128,8 +128,9 @@ class SpeechEncoder:
 def encode_speech(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     """Mono float32 ``audio`` [N] at ``sample_rate`` Hz as a complete file (or raw pcm) in ``fmt``.
 
-    wav, pcm: 16-bit signed little-endian (wav with exact sizes); flac 16-bit; mp3 (LAME, variable bit rate,
-    gapless length tag); opus (Ogg, resampled to 48 kHz). Raises AudioError as :func:`check_speech_format`.
+    wav, pcm: 16-bit signed little-endian (wav with exact sizes); flac 16-bit, the same samples; mp3 (LAME,
+    variable bit rate, gapless length tag); opus (Ogg, resampled to 48 kHz). The same audio gives the same bytes in
+    every format but opus (Ogg numbers each stream at random). Raises AudioError as :func:`check_speech_format`.
     """
     check_speech_format(fmt)
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
@@ -139,6 +140,8 @@ def encode_speech(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
         data = _pcm16(audio)
         return _wav_header(sample_rate, len(data)) + data
     container, subtype = _SOUNDFILE[fmt]
+    if fmt == "flac":  # the 16-bit samples of wav and pcm (libsndfile would round floats its own way, +-1)
+        audio = np.frombuffer(_pcm16(audio), "<i2")
     if fmt == "opus":
         audio = soxr.resample(audio, sample_rate, OPUS_RATE, quality="VHQ").astype(np.float32)
         sample_rate = OPUS_RATE

@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match, Route
 
 from ..errors import Audio8Error, ConfigError, DamagedVoice, VoiceExists, VoiceStorageError
+from .schemas import ErrorBody
 
 log = logging.getLogger("audio8_coreai.server")
 
@@ -36,6 +37,23 @@ FIELD_CODES = {
     ("speed", "greater_than_equal"): "invalid_speed",
     ("speed", "less_than_equal"): "invalid_speed",
 }
+
+# What each refusal status means, for the OpenAPI schema (:func:`documented`).
+STATUSES = {
+    400: "A request the server refuses: the message says what to change.",
+    404: "No such voice.",
+    409: "A voice of that name exists (replace=true overwrites it).",
+    413: "The body or the upload is over this server's limit.",
+    422: "The model ended the utterance at once: no audio (another seed speaks).",
+    500: "The server failed (its storage, a stored voice, or a bug, logged there).",
+    503: "The queue is full: retry after Retry-After seconds.",
+    507: "The server's disk is full.",
+}
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's ``responses`` for the OpenAPI schema: the refusals ``statuses`` it answers, and 500 (any route)."""
+    return {status: {"model": ErrorBody, "description": STATUSES[status]} for status in (*statuses, 500)}
 
 
 class ApiError(Audio8Error):

@@ -107,3 +107,19 @@ class SpeechRequest(BaseModel):
                 "unsupported_instructions", "instructions are not supported: this model takes no voice directions"
             )
         return instructions
+
+
+class ErrorDetail(BaseModel):
+    """What a refusal says: ``message`` (what to change), ``type`` (invalid_request_error for 4xx, server_error for
+    5xx), ``param`` (the field, when one is to blame) and ``code`` (for programs)."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """The body of every refusal, OpenAI's shape (documented in the OpenAPI schema; built by :mod:`.errors`)."""
+
+    error: ErrorDetail

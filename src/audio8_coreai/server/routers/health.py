@@ -7,12 +7,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import PlainTextResponse
 
+from ..errors import documented
 from ..state import State, state
 
 router = APIRouter()
 
 
-@router.get("/health")
+@router.get("/health", responses=documented())
 def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """The model served, its backend and device, and the workers' load."""
     first, workers = server.tts, server.workers
@@ -30,7 +31,7 @@ def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     }
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
+@router.get("/metrics", response_class=PlainTextResponse, responses=documented())
 def metrics_text(server: Annotated[State, Depends(state)]) -> str:
     """Requests by status, frames, audio and compute seconds, RTF, time to first audio, queue depth."""
     return server.metrics.text(server.workers.queued, server.workers.running)

@@ -16,7 +16,7 @@ from ...engine.stream import SpeechStream
 from ...errors import Audio8Error, DamagedVoice, VoiceError
 from ...request import CheckedRequest, check_request
 from ...tts import TTS
-from ..errors import ApiError
+from ..errors import ApiError, documented
 from ..metrics import Metrics
 from ..relay import Cancelled, Relay, Stalled, disconnected
 from ..schemas import SpeechRequest
@@ -98,7 +98,14 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
     )
 
 
-@router.post("/v1/audio/speech")
+@router.post(
+    "/v1/audio/speech",
+    response_class=Response,
+    responses={
+        200: {"description": "The speech, whole or streamed", "content": {t: {} for t in MEDIA_TYPES.values()}},
+        **documented(400, 413, 422, 503),
+    },
+)
 async def speech(req: SpeechRequest, request: Request, server: Annotated[State, Depends(state)]) -> Response:
     """Run the request on a worker; stream its chunks or answer the whole file. The request is checked before a
     worker is taken, the rest (the prompt's fit in the context, the voice's checkpoint) when the worker builds its

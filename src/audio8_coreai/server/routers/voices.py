@@ -12,13 +12,13 @@ from fastapi import APIRouter, Depends, Request
 from ...errors import Audio8Error, DamagedVoice, VoiceError, VoiceExists, VoiceStorageError
 from ...tts import TTS
 from ...voices import check_name
-from ..errors import ApiError, api_error, damaged, storage
+from ..errors import ApiError, api_error, damaged, documented, storage
 from ..state import State, state
 
 router = APIRouter()
 
 
-@router.get("/v1/voices")
+@router.get("/v1/voices", responses=documented())
 def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """The stored voices; one that cannot be read is listed with its error."""
     store = server.tts.voices
@@ -42,7 +42,25 @@ def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     return {"object": "list", "data": voices}
 
 
-@router.post("/v1/voices", status_code=201)
+# The multipart form, read by hand (for its limits and messages), declared for the OpenAPI schema.
+UPLOAD_FORM = {
+    "type": "object",
+    "required": ["name", "transcript", "audio"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 64},
+        "transcript": {"type": "string", "minLength": 1},
+        "audio": {"type": "string", "format": "binary", "description": "a clip of 0.5 to 30 s, any libsndfile format"},
+        "replace": {"type": "boolean", "default": False},
+    },
+}
+
+
+@router.post(
+    "/v1/voices",
+    status_code=201,
+    responses=documented(400, 409, 413, 503, 507),
+    openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": UPLOAD_FORM}}}},
+)
 async def add_voice(request: Request, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Register a voice from multipart fields ``name``, ``transcript``, ``audio`` (a file of at most
     ``max_upload_bytes``: else 413) and ``replace``; the clip is encoded on a worker. Messages name the client's
@@ -108,7 +126,7 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
     }
 
 
-@router.delete("/v1/voices/{name}")
+@router.delete("/v1/voices/{name}", responses=documented(400, 404, 507))
 def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Delete a stored voice: 404 when there is none of that name."""
     store = server.tts.voices
