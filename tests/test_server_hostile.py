@@ -109,9 +109,14 @@ def test_a_model_name_that_cannot_be_a_header_is_a_400_before_synthesis(base, mo
     assert error["param"] == "model" and metric(base, "audio8_frames_total") == frames
 
 
+def test_health_names_the_model_without_its_path(base, tiny_checkpoint):
+    r = httpx.get(f"{base}/health")
+    assert r.json()["model"] == tiny_checkpoint.name and not [leak for leak in LEAKS if leak in r.text]
+
+
 def test_a_latin1_model_name_is_echoed(base):
-    r = speech(base, model="tts-1-hd", response_format="pcm", max_frames=2)
-    assert r.status_code == 200 and r.headers["x-model"] == "tts-1-hd"
+    r = speech(base, model="tts-1-hd-\u00e9", response_format="pcm", max_frames=2)
+    assert r.status_code == 200 and r.headers["x-model"] == "tts-1-hd-\u00e9"
 
 
 def multipart(fields: dict[str, str], filename: bytes, data: bytes) -> tuple[bytes, str]:
@@ -374,6 +379,15 @@ def test_405_lists_every_method_of_the_path(base):
 def test_the_upload_limit_says_bytes_and_the_setting(base):
     error = clean(add_voice(base, "big", data=b"\0" * 1_100_000), 413, "upload_too_large")
     assert "1.0 MB" in error["message"] and "--max-upload-mb" in error["message"]
+
+
+def test_serve_checks_its_upload_limit_before_loading():
+    from typer.testing import CliRunner
+
+    from audio8_coreai.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--max-upload-mb", "0"])
+    assert result.exit_code != 0 and "--max-upload-mb must be over 0" in result.output
 
 
 def test_the_default_upload_limit_takes_30_s_of_96_khz_stereo_float():

@@ -15,12 +15,12 @@ router = APIRouter()
 
 @router.get("/health", responses=documented())
 def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
-    """The model served, its backend and device, and the workers' load."""
+    """The model served (its folder's name), its backend and device, and the workers' load."""
     first, workers = server.tts, server.workers
     backend = first.backend
     return {
         "status": "ok",
-        "model": str(first.checkpoint.path),
+        "model": first.checkpoint.path.name,  # the folder's name: no answer carries a server path
         "backend": backend.description,
         "device": backend.device_name,
         "sample_rate": first.sample_rate,
