@@ -14,17 +14,21 @@ from . import errors
 from .connections import uvicorn_config
 from .limits import SpeechBodyLimit
 from .metrics import Metrics
-from .routers import health, speech, voices
+from .routers import health, models, page, speech, voices
 from .state import ServerSettings, State
+from .voicenames import check_voices
 from .workers import Workers
 
 
 def create_app(instances: Sequence[TTS], settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker); raises
-    ValueError without one."""
+    ValueError without one, VoiceError for a ``voice_map`` target or ``default_voice`` that is no usable stored
+    voice (:func:`.voicenames.check_voices`)."""
     settings = settings or ServerSettings()
     if not instances:
         raise ValueError("the server needs at least one model instance")
+    first = instances[0]
+    check_voices(first.voices, settings.voice_map, settings.default_voice, first.checkpoint.fingerprint())
     server = State(settings, list(instances), Workers(instances, settings.max_queue), Metrics())
 
     @contextlib.asynccontextmanager
@@ -34,7 +38,7 @@ def create_app(instances: Sequence[TTS], settings: ServerSettings | None = None)
 
     app = FastAPI(title="audio8-coreai", version="0.1.0", lifespan=lifespan)
     app.state.server = server
-    routers = (speech.router, voices.router, health.router)
+    routers = (speech.router, voices.router, health.router, models.router, page.router)  # page: GET /, the web page
     errors.install(app, server.metrics.count, [route for router in routers for route in router.routes])
     app.add_middleware(SpeechBodyLimit, max_input_chars=settings.max_input_chars, metrics=server.metrics)
     for router in routers:

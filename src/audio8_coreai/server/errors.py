@@ -36,6 +36,8 @@ FIELD_CODES = {
     ("stream_format", "literal_error"): "unsupported_stream_format",
     ("speed", "greater_than_equal"): "invalid_speed",
     ("speed", "less_than_equal"): "invalid_speed",
+    ("sample_rate", "greater_than_equal"): "invalid_sample_rate",
+    ("sample_rate", "less_than_equal"): "invalid_sample_rate",
 }
 
 # What each refusal status means, for the OpenAPI schema (:func:`documented`).
@@ -155,11 +157,11 @@ def schema_error(first: dict[str, Any]) -> ApiError:
 
 
 def install(app: FastAPI, count, routes: Sequence[BaseRoute] = ()) -> None:
-    """Register the handlers on ``app``; ``count(status)`` is called for each refusal (the metrics); ``routes``
-    (the app's own) give a 405's Allow header."""
+    """Register the handlers on ``app``; ``count(status, code)`` is called for each refusal (the metrics);
+    ``routes`` (the app's own) give a 405's Allow header."""
 
     async def refuse(e: ApiError) -> JSONResponse:
-        count(e.status)
+        count(e.status, e.code)
         return e.response()
 
     @app.exception_handler(Audio8Error)
@@ -183,7 +185,8 @@ def install(app: FastAPI, count, routes: Sequence[BaseRoute] = ()) -> None:
 
     @app.exception_handler(ClientDisconnect)
     async def client_left(request: Request, exc: ClientDisconnect) -> Response:
-        count(499)  # the client left while sending its body (or was closed for taking too long): no one to answer
+        # The client left while sending its body (or was closed for taking too long): no one to answer.
+        count(499, "client_closed")
         return Response(status_code=499)
 
     @app.exception_handler(Exception)

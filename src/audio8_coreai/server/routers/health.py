@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..errors import documented
 from ..state import State, state
@@ -32,6 +33,8 @@ def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
 
 
 @router.get("/metrics", response_class=PlainTextResponse, responses=documented())
-def metrics_text(server: Annotated[State, Depends(state)]) -> str:
-    """Requests by status, frames, audio and compute seconds, RTF, time to first audio, queue depth."""
-    return server.metrics.text(server.workers.queued, server.workers.running)
+def metrics_text(server: Annotated[State, Depends(state)]) -> Response:
+    """Requests by status, errors by code, frames, audio and compute seconds, RTF, time to first audio, queue
+    depth (Prometheus text, :class:`..metrics.Metrics`)."""
+    data = server.metrics.text(server.workers.queued, server.workers.running)
+    return Response(data, media_type=CONTENT_TYPE_LATEST)

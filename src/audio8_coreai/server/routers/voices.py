@@ -1,4 +1,5 @@
-"""``/v1/voices``: list, register (a multipart clip upload, encoded on a worker) and delete stored voices."""
+"""``/v1/voices``: list, register (a multipart clip upload, encoded on a worker) and delete stored voices;
+``GET /v1/audio/voices``: every voice a speech request may name, in Open WebUI's shape."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ...tts import TTS
 from ...voices import check_name
 from ..errors import ApiError, api_error, damaged, documented, storage
 from ..state import State, state
+from ..voicenames import DEFAULT_VOICE
 
 router = APIRouter()
 
@@ -40,6 +42,19 @@ def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
         except VoiceError:  # removed since it was listed
             continue
     return {"object": "list", "data": voices}
+
+
+@router.get("/v1/audio/voices", responses=documented())
+def list_voice_ids(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
+    """``{"voices": [{"id", "name"}]}`` (Open WebUI's shape): the default voice (id ``default``: ``serve
+    --default-voice``, else the model's own), the stored voices (id: the name), then the ``--voice-map`` names
+    (``alloy (ana)``); each id is what ``voice`` takes in a speech request."""
+    settings, stored = server.settings, server.tts.voices.names()
+    own = settings.default_voice or "the model's own voice"
+    voices = [] if DEFAULT_VOICE in stored else [{"id": DEFAULT_VOICE, "name": f"{DEFAULT_VOICE} ({own})"}]
+    voices += [{"id": name, "name": name} for name in stored]
+    voices += [{"id": k, "name": f"{k} ({v})"} for k, v in sorted(settings.voice_map.items()) if k not in stored]
+    return {"voices": voices}
 
 
 # The multipart form, read by hand (for its limits and messages), declared for the OpenAPI schema.
