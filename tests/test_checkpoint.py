@@ -257,7 +257,7 @@ BAD = {
     "truncated codec": (lambda f: _truncate(f, "codec.pth"), "codec.pth", "corrupt or truncated"),
     "codec needs unpickling": (_codec_needing_unpickle, "codec.pth", "needs full unpickling"),
     "codec missing tensor": (_codec_missing_tensor, "codec.pth", "missing: decoder.model.0.conv.bias"),
-    "codec spec disagrees": (_codec_spec_disagrees, "codec.pth", "does not match codec_spec.json"),
+    "codec spec disagrees": (_codec_spec_disagrees, "codec.pth", "decoder_channels is 256 but"),
 }
 
 

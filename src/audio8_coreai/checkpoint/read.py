@@ -13,6 +13,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError
+from ..limits import MAX_CONFIG_BYTES, MAX_NUMBER_DIGITS, LongNumber
 from ..model.codec import normalize_codec_state_dict
 from .layout import FOLDER_CONTENTS
 from .validate import MAX_LISTED
@@ -43,13 +44,27 @@ def read_json(path: Path, required: bool) -> dict[str, Any] | None:
         if required:
             raise CheckpointError(f"{path.parent}: no {path.name}; a checkpoint folder must hold {FOLDER_CONTENTS}")
         return None
+    restore = "restore the file from the checkpoint"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise CheckpointError(
+                f"{path}: {path.stat().st_size} bytes, not a config file (at most {MAX_CONFIG_BYTES}); {restore}"
+            )
+        data = json.loads(path.read_text(encoding="utf-8"), parse_int=_json_int)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e}); restore the file from the checkpoint") from e
+        raise CheckpointError(f"{path}: not valid JSON ({e}); {restore}") from e
+    except RecursionError as e:
+        raise CheckpointError(f"{path}: nested too deeply to be a config file; {restore}") from e
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def _json_int(text: str) -> int | LongNumber:
+    """A JSON integer; one of over MAX_NUMBER_DIGITS digits as a :class:`LongNumber`, which every check refuses
+    by its key (Python itself refuses to read over 4300 digits, and no size has so many)."""
+    digits = len(text.lstrip("-"))
+    return LongNumber(digits) if digits > MAX_NUMBER_DIGITS else int(text)
 
 
 def safetensors_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
