@@ -48,7 +48,8 @@ def say(
     max_frames: Annotated[
         int | None,
         typer.Option(
-            help="Frame cap (46 ms each; default: the checkpoint's max_new_tokens, 512, or what the context leaves)."
+            help="Frame cap (46 ms each; default: 64 plus 16 per text token, at most the checkpoint's max_new_tokens, "
+            "512, and what the context leaves)."
         ),
     ] = None,
     device: DeviceOpt = "auto",
