@@ -81,3 +81,8 @@ class ParityError(Audio8Error, ValueError):
 
 class GateError(Audio8Error, ValueError):
     """The gate cannot run as asked (bad fixtures file, no espeak-ng for a clip, missing extra)."""
+
+
+class UnsupportedLanguageWarning(UserWarning):
+    """A warning, not an error: text in a script none of the model's languages uses, or written Cantonese
+    (text/languages.py); it is spoken all the same, likely as noise or not at all."""

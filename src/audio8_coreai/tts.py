@@ -20,7 +20,7 @@ from .engine.loop import frame_budget, generate
 from .engine.stream import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
 from .errors import BackendError, CheckpointError, EngineError, PromptError, PromptTooLong
 from .request import check_seed, sampling_config
-from .text import PromptBuilder, check_text, load_tokenizer, split_text
+from .text import PromptBuilder, check_text, load_tokenizer, split_text, warn_language
 from .voices import Voice, VoiceStore
 
 
@@ -161,7 +161,7 @@ class TTS(VoiceCloning):
         (bad sampling settings), VoiceError (unknown voice, one from another checkpoint, voice given twice),
         AudioError (an unusable ``ref_audio``).
         """
-        params, text = self.sampling(temperature, top_k, top_p), check_text(text)
+        params, text = self.sampling(temperature, top_k, top_p), warn_language(check_text(text))
         prompt = self._prompt(text, self._voice(voice, ref_audio, ref_text))
         budget = self._budget(text, prompt, max_frames, self.checkpoint.generation.max_new_tokens)
         seed = check_seed(seed)
@@ -225,7 +225,7 @@ class TTS(VoiceCloning):
             raise ValueError(f"{len(texts)} texts but seeds {seeds!r}: give a list of one seed per text (or none)")
         params = self.sampling(temperature, top_k, top_p)
         chosen = self._voice(voice, None, None)
-        texts = [check_text(t) for t in texts]
+        texts = [warn_language(check_text(t)) for t in texts]
         prompts = [self._prompt(t, chosen) for t in texts]
         default = self.checkpoint.generation.max_new_tokens
         budgets = [self._budget(t, p, max_frames, default) for t, p in zip(texts, prompts)]
@@ -332,7 +332,7 @@ class TTS(VoiceCloning):
         others through the API; the CLI and server keep it at most ``chunk_frames``).
         """
         params = self.sampling(temperature, top_k, top_p)
-        text = check_text(text)
+        text = warn_language(check_text(text))
         chosen = self._voice(voice, ref_audio, ref_text)
         parts = self._split(text, chosen)
         default_frames = self.checkpoint.generation.max_new_tokens

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..checkpoint import DEFAULT_MODEL
-from ..errors import AudioError, EngineError
+from ..errors import AudioError, EngineError, UnsupportedLanguageWarning
 from ..settings import DEFAULTS
 from .app import (
     AssetsOpt,
@@ -86,6 +87,7 @@ def say(
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
     from ..audio import check_writable, read_reference, write_audio
     from ..request import check_request
+    from ..text import language_warning
     from ..tts import TTS
     from ..voices import VoiceStore
 
@@ -103,6 +105,9 @@ def say(
         chunk_frames=chunk_frames,
         first_chunk_frames=first_chunk_frames,
     )
+    if note := language_warning(req.text):
+        print_warnings([note])
+    warnings.filterwarnings("ignore", category=UnsupportedLanguageWarning)  # said once, above, not again by the API
     to_stdout = str(output) == "-"
     if to_stdout and sys.stdout.isatty():
         raise AudioError(

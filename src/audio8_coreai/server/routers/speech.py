@@ -16,6 +16,7 @@ from ...engine.stream import SpeechStream
 from ...errors import Audio8Error
 from ...request import CheckedRequest, check_request
 from ...settings import DEFAULTS
+from ...text import language_warning
 from ...tts import TTS
 from ..errors import ApiError
 from ..metrics import Metrics
@@ -130,6 +131,8 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
 
     server.workers.submit(job)
     headers = {"X-Model": req.model, "X-Seed": str(checked.seed), "X-Sample-Rate": str(first.sample_rate)}
+    if note := language_warning(checked.text):  # text not in the model's languages: ASCII, no text of the request
+        headers["X-Audio8-Warning"] = note
     media = MEDIA_TYPES[req.response_format]
     streamed = False
     try:
