@@ -13,6 +13,7 @@ from .backends.base import Backend, check_backend_choice, open_backend
 from .backends.torch import TorchBackend
 from .backends.torch.rows import FrameServer
 from .checkpoint import DEFAULT_MODEL, Checkpoint, load_checkpoint
+from .checkpoint.layout import FOLDER_CONTENTS
 from .cloning import VoiceCloning
 from .config import SamplingParams, check_int
 from .engine.batch import generate_batch
@@ -106,10 +107,7 @@ class TTS(VoiceCloning):
         ckpt = load_checkpoint(model)
         ckpt.fingerprint()  # of the files as loaded: voices are checked against these weights, not later files
         if ckpt.tokenizer_dir is None:
-            raise CheckpointError(
-                f"{ckpt.path} has no tokenizer.json: a checkpoint folder must hold the "
-                "tokenizer files (tokenizer.json, tokenizer_config.json) to speak text"
-            )
+            raise CheckpointError(f"{ckpt.path} has no tokenizer.json: a checkpoint folder must hold {FOLDER_CONTENTS}")
         prompts = PromptBuilder(load_tokenizer(ckpt.tokenizer_dir), ckpt.config)
         chosen = open_backend(
             ckpt,

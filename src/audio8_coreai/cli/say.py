@@ -162,12 +162,9 @@ def say(
         raise _no_audio(output)
     write_audio(output, result.audio, result.sample_rate)
     if not result.reached_eos:
-        full = result.prompt_length + result.max_frames >= tts.config.max_seq_len
-        remedy = (
-            "the context is full: shorten the text, or use --stream, which splits it by its estimated speech"
-            if full
-            else "raise --max-frames if the context allows, or shorten the text"
-        )
+        remedy = _cap_remedy([result.prompt_length], result.max_frames, tts.config.max_seq_len)
+        if remedy.startswith("the context is full"):
+            remedy += ", or use --stream, which splits it by its estimated speech"
         err.print(
             f"[yellow]warning:[/] stopped at the frame cap ({result.max_frames} frames) before the model "
             f"ended the utterance; the audio may be cut ({remedy})"
@@ -232,11 +229,23 @@ def _write_stream(speech, output: Path) -> None:
 
 
 def _warn_capped(speech) -> None:
-    capped = [i + 1 for i, eos in enumerate(speech.reached_eos) if not eos]
+    capped = [i for i, eos in enumerate(speech.reached_eos) if not eos]
     if capped:
-        which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {', '.join(map(str, capped))}"
+        which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {', '.join(str(i + 1) for i in capped)}"
+        cap = max(speech.pieces[i].max_frames for i in capped)
+        remedy = _cap_remedy([p.prompt.shape[1] for p in speech.pieces], cap, speech.backend.cfg.max_seq_len)
         err.print(
             f"[yellow]warning:[/] {which} stopped at the frame cap before the model ended it; the audio may "
-            "be cut (raise --max-frames)",
+            f"be cut ({remedy})",
             highlight=False,
         )
+
+
+def _cap_remedy(prompt_lengths: list[int], cap: int, context: int) -> str:
+    """What to do about pieces (prompts of ``prompt_lengths`` columns) stopped at the frame cap ``cap``: a larger
+    --max-frames, at most what the context leaves every piece (it caps each of them), or a shorter text when that
+    is no larger."""
+    most = min(context - length for length in prompt_lengths)
+    if most <= cap:
+        return "the context is full: shorten the text"
+    return f"raise --max-frames, up to {most} (what the context leaves), or shorten the text"
