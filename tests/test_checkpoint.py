@@ -5,6 +5,7 @@ from __future__ import annotations
 import fractions
 import json
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -255,9 +256,9 @@ BAD = {
     "missing codec": (lambda f: (f / "codec.pth").unlink(), "codec.pth", "must hold"),
     "corrupt codec": (lambda f: (f / "codec.pth").write_bytes(os.urandom(4096)), "codec.pth", "corrupt"),
     "truncated codec": (lambda f: _truncate(f, "codec.pth"), "codec.pth", "corrupt or truncated"),
-    "codec needs unpickling": (_codec_needing_unpickle, "codec.pth", "needs full unpickling"),
+    "codec needs unpickling": (_codec_needing_unpickle, "codec.pth", "objects a weights file must not hold"),
     "codec missing tensor": (_codec_missing_tensor, "codec.pth", "missing: decoder.model.0.conv.bias"),
-    "codec spec disagrees": (_codec_spec_disagrees, "codec.pth", "does not match codec_spec.json"),
+    "codec spec disagrees": (_codec_spec_disagrees, "codec.pth", "decoder_channels is 256 but"),
 }
 
 
@@ -270,6 +271,52 @@ def test_bad_checkpoint_is_a_clear_error(case, tiny_checkpoint, tmp_path):
         load_checkpoint(folder)
     message = str(err.value)
     assert file in message and needle in message, message
+
+
+class _RunsCode:
+    """Unpickling this makes a folder: proof that loading ran code from the file."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def _zip_pickle_with_code(file: Path, marker: Path) -> None:
+    sd = torch.load(file, weights_only=True)
+    torch.save({**sd, "hook": _RunsCode(marker)}, file)
+
+
+def _legacy_pickle_with_code(file: Path, marker: Path) -> None:
+    sd = torch.load(file, weights_only=True)
+    torch.save({**sd, "hook": _RunsCode(marker)}, file, _use_new_zipfile_serialization=False)
+
+
+def _plain_pickle_with_code(file: Path, marker: Path) -> None:  # pickle.dump, not torch.save: protocol 4 opcodes
+    file.write_bytes(pickle.dumps({"hook": _RunsCode(marker)}, protocol=4))
+
+
+def _hand_written_pickle(file: Path, marker: Path) -> None:  # GLOBAL os.mkdir, REDUCE: no torch involved
+    file.write_bytes(b"cos\nmkdir\n(S'" + str(marker).encode() + b"'\ntR.")
+
+
+@pytest.mark.parametrize(
+    "variant", [_zip_pickle_with_code, _legacy_pickle_with_code, _plain_pickle_with_code, _hand_written_pickle]
+)
+def test_code_carrying_codec_is_refused_unrun_without_torchs_advice(variant, tiny_checkpoint, tmp_path):
+    """A codec.pth holding objects beyond tensors and plain containers: refused as such, nothing in it run, and torch's
+    advice to reload with weights_only=False never passed on."""
+    folder = _copy(tiny_checkpoint, tmp_path / "ck")
+    marker = tmp_path / "code_ran"
+    variant(folder / "codec.pth", marker)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(folder)
+    message = str(err.value)
+    assert "codec.pth: holds objects a weights file must not hold" in message, message
+    assert "codec.safetensors" in message, message
+    assert "weights_only" not in message and "corrupt" not in message and "pytorch.org" not in message, message
+    assert not marker.exists()
 
 
 def test_many_mismatches_are_counted_and_the_first_five_named(tiny_checkpoint, tmp_path):

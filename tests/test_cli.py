@@ -463,3 +463,64 @@ def test_voice_mistakes_are_one_clear_line(case, args, needle, tmp_path):
 def test_short_help_flag(args, needle):
     result = run(*args)
     assert result.exit_code == 0 and needle in result.output
+
+
+def test_the_cap_warning_of_split_text_suggests_a_frame_cap_the_context_takes(never_eos_checkpoint, tmp_path):
+    """Split (streamed) text stopped at --max-frames: the warning names the most --max-frames every piece's context
+    takes, and the API takes exactly that much and refuses one more."""
+    from audio8_coreai import TTS
+    from audio8_coreai.errors import EngineError
+
+    text = "Hi. Hi. Hi. Hi."  # pieces of a few tokens on this 128-position context
+    model = ("--model", never_eos_checkpoint, "--device", "cpu", "--seed", 1)
+    result = run("say", text, "-o", tmp_path / "split.wav", *model, "--stream", "--max-frames", 2)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    most = int(re.search(r"raise --max-frames, up to (\d+)", said).group(1))
+    tts = TTS.load(never_eos_checkpoint, device="cpu")
+    assert len(tts.stream(text, max_frames=most).pieces) >= 2
+    with pytest.raises(EngineError, match="at most"):
+        tts.stream(text, max_frames=most + 1)
+
+
+def test_the_cap_warning_of_a_stream_at_the_context_says_shorten(never_eos_checkpoint, tmp_path):
+    from audio8_coreai import TTS
+
+    room = 128 - TTS.load(never_eos_checkpoint, device="cpu").prompts.plain("Hi.").shape[1]
+    args = ("--model", never_eos_checkpoint, "--device", "cpu", "--stream", "--max-frames", room)
+    result = run("say", "Hi.", "-o", tmp_path / "full.wav", *args)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0 and "the context is full" in said and "raise --max-frames" not in said, said
+
+
+def test_output_is_not_wrapped_when_not_a_terminal(tiny_checkpoint, tmp_path):
+    out = tmp_path / ("a-long-folder-name-" * 4) / "speech.wav"  # the summary line runs past 80 columns
+    out.parent.mkdir()
+    result = run("say", "Hello there.", "-o", out, "--model", tiny_checkpoint, "--device", "cpu", "--max-frames", 2)
+    assert result.exit_code == 0, result.output
+    summary = next(line for line in result.output.splitlines() if line.startswith(str(out)))
+    assert len(summary) > 80 and "RTF" in summary and "seed" in summary, result.output
+
+
+def test_the_folder_the_missing_checkpoint_message_describes_speaks(tiny_checkpoint, tmp_path):
+    """The message lists what a folder must hold (the tokenizer included: TTS.load needs it), and a folder of just
+    those files speaks."""
+    result = run("say", "Hi.", "-o", tmp_path / "x.wav", "--model", tmp_path / "nowhere")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2
+    assert "config.json, model.safetensors, codec.pth (or codec.safetensors) and tokenizer.json" in said, said
+    assert "tokenizer.json, tokenizer_config.json and generation_config.json are used when present" not in said
+    folder = tmp_path / "minimal"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors", "codec.pth", "tokenizer.json"):
+        shutil.copy(tiny_checkpoint / name, folder / name)
+    model = ("--model", folder, "--device", "cpu", "--max-frames", 2)
+    assert run("say", "Hi.", "-o", tmp_path / "ok.wav", *model).exit_code == 0
+    (folder / "tokenizer.json").unlink()
+    result = run("say", "Hi.", "-o", tmp_path / "no.wav", *model)
+    said = " ".join(result.output.split())
+    assert (
+        result.exit_code == 2
+        and "has no tokenizer.json" in said
+        and "(or codec.safetensors) and tokenizer.json" in said
+    )

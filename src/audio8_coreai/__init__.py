@@ -22,6 +22,7 @@ from .errors import (
     ConfigError,
     EngineError,
     PromptError,
+    UnsupportedLanguageWarning,
     VoiceError,
 )
 from .tts import TTS, Synthesis
@@ -38,6 +39,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "EngineError",
+    "UnsupportedLanguageWarning",
     "PromptError",
     "VoiceError",
 ]

@@ -12,9 +12,11 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 from .errors import ConfigError
+from .limits import CODEC_SIZE_LIMITS, MAX_CODEC_STRIDES, MODEL_NUMBER_RULES, MODEL_SIZE_LIMITS, LongNumber
 
 MODEL_TYPE = "arktts"
 
@@ -43,7 +45,8 @@ def _req(d: dict[str, Any], key: str, kind: type, where: str) -> Any:
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        raise ConfigError(f"{where}: '{key}' should be {kind.__name__}, got {type(value).__name__} {value!r}")
+        got = repr(value) if isinstance(value, LongNumber) else f"{type(value).__name__} {value!r}"
+        raise ConfigError(f"{where}: '{key}' should be {kind.__name__}, got {got}", key)
     return value
 
 
@@ -167,30 +170,29 @@ class ModelConfig:
         return cfg
 
     def _check(self, where: str) -> None:
-        sizes = (
-            "vocab_size",
-            "dim",
-            "n_layer",
-            "n_head",
-            "n_local_heads",
-            "head_dim",
-            "intermediate_size",
-            "max_seq_len",
-            "codebook_size",
-            "num_codebooks",
-            "n_fast_layer",
-            "fast_dim",
-            "fast_n_head",
-            "fast_n_local_heads",
-            "fast_head_dim",
-            "fast_intermediate_size",
-            "ras_window_size",
-            "codec_sample_rate",
-            "codec_frame_size",
-        )
-        for name in sizes:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{where}: {name} must be >= 1, got {getattr(self, name)}", name)
+        for name, (low, high) in MODEL_SIZE_LIMITS.items():
+            value = getattr(self, name)
+            if value < low:
+                raise ConfigError(f"{where}: {name} must be >= {low}, got {value}", name)
+            if value > high:
+                raise ConfigError(f"{where}: {name} is {value}, over the most this port runs ({high})", name)
+        if self.ras_window_size > self.max_seq_len:
+            raise ConfigError(
+                f"{where}: ras_window_size {self.ras_window_size} is longer than the context (max_seq_len "
+                f"{self.max_seq_len}): a window that can never fill",
+                "ras_window_size",
+            )
+        for name, (rule, ok) in MODEL_NUMBER_RULES.items():
+            value = getattr(self, name)
+            if not (math.isfinite(value) and ok(value)):
+                raise ConfigError(f"{where}: {name} must be a finite number {rule}, got {value!r}", name)
+        name = self.codec_filename
+        if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name or PurePath(name).is_absolute():
+            raise ConfigError(
+                f"{where}: codec_filename {name!r} is not a file name: the codec file must lie in the checkpoint "
+                "folder itself (as codec.pth does)",
+                "codec_filename",
+            )
         if not 0 <= self.semantic_begin_id <= self.semantic_end_id < self.vocab_size:
             raise ConfigError(
                 f"{where}: semantic ids {self.semantic_begin_id}..{self.semantic_end_id} "
@@ -298,6 +300,14 @@ class QuantizerTransformerConfig:
     window_size: int = 128
 
 
+def _spec_int(value: Any, name: str, where: str) -> int:
+    """``value`` of codec_spec.json's ``name`` as an int within :data:`CODEC_SIZE_LIMITS`; else ConfigError."""
+    low, high = CODEC_SIZE_LIMITS[name]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{where}: {name} must be a whole number from {low} to {high}, got {value!r}", name)
+    return value
+
+
 @dataclass(frozen=True)
 class CodecConfig:
     """Sizes of the DAC-style codec (SPEC.md section 8); defaults are the real 0.6b codec.
@@ -342,7 +352,11 @@ class CodecConfig:
 
     @classmethod
     def from_spec(cls, d: dict[str, Any], where: str = "codec_spec.json") -> CodecConfig:
-        """Parse a ``codec_spec.json`` (the oracle's format); missing keys take the 0.6b defaults."""
+        """Parse a ``codec_spec.json`` (the oracle's format); missing keys take the 0.6b defaults.
+
+        Raises :class:`ConfigError` naming the key (``quantizer_transformer.n_layer`` for a nested one) that is not
+        a whole number within :data:`CODEC_SIZE_LIMITS`, a list of over :data:`MAX_CODEC_STRIDES` entries, or
+        encoder strides and transformer depths of different lengths."""
         if not isinstance(d, dict):
             raise ConfigError(f"{where}: expected a JSON object")
         base = cls()
@@ -353,24 +367,31 @@ class CodecConfig:
             v = d[f.name]
             if f.name == "quantizer_transformer":
                 if not isinstance(v, dict):
-                    raise ConfigError(f"{where}: quantizer_transformer should be an object")
+                    raise ConfigError(f"{where}: quantizer_transformer should be an object", f.name)
                 qt = dataclasses.asdict(base.quantizer_transformer)
                 unknown = set(v) - set(qt)
                 if unknown:
-                    raise ConfigError(f"{where}: unknown quantizer_transformer keys {sorted(unknown)}")
-                qt.update(v)
-                v = QuantizerTransformerConfig(**{k: int(x) for k, x in qt.items()})
+                    raise ConfigError(f"{where}: unknown quantizer_transformer keys {sorted(unknown)}", f.name)
+                qt.update({k: _spec_int(x, f"{f.name}.{k}", where) for k, x in v.items()})
+                v = QuantizerTransformerConfig(**qt)
             elif isinstance(getattr(base, f.name), tuple):
-                if not isinstance(v, list) or not all(isinstance(x, int) for x in v):
-                    raise ConfigError(f"{where}: '{f.name}' should be a list of integers")
-                v = tuple(v)
-            elif not isinstance(v, int) or isinstance(v, bool):
-                raise ConfigError(f"{where}: '{f.name}' should be an integer")
+                if not isinstance(v, list) or not 1 <= len(v) <= MAX_CODEC_STRIDES:
+                    raise ConfigError(f"{where}: '{f.name}' should be a list of 1 to {MAX_CODEC_STRIDES} integers")
+                v = tuple(_spec_int(x, f.name, where) for x in v)
+            else:
+                v = _spec_int(v, f.name, where)
             values[f.name] = v
         # The encoder transformer (window 512) shares the quantizer transformer's FFN width unless given.
         if "encoder_transformer_intermediate_size" not in values and "quantizer_transformer" in values:
             values["encoder_transformer_intermediate_size"] = values["quantizer_transformer"].intermediate_size
-        return cls(**{**dataclasses.asdict(base), "quantizer_transformer": base.quantizer_transformer, **values})
+        cfg = cls(**{**dataclasses.asdict(base), "quantizer_transformer": base.quantizer_transformer, **values})
+        if len(cfg.encoder_strides) != len(cfg.encoder_transformer_layers):
+            raise ConfigError(
+                f"{where}: {len(cfg.encoder_strides)} encoder_strides but {len(cfg.encoder_transformer_layers)} "
+                "encoder_transformer_layers: give one depth per encoder block",
+                "encoder_transformer_layers",
+            )
+        return cfg
 
     def to_spec(self) -> dict[str, Any]:
         """The ``codec_spec.json`` form of this config (inverse of :meth:`from_spec`)."""

@@ -106,3 +106,8 @@ class ProtocolError(Audio8Error, ValueError):
 
 class NoAudio(EngineError):
     """The model ended every utterance of a request on its first frame (eos drawn at once): no audio to send."""
+
+
+class UnsupportedLanguageWarning(UserWarning):
+    """A warning, not an error: text in a script none of the model's languages uses, or written Cantonese
+    (text/languages.py); it is spoken all the same, likely as noise or not at all."""

@@ -19,6 +19,11 @@ class Settings:
     pause_s: float = 0.25  # silence between the pieces of a split text: a sentence break's pause in read speech
     frames_per_token: int = 8  # frames one text token takes when spoken, with margin: how text is split
     min_voice_frames: int = 64  # frames a voice's clone prompt must leave in the context (64 x 2048 samples = 3.0 s)
+    # An utterance's frame cap when its caller sets none (engine/loop.py frame_budget): cap_base_frames plus
+    # cap_frames_per_token per text token, about 3x read speech (6 frames a token), so a model that never samples
+    # eos stops soon after the words' time; the checkpoint's max_new_tokens and the context cap it too.
+    cap_base_frames: int = 64  # 64 frames = 3.0 s
+    cap_frames_per_token: int = 16  # 16 frames = 0.74 s per text token
 
     # Torch backend (backends/torch/backend.py, cudagraphs.py)
     decode_chunk_frames: int = 16  # frames per codec push when decoding a whole utterance (fastest, smallest)

@@ -13,6 +13,7 @@ from .backends.base import Backend, check_backend_choice, open_backend
 from .backends.torch import TorchBackend
 from .backends.torch.rows import FrameServer
 from .checkpoint import DEFAULT_MODEL, Checkpoint, load_checkpoint
+from .checkpoint.layout import FOLDER_CONTENTS
 from .cloning import VoiceCloning
 from .config import SamplingParams, check_int
 from .engine.batch import generate_batch
@@ -20,7 +21,7 @@ from .engine.loop import frame_budget, generate
 from .engine.stream import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
 from .errors import BackendError, CheckpointError, EngineError, PromptError, PromptTooLong
 from .request import check_seed, sampling_config
-from .text import PromptBuilder, check_text, load_tokenizer, split_text
+from .text import PromptBuilder, check_text, load_tokenizer, split_text, warn_language
 from .voices import Voice, VoiceStore
 
 
@@ -106,10 +107,7 @@ class TTS(VoiceCloning):
         ckpt = load_checkpoint(model)
         ckpt.fingerprint()  # of the files as loaded: voices are checked against these weights, not later files
         if ckpt.tokenizer_dir is None:
-            raise CheckpointError(
-                f"{ckpt.path} has no tokenizer.json: a checkpoint folder must hold the "
-                "tokenizer files (tokenizer.json, tokenizer_config.json) to speak text"
-            )
+            raise CheckpointError(f"{ckpt.path} has no tokenizer.json: a checkpoint folder must hold {FOLDER_CONTENTS}")
         prompts = PromptBuilder(load_tokenizer(ckpt.tokenizer_dir), ckpt.config)
         chosen = open_backend(
             ckpt,
@@ -151,19 +149,19 @@ class TTS(VoiceCloning):
     ) -> Synthesis:
         """Speak ``text``: prompt, prefill, frames until eos or the cap, codec. See :class:`Synthesis`.
 
-        ``seed`` None draws a fresh one (reported in the result). ``max_frames`` None means the
-        checkpoint's max_new_tokens (512, about 23.8 s) clipped to the context; an explicit value that
-        does not fit is an error. ``on_start(max_frames)`` and ``on_frame(step)`` drive progress bars.
-        In a cloned voice: ``voice`` (a name in :attr:`voices`, or a :class:`Voice`), or a one-off clip
-        ``ref_audio`` (a file, see :meth:`voice_from_clip`) with its transcript ``ref_text``; the prompt is
-        then the publisher's clone prompt (SPEC.md section 5).
+        ``seed`` None draws a fresh one (reported in the result). ``max_frames`` None means the text's cap
+        (3.0 s plus 0.74 s per text token, settings.py), at most the checkpoint's max_new_tokens (512, about
+        23.8 s), clipped to the context; an explicit value is the caller's cap, and one that does not fit is an
+        error. ``on_start(max_frames)`` and ``on_frame(step)`` drive progress bars. In a cloned voice:
+        ``voice`` (a name in :attr:`voices`, or a :class:`Voice`), or a one-off clip ``ref_audio`` (a file, see
+        :meth:`voice_from_clip`) with its transcript ``ref_text``; the prompt is then the publisher's clone prompt.
         Raises PromptError (empty/unspeakable text), EngineError (does not fit the context), ConfigError
         (bad sampling settings), VoiceError (unknown voice, one from another checkpoint, voice given twice),
         AudioError (an unusable ``ref_audio``).
         """
-        params = self.sampling(temperature, top_k, top_p)
-        prompt = self._prompt(check_text(text), self._voice(voice, ref_audio, ref_text))
-        budget = frame_budget(self.config, prompt.shape[1], max_frames, self.checkpoint.generation.max_new_tokens)
+        params, text = self.sampling(temperature, top_k, top_p), warn_language(check_text(text))
+        prompt = self._prompt(text, self._voice(voice, ref_audio, ref_text))
+        budget = self._budget(text, prompt, max_frames, self.checkpoint.generation.max_new_tokens)
         seed = check_seed(seed)
         if on_start is not None:
             on_start(budget)
@@ -225,9 +223,10 @@ class TTS(VoiceCloning):
             raise ValueError(f"{len(texts)} texts but seeds {seeds!r}: give a list of one seed per text (or none)")
         params = self.sampling(temperature, top_k, top_p)
         chosen = self._voice(voice, None, None)
-        prompts = [self._prompt(check_text(t), chosen) for t in texts]
+        texts = [warn_language(check_text(t)) for t in texts]
+        prompts = [self._prompt(t, chosen) for t in texts]
         default = self.checkpoint.generation.max_new_tokens
-        budgets = [frame_budget(self.config, p.shape[1], max_frames, default) for p in prompts]
+        budgets = [self._budget(t, p, max_frames, default) for t, p in zip(texts, prompts)]
         seeds = [check_seed(s) for s in seeds]
         with self.backend.lease.hold():  # its prefills pass through the backend (the last logits it keeps)
             gens = generate_batch(self.backend, prompts, params, seeds, budgets, max_batch)
@@ -331,7 +330,7 @@ class TTS(VoiceCloning):
         others through the API; the CLI and server keep it at most ``chunk_frames``).
         """
         params = self.sampling(temperature, top_k, top_p)
-        text = check_text(text)
+        text = warn_language(check_text(text))
         chosen = self._voice(voice, ref_audio, ref_text)
         parts = self._split(text, chosen)
         default_frames = self.checkpoint.generation.max_new_tokens
@@ -341,7 +340,7 @@ class TTS(VoiceCloning):
         for index, words in enumerate(parts):
             prompt = self._prompt(words, chosen)
             try:
-                budget = frame_budget(self.config, prompt.shape[1], max_frames, default_frames)
+                budget = self._budget(words, prompt, max_frames, default_frames)
             except EngineError as e:
                 if len(parts) == 1:
                     raise
@@ -385,6 +384,11 @@ class TTS(VoiceCloning):
                 f"included) takes {overhead} of the context's {self.config.max_seq_len} positions, so a "
                 "voice made from a shorter clip leaves room for longer pieces"
             ) from None
+
+    def _budget(self, text: str, prompt: np.ndarray, max_frames: int | None, default_frames: int) -> int:
+        """The frame cap of checked ``text`` spoken after ``prompt``: :func:`.engine.loop.frame_budget`, the text's
+        own cap (settings.py, cap_base_frames) included."""
+        return frame_budget(self.config, prompt.shape[1], max_frames, default_frames, len(self.prompts.encode(text)))
 
     def _prompt(self, text: str, voice: Voice | None) -> np.ndarray:
         """The [1+C, P] prompt of checked ``text``: plain, or the clone prompt of ``voice``."""

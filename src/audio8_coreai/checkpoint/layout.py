@@ -6,7 +6,8 @@
 * ``codec.pth``: the codec weights, a torch pickle loaded with ``weights_only=True`` only, or
   ``codec.safetensors`` with the same names (preferred when present: no pickle at all);
 * ``codec_spec.json`` (optional, not in the release): the codec's sizes when they are not the 0.6b ones;
-* ``tokenizer.json`` + ``tokenizer_config.json`` (optional here; the prompt builder needs them).
+* ``tokenizer.json``: the prompt builder's (needed to speak; not to validate or convert weights);
+  ``tokenizer_config.json`` is fetched and written beside it, not read.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 # What a folder must hold, said the same way in every error message.
 FOLDER_CONTENTS = (
-    "config.json, model.safetensors and codec.pth (or codec.safetensors); "
-    "tokenizer.json, tokenizer_config.json and generation_config.json are used when present"
+    "config.json, model.safetensors, codec.pth (or codec.safetensors) and tokenizer.json; "
+    "generation_config.json is used when present"
 )
 
 

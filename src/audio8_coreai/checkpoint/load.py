@@ -31,7 +31,7 @@ from .layout import (
 )
 from .locate import resolve_checkpoint
 from .read import codec_tensors, read_json, safetensors_shapes
-from .validate import check_tensors, derive_codec_config
+from .validate import check_codec_sizes, check_model_sizes, check_tensors, derive_codec_config
 
 
 @dataclass
@@ -93,9 +93,11 @@ class Checkpoint:
             return
         if not self.model_file.is_file():
             raise CheckpointError(f"{self.path}: no {MODEL_FILE}; a checkpoint folder must hold {FOLDER_CONTENTS}")
-        check_tensors(
-            self.model_file, CONFIG_FILE, dualar_param_shapes(self.config), safetensors_shapes(self.model_file)
+        actual = safetensors_shapes(self.model_file)
+        check_model_sizes(
+            self.config, str(self.path / CONFIG_FILE), self.model_file, {n: s for n, (s, _) in actual.items()}
         )
+        check_tensors(self.model_file, CONFIG_FILE, dualar_param_shapes(self.config), actual)
         self._model_checked = True
 
     def check_codec(self) -> None:
@@ -115,10 +117,24 @@ class Checkpoint:
             )
         tensors = codec_tensors(file, lazy=True)
         actual = {n: (tuple(t.shape), t.dtype) for n, t in tensors.items()}
-        if not (self.path / CODEC_SPEC_FILE).is_file():
-            self.codec_config = derive_codec_config({n: s for n, (s, _) in actual.items()})
-        against = CODEC_SPEC_FILE if (self.path / CODEC_SPEC_FILE).is_file() else "the codec layout"
-        check_tensors(file, against, codec_param_shapes(self.codec_config), actual)
+        shapes = {n: s for n, (s, _) in actual.items()}
+        spec = self.path / CODEC_SPEC_FILE
+        if not spec.is_file():
+            self.codec_config = derive_codec_config(shapes)
+        check_codec_sizes(
+            self.config,
+            str(self.path / CONFIG_FILE),
+            self.codec_config,
+            str(spec) if spec.is_file() else None,
+            file,
+            shapes,
+        )
+        check_tensors(
+            file,
+            CODEC_SPEC_FILE if spec.is_file() else "the codec layout",
+            codec_param_shapes(self.codec_config),
+            actual,
+        )
         self._codec_checked = True
 
     def model_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

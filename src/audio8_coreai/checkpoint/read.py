@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
+import pickletools
+import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -13,6 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError
+from ..limits import MAX_CONFIG_BYTES, MAX_NUMBER_DIGITS, LongNumber
 from ..model.codec import normalize_codec_state_dict
 from .layout import FOLDER_CONTENTS
 from .validate import MAX_LISTED
@@ -43,13 +48,27 @@ def read_json(path: Path, required: bool) -> dict[str, Any] | None:
         if required:
             raise CheckpointError(f"{path.parent}: no {path.name}; a checkpoint folder must hold {FOLDER_CONTENTS}")
         return None
+    restore = "restore the file from the checkpoint"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise CheckpointError(
+                f"{path}: {path.stat().st_size} bytes, not a config file (at most {MAX_CONFIG_BYTES}); {restore}"
+            )
+        data = json.loads(path.read_text(encoding="utf-8"), parse_int=_json_int)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e}); restore the file from the checkpoint") from e
+        raise CheckpointError(f"{path}: not valid JSON ({e}); {restore}") from e
+    except RecursionError as e:
+        raise CheckpointError(f"{path}: nested too deeply to be a config file; {restore}") from e
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def _json_int(text: str) -> int | LongNumber:
+    """A JSON integer; one of over MAX_NUMBER_DIGITS digits as a :class:`LongNumber`, which every check refuses
+    by its key (Python itself refuses to read over 4300 digits, and no size has so many)."""
+    digits = len(text.lstrip("-"))
+    return LongNumber(digits) if digits > MAX_NUMBER_DIGITS else int(text)
 
 
 def safetensors_shapes(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -83,26 +102,54 @@ def _load_pickle(path: Path, lazy: bool) -> Any:
     is how the codec is validated without loading its 1.6 GB.
     """
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=lazy and zipfile.is_zipfile(path))
+        with warnings.catch_warnings():  # torch's note on a pickle protocol it does not write: the error says more
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=lazy and zipfile.is_zipfile(path))
     except pickle.UnpicklingError as e:
-        detail = str(e).split("WeightsUnpickler error:", 1)[-1].strip().splitlines()
-        if "Unsupported global" in str(e):
-            culprit = next((line for line in detail if "Unsupported global" in line), detail[0] if detail else "")
-            raise CheckpointError(
-                f"{path}: needs full unpickling ({culprit.split(' was not')[0].strip()}), which could run code "
-                "from the file, so it is refused; re-save it as a plain dict of tensors (torch.save(state_dict)) "
-                "or as codec.safetensors"
-            ) from e
+        if "Weights only load failed" not in str(e):  # the unpickler itself: a cut or damaged pickle
+            raise _unreadable(path, e) from e
+        culprit = _GLOBAL.search(str(e))
+        if culprit is None and not _builds_objects(path):  # an instruction refused in what is no pickle: damage
+            raise _unreadable(path, e) from e
+        what = f"the global {culprit.group(1)}" if culprit else "pickle instructions that build objects"
         raise CheckpointError(
-            f"{path}: not a readable torch weights file ({detail[0] if detail else e}); "
-            "it is corrupt or truncated, download or write it again"
+            f"{path}: holds objects a weights file must not hold ({what}, beyond tensors and plain containers); "
+            "loading it could run code from the file, so it is refused unread. Use codec.safetensors (the same "
+            "tensors, no pickle), or a codec.pth saved as a plain dict of tensors (torch.save(state_dict))"
         ) from e
     except Exception as e:  # noqa: BLE001 - zip, EOF and runtime errors all mean a damaged file
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(
-            f"{path}: not a readable torch weights file ({type(e).__name__}: {first_line}); "
-            "it is corrupt or truncated, download or write it again"
-        ) from e
+        raise _unreadable(path, e) from e
+
+
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")  # the class or function torch's weights-only unpickler refused
+_BUILDING = frozenset({"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD"})
+
+
+def _builds_objects(path: Path) -> bool:
+    """Whether ``path`` (a zip-format file: its ``data.pkl``) starts with a well-formed pickle that builds objects
+    (imports a global, calls it or sets its state). ``pickletools`` parses it, checking its stack; nothing is run.
+    Tells a pickle of objects from a damaged file where torch's refusal only names an opcode."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                data = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+        else:
+            with path.open("rb") as f:
+                data = f.read(1 << 24)  # a legacy file's pickles come first, its tensor data after them
+        pickletools.dis(io.BytesIO(data), out=io.StringIO())
+        return any(op.name in _BUILDING for op, _, _ in pickletools.genops(io.BytesIO(data)))
+    except Exception:  # noqa: BLE001 - any parse failure: not a pickle
+        return False
+
+
+def _unreadable(path: Path, error: Exception) -> CheckpointError:
+    """The error for a damaged pickle: its first line says what broke (torch's advice about weights_only, which is
+    no remedy here, is left out)."""
+    lines = [line for line in str(error).strip().splitlines() if line and "weights_only" not in line]
+    return CheckpointError(
+        f"{path}: not a readable torch weights file ({type(error).__name__}: {lines[0] if lines else 'no detail'}); "
+        "it is corrupt or truncated, download or write it again"
+    )
 
 
 def codec_tensors(path: Path, lazy: bool) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..config import CodecConfig, QuantizerTransformerConfig
+from ..config import CodecConfig, ModelConfig, QuantizerTransformerConfig
 from ..errors import CheckpointError
 
 MAX_LISTED = 5  # mismatches named in one message; the totals say how many more there are
@@ -73,6 +73,104 @@ def check_tensors(
         + " | ".join(p for p in parts if p)
         + f". Use the files that came together with this {against}, or download the checkpoint again."
     )
+
+
+def check_model_sizes(cfg: ModelConfig, where: str, path: Path, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Raise :class:`CheckpointError` naming the ``config.json`` field (``where``) whose size the tensors of
+    ``path`` (``shapes``, from its header) contradict: the slow and fast layer counts, vocabulary, width, codebooks,
+    FFN widths and heads. Runs before the expected tensor list is built (it is as long as the layer counts say);
+    :func:`check_tensors` then checks every tensor."""
+
+    def layers(prefix: str) -> int | None:  # None, as for an absent tensor: check_tensors lists what is missing
+        return len(_sorted_indices(list(shapes), rf"{prefix}\.(\d+)\.")) or None
+
+    def size(name: str, axis: int) -> int | None:
+        return shapes[name][axis] if name in shapes and len(shapes[name]) > axis else None
+
+    found = [
+        ("n_layer", cfg.n_layer, layers("layers"), "slow layers (layers.N)"),
+        ("n_fast_layer", cfg.n_fast_layer, layers("fast_layers"), "fast layers (fast_layers.N)"),
+        ("vocab_size", cfg.vocab_size, size("embeddings.weight", 0), "rows of embeddings.weight"),
+        ("dim", cfg.dim, size("embeddings.weight", 1), "columns of embeddings.weight"),
+        ("codebook_size", cfg.codebook_size, size("fast_embeddings.weight", 0), "rows of fast_embeddings.weight"),
+        (
+            "num_codebooks",
+            cfg.codebook_size * cfg.num_codebooks,
+            size("codebook_embeddings.weight", 0),
+            "rows of codebook_embeddings.weight (codebook_size x num_codebooks)",
+        ),
+    ]
+    for prefix, s in (("layers.0", cfg.slow_block), ("fast_layers.0", cfg.fast_block)):
+        fast = "fast_" if prefix.startswith("fast") else ""
+        heads = f"{fast}n_head, {fast}n_local_heads, {fast}head_dim"
+        found += [
+            (
+                f"{fast}intermediate_size",
+                s.ffn,
+                size(f"{prefix}.feed_forward.w1.weight", 0),
+                f"rows of {prefix}.feed_forward.w1.weight",
+            ),
+            (
+                heads,
+                (s.n_head + 2 * s.n_kv) * s.head_dim,
+                size(f"{prefix}.attention.wqkv.weight", 0),
+                f"rows of {prefix}.attention.wqkv.weight",
+            ),
+            (
+                heads,
+                s.n_head * s.head_dim,
+                size(f"{prefix}.attention.wo.weight", 1),
+                f"columns of {prefix}.attention.wo.weight",
+            ),
+        ]
+    for field, expected, actual, what in found:
+        if actual is not None and actual != expected:
+            raise CheckpointError(
+                f"{where}: {what} by {field}: {expected}, but {path} holds {actual}; use the files that came "
+                "together with this config.json, or download the checkpoint again"
+            )
+
+
+def check_codec_sizes(
+    cfg: ModelConfig, where: str, codec: CodecConfig, spec: str | None, path: Path, shapes: dict[str, tuple[int, ...]]
+) -> None:
+    """Raise :class:`CheckpointError` naming the field of ``codec_spec.json`` (``spec``; None: no spec) whose size
+    the codec tensors of ``path`` (``shapes``) contradict, or the field of ``config.json`` (``where``, parsed as
+    ``cfg``) that disagrees with the codec (``codec_sample_rate``, ``codec_frame_size``, ``num_codebooks``,
+    ``codebook_size``). Runs before the expected tensor list is built; :func:`check_tensors` then checks every
+    tensor."""
+    if spec is not None:
+        derived = derive_codec_config(shapes, codec)
+        pairs = [(f.name, getattr(codec, f.name), getattr(derived, f.name)) for f in dataclasses.fields(codec)]
+        pairs += [
+            (
+                f"quantizer_transformer.{f.name}",
+                getattr(codec.quantizer_transformer, f.name),
+                getattr(derived.quantizer_transformer, f.name),
+            )
+            for f in dataclasses.fields(codec.quantizer_transformer)
+        ]
+        for field, given, held in pairs:
+            if field != "quantizer_transformer" and given != held:
+                raise CheckpointError(
+                    f"{spec}: {field} is {_listed(given)} but {path} holds {_listed(held)}; use the files that "
+                    "came together with this codec_spec.json, or download the checkpoint again"
+                )
+    for field, given, held in (
+        ("codec_sample_rate", cfg.codec_sample_rate, codec.sample_rate),
+        ("codec_frame_size", cfg.codec_frame_size, codec.frame_length),
+        ("num_codebooks", cfg.num_codebooks, codec.num_codebooks),
+        ("codebook_size", cfg.codebook_size, codec.semantic_codebook_size),
+    ):
+        if given != held:
+            raise CheckpointError(
+                f"{where}: {field} is {given} but the codec ({path}) has {held}; use the files that came "
+                "together with this config.json, or download the checkpoint again"
+            )
+
+
+def _listed(value: object) -> str:
+    return str(list(value)) if isinstance(value, tuple) else str(value)
 
 
 def _sorted_indices(names: list[str], pattern: str) -> list[int]:

@@ -32,6 +32,7 @@ def friendly(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        out.soft_wrap, err.soft_wrap = not out.is_terminal, not err.is_terminal  # piped: whole lines, not 80 columns
         try:
             return fn(*args, **kwargs)
         except Audio8Error as e:

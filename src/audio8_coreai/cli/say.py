@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..checkpoint import DEFAULT_MODEL
-from ..errors import AudioError, EngineError
+from ..errors import AudioError, EngineError, UnsupportedLanguageWarning
 from ..settings import DEFAULTS
 from .app import (
     AssetsOpt,
@@ -48,7 +49,8 @@ def say(
     max_frames: Annotated[
         int | None,
         typer.Option(
-            help="Frame cap (46 ms each; default: the checkpoint's max_new_tokens, 512, or what the context leaves)."
+            help="Frame cap (46 ms each; default: 64 plus 16 per text token, at most the checkpoint's max_new_tokens, "
+            "512, and what the context leaves)."
         ),
     ] = None,
     device: DeviceOpt = "auto",
@@ -85,6 +87,7 @@ def say(
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
     from ..audio import check_writable, read_reference, write_audio
     from ..request import check_request
+    from ..text import language_warning
     from ..tts import TTS
     from ..voices import VoiceStore
 
@@ -102,6 +105,9 @@ def say(
         chunk_frames=chunk_frames,
         first_chunk_frames=first_chunk_frames,
     )
+    if note := language_warning(req.text):
+        print_warnings([note])
+    warnings.filterwarnings("ignore", category=UnsupportedLanguageWarning)  # said once, above, not again by the API
     to_stdout = str(output) == "-"
     if to_stdout and sys.stdout.isatty():
         raise AudioError(
@@ -156,12 +162,9 @@ def say(
         raise _no_audio(output)
     write_audio(output, result.audio, result.sample_rate)
     if not result.reached_eos:
-        full = result.prompt_length + result.max_frames >= tts.config.max_seq_len
-        remedy = (
-            "the context is full: shorten the text, or use --stream, which splits it by its estimated speech"
-            if full
-            else "raise --max-frames if the context allows, or shorten the text"
-        )
+        remedy = _cap_remedy([result.prompt_length], result.max_frames, tts.config.max_seq_len)
+        if remedy.startswith("the context is full"):
+            remedy += ", or use --stream, which splits it by its estimated speech"
         err.print(
             f"[yellow]warning:[/] stopped at the frame cap ({result.max_frames} frames) before the model "
             f"ended the utterance; the audio may be cut ({remedy})"
@@ -226,11 +229,23 @@ def _write_stream(speech, output: Path) -> None:
 
 
 def _warn_capped(speech) -> None:
-    capped = [i + 1 for i, eos in enumerate(speech.reached_eos) if not eos]
+    capped = [i for i, eos in enumerate(speech.reached_eos) if not eos]
     if capped:
-        which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {', '.join(map(str, capped))}"
+        which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {', '.join(str(i + 1) for i in capped)}"
+        cap = max(speech.pieces[i].max_frames for i in capped)
+        remedy = _cap_remedy([p.prompt.shape[1] for p in speech.pieces], cap, speech.backend.cfg.max_seq_len)
         err.print(
             f"[yellow]warning:[/] {which} stopped at the frame cap before the model ended it; the audio may "
-            "be cut (raise --max-frames)",
+            f"be cut ({remedy})",
             highlight=False,
         )
+
+
+def _cap_remedy(prompt_lengths: list[int], cap: int, context: int) -> str:
+    """What to do about pieces (prompts of ``prompt_lengths`` columns) stopped at the frame cap ``cap``: a larger
+    --max-frames, at most what the context leaves every piece (it caps each of them), or a shorter text when that
+    is no larger."""
+    most = min(context - length for length in prompt_lengths)
+    if most <= cap:
+        return "the context is full: shorten the text"
+    return f"raise --max-frames, up to {most} (what the context leaves), or shorten the text"

@@ -21,6 +21,7 @@ from ..backends.base import Backend, FrameResult, StepInputs
 from ..config import ModelConfig, SamplingParams, check_int
 from ..errors import EngineError
 from ..sampling import NoiseSource, RasWindow
+from ..settings import DEFAULTS
 
 
 class NoiseLike(Protocol):
@@ -169,12 +170,15 @@ def generate(
     return Generation(codes, reached_eos, p_len, max_frames, t1 - t0, time.perf_counter() - t1, results)
 
 
-def frame_budget(cfg: ModelConfig, prompt_length: int, max_frames: int | None, default_frames: int) -> int:
+def frame_budget(
+    cfg: ModelConfig, prompt_length: int, max_frames: int | None, default_frames: int, text_tokens: int | None = None
+) -> int:
     """How many frames may follow a prompt of ``prompt_length`` columns.
 
     The publisher requires prompt length < max_seq_len and clips max_new_tokens to what is left. An
-    explicit ``max_frames`` that does not fit is an error rather than a silent clip; the default is
-    clipped like the publisher's (the engine then reports a stop at the cap).
+    explicit ``max_frames`` that does not fit is an error rather than a silent clip; the default
+    (``default_frames``, at most :func:`text_frame_cap` of the ``text_tokens`` spoken when given) is clipped
+    like the publisher's (the engine then reports a stop at the cap).
     Raises EngineError with the numbers, ConfigError for a ``max_frames`` that is no whole number >= 1.
     """
     room = cfg.max_seq_len - prompt_length
@@ -184,6 +188,8 @@ def frame_budget(cfg: ModelConfig, prompt_length: int, max_frames: int | None, d
             "(prompt + frames); shorten the text (or the voice's reference clip)"
         )
     if max_frames is None:
+        if text_tokens is not None:
+            default_frames = min(default_frames, text_frame_cap(text_tokens))
         return min(default_frames, room)
     max_frames = check_int(max_frames, "max_frames")
     if max_frames > room:
@@ -193,6 +199,12 @@ def frame_budget(cfg: ModelConfig, prompt_length: int, max_frames: int | None, d
             "text"
         )
     return max_frames
+
+
+def text_frame_cap(text_tokens: int) -> int:
+    """The most frames the speech of ``text_tokens`` text tokens may take: ``DEFAULTS.cap_base_frames`` plus
+    ``DEFAULTS.cap_frames_per_token`` per token (settings.py says why)."""
+    return DEFAULTS.cap_base_frames + DEFAULTS.cap_frames_per_token * text_tokens
 
 
 def check_context(cfg: ModelConfig, prompt_length: int, max_frames: int) -> None:

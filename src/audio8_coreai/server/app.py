@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Sequence
 
 from fastapi import FastAPI
 
+from ..errors import UnsupportedLanguageWarning
 from ..tts import TTS
 from . import errors
 from .connections import uvicorn_config
@@ -23,13 +25,15 @@ from .workers import Workers
 def create_app(instances: Sequence[TTS], settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker); raises
     ValueError without one, VoiceError for a ``voice_map`` target or ``default_voice`` that is no usable stored
-    voice (:func:`.voicenames.check_voices`)."""
+    voice (:func:`.voicenames.check_voices`). Text outside the model's languages is told to each client in an
+    ``X-Audio8-Warning`` header, so the process ignores the API's UnsupportedLanguageWarning."""
     settings = settings or ServerSettings()
     if not instances:
         raise ValueError("the server needs at least one model instance")
     first = instances[0]
     check_voices(first.voices, settings.voice_map, settings.default_voice, first.checkpoint.fingerprint())
     server = State(settings, list(instances), Workers(instances, settings.max_queue), Metrics())
+    warnings.filterwarnings("ignore", category=UnsupportedLanguageWarning)  # said to each client: X-Audio8-Warning
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -44,7 +44,7 @@ from ..checkpoint import DEFAULT_MODEL
 from ..errors import Audio8Error, ConfigError, DamagedVoice, NoAudio, PromptError, ProtocolError, VoiceError
 from ..request import CheckedRequest, check_request, check_seed
 from ..settings import DEFAULTS
-from ..text import check_text
+from ..text import LANGUAGES, check_text
 from ..text.split import complete_sentences
 from ..tts import TTS
 from ..voices import Voice
@@ -52,8 +52,6 @@ from ..voices import Voice
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# The languages the model speaks (ISO 639-1), those the quality gate's fixtures cover (measure/gate).
-LANGUAGES = ("en", "zh", "ja", "ko", "de", "fr", "es")
 SAMPLE_WIDTH = 2  # bytes: 16-bit signed little-endian PCM
 CHANNELS = 1
 _ATTRIBUTION = Attribution(name="Audio8", url=f"https://huggingface.co/{DEFAULT_MODEL}")
@@ -126,7 +124,7 @@ class Speaker:
             installed=True,
             description=description,
             version=None,
-            languages=list(LANGUAGES),
+            languages=list(LANGUAGES),  # ISO 639-1 codes
         )
 
     def voice(self, name: str | None) -> Voice | None:

@@ -19,6 +19,7 @@ from ...engine.stream import SpeechStream
 from ...errors import Audio8Error, AudioError, DamagedVoice, VoiceError
 from ...request import CheckedRequest, check_request
 from ...settings import DEFAULTS
+from ...text import language_warning
 from ...tts import TTS
 from ..errors import ApiError, documented
 from ..metrics import Metrics
@@ -152,6 +153,8 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
     headers = {"X-Model": req.model, "X-Seed": str(checked.seed), "X-Sample-Rate": str(rate)}
     if req.instructions:  # accepted as OpenAI's clients send them; the model takes no style prompt
         headers["X-Audio8-Instructions"] = "ignored"
+    if note := language_warning(checked.text):  # text not in the model's languages: ASCII, no text of the request
+        headers["X-Audio8-Warning"] = note
     media = MEDIA_TYPES[req.response_format]
     gone = asyncio.ensure_future(disconnected(request))  # watched until the response is handed over
     streamed = False

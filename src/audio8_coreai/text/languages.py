@@ -1,0 +1,58 @@
+"""The languages the publisher's model speaks, and the one check that warns for text written in another script."""
+
+from __future__ import annotations
+
+import unicodedata
+import warnings
+
+import regex
+
+from ..errors import UnsupportedLanguageWarning
+
+# The languages this port measures the model in, ISO 639-1 code -> name: those of the quality gate's fixtures
+# (measure/gate, from PORT-NOTES.md: the publisher's evaluation speaks en, ja, zh), listed by Wyoming too. Other
+# languages in these scripts are not told apart, except written Cantonese by the characters below.
+LANGUAGES = {
+    "en": "English",
+    "zh": "Mandarin Chinese",
+    "ja": "Japanese",
+    "ko": "Korean",
+    "de": "German",
+    "fr": "French",
+    "es": "Spanish",
+}
+# A letter outside the scripts of those languages (Latin, Han, the kana, Hangul; Common and Inherited marks are
+# shared).
+_FOREIGN_LETTER = regex.compile(
+    r"[\p{L}--[\p{Latin}\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Common}\p{Inherited}]]", regex.V1
+)
+# Characters of written Cantonese that standard written Chinese does not use (its particles and pronouns).
+_CANTONESE = frozenset("嘅咗唔佢冇喺啲嚟嘢哋嗰噉咩啱嘞囉睇咁")
+
+
+def language_warning(text: str) -> str | None:
+    """One ASCII line warning that ``text`` is not in the model's languages (:data:`LANGUAGES`), or None.
+
+    Warns for letters of any other script (Cyrillic, Greek, Arabic, Thai...: the model speaks them as noise or
+    skips them) and for characters of written Cantonese (read as Mandarin, if at all). Latin-script text is not
+    checked further: French or German is read as best the model can. The line names no character of the text (it
+    may go into an HTTP header).
+    """
+    foreign = _FOREIGN_LETTER.findall(text)
+    names = list(LANGUAGES.values())
+    languages = f"the model speaks {', '.join(names[:-1])} and {names[-1]}"
+    if foreign:
+        scripts = sorted({unicodedata.name(c, "OTHER").split(" ")[0].title() for c in foreign})
+        shown = ", ".join(scripts[:3]) + (f" and {len(scripts) - 3} more" if len(scripts) > 3 else "")
+        return f"the text has {shown} letters; {languages}, so these may be spoken as noise or not at all"
+    if _CANTONESE.intersection(text):
+        return f"the text looks like written Cantonese; {languages}, so it may be misread or not spoken at all"
+    return None
+
+
+def warn_language(text: str) -> str:
+    """``text`` unchanged, after a :class:`.errors.UnsupportedLanguageWarning` (Python's warnings) with
+    :func:`language_warning`'s line when there is one: how the API tells its callers."""
+    if note := language_warning(text):
+        warnings.warn(note, UnsupportedLanguageWarning, stacklevel=3)
+    return text
