@@ -1,4 +1,5 @@
-"""The FastAPI app: its shared state, the error handlers, the body limit and a router per endpoint group."""
+"""The FastAPI app: its shared state, the error handlers, the body limit and a router per endpoint group; the model
+side is a synthesizer (:mod:`.synth`): model instances of this process, or a cluster's."""
 
 from __future__ import annotations
 
@@ -15,21 +16,21 @@ from .limits import SpeechBodyLimit
 from .metrics import Metrics
 from .routers import health, speech, voices
 from .state import ServerSettings, State
-from .workers import Workers
+from .synth import LocalSynthesizer, Synthesizer
 
 
-def create_app(instances: Sequence[TTS], settings: ServerSettings | None = None) -> FastAPI:
-    """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker); raises
-    ValueError without one."""
+def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings | None = None) -> FastAPI:
+    """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker) or a
+    :class:`.synth.Synthesizer` (a cluster's, :mod:`.ray_app`); raises ValueError without an instance."""
     settings = settings or ServerSettings()
-    if not instances:
-        raise ValueError("the server needs at least one model instance")
-    server = State(settings, list(instances), Workers(instances, settings.max_queue), Metrics())
+    metrics = Metrics()
+    synth = instances if isinstance(instances, Synthesizer) else LocalSynthesizer(instances, settings, metrics)
+    server = State(settings, synth, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        server.workers.shutdown()
+        server.synth.close()
 
     app = FastAPI(title="audio8-coreai", version="0.1.0", lifespan=lifespan)
     app.state.server = server

@@ -1,4 +1,5 @@
-"""What every route shares: the server's settings, its model instances, their workers and the metrics."""
+"""What every route shares: the server's settings, its synthesizer (model instances and their workers, or a
+cluster) and the metrics."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from ..settings import DEFAULTS
-from ..tts import TTS
 from .metrics import Metrics
-from .workers import Workers
+from .synth import Synthesizer
 
 
 @dataclass
@@ -30,17 +30,11 @@ class ServerSettings:
 
 @dataclass
 class State:
-    """One app's shared state. ``tts``: the first model instance, for what needs no worker (checks, the
-    voice store, the sample rate)."""
+    """One app's shared state: ``synth`` makes the speech and voices (:mod:`.synth`)."""
 
     settings: ServerSettings
-    instances: list[TTS]
-    workers: Workers
+    synth: Synthesizer
     metrics: Metrics
-
-    @property
-    def tts(self) -> TTS:
-        return self.instances[0]
 
 
 async def state(request: Request) -> State:

@@ -13,24 +13,13 @@ router = APIRouter()
 
 
 @router.get("/health")
-def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
-    """The model served, its backend and device, and the workers' load."""
-    first, workers = server.tts, server.workers
-    backend = first.backend
-    return {
-        "status": "ok",
-        "model": str(first.checkpoint.path),
-        "backend": backend.description,
-        "device": backend.device_name,
-        "sample_rate": first.sample_rate,
-        "workers": len(server.instances),
-        "running": workers.running,
-        "queued": workers.queued,
-        "max_queue": server.settings.max_queue,
-    }
+async def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
+    """The model served, its backend and device, and the workers' load (:meth:`..synth.Synthesizer.health`)."""
+    return {"status": "ok", **await server.synth.health()}
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
 def metrics_text(server: Annotated[State, Depends(state)]) -> str:
     """Requests by status, frames, audio and compute seconds, RTF, time to first audio, queue depth."""
-    return server.metrics.text(server.workers.queued, server.workers.running)
+    running, queued = server.synth.load()
+    return server.metrics.text(queued, running)

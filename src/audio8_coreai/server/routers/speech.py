@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
-from ...audio import MEDIA_TYPES, SpeechEncoder, encode_speech
-from ...engine.stream import SpeechStream
-from ...errors import Audio8Error
+from ...audio import MEDIA_TYPES
 from ...request import CheckedRequest, check_request
 from ...settings import DEFAULTS
-from ...tts import TTS
 from ..errors import ApiError
 from ..metrics import Metrics
 from ..schemas import SpeechRequest
@@ -30,25 +25,13 @@ OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer", "verse"}
 )
 _GONE = object()
-_STARTED = object()  # a job's first item when its stream is built
-
-
-class _Cancelled(Exception):
-    """Raised in a worker's frame loop when the client of a streaming request has gone."""
-
-
-class _End:
-    """The last item of a job's queue: the stream that ran (its statistics) or the error that stopped it."""
-
-    def __init__(self, stream: SpeechStream | None = None, error: BaseException | None = None):
-        self.stream, self.error = stream, error
 
 
 def _check(req: SpeechRequest, server: State) -> CheckedRequest:
     """A request the schema has passed, checked against this server's limits and voices and by
     :func:`...request.check_request` (the seed drawn here); raises ApiError or the Audio8Error that says what to change.
     A stored voice is read here (a damaged one is refused before a worker is taken) and handed to the worker."""
-    settings, tts = server.settings, server.tts
+    settings, store = server.settings, server.synth.voices
     if len(req.input) > settings.max_input_chars:
         raise ApiError(
             400,
@@ -66,8 +49,8 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
         )
     voice = None
     if req.voice is not None:
-        if tts.voices.path(req.voice).is_file():
-            voice = tts.voices.load(req.voice)
+        if store.path(req.voice).is_file():
+            voice = store.load(req.voice)
         elif req.voice.lower() not in OPENAI_VOICES:
             raise ApiError(
                 400,
@@ -91,119 +74,67 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
 
 @router.post("/v1/audio/speech")
 async def speech(req: SpeechRequest, request: Request, server: Annotated[State, Depends(state)]) -> Response:
-    """Run the request on a worker; stream its chunks or answer the whole file. The request is checked before a
-    worker is taken, the rest (the prompt's fit in the context, the voice's checkpoint) when the worker builds its
-    stream, before the status line is sent: a refusal is a 400 or 500 (see :mod:`..errors`)."""
-    first, metrics = server.tts, server.metrics
+    """Have the synthesizer (:mod:`..synth`) make the speech; stream its chunks or answer the whole file. The
+    request is checked before a place is taken, the rest (the prompt's fit in the context, the voice's checkpoint)
+    when its stream is built, before the status line is sent: a refusal is a 400 or 500 (see :mod:`..errors`)."""
+    metrics = server.metrics
     checked = _check(req, server)
-    server.workers.admit()
-    loop = asyncio.get_running_loop()
-    items: asyncio.Queue[Any] = asyncio.Queue()
-    cancel = threading.Event()
-
-    def on_frame(step: int) -> None:
-        if cancel.is_set():
-            raise _Cancelled
-        metrics.frame()
-
-    def job(tts: TTS) -> None:
-        put = loop.call_soon_threadsafe
-        try:
-            if cancel.is_set():
-                return
-            stream = tts.stream(
-                checked.text,
-                voice=checked.voice,
-                on_frame=on_frame,
-                frame_cap=server.settings.max_frames,  # a ceiling: clipped to what each prompt leaves
-                **checked.stream_options(),
-            )
-            put(items.put_nowait, _STARTED)
-            for chunk in stream:
-                put(items.put_nowait, chunk)
-            metrics.finished(stream)
-            put(items.put_nowait, _End(stream))
-        except _Cancelled:
-            metrics.count(499)  # nginx's 'client closed request'
-        except BaseException as e:  # delivered to the request, which answers 500 or ends the stream
-            put(items.put_nowait, _End(error=e))
-
-    server.workers.submit(job)
-    headers = {"X-Model": req.model, "X-Seed": str(checked.seed), "X-Sample-Rate": str(first.sample_rate)}
+    speech = await _or_gone(server.synth.open(checked, req.response_format, req.stream), request)
+    if speech is _GONE:  # the client left while its request waited or its stream was built
+        metrics.count(499)  # nginx's 'client closed request'
+        return Response(status_code=499)
+    headers = {
+        "X-Model": req.model,
+        "X-Seed": str(checked.seed),
+        "X-Sample-Rate": str(speech.sample_rate),
+        "X-Replica": speech.replica,
+    }
     media = MEDIA_TYPES[req.response_format]
-    streamed = False
+    if req.stream:  # from here the body's generator tells the synthesizer when to stop
+        return StreamingResponse(_sent(speech.body, metrics), media_type=media, headers=headers)
+    parts = []
     try:
-        if (item := await _next_or_gone(items, request)) is not _STARTED:  # the stream could not be built
-            if item is _GONE:  # the client left: the worker stops at its next frame (counted 499 there)
+        while (data := await _or_gone(anext(speech.body, None), request)) is not None:
+            if data is _GONE:  # nothing is sent until the end: the client left while it waited
+                metrics.count(499)
                 return Response(status_code=499)
-            raise item.error if isinstance(item.error, Audio8Error) else _failed(item.error)
-        if req.stream:
-            streamed = True  # from here the body's generator tells the worker when to stop
-            return StreamingResponse(
-                _stream_body(items, cancel, req.response_format, first.sample_rate, metrics),
-                media_type=media,
-                headers=headers,
-            )
-        chunks = []
-        while not isinstance(item := await _next_or_gone(items, request), _End):
-            if item is _GONE:
-                return Response(status_code=499)
-            chunks.append(item)
+            parts.append(data)
     finally:
-        if not streamed:
-            cancel.set()  # also when this handler is cancelled: the worker stops at its next frame
-    if item.error is not None:
-        raise _failed(item.error)
-    if item.stream.frames == 0:  # not an empty file: a client would play silence and not know why
-        raise ApiError(
-            422,
-            "the model ended the utterance at once (eos on the first frame): no audio to send; "
-            "send the request again without a seed, or with another one",
-            "seed",
-            "no_audio",
-        )
-    audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+        await speech.body.aclose()  # also when this handler is cancelled: the synthesis stops at its next frame
     metrics.count(200)
-    # Off the event loop: a long mp3 or opus takes a noticeable time to encode.
-    data = await asyncio.to_thread(encode_speech, audio, first.sample_rate, req.response_format)
-    return Response(data, media_type=media, headers=headers)
+    return Response(b"".join(parts), media_type=media, headers=headers)
 
 
-def _failed(error: BaseException) -> ApiError:
-    """A synthesis that failed on its worker, said as a 500."""
-    return ApiError(500, f"synthesis failed: {type(error).__name__}: {error}", code="server_error")
-
-
-async def _next_or_gone(items: asyncio.Queue, request: Request) -> Any:
-    """The next item of a job's queue, or ``_GONE`` once the client has disconnected: a whole-file response sends
-    nothing until the end, so nothing else notices a client that gave up (a streamed one notices at its next
-    chunk). One get task, kept across polls, so no item is lost to a cancelled get."""
-    getter = asyncio.ensure_future(items.get())
+async def _or_gone(step: Awaitable[Any], request: Request) -> Any:
+    """What ``step`` gives, or ``_GONE`` (``step`` then cancelled) once the client has disconnected: a request that
+    waits for a place, or a whole-file response that sends nothing until the end, is otherwise not told that its
+    client gave up (a streamed one notices at its next chunk)."""
+    task = asyncio.ensure_future(step)
     try:
         while True:
-            done, _ = await asyncio.wait({getter}, timeout=DEFAULTS.disconnect_poll_s)
+            done, _ = await asyncio.wait({task}, timeout=DEFAULTS.disconnect_poll_s)
             if done:
-                return getter.result()
+                return task.result()
             if await request.is_disconnected():
                 return _GONE
     finally:
-        getter.cancel()
+        task.cancel()
 
 
-async def _stream_body(
-    items: asyncio.Queue, cancel: threading.Event, fmt: str, sample_rate: int, metrics: Metrics
-) -> AsyncIterator[bytes]:
-    """The body of a streaming response: encoded chunks as the worker makes them. When the client goes, the
-    server cancels this generator; ``finally`` then tells the worker to stop at its next frame."""
-    encoder = SpeechEncoder(fmt, sample_rate)
+async def _sent(body: AsyncGenerator[bytes, None], metrics: Metrics) -> AsyncIterator[bytes]:
+    """A streamed body as sent, counted in ``/metrics``: 200 when whole; 500 when the synthesis failed (the status
+    line is sent: the body ends short, the client sees it cut); 499 when the client left (the server then cancels
+    or closes this generator, which closes ``body``: the synthesis stops at its next frame)."""
     try:
-        while not isinstance(item := await items.get(), _End):
-            if data := encoder.write(item):
-                yield data
-        if item.error is not None:  # the status line is sent: end the body short, the client sees it cut
-            metrics.count(500)
-            return
-        yield encoder.close()
+        async for data in body:
+            yield data
+    except (GeneratorExit, asyncio.CancelledError):
+        metrics.count(499)
+        raise
+    except Exception:  # whatever stopped the synthesis, the response can only end short now
+        metrics.count(500)
+        return
+    else:
         metrics.count(200)
     finally:
-        cancel.set()
+        await body.aclose()

@@ -1,15 +1,13 @@
-"""``/v1/voices``: list, register (a multipart clip upload, encoded on a worker) and delete stored voices."""
+"""``/v1/voices``: list, register (a multipart clip upload, encoded by the synthesizer) and delete stored voices."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from ...errors import Audio8Error, DamagedVoice, VoiceError
-from ...tts import TTS
+from ...errors import DamagedVoice, VoiceError
 from ...voices import check_name
 from ..errors import ApiError, damaged
 from ..state import State, state
@@ -20,7 +18,7 @@ router = APIRouter()
 @router.get("/v1/voices")
 def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """The stored voices; one that cannot be read is listed with its error."""
-    store = server.tts.voices
+    store = server.synth.voices
     voices = []
     for name in store.names():
         try:
@@ -44,7 +42,7 @@ def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
 @router.post("/v1/voices", status_code=201)
 async def add_voice(request: Request, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Register a voice from multipart fields ``name``, ``transcript``, ``audio`` (a file of at most
-    ``max_upload_bytes``: else 413) and ``replace``; the clip is encoded on a worker. Messages name the client's
+    ``max_upload_bytes``: else 413) and ``replace``; the clip is encoded by the synthesizer. Messages name the client's
     file, never the server's temporary one."""
     settings = server.settings
     size = request.headers.get("content-length")
@@ -72,25 +70,11 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
         )
     try:
         name = check_name(name)
-        server.tts.voices.check_new(name, replace)
+        server.synth.voices.check_new(name, replace)
     except VoiceError as e:
         raise ApiError(400, str(e), "name", "invalid_voice") from None
-    server.workers.admit()
     shown = Path(upload.filename or "clip.wav").name[-100:] or "clip.wav"  # the client's name, in messages
-
-    def job(tts: TTS):
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / ("clip" + Path(shown).suffix[:16])
-            path.write_bytes(data)
-            try:
-                return tts.register_voice(name, path, transcript, replace=replace)
-            except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
-                raise ApiError(
-                    400, str(e).replace(str(path), shown).replace(path.name, shown), None, "invalid_voice"
-                ) from None
-
-    voice = await server.workers.submit(job)
-    warnings = [w.replace("clip" + Path(shown).suffix[:16], shown) for w in voice.warnings]
+    voice = await server.synth.register_voice(name, data, shown, transcript, replace)
     server.metrics.count(201)
     return {
         "name": voice.name,
@@ -98,14 +82,14 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
         "duration_s": voice.duration_s,
         "frames": voice.frames,
         "created": voice.created,
-        "warnings": warnings,
+        "warnings": list(voice.warnings),
     }
 
 
 @router.delete("/v1/voices/{name}")
 def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Delete a stored voice: 404 when there is none of that name."""
-    store = server.tts.voices
+    store = server.synth.voices
     try:
         name = check_name(name)
     except VoiceError as e:
