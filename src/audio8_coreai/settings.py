@@ -37,6 +37,11 @@ class Settings:
     gather_s: float = 0.003  # batched serving: how long a ready frame call waits for the other rows' calls
     recent_s: float = 2.0  # batched serving: a row heard from this recently is expected to call again soon
 
+    # Ray Serve (server/ray_app.py; `audio8 serve --ray`, deploy/serve_config.yaml)
+    ray_replicas: int = 1  # Synth replicas (one engine each) when not autoscaled
+    ray_ingress_requests: int = 256  # requests one ingress replica holds at once (a stream mostly waits on Synth)
+    ray_retry_after_s: float = 1.0  # the Retry-After of the 503 a full cluster answers (seconds)
+
     # Measurement and conversion tools (`audio8 parity | gate | bench | convert | make-checkpoint`)
     tolerance: float = 1e-4  # max |logit/waveform diff| for fp32 parity with the oracle
     asr_margin: float = 0.05  # gate: error-rate points (absolute) the port may lose to the reference per language
