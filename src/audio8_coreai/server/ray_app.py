@@ -122,22 +122,24 @@ class Synth:
         self.local = LocalSynthesizer(instances, settings, Metrics())  # Ray bounds what reaches it; a margin
         try:
             self.replica = serve.get_replica_context().replica_id.unique_id
-        except RayServeException:  # Ray's local testing mode: no replica context
-            self.replica = LOCAL
+            self.voice = self.kept_voice
+        except RayServeException:  # Ray's local testing mode: no replica context, no multiplexing
+            self.replica, self.voice = LOCAL, self.read_voice
 
-    @serve.multiplexed(max_num_models_per_replica=DEFAULTS.prefix_cache)
-    async def voice(self, key: str) -> Voice:
-        """The stored voice of ``key`` (:func:`voice_key`), read from the shared store once per replica while it
-        is among the last ``prefix_cache`` voices used; raises ApiError 409 when it was replaced meanwhile."""
+    async def read_voice(self, key: str) -> Voice:
+        """The stored voice of ``key`` (:func:`voice_key`) read from the shared store; raises ApiError 409 when it was
+        replaced since the key was made, VoiceError when it is gone."""
         voice = self.local.voices.load(key.rsplit("@", 1)[0])
         if voice_key(voice) != key:
-            raise ApiError(
-                409,
-                f"voice {voice.name!r} was replaced while this request waited: send it again",
-                "voice",
-                "voice_changed",
-            )
+            message = f"voice {voice.name!r} was replaced while this request waited: send it again"
+            raise ApiError(409, message, "voice", "voice_changed")
         return voice
+
+    @serve.multiplexed(max_num_models_per_replica=DEFAULTS.prefix_cache)
+    async def kept_voice(self, key: str) -> Voice:
+        """:meth:`read_voice`, kept by this replica while ``key`` is among its last ``prefix_cache`` voices (as its
+        backend keeps their prompt heads); Ray sends the requests of ``key`` to the replicas that keep it."""
+        return await self.read_voice(key)
 
     async def speak(self, job: SpeechJob) -> AsyncGenerator[Started | bytes, None]:
         """:class:`Started` once the stream is built, then the body's bytes (:class:`.synth.Speech`)."""
