@@ -20,6 +20,7 @@ autoscales (on requests in flight) and places the replicas.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import math
@@ -203,8 +204,8 @@ class RaySynthesizer(Synthesizer):
         call = self.synth.options(stream=True, multiplexed_model_id=key).speak.remote(job)
         try:
             started = await _remote(anext(call))
-        except BaseException:  # refused, failed or cancelled: the replica lets go
-            call.cancel()
+        except asyncio.CancelledError:  # the client left while its request waited: Ray lets it go
+            call.cancel()  # (not after an error: cancel() raises the call's own error again)
             raise
         return Speech(self._body(call), started.sample_rate, started.replica)
 
@@ -213,9 +214,11 @@ class RaySynthesizer(Synthesizer):
         try:
             while (data := await _remote(anext(call, None))) is not None:
                 yield data
+        except (GeneratorExit, asyncio.CancelledError):  # the client left: its replica stops at its next frame
+            call.cancel()
+            raise
         finally:
             self.running -= 1
-            call.cancel()  # a client that left frees its place on the replica
 
     async def register_voice(self, name: str, data: bytes, filename: str, transcript: str, replace: bool) -> Voice:
         return await _remote(self.synth.register_voice.remote(name, data, filename, transcript, replace))
