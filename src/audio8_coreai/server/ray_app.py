@@ -266,3 +266,14 @@ def build_app(args: RayArgs) -> serve.Application:
         **scale,
     ).bind(args)
     return IngressDeployment.options(max_ongoing_requests=DEFAULTS.ray_ingress_requests).bind(synth, args)
+
+
+def run_on_ray(args: RayArgs, host: str, port: int, address: str | None = None) -> None:
+    """``audio8 serve --ray``: join the Ray cluster at ``address`` ("auto": the one this machine belongs to; None:
+    start one here), serve ``args``' application behind Ray's HTTP proxy on ``host:port``, and block until
+    interrupted."""
+    import ray
+
+    ray.init(address=address)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(build_app(args), name="audio8", route_prefix="/", blocking=True)
