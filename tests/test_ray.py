@@ -124,6 +124,18 @@ def test_a_replaced_voice_gets_a_new_key_and_errors_cross_processes_whole(tiny_t
     assert (e.status, e.message, e.code, e.headers) == (503, "busy", "queue_full", {"Retry-After": "2"})
 
 
+def test_the_serve_config_builds_the_application():
+    import pydantic
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "serve_config.yaml").read_text())
+    (application,) = config["applications"]
+    assert application["import_path"] == "audio8_coreai.server.ray_app:build_app"
+    assert isinstance(build_app(application["args"]), serve.Application)
+    with pytest.raises(pydantic.ValidationError, match="batchs"):
+        build_app({**application["args"], "batchs": 8})  # a misspelt knob is an error, not a default
+
+
 def test_ray_args_and_the_cli_check_the_scale(tiny_checkpoint):
     from typer.testing import CliRunner
 

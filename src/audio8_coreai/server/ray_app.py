@@ -247,10 +247,11 @@ SynthDeployment = serve.deployment(Synth, name="Synth")
 IngressDeployment = serve.deployment(serve.ingress()(Ingress), name="Ingress")
 
 
-def build_app(args: RayArgs) -> serve.Application:
-    """The Ray application of ``args`` (also the import path of ``deploy/serve_config.yaml``: Ray validates the
-    config's ``args`` into RayArgs). Each Synth replica runs ``args.rows`` requests at once; autoscaling aims at
-    that many in flight per replica."""
+def build_app(args: RayArgs | dict[str, Any]) -> serve.Application:
+    """The Ray application of ``args`` (a RayArgs, or the ``args`` of ``deploy/serve_config.yaml``, whose import
+    path this is: validated here into RayArgs, raising pydantic's ValidationError). Each Synth replica runs
+    ``args.rows`` requests at once; autoscaling aims at that many in flight per replica."""
+    args = RayArgs.model_validate(args)
     if args.autoscale is None:
         scale: dict[str, Any] = {"num_replicas": args.replicas}
     else:
