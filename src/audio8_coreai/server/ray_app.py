@@ -266,7 +266,11 @@ def build_app(args: RayArgs | dict[str, Any]) -> serve.Application:
         ray_actor_options={"num_gpus": args.gpus, "num_cpus": args.cpus},
         **scale,
     ).bind(args)
-    return IngressDeployment.options(max_ongoing_requests=DEFAULTS.ray_ingress_requests).bind(synth, args)
+    # No CPU reserved for the ingress (it waits on Synth, as Ray's proxy does): N replicas fit N cores.
+    ingress = IngressDeployment.options(
+        max_ongoing_requests=DEFAULTS.ray_ingress_requests, ray_actor_options={"num_cpus": 0}
+    )
+    return ingress.bind(synth, args)
 
 
 def run_on_ray(args: RayArgs, host: str, port: int, address: str | None = None) -> None:
