@@ -63,7 +63,7 @@ def voices(tmp_path_factory) -> Path:
 def local(tiny_checkpoint, voices):
     args = RayArgs(model=str(tiny_checkpoint), voices=str(voices), device="cpu", batch=2, server=SETTINGS)
     handle = serve.run(SynthDeployment.bind(args), name="audio8-local", _local_testing_mode=True)
-    with serve_in_thread(create_app(RaySynthesizer(handle, VoiceStore(voices)), SETTINGS)) as url:
+    with serve_in_thread(create_app(RaySynthesizer(handle, VoiceStore(voices), SETTINGS.max_queue), SETTINGS)) as url:
         yield url
 
 
@@ -109,6 +109,7 @@ def test_voices_register_speak_list_and_delete_through_the_replica(local, voices
     assert speech(local, voice="ana").json()["error"]["code"] == "voice_not_found"
     health = httpx.get(f"{local}/health").json()
     assert health["workers"] == 2 and health["replica"] == "local" and "batched x2" in health["backend"]
+    assert health["max_queue"] == SETTINGS.max_queue and health["device"] == "cpu"
 
 
 def test_a_replaced_voice_gets_a_new_key_and_errors_cross_processes_whole(tiny_tts, tmp_path):

@@ -191,10 +191,11 @@ async def _remote(step: Awaitable[T]) -> T:
 
 class RaySynthesizer(Synthesizer):
     """The app's synthesizer on a cluster: speech and voice registration go to the Synth deployment behind
-    ``synth``; ``voices`` is the shared store (read here for listing, checks and deletion)."""
+    ``synth``; ``voices`` is the shared store (read here for listing, checks and deletion); ``max_queue``: the
+    requests Ray lets wait per ingress replica (``/health``)."""
 
-    def __init__(self, synth: DeploymentHandle, voices: VoiceStore):
-        self.synth, self.voices = synth, voices
+    def __init__(self, synth: DeploymentHandle, voices: VoiceStore, max_queue: int):
+        self.synth, self.voices, self.max_queue = synth, voices, max_queue
         self.running = 0  # streams in flight through this ingress
 
     async def open(self, checked: CheckedRequest, response_format: str, stream: bool) -> Speech:
@@ -224,7 +225,8 @@ class RaySynthesizer(Synthesizer):
         return await _remote(self.synth.register_voice.remote(name, data, filename, transcript, replace))
 
     async def health(self) -> dict[str, Any]:
-        return await _remote(self.synth.health.remote())
+        """One replica's fields (its ``replica`` id, its rows as ``workers``) and the cluster's ``max_queue``."""
+        return {**await _remote(self.synth.health.remote()), "max_queue": self.max_queue}
 
     def load(self) -> tuple[int, int]:
         return self.running, 0  # what waits is Ray's queue, not this process's
@@ -240,7 +242,8 @@ class Ingress:
         self.synth, self.args = synth, args
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(RaySynthesizer(self.synth, VoiceStore(self.args.voices)), self.args.server)
+        server = self.args.server
+        return create_app(RaySynthesizer(self.synth, VoiceStore(self.args.voices), server.max_queue), server)
 
 
 SynthDeployment = serve.deployment(Synth, name="Synth")
