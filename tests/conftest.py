@@ -53,6 +53,20 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def bf16_tiny_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
+    """The tiny checkpoint with model.safetensors stored in bf16, as the release stores its weights."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path_factory.mktemp("ckpt") / "tiny_bf16"
+    shutil.copytree(tiny_checkpoint, folder)
+    state = load_file(tiny_checkpoint / "model.safetensors")
+    save_file({k: v.bfloat16() for k, v in state.items()}, folder / "model.safetensors")
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_tts(tiny_checkpoint):
     """The tiny checkpoint loaded on the CPU at the default precision (int16 on the CPU)."""
     from audio8_coreai import TTS

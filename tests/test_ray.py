@@ -63,7 +63,8 @@ def voices(tmp_path_factory) -> Path:
 def local(tiny_checkpoint, voices):
     args = RayArgs(model=str(tiny_checkpoint), voices=str(voices), device="cpu", batch=2, server=SETTINGS)
     handle = serve.run(SynthDeployment.bind(args), name="audio8-local", _local_testing_mode=True)
-    with serve_in_thread(create_app(RaySynthesizer(handle, VoiceStore(voices), SETTINGS.max_queue), SETTINGS)) as url:
+    synth = RaySynthesizer(handle, VoiceStore(voices), SETTINGS.max_queue, handle.info.remote().result())
+    with serve_in_thread(create_app(synth, SETTINGS)) as url:
         yield url
 
 

@@ -81,3 +81,11 @@ class ParityError(Audio8Error, ValueError):
 
 class GateError(Audio8Error, ValueError):
     """The gate cannot run as asked (bad fixtures file, no espeak-ng for a clip, missing extra)."""
+
+
+class ProtocolError(Audio8Error, ValueError):
+    """A Wyoming event that is malformed (a field missing or of the wrong type) or out of order."""
+
+
+class NoAudio(EngineError):
+    """The model ended every utterance of a request on its first frame (eos drawn at once): no audio to send."""

@@ -23,8 +23,9 @@ DEFAULT_BLOCK = 32
 class Precision:
     """One precision. ``dtype``: the model's float dtype; ``slow``/``fast``/``heads``: the kernels of the slow
     AR's and the fast AR's block linears and of both heads (``fp32`` = the dtype's own kernels; ``fp16`` = weights
-    stored in float16, Core AI); ``runtimes``: which of ``torch-cpu``, ``torch-cuda``, ``coreai`` run it;
-    ``exact``: reproduces the publisher's fp32 draws on the oracle."""
+    stored in float16, Core AI; ``fp16w`` = float16 weights under fp32 activations, torch CPU); ``runtimes``:
+    which of ``torch-cpu``, ``torch-cuda``, ``coreai`` run it; ``exact``: reproduces the publisher's fp32 draws
+    on the oracle."""
 
     name: str
     dtype: torch.dtype
@@ -62,6 +63,16 @@ PRECISIONS: dict[str, Precision] = {
         Precision("bf16", torch.bfloat16, "fp32", "fp32", "fp32", _TORCH, "the whole model in bf16"),
         Precision(
             "fp16", torch.float16, "fp16", "fp16", "fp16", _COREAI, "float16 weights and activations (Core AI assets)"
+        ),
+        Precision(
+            "fp16w",
+            torch.float32,
+            "fp16w",
+            "fp16w",
+            "fp16w",
+            _CPU,
+            "float16 weights (FBGEMM), fp32 activations in every block linear and both heads, fp32 elsewhere "
+            "(the draws of fp32 on a bf16 checkpoint)",
         ),
         Precision(
             "int16",
@@ -102,6 +113,24 @@ PRECISIONS: dict[str, Precision] = {
             "int8 slow-AR block weights, 16-bit fixed-point fast AR, fp32 elsewhere",
         ),
         Precision(
+            "int8-fp16w",
+            torch.float32,
+            "int8",
+            "fp16w",
+            "fp16w",
+            _CPU,
+            "fast tier, not exact: int8 slow-AR block weights (int8 compute), float16-weight fast AR and heads",
+        ),
+        Precision(
+            "int8-int8",
+            torch.float32,
+            "int8",
+            "int8",
+            "fp16w",
+            _CPU,
+            "fast tier, not exact: int8 block weights in both ARs (int8 compute), float16-weight heads",
+        ),
+        Precision(
             "int8-fp16",
             torch.float16,
             "int8",
@@ -117,8 +146,9 @@ ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 _RENAMED = {"mixed": "'mixed' is now int8-int16 on torch and int8-fp16 on coreai (one name, one meaning)"}
 
-DEFAULT_CPU = "int16"
-"""The CPU default: the fastest precision that keeps the agreement bar against fp32 (see the README's Speed)."""
+DEFAULT_CPU = {torch.bfloat16: "fp16w", torch.float16: "fp16w", torch.float32: "int16"}
+"""The CPU default per stored weight dtype: the fastest precision that keeps the agreement bar against fp32 on
+such weights (README, Speed). float16 weights hold bf16 ones (the release's) exactly but round fp32 ones."""
 
 
 def runtime_of(backend: str, device_type: str = "cpu") -> str:
@@ -148,6 +178,7 @@ def resolve_precision(name: str, runtime: str | None = None) -> Precision:
     return spec
 
 
-def default_precision(device_type: str = "cpu") -> str:
-    """The default torch precision on ``device_type``: DEFAULT_CPU on the CPU, fp32 on CUDA."""
-    return DEFAULT_CPU if device_type == "cpu" else "fp32"
+def default_precision(device_type: str = "cpu", stored: torch.dtype = torch.bfloat16) -> str:
+    """The default torch precision on ``device_type`` for weights stored as ``stored`` (the checkpoint's dtype):
+    DEFAULT_CPU's on the CPU, fp32 on CUDA."""
+    return DEFAULT_CPU[stored] if device_type == "cpu" else "fp32"

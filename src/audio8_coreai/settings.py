@@ -36,6 +36,8 @@ class Settings:
     disconnect_poll_s: float = 0.25  # how often a whole-file request checks that its client is still there
     gather_s: float = 0.003  # batched serving: how long a ready frame call waits for the other rows' calls
     recent_s: float = 2.0  # batched serving: a row heard from this recently is expected to call again soon
+    pcm_sample_rate: int = 24000  # a pcm body's rate when neither request nor server gives one (OpenAI's pcm)
+    default_voice_seed: int = 0  # the seed of a request naming neither voice nor seed: the model's own voice, steady
 
     # Ray Serve (server/ray_app.py; `audio8 serve --ray`, deploy/serve_config.yaml)
     ray_replicas: int = 1  # Synth replicas (one engine each) when not autoscaled
@@ -52,6 +54,10 @@ class Settings:
     decoder_frames: int = 160  # Core AI codec decoder bucket: 128 frames of context + 32 new ones per window
     encoder_frames: int = 216  # Core AI codec encoder bucket: 10.0 s, the voice-registration clip
     checkpoint_seed: int = 0  # make-checkpoint: the seed of the random weights (same seed, same files)
+
+    # Wyoming server for Home Assistant (server/wyoming.py; `audio8 wyoming`)
+    wyoming_port: int = 10200  # TCP port: the Wyoming convention for text to speech (Home Assistant's default)
+    wyoming_voice: str = "audio8"  # the name the model's own voice is listed under (describe, synthesize)
 
 
 DEFAULTS = Settings()

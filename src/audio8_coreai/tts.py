@@ -90,10 +90,10 @@ class TTS(VoiceCloning):
         """Load a checkpoint folder (publisher layout) or hub id, validate it and build the backend.
 
         ``device``: auto | cpu | cuda[:N]; ``dtype``: fp32 | bf16 (the codec stays fp32 on CPU).
-        ``precision`` (torch): fp32 | bf16 | int16 | int12 | int8 | int8-int16 (precision.py); given, it overrides
-        ``dtype``; with neither, the default: int16 on CPU (near-exact: every draw kept in our measurements;
-        about half the weight bytes of fp32), fp32 on CUDA. ``codec_dtype`` (torch): bf16 opts the codec decoder
-        into bf16 on CPU (about 1.5x faster here, not exact); default fp32 on CPU, as the publisher.
+        ``precision`` (torch): fp32 | bf16 | fp16w | int16 | int12 | int8 | int8-int16 (precision.py); given, it
+        overrides ``dtype``; with neither, the default: on CPU fp16w for bf16 weights (the release: float16 holds
+        them, so the draws are fp32's) and int16 for fp32 ones, fp32 on CUDA. ``codec_dtype`` (torch): bf16
+        opts the codec decoder into bf16 on CPU (not exact); default fp32 on CPU, as the publisher.
         ``cuda_graphs`` (torch on CUDA, opt-in): replay each frame as one captured CUDA graph
         (backends/torch/cudagraphs.py).
         ``voices_dir``: the voice store's folder (default: the per-user one, see :mod:`.voices`).

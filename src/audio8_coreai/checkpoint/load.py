@@ -74,6 +74,14 @@ class Checkpoint:
         (a ``.safetensors`` or zip-format ``.pth``: every file ``torch.save`` writes; not a legacy pickle)."""
         return self.codec_file.suffix == ".safetensors" or zipfile.is_zipfile(self.codec_file)
 
+    @property
+    def stored_dtype(self) -> torch.dtype:
+        """The dtype ``model.safetensors`` stores the DualAR's weights in (bf16 for the release), from the header.
+
+        Raises CheckpointError as :meth:`check_model`."""
+        self.check_model()
+        return safetensors_shapes(self.model_file)["embeddings.weight"][1]
+
     def check_model(self) -> None:
         """Validate ``model.safetensors`` against ``config.json`` from its header (no tensor data read).
 

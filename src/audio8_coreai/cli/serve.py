@@ -46,6 +46,25 @@ def serve(
             "replaces --workers). 0: off."
         ),
     ] = 0,
+    sample_rate: Annotated[
+        int | None,
+        typer.Option(
+            help="Sample rate (Hz) of every response body unless a request asks another (one of 8000, 11025, "
+            "12000, 16000, 22050, 24000, 32000, 44100, 48000; default: pcm 24000 as OpenAI's, the rest 44100; "
+            "opus is always 48000)."
+        ),
+    ] = None,
+    voice_map: Annotated[
+        str | None,
+        typer.Option(help="OpenAI voice names onto stored voices, e.g. alloy=ana,echo=bob (each must be stored)."),
+    ] = None,
+    default_voice: Annotated[
+        str | None,
+        typer.Option(
+            help="Stored voice of requests naming none (or an unmapped OpenAI name); default: the model's own "
+            "voice, with a fixed seed when the request gives none."
+        ),
+    ] = None,
     ray: Annotated[
         bool,
         typer.Option(
@@ -69,13 +88,21 @@ def serve(
     """Serve the OpenAI-compatible speech API (POST /v1/audio/speech), voices, /health and /metrics."""
     import uvicorn
 
+    from ..audio import MPEG_RATES
     from ..request import check_chunks
     from ..server import ServerSettings, create_app
+    from ..server.voicenames import parse_voice_map
     from ..tts import TTS
+    from ..voices import check_name
 
     if workers < 1 or max_queue < 0 or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0:
         raise ConfigError("--workers, --max-input-chars and --max-frames must be >= 1, --max-queue and --batch >= 0")
     check_chunks(chunk_frames, first_chunk_frames)
+    if sample_rate is not None and sample_rate not in MPEG_RATES:  # rates every format here can take
+        raise ConfigError(f"--sample-rate must be one of {', '.join(map(str, MPEG_RATES))}, got {sample_rate}")
+    voice_names = parse_voice_map(voice_map or "")
+    if default_voice is not None:
+        default_voice = check_name(default_voice)
     _check_port(host, port)  # before minutes of loading
     if batch and workers != 1:
         raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
@@ -91,6 +118,9 @@ def serve(
         max_frames=max_frames,
         chunk_frames=chunk_frames,
         first_chunk_frames=first_chunk_frames,
+        sample_rate=sample_rate,
+        voice_map=voice_names,
+        default_voice=default_voice,
     )
     if ray:
         if workers != 1 or cuda_graphs or backend != "torch" or assets is not None:

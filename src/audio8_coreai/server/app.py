@@ -14,17 +14,20 @@ from ..tts import TTS
 from . import errors
 from .limits import SpeechBodyLimit
 from .metrics import Metrics
-from .routers import health, speech, voices
+from .routers import health, models, page, speech, voices
 from .state import ServerSettings, State
 from .synth import LocalSynthesizer, Synthesizer
+from .voicenames import check_voices
 
 
 def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker) or a
-    :class:`.synth.Synthesizer` (a cluster's, :mod:`.ray_app`); raises ValueError without an instance."""
+    :class:`.synth.Synthesizer` (a cluster's, :mod:`.ray_app`); raises ValueError without an instance, VoiceError
+    for a ``voice_map`` target or ``default_voice`` that is no usable stored voice (``voicenames.check_voices``)."""
     settings = settings or ServerSettings()
     metrics = Metrics()
     synth = instances if isinstance(instances, Synthesizer) else LocalSynthesizer(instances, settings, metrics)
+    check_voices(synth.voices, settings.voice_map, settings.default_voice, synth.fingerprint)
     server = State(settings, synth, metrics)
 
     @contextlib.asynccontextmanager
@@ -36,8 +39,9 @@ def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings 
     app.state.server = server
     errors.install(app, server.metrics.count)
     app.add_middleware(SpeechBodyLimit, max_input_chars=settings.max_input_chars, metrics=server.metrics)
-    for router in (speech.router, voices.router, health.router):
+    for router in (speech.router, voices.router, health.router, models.router):
         app.include_router(router)
+    app.include_router(page.router)  # GET /: the web page
     return app
 
 

@@ -26,6 +26,8 @@ FIELD_CODES = {
     ("stream_format", "literal_error"): "unsupported_stream_format",
     ("speed", "greater_than_equal"): "invalid_speed",
     ("speed", "less_than_equal"): "invalid_speed",
+    ("sample_rate", "greater_than_equal"): "invalid_sample_rate",
+    ("sample_rate", "less_than_equal"): "invalid_sample_rate",
 }
 
 
@@ -94,10 +96,10 @@ def schema_error(first: dict[str, Any]) -> ApiError:
 
 
 def install(app: FastAPI, count) -> None:
-    """Register the handlers on ``app``; ``count(status)`` is called for each refusal (the metrics)."""
+    """Register the handlers on ``app``; ``count(status, code)`` is called for each refusal (the metrics)."""
 
     async def refuse(e: ApiError) -> JSONResponse:
-        count(e.status)
+        count(e.status, e.code)
         return e.response()
 
     @app.exception_handler(Audio8Error)

@@ -45,7 +45,7 @@ from .app import create_app
 from .errors import ApiError, api_error
 from .metrics import Metrics
 from .state import ServerSettings
-from .synth import LOCAL, LocalSynthesizer, Speech, Synthesizer, failed
+from .synth import LOCAL, LocalSynthesizer, Output, Speech, Synthesizer, failed
 
 T = TypeVar("T")
 
@@ -96,20 +96,26 @@ def voice_key(voice: Voice) -> str:
 @dataclass(frozen=True)
 class SpeechJob:
     """One speech request sent to a Synth replica: the checked request without its voice, the voice's
-    :func:`voice_key` ("" for the model's own voice), the format and whether to stream."""
+    :func:`voice_key` ("" for the model's own voice) and how to make the body."""
 
     checked: CheckedRequest
     voice_key: str
-    response_format: str
-    stream: bool
+    output: Output
 
 
 @dataclass(frozen=True)
 class Started:
-    """A Synth stream's first item: its stream is built; the audio's ``sample_rate`` (Hz) and the ``replica`` id."""
+    """A Synth stream's first item: its stream is built by ``replica``; ``tokens``: the text's token count."""
 
-    sample_rate: int
     replica: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A Synth stream's last item when its body ended whole: the ``frames`` made."""
+
+    frames: int | None
 
 
 class Synth:
@@ -142,19 +148,20 @@ class Synth:
         backend keeps their prompt heads); Ray sends the requests of ``key`` to the replicas that keep it."""
         return await self.read_voice(key)
 
-    async def speak(self, job: SpeechJob) -> AsyncGenerator[Started | bytes, None]:
-        """:class:`Started` once the stream is built, then the body's bytes (:class:`.synth.Speech`)."""
+    async def speak(self, job: SpeechJob) -> AsyncGenerator[Started | bytes | Finished, None]:
+        """:class:`Started` once the stream is built, the body's bytes (:class:`.synth.Speech`), :class:`Finished`."""
         try:
             checked = job.checked
             if job.voice_key:
                 checked = dataclasses.replace(checked, voice=await self.voice(job.voice_key))
-            speech = await self.local.open(checked, job.response_format, job.stream)
+            speech = await self.local.open(checked, job.output)
         except Audio8Error as e:
             raise api_error(e) from None
         try:
-            yield Started(speech.sample_rate, self.replica)
+            yield Started(self.replica, speech.tokens)
             async for data in speech.body:
                 yield data
+            yield Finished(speech.frames)
         except Audio8Error as e:
             raise api_error(e) from None
         finally:
@@ -168,6 +175,10 @@ class Synth:
 
     async def health(self) -> dict[str, Any]:
         return {**await self.local.health(), "replica": self.replica}
+
+    async def info(self) -> dict[str, Any]:
+        """What the app needs before its first request: the model's ``sample_rate`` and checkpoint ``fingerprint``."""
+        return {"sample_rate": self.local.sample_rate, "fingerprint": self.local.fingerprint}
 
 
 async def _remote(step: Awaitable[T]) -> T:
@@ -192,29 +203,33 @@ async def _remote(step: Awaitable[T]) -> T:
 class RaySynthesizer(Synthesizer):
     """The app's synthesizer on a cluster: speech and voice registration go to the Synth deployment behind
     ``synth``; ``voices`` is the shared store (read here for listing, checks and deletion); ``max_queue``: the
-    requests Ray lets wait per ingress replica (``/health``)."""
+    requests Ray lets wait per ingress replica (``/health``); ``info``: what :meth:`Synth.info` says."""
 
-    def __init__(self, synth: DeploymentHandle, voices: VoiceStore, max_queue: int):
+    def __init__(self, synth: DeploymentHandle, voices: VoiceStore, max_queue: int, info: dict[str, Any]):
         self.synth, self.voices, self.max_queue = synth, voices, max_queue
+        self.sample_rate, self.fingerprint = info["sample_rate"], info["fingerprint"]
         self.running = 0  # streams in flight through this ingress
 
-    async def open(self, checked: CheckedRequest, response_format: str, stream: bool) -> Speech:
+    async def open(self, checked: CheckedRequest, output: Output) -> Speech:
         voice = self.voices.load(checked.voice) if isinstance(checked.voice, str) else checked.voice
         key = voice_key(voice) if voice is not None else ""
-        job = SpeechJob(dataclasses.replace(checked, voice=None), key, response_format, stream)
+        job = SpeechJob(dataclasses.replace(checked, voice=None), key, output)
         call = self.synth.options(stream=True, multiplexed_model_id=key).speak.remote(job)
         try:
             started = await _remote(anext(call))
         except asyncio.CancelledError:  # the client left while its request waited: Ray lets it go
             call.cancel()  # (not after an error: cancel() raises the call's own error again)
             raise
-        return Speech(self._body(call), started.sample_rate, started.replica)
+        speech = Speech(started.replica, started.tokens)
+        speech.body = self._body(call, speech)
+        return speech
 
-    async def _body(self, call) -> AsyncGenerator[bytes, None]:
+    async def _body(self, call, speech: Speech) -> AsyncGenerator[bytes, None]:
         self.running += 1
         try:
-            while (data := await _remote(anext(call, None))) is not None:
+            while not isinstance(data := await _remote(anext(call)), Finished):
                 yield data
+            speech.frames = data.frames
         except (GeneratorExit, asyncio.CancelledError):  # the client left: its replica stops at its next frame
             call.cancel()
             raise
@@ -241,9 +256,9 @@ class Ingress:
     def __init__(self, synth: DeploymentHandle, args: RayArgs):
         self.synth, self.args = synth, args
 
-    def __serve_build_asgi_app__(self) -> FastAPI:
-        server = self.args.server
-        return create_app(RaySynthesizer(self.synth, VoiceStore(self.args.voices), server.max_queue), server)
+    async def __serve_build_asgi_app__(self) -> FastAPI:
+        server, info = self.args.server, await _remote(self.synth.info.remote())
+        return create_app(RaySynthesizer(self.synth, VoiceStore(self.args.voices), server.max_queue, info), server)
 
 
 SynthDeployment = serve.deployment(Synth, name="Synth")

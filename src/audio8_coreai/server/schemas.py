@@ -1,6 +1,6 @@
 """The request bodies of the HTTP API, validated by pydantic: types, ranges and choices in the fields; what a
-field may not be (an empty input, a speed other than 1.0) in validators that give our error code
-(:func:`refusal`). Limits set per server (input length, frame cap) are checked by the route."""
+field may not be (an empty input, a bad voice name) in validators that give our error code (:func:`refusal`).
+Limits set per server (input length, frame cap) are checked by the route."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from ..audio import SPEECH_FORMATS, check_speech_format
+from ..audio import RATE_RANGE, SPEECH_FORMATS, check_speech_format
 from ..errors import AudioError, VoiceError
 from ..voices import check_name
 
-SpeechFormat = Literal[SPEECH_FORMATS]  # wav | pcm | flac | mp3 | opus
+SpeechFormat = Literal[SPEECH_FORMATS]  # wav | pcm | flac | mp3 | opus | aac
 
 
 def refusal(code: str, message: str) -> PydanticCustomError:
@@ -26,7 +26,12 @@ class SpeechRequest(BaseModel):
 
     Whole numbers (``seed``, ``top_k``, ``max_frames``) are JSON integers only and ``stream`` JSON true or false
     only: true, 1.5 or "7" as a seed and "yes" or "false" as a choice are mistakes, not values. The sampling
-    ranges are the checkpoint's own (:meth:`.config.GenerationConfig.check`)."""
+    ranges are the checkpoint's own (:meth:`.config.GenerationConfig.check`).
+
+    As OpenAI's: ``voice`` a name or ``{"id": NAME}``; ``speed`` 0.25-4.0 (a time stretch, pitch kept);
+    ``stream_format`` ``sse`` (events ``speech.audio.delta`` then ``speech.audio.done``, a streamable format);
+    ``instructions`` accepted and ignored (the model takes no style prompt; the response says so in a header).
+    Our extra ``sample_rate`` (Hz): the body's rate (default: pcm 24 kHz as OpenAI's, the others 44.1 kHz)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -35,14 +40,15 @@ class SpeechRequest(BaseModel):
     voice: str | None = None
     stream: StrictBool = False  # before response_format, whose validator reads it
     response_format: SpeechFormat = "mp3"
-    speed: float = Field(1.0, ge=0.25, le=4.0)  # OpenAI's range; only 1.0 is spoken (no time stretch)
-    stream_format: Literal["audio"] = "audio"
+    speed: float = Field(1.0, ge=0.25, le=4.0)  # OpenAI's range: a time stretch, pitch kept
+    stream_format: Literal["audio", "sse"] = "audio"
     instructions: str | None = None
     seed: StrictInt | None = Field(None, ge=0)
     temperature: float | None = Field(None, gt=0, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: StrictInt | None = Field(None, ge=1)
     max_frames: StrictInt | None = Field(None, ge=1)
+    sample_rate: StrictInt | None = Field(None, ge=RATE_RANGE[0], le=RATE_RANGE[1])
 
     @field_validator("input")
     @classmethod
@@ -50,6 +56,12 @@ class SpeechRequest(BaseModel):
         if not text.strip():
             raise refusal("empty_input", "input is empty: give the text to speak")
         return text
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice_id(cls, voice: object) -> object:
+        # OpenAI's custom-voice object {"id": NAME} names the voice NAME
+        return voice["id"] if isinstance(voice, dict) and set(voice) == {"id"} else voice
 
     @field_validator("voice")
     @classmethod
@@ -68,22 +80,13 @@ class SpeechRequest(BaseModel):
             raise refusal("unsupported_format", str(e)) from None
         return fmt
 
-    @field_validator("speed")
+    @field_validator("stream_format")
     @classmethod
-    def _own_pace(cls, speed: float) -> float:
-        if speed != 1.0:
-            raise refusal(
-                "unsupported_speed",
-                f"speed {speed} is not supported: this server makes speech at the "
-                "model's own pace only (no time stretch); send speed 1.0 or leave it out",
-            )
-        return speed
-
-    @field_validator("instructions")
-    @classmethod
-    def _no_directions(cls, instructions: str | None) -> str | None:
-        if instructions:
-            raise refusal(
-                "unsupported_instructions", "instructions are not supported: this model takes no voice directions"
-            )
-        return instructions
+    def _sse_streams(cls, stream_format: str, info: ValidationInfo) -> str:
+        fmt = info.data.get("response_format")
+        if stream_format == "sse" and fmt is not None:  # sent as it is made: the format must stream
+            try:
+                check_speech_format(fmt, True)
+            except AudioError as e:
+                raise refusal("unsupported_format", str(e)) from None
+        return stream_format

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..audio import SpeechEncoder, encode_speech
+from ..audio import SpeechEncoder, StreamStretcher, encode_speech, time_stretch
 from ..engine.stream import SpeechStream
 from ..errors import Audio8Error
 from ..request import CheckedRequest
@@ -37,32 +37,48 @@ if TYPE_CHECKING:
 LOCAL = "local"  # the replica id of a synthesizer in the app's own process (the X-Replica header)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Output:
+    """How a speech's body is made: ``format`` (one of :data:`.audio.SPEECH_FORMATS`) at ``rate`` Hz
+    (:func:`.audio.output_rate`), at ``speed`` (a time stretch, pitch kept; 1.0: none), ``stream``ed as it is made
+    or whole."""
+
+    format: str
+    rate: int
+    speed: float
+    stream: bool
+
+
+@dataclass(eq=False)
 class Speech:
     """An utterance whose stream is built (the route can still refuse it: no byte is sent yet).
 
     ``body``: the response's bytes, encoded chunks as they are made (streamed) or the whole file as one item; it
     raises :class:`.Audio8Error` when the synthesis fails (an :class:`ApiError` 422 when a whole file would hold no
-    audio), and closing it early stops the synthesis at its next frame and frees its place. ``sample_rate``: of the
-    audio (Hz); ``replica``: who makes it (:data:`LOCAL`, or a cluster replica's id)."""
+    audio), and closing it early stops the synthesis at its next frame and frees its place. ``replica``: who makes
+    it (:data:`LOCAL`, or a cluster replica's id); ``tokens``: the text's token count; ``frames``: the frames made,
+    set when the body has ended whole."""
 
-    body: AsyncGenerator[bytes, None]
-    sample_rate: int
     replica: str
+    tokens: int
+    frames: int | None = None
+    body: AsyncGenerator[bytes, None] = dataclasses.field(init=False)
 
 
 class Synthesizer(ABC):
     """What the routes ask of the model side. ``voices``: the voice store the routes list, check and delete in
-    (the one the synthesizer speaks from)."""
+    (the one the synthesizer speaks from); ``sample_rate``: the model's (Hz); ``fingerprint``: its checkpoint's
+    (:meth:`.checkpoint.Checkpoint.fingerprint`, which stored voices must match)."""
 
     voices: VoiceStore
+    sample_rate: int
+    fingerprint: str
 
     @abstractmethod
-    async def open(self, checked: CheckedRequest, response_format: str, stream: bool) -> Speech:
-        """Admit ``checked`` and build its stream; ``response_format`` one of :data:`.audio.SPEECH_FORMATS`,
-        ``stream`` True for chunks as they are made. Raises ApiError 503 (with Retry-After) when full, or the
-        Audio8Error that refuses the request (the prompt does not fit, a stored voice is damaged...). Cancelling
-        the call gives the place back."""
+    async def open(self, checked: CheckedRequest, output: Output) -> Speech:
+        """Admit ``checked`` and build its stream, to be made as ``output`` says. Raises ApiError 503 (with
+        Retry-After) when full, or the Audio8Error that refuses the request (the prompt does not fit, a stored
+        voice is damaged...). Cancelling the call gives the place back."""
 
     @abstractmethod
     async def register_voice(self, name: str, data: bytes, filename: str, transcript: str, replace: bool) -> Voice:
@@ -113,9 +129,14 @@ class LocalSynthesizer(Synthesizer):
             raise ValueError("the server needs at least one model instance")
         self.instances, self.settings, self.metrics = list(instances), settings, metrics
         self.workers = Workers(self.instances, settings.max_queue)
-        self.voices = self.instances[0].voices
+        first = self.instances[0]
+        self.voices, self.sample_rate, self.fingerprint = (
+            first.voices,
+            first.sample_rate,
+            first.checkpoint.fingerprint(),
+        )
 
-    async def open(self, checked: CheckedRequest, response_format: str, stream: bool) -> Speech:
+    async def open(self, checked: CheckedRequest, output: Output) -> Speech:
         self.workers.admit()
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
@@ -157,8 +178,9 @@ class LocalSynthesizer(Synthesizer):
             raise
         if item is not _STARTED:  # the stream could not be built
             raise failed(item.error)
-        rate = self.instances[0].sample_rate
-        return Speech(_body(items, cancel, response_format, stream, rate), rate, LOCAL)
+        speech = Speech(LOCAL, len(self.instances[0].prompts.encode(checked.text)))
+        speech.body = _body(items, cancel, output, self.sample_rate, speech)
+        return speech
 
     async def register_voice(self, name: str, data: bytes, filename: str, transcript: str, replace: bool) -> Voice:
         self.workers.admit()
@@ -200,19 +222,22 @@ class LocalSynthesizer(Synthesizer):
 
 
 async def _body(
-    items: asyncio.Queue, cancel: threading.Event, fmt: str, stream: bool, sample_rate: int
+    items: asyncio.Queue, cancel: threading.Event, output: Output, sample_rate: int, speech: Speech
 ) -> AsyncGenerator[bytes, None]:
-    """A job's chunks encoded as ``fmt``: as they come (``stream``) or as one file at the end. ``finally`` tells
-    the worker to stop at its next frame when the body is closed early."""
+    """A job's chunks (float32 at ``sample_rate``) made as ``output`` says: as they come, or as one file at the end;
+    ``speech.frames`` set at the end. ``finally`` tells the worker to stop at its next frame when the body is closed
+    early."""
     try:
-        if stream:
-            encoder = SpeechEncoder(fmt, sample_rate)
+        if output.stream:
+            encoder = _ChunkEncoder(output, sample_rate)
             while not isinstance(item := await items.get(), _End):
                 if data := encoder.write(item):
                     yield data
             if item.error is not None:
                 raise failed(item.error)
-            yield encoder.close()
+            if data := encoder.close():
+                yield data
+            speech.frames = item.stream.frames
             return
         chunks = []
         while not isinstance(item := await items.get(), _End):
@@ -228,7 +253,29 @@ async def _body(
                 "no_audio",
             )
         audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-        # Off the event loop: a long mp3 or opus takes a noticeable time to encode.
-        yield await asyncio.to_thread(encode_speech, audio, sample_rate, fmt)
+        # Off the event loop: a long mp3 or opus takes a noticeable time to encode (and a stretch to compute).
+        data = await asyncio.to_thread(_encode_whole, audio, sample_rate, output)
+        speech.frames = item.stream.frames
+        yield data
     finally:
         cancel.set()
+
+
+def _encode_whole(audio: np.ndarray, sample_rate: int, output: Output) -> bytes:
+    """A whole utterance (float32 at ``sample_rate``) at ``output.speed`` (pitch kept), encoded as ``output`` says."""
+    return encode_speech(time_stretch(audio, sample_rate, output.speed), sample_rate, output.format, output.rate)
+
+
+class _ChunkEncoder:
+    """An utterance's chunks (float32 at ``sample_rate``) at ``output.speed`` (a streaming time stretch, pitch
+    kept), encoded as ``output`` says as they come: ``write(chunk)`` and ``close()`` give the bytes ready to send."""
+
+    def __init__(self, output: Output, sample_rate: int):
+        self.stretcher = StreamStretcher(sample_rate, output.speed)
+        self.encoder = SpeechEncoder(output.format, sample_rate, output.rate)
+
+    def write(self, chunk: np.ndarray) -> bytes:
+        return self.encoder.write(self.stretcher.write(chunk))
+
+    def close(self) -> bytes:
+        return self.encoder.write(self.stretcher.close()) + self.encoder.close()

@@ -112,10 +112,13 @@ class TorchBackend(Backend):
         if frame_mode not in ("eager", "graph"):
             raise BackendError(f"unknown frame mode {frame_mode!r}: eager or graph")
         super().__init__()
-        # ``precision``: a name of precision.PRECISIONS that the torch backend runs; None: the device's default.
+        # ``precision``: a name of precision.PRECISIONS that the torch backend runs; None: the default for the
+        # device and the checkpoint's stored dtype.
         # checked before any weight is read: PrecisionError names the precisions this device runs
         runtime = runtime_of("torch", self.device.type)
-        self.spec = resolve_precision(precision or default_precision(self.device.type), runtime)
+        if precision is None:
+            precision = default_precision(self.device.type, checkpoint.stored_dtype)
+        self.spec = resolve_precision(precision, runtime)
         self.precision = self.spec.name
         self.dtype = self.spec.dtype
         if self.device.type == "cuda" and self.dtype == torch.float32:

@@ -5,9 +5,9 @@ kernel measured for them (the README's Speed section has the side-by-side figure
   input channels (one fp32 scale per block, int8 range [-127, 127] or int4 [-7, 7]), run by an ONNX Runtime
   session per module. The feed-forward runs ``w1``/``w3`` as one matmul, SiLU and the product, and ``w2`` in a
   single session call.
-* :func:`.quantize.quantize_blocks` swaps these into transformer blocks in place. Each keeps ``in_features``/
-  ``out_features`` and declares ``input_dtype`` and ``weights`` (:class:`OrtModule`), so the benchmark's
-  weight-streaming floor can call it alone and count what it reads.
+* :func:`.quantize.quantize_blocks` swaps these (and :mod:`.fp16`'s) into transformer blocks in place. Each is a
+  :class:`LinearKernel`: it keeps ``in_features``/``out_features`` and declares ``input_dtype`` and ``weights``,
+  so the benchmark's weight-streaming floor can call it alone and count what it reads.
 """
 
 from __future__ import annotations
@@ -224,19 +224,29 @@ class _Graph:
             return ort.InferenceSession(model().SerializeToString(), so, providers=providers)
 
 
-class OrtModule(nn.Module):
-    """Runs a one-input, one-output ONNX Runtime session on float32 [..., in_features] -> [..., out_features];
-    ``weights`` is the number of weights one call reads, ``fmt`` its weight format."""
+class LinearKernel(nn.Module):
+    """A low-precision linear (or a whole feed-forward) swapped into a block: float32 [..., in_features] ->
+    [..., out_features]. Declares what the benchmark's weight-streaming floor needs to call it alone and count
+    what it reads: ``input_dtype`` and ``weights`` (weights one call reads)."""
 
     input_dtype = torch.float32
 
-    def __init__(self, in_features: int, out_features: int, fmt: NBits):
+    def __init__(self, in_features: int, out_features: int):
         super().__init__()
-        self.in_features, self.out_features, self.fmt = in_features, out_features, fmt
+        self.in_features, self.out_features = in_features, out_features
 
     @property
     def weights(self) -> int:
         return self.in_features * self.out_features
+
+
+class OrtModule(LinearKernel):
+    """Runs a one-input, one-output ONNX Runtime session on float32 [..., in_features] -> [..., out_features];
+    ``fmt`` is its weight format."""
+
+    def __init__(self, in_features: int, out_features: int, fmt: NBits):
+        super().__init__(in_features, out_features)
+        self.fmt = fmt
 
     def _run(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]

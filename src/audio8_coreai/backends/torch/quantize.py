@@ -9,9 +9,10 @@ from torch import Tensor, nn
 
 from ...errors import QuantError
 from ...precision import DEFAULT_BLOCK, Precision
+from .fp16 import Fp16FeedForward, Fp16Linear
 from .kernels import NBits, NBitsFeedForward, NBitsLinear
 
-KINDS = ("fp32", "int8", "int4", "int12", "int16")
+KINDS = ("fp32", "fp16w", "int8", "int4", "int12", "int16")
 _NBITS = {"int8": (8, 1, 8), "int4": (4, 1, 8), "int12": (8, 2, 4), "int16": (8, 2, 8)}  # kind -> (bits, pieces, lo)
 
 
@@ -24,10 +25,10 @@ def nbits(kind: str, block: int = DEFAULT_BLOCK) -> NBits:
 def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int = 1) -> None:
     """Swap the linears of transformer ``blocks`` (layers.Block) in place for ``kind``'s kernels.
 
-    fp32: unchanged. int8 / int4: NBitsLinear for
-    ``wqkv``/``wo`` and NBitsFeedForward for the feed-forward (int8 compute). int16: the same with two int8
-    pieces for weights and inputs (16-bit fixed point per block); int12: the weight's residual in 4 bits.
-    Raises QuantError.
+    fp32: unchanged. fp16w: Fp16Linear for ``wqkv``/``wo`` and Fp16FeedForward (float16 weights, fp32
+    compute). int8 / int4: NBitsLinear for ``wqkv``/``wo`` and NBitsFeedForward for the feed-forward (int8
+    compute). int16: the same with two int8 pieces for weights and inputs (16-bit fixed point per block); int12:
+    the weight's residual in 4 bits. Raises QuantError.
     """
     if kind not in KINDS:
         raise QuantError(f"unknown weight kind {kind!r}: use one of {', '.join(KINDS)}")
@@ -35,6 +36,9 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
         return
     for blk in blocks:
         att, ff = blk.attention, blk.feed_forward
+        if kind == "fp16w":
+            att.wqkv, att.wo, blk.feed_forward = Fp16Linear(att.wqkv), Fp16Linear(att.wo), Fp16FeedForward(ff)
+            continue
         fmt = nbits(kind, block)
         att.wqkv = NBitsLinear(att.wqkv, fmt, threads)
         att.wo = NBitsLinear(att.wo, fmt, threads)
@@ -45,6 +49,8 @@ def quantize_linear(linear: nn.Linear, kind: str, block: int = DEFAULT_BLOCK, th
     """One ``nn.Linear`` (a head) for ``kind``'s kernels (fp32: itself)."""
     if kind == "fp32":
         return linear
+    if kind == "fp16w":
+        return Fp16Linear(linear)
     return NBitsLinear(linear, nbits(kind, block), threads)
 
 

@@ -10,12 +10,12 @@ from .config import FAST_PASSES, median_ms
 
 def linear_modules(module) -> list:
     """Every linear under ``module``: ``nn.Linear`` or a low-precision kernel (:class:`...backends.torch.kernels.
-    OrtModule`, a whole feed-forward for NBitsFeedForward)."""
+    LinearKernel`, a whole feed-forward for the feed-forward kernels)."""
     from torch import nn
 
-    from ...backends.torch.kernels import OrtModule
+    from ...backends.torch.kernels import LinearKernel
 
-    return [m for m in module.modules() if isinstance(m, (nn.Linear, OrtModule))]
+    return [m for m in module.modules() if isinstance(m, (nn.Linear, LinearKernel))]
 
 
 def _input_dtype(m):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..state import State, state
 
@@ -18,8 +19,9 @@ async def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     return {"status": "ok", **await server.synth.health()}
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
-def metrics_text(server: Annotated[State, Depends(state)]) -> str:
-    """Requests by status, frames, audio and compute seconds, RTF, time to first audio, queue depth."""
+@router.get("/metrics")
+def metrics_text(server: Annotated[State, Depends(state)]) -> Response:
+    """Requests by status, errors by code, frames, audio and compute seconds, RTF, time to first audio, queue
+    depth (Prometheus text, :class:`..metrics.Metrics`)."""
     running, queued = server.synth.load()
-    return server.metrics.text(queued, running)
+    return Response(server.metrics.text(queued, running), media_type=CONTENT_TYPE_LATEST)

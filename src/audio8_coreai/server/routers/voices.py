@@ -1,4 +1,5 @@
-"""``/v1/voices``: list, register (a multipart clip upload, encoded by the synthesizer) and delete stored voices."""
+"""``/v1/voices``: list, register (a multipart clip upload, encoded by the synthesizer) and delete stored voices;
+``GET /v1/audio/voices``: every voice a speech request may name, in Open WebUI's shape."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ...errors import DamagedVoice, VoiceError
 from ...voices import check_name
 from ..errors import ApiError, damaged
 from ..state import State, state
+from ..voicenames import DEFAULT_VOICE
 
 router = APIRouter()
 
@@ -37,6 +39,19 @@ def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
         except VoiceError as e:
             voices.append({"name": name, "error": str(e)})
     return {"object": "list", "data": voices}
+
+
+@router.get("/v1/audio/voices")
+def list_voice_ids(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
+    """``{"voices": [{"id", "name"}]}`` (Open WebUI's shape): the default voice (id ``default``: ``serve
+    --default-voice``, else the model's own), the stored voices (id: the name), then the ``--voice-map`` names
+    (``alloy (ana)``); each id is what ``voice`` takes in a speech request."""
+    settings, stored = server.settings, server.synth.voices.names()
+    own = settings.default_voice or "the model's own voice"
+    voices = [] if DEFAULT_VOICE in stored else [{"id": DEFAULT_VOICE, "name": f"{DEFAULT_VOICE} ({own})"}]
+    voices += [{"id": name, "name": name} for name in stored]
+    voices += [{"id": k, "name": f"{k} ({v})"} for k, v in sorted(settings.voice_map.items()) if k not in stored]
+    return {"voices": voices}
 
 
 @router.post("/v1/voices", status_code=201)
