@@ -73,14 +73,14 @@ def test_whole_and_streamed_speech_equal_the_plain_servers(local, tiny_checkpoin
     assert whole.status_code == 200, whole.text
     assert whole.headers["x-replica"] == "local" and whole.headers["x-seed"] == "1"
     assert whole.headers["x-sample-rate"] == "44100" and whole.headers["content-type"] == "audio/wav"
-    body = {"input": TEXT, "seed": 1, "max_frames": 12, "stream": True, "response_format": "pcm"}
+    body = {"input": TEXT, "seed": 1, "max_frames": 12, "stream": True, "response_format": "pcm", "sample_rate": 44100}
     with httpx.stream("POST", f"{local}/v1/audio/speech", json=body, timeout=120) as r:
         assert r.status_code == 200 and "content-length" not in r.headers
         chunks = [c for c in r.iter_raw() if c]
     assert len(chunks) > 1 and sum(map(len, chunks)) == 12 * 2048 * 2  # 12 frames of 16-bit samples
     with plain_server(tiny_checkpoint, voices, batch=2) as url:
         assert speech(url, response_format="wav").content == whole.content
-        assert speech(url, response_format="pcm").content == b"".join(chunks)
+        assert speech(url, response_format="pcm", sample_rate=44100).content == b"".join(chunks)
 
 
 @pytest.mark.parametrize(
@@ -198,7 +198,7 @@ def test_a_ray_cluster_serves_the_same_api(cluster, tiny_checkpoint, voices, tmp
     replicas = {speech(url, voice="bo", response_format="wav").headers["x-replica"] for _ in range(3)}
     assert len(replicas) == 1 and replicas != {"local"}
     # A stream's first bytes come well before its last.
-    body = {"input": TEXT, "seed": 4, "max_frames": 60, "stream": True, "response_format": "pcm"}
+    body = {"input": TEXT, "seed": 4, "max_frames": 60, "stream": True, "response_format": "pcm", "sample_rate": 44100}
     t0 = time.perf_counter()
     with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=120) as r:
         arrivals = [(time.perf_counter() - t0, len(c)) for c in r.iter_raw() if c]
