@@ -58,6 +58,23 @@ class DamagedVoice(VoiceError):
         self.name = name
 
 
+class VoiceExists(VoiceError):
+    """A voice of that name is already stored and replacing it was not asked for; ``name`` is the stored one's."""
+
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
+        self.name = name
+
+
+class VoiceStorageError(VoiceError):
+    """The voice store's folder cannot be written or changed (a full disk: ``full``; read-only, not permitted). The
+    message names the folder and the CLI's remedy; a server says its own (its clients see no paths)."""
+
+    def __init__(self, message: str, full: bool = False):
+        super().__init__(message)
+        self.full = full
+
+
 class BackendError(Audio8Error, ValueError):
     """A device, precision, backend or asset folder that cannot be used as asked."""
 

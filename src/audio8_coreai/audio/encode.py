@@ -180,9 +180,10 @@ def encode_speech(audio: np.ndarray, sample_rate: int, fmt: str, rate: int | Non
     """Mono float32 ``audio`` [N] at ``sample_rate`` Hz as a complete file (or raw pcm) in ``fmt``, at ``rate``
     Hz (None: ``sample_rate``; opus is always OPUS_RATE), resampled by soxr (very high quality).
 
-    wav, pcm: 16-bit signed little-endian (wav with exact sizes); flac 16-bit; mp3 (LAME, variable bit rate,
-    gapless length tag); opus (Ogg); aac (ADTS, PyAV). Raises AudioError as :func:`check_speech_format` and
-    :func:`output_rate`.
+    wav, pcm: 16-bit signed little-endian (wav with exact sizes); flac 16-bit, the samples of wav; mp3 (LAME,
+    variable bit rate, gapless length tag); opus (Ogg); aac (ADTS, PyAV). The same audio gives the same bytes in
+    every format but opus (Ogg numbers each stream at random). Raises AudioError as :func:`check_speech_format`
+    and :func:`output_rate`.
     """
     check_speech_format(fmt)
     rate = _body_rate(fmt, sample_rate, rate)
@@ -198,6 +199,8 @@ def encode_speech(audio: np.ndarray, sample_rate: int, fmt: str, rate: int | Non
         writer = AacWriter(rate)
         return writer.write(audio) + writer.close()
     container, subtype = _SOUNDFILE[fmt]
+    if fmt == "flac":  # the 16-bit samples of wav and pcm (libsndfile would round floats its own way, +-1)
+        audio = np.frombuffer(_pcm16(audio), "<i2")
     buf = io.BytesIO()
     sf.write(buf, audio, rate, subtype=subtype, format=container)
     return buf.getvalue()

@@ -39,6 +39,9 @@ def serve(
         ),
     ] = None,
     max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")] = DEFAULTS.max_input_chars,
+    max_upload_mb: Annotated[
+        float, typer.Option(help="Largest voice upload in MB (2**20 bytes); 30 s of 96 kHz stereo float wav is 22 MB.")
+    ] = DEFAULTS.max_upload_bytes / 2**20,
     batch: Annotated[
         int,
         typer.Option(
@@ -91,12 +94,15 @@ def serve(
     from ..audio import MPEG_RATES
     from ..request import check_chunks
     from ..server import ServerSettings, create_app
+    from ..server.connections import uvicorn_config
     from ..server.voicenames import parse_voice_map
     from ..tts import TTS
     from ..voices import check_name
 
     if workers < 1 or max_queue < 0 or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0:
         raise ConfigError("--workers, --max-input-chars and --max-frames must be >= 1, --max-queue and --batch >= 0")
+    if not 0 < max_upload_mb <= 1024:
+        raise ConfigError(f"--max-upload-mb must be over 0 and at most 1024, got {max_upload_mb:g}")
     check_chunks(chunk_frames, first_chunk_frames)
     if sample_rate is not None and sample_rate not in MPEG_RATES:  # rates every format here can take
         raise ConfigError(f"--sample-rate must be one of {', '.join(map(str, MPEG_RATES))}, got {sample_rate}")
@@ -115,6 +121,7 @@ def serve(
         workers=batch or workers,
         max_queue=max_queue,
         max_input_chars=max_input_chars,
+        max_upload_bytes=round(max_upload_mb * 2**20),
         max_frames=max_frames,
         chunk_frames=chunk_frames,
         first_chunk_frames=first_chunk_frames,
@@ -139,7 +146,7 @@ def serve(
         instances = [TTS.load(model, **load_options) for _ in range(instances)]
     if batch:
         _, instances = instances[0].batched(batch)
-    uvicorn.run(create_app(instances, settings), host=host, port=port, log_level="info")
+    uvicorn.Server(uvicorn_config(create_app(instances, settings), settings, host, port)).run()
 
 
 def _serve_on_ray(

@@ -168,7 +168,8 @@ class DualAR(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> DualAR:
-        """Build from a validated ``model.safetensors`` dict (publisher names) in ``dtype`` on ``device``.
+        """Build from a validated ``model.safetensors`` dict (publisher names) in ``dtype`` on ``device``; a tensor
+        already in ``dtype`` on ``device`` is used as it is (not copied), so a mapped checkpoint stays mapped.
 
         The compact head is ``embeddings.weight`` rows ``semantic_begin_id..semantic_end_id`` then
         ``eos_token_id`` (or ``output.weight`` rows when embeddings are not tied).
@@ -193,7 +194,13 @@ class DualAR(nn.Module):
         params = dict(model.named_parameters())
         with torch.no_grad():
             for src, dst in mapping.items():
-                params[dst].copy_(state[src].to(dtype))
+                t = state[src]
+                if t.dtype == dtype and t.device == params[dst].device:
+                    # the stored tensor itself (a view of the mapped file): no second copy of the weights; the
+                    # empty allocation it replaces was never touched, so it never became resident
+                    params[dst].data = t
+                else:
+                    params[dst].copy_(t.to(dtype))
             head_src = state["embeddings.weight" if cfg.tie_word_embeddings else "output.weight"]
             rows = torch.cat(
                 [

@@ -28,7 +28,10 @@ Endpoints:
   it): plain HTML/JS shipped in ``server/static`` (:mod:`.routers.page`).
 
 Errors are JSON ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape) with 400 (bad
-request), 404 (no such voice), 413 (upload too large), 503 (queue full, with ``Retry-After``) or 500.
+request), 404 (no such voice), 409 (voice name taken), 413 (upload too large), 422 (no audio), 503 (queue full,
+with ``Retry-After``), 507 (the server's disk full) or 500; none carries a server path or a traceback.
+Slow clients are bounded: a deadline for a whole request and uvicorn's limits (:mod:`.connections`), at most
+``stream_buffer_chunks`` unread chunks per stream (:mod:`.relay`).
 
 Concurrency: a model instance is not thread-safe (the KV state is its backend's), so the server holds
 ``workers`` instances, each used by one request at a time on its own thread; requests wait in a queue of at

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from ..tts import TTS
 from . import errors
+from .connections import uvicorn_config
 from .limits import SpeechBodyLimit
 from .metrics import Metrics
 from .routers import health, models, page, speech, voices
@@ -37,11 +38,11 @@ def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings 
 
     app = FastAPI(title="audio8-coreai", version="0.1.0", lifespan=lifespan)
     app.state.server = server
-    errors.install(app, server.metrics.count)
+    routers = (speech.router, voices.router, health.router, models.router, page.router)  # page: GET /, the web page
+    errors.install(app, server.metrics.count, [route for router in routers for route in router.routes])
     app.add_middleware(SpeechBodyLimit, max_input_chars=settings.max_input_chars, metrics=server.metrics)
-    for router in (speech.router, voices.router, health.router, models.router):
+    for router in routers:
         app.include_router(router)
-    app.include_router(page.router)  # GET /: the web page
     return app
 
 
@@ -58,7 +59,7 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, start_
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app, app.state.server.settings, host, port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="audio8-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from ..audio import RATE_RANGE, SPEECH_FORMATS, check_speech_format
-from ..errors import AudioError, VoiceError
+from ..errors import AudioError, PromptError, VoiceError
+from ..text import check_text, check_unicode
 from ..voices import check_name
 
 SpeechFormat = Literal[SPEECH_FORMATS]  # wav | pcm | flac | mp3 | opus | aac
@@ -24,8 +25,10 @@ def refusal(code: str, message: str) -> PydanticCustomError:
 class SpeechRequest(BaseModel):
     """The body of ``POST /v1/audio/speech``; see :mod:`audio8_coreai.server`. Unknown fields are ignored.
 
-    Whole numbers (``seed``, ``top_k``, ``max_frames``) are JSON integers only and ``stream`` JSON true or false
-    only: true, 1.5 or "7" as a seed and "yes" or "false" as a choice are mistakes, not values. The sampling
+    Whole numbers (``seed``, ``top_k``, ``max_frames``, ``sample_rate``) are JSON integers only, other numbers
+    (``speed``, ``temperature``, ``top_p``) JSON numbers only, and ``stream`` JSON true or false only: true, 1.5 or
+    "7" as a seed, "0.7" as a temperature and "yes" or "false" as a choice are mistakes, not values. ``model`` is
+    echoed in the ``X-Model`` header, so it must be one: at most 256 printable Latin-1 characters. The sampling
     ranges are the checkpoint's own (:meth:`.config.GenerationConfig.check`).
 
     As OpenAI's: ``voice`` a name or ``{"id": NAME}``; ``speed`` 0.25-4.0 (a time stretch, pitch kept);
@@ -40,21 +43,38 @@ class SpeechRequest(BaseModel):
     voice: str | None = None
     stream: StrictBool = False  # before response_format, whose validator reads it
     response_format: SpeechFormat = "mp3"
-    speed: float = Field(1.0, ge=0.25, le=4.0)  # OpenAI's range: a time stretch, pitch kept
+    speed: StrictFloat = Field(1.0, ge=0.25, le=4.0)  # OpenAI's range: a time stretch, pitch kept
     stream_format: Literal["audio", "sse"] = "audio"
     instructions: str | None = None
     seed: StrictInt | None = Field(None, ge=0)
-    temperature: float | None = Field(None, gt=0, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    temperature: StrictFloat | None = Field(None, gt=0, allow_inf_nan=False)
+    top_p: StrictFloat | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: StrictInt | None = Field(None, ge=1)
     max_frames: StrictInt | None = Field(None, ge=1)
     sample_rate: StrictInt | None = Field(None, ge=RATE_RANGE[0], le=RATE_RANGE[1])
 
+    @field_validator("model")
+    @classmethod
+    def _header_safe(cls, model: str) -> str:
+        if len(model) > 256 or any(not (" " <= c <= "~" or "\xa0" <= c <= "\xff") for c in model):
+            raise refusal(
+                "invalid_model",
+                f"model {ascii(model[:80])} cannot be echoed in the X-Model header: send a name of at most 256 "
+                "printable Latin-1 characters (no control characters, line breaks or other scripts), e.g. tts-1",
+            )
+        return model
+
     @field_validator("input")
     @classmethod
     def _some_text(cls, text: str) -> str:
-        if not text.strip():
-            raise refusal("empty_input", "input is empty: give the text to speak")
+        try:
+            check_unicode(text, "input")
+        except PromptError as e:
+            raise refusal("invalid_input", str(e)) from None
+        try:  # the CLI's rule: nothing to speak (empty, whitespace, punctuation only) is one refusal
+            check_text(text, "input")
+        except PromptError as e:
+            raise refusal("empty_input", str(e)) from None
         return text
 
     @field_validator("voice", mode="before")
@@ -90,3 +110,19 @@ class SpeechRequest(BaseModel):
             except AudioError as e:
                 raise refusal("unsupported_format", str(e)) from None
         return stream_format
+
+
+class ErrorDetail(BaseModel):
+    """What a refusal says: ``message`` (what to change), ``type`` (invalid_request_error for 4xx, server_error for
+    5xx), ``param`` (the field, when one is to blame) and ``code`` (for programs)."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """The body of every refusal, OpenAI's shape (documented in the OpenAPI schema; built by :mod:`.errors`)."""
+
+    error: ErrorDetail

@@ -21,7 +21,9 @@ class ServerSettings:
     :class:`..engine.stream.SpeechStream`). ``sample_rate``: every body's rate unless a request
     asks another (None: pcm 24 kHz, the others the model's). ``voice_map``: OpenAI voice names (lower case) onto
     stored voices; ``default_voice``: the stored voice of requests naming none (None: the model's own voice with
-    the seed DEFAULTS.default_voice_seed when the request gives none); see :mod:`.voicenames`."""
+    the seed DEFAULTS.default_voice_seed when the request gives none); see :mod:`.voicenames`. Slow clients:
+    ``request_timeout_s``, ``keep_alive_s`` and ``max_connections`` (:mod:`.connections`),
+    ``stream_buffer_chunks`` and ``stall_s`` (:mod:`.relay`)."""
 
     workers: int = DEFAULTS.workers
     max_queue: int = DEFAULTS.max_queue
@@ -33,6 +35,11 @@ class ServerSettings:
     sample_rate: int | None = None
     voice_map: dict[str, str] = field(default_factory=dict)
     default_voice: str | None = None
+    request_timeout_s: float = DEFAULTS.request_timeout_s
+    keep_alive_s: int = DEFAULTS.keep_alive_s
+    max_connections: int = DEFAULTS.max_connections
+    stream_buffer_chunks: int = DEFAULTS.stream_buffer_chunks
+    stall_s: float = DEFAULTS.stall_s
 
 
 @dataclass

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import shutil
 import tempfile
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
@@ -23,16 +24,19 @@ import numpy as np
 
 from ..audio import SpeechEncoder, StreamStretcher, encode_speech, time_stretch
 from ..engine.stream import SpeechStream
-from ..errors import Audio8Error
+from ..errors import Audio8Error, VoiceExists, VoiceStorageError
 from ..request import CheckedRequest
 from ..tts import TTS
 from ..voices import Voice, VoiceStore
-from .errors import ApiError
+from .errors import ApiError, api_error, storage
 from .metrics import Metrics
+from .relay import Cancelled, Relay, Stalled
 from .workers import Workers
 
 if TYPE_CHECKING:
     from .state import ServerSettings
+
+log = logging.getLogger("audio8_coreai.server")
 
 LOCAL = "local"  # the replica id of a synthesizer in the app's own process (the X-Replica header)
 
@@ -98,25 +102,23 @@ class Synthesizer(ABC):
         """Stop taking work (the app's shutdown)."""
 
 
-class _Cancelled(Exception):
-    """Raised in a worker's frame loop when the speech's body was closed (its client has gone)."""
-
-
 _STARTED = object()  # a job's first item when its stream is built
 
 
 class _End:
-    """The last item of a job's queue: the stream that ran (its statistics) or the error that stopped it."""
+    """The last item of a job's relay: the stream that ran (its statistics) or the error that stopped it."""
 
     def __init__(self, stream: SpeechStream | None = None, error: BaseException | None = None):
         self.stream, self.error = stream, error
 
 
 def failed(error: BaseException) -> Audio8Error:
-    """A synthesis that failed with ``error``: itself when an Audio8Error, else said as a 500."""
+    """A synthesis that failed with ``error``: itself when an Audio8Error, else a 500 that names nothing of the
+    server (logged there with its traceback)."""
     if isinstance(error, Audio8Error):
         return error
-    return ApiError(500, f"synthesis failed: {type(error).__name__}: {error}", code="server_error")
+    log.error("synthesis failed: %s", type(error).__name__, exc_info=error)
+    return ApiError(500, f"synthesis failed on the server ({type(error).__name__}; logged there)", code="server_error")
 
 
 class LocalSynthesizer(Synthesizer):
@@ -138,73 +140,79 @@ class LocalSynthesizer(Synthesizer):
 
     async def open(self, checked: CheckedRequest, output: Output) -> Speech:
         self.workers.admit()
-        loop = asyncio.get_running_loop()
-        items: asyncio.Queue[Any] = asyncio.Queue()
-        cancel = threading.Event()
-        metrics = self.metrics
+        settings, metrics = self.settings, self.metrics
+        relay = Relay(asyncio.get_running_loop(), settings.stream_buffer_chunks, settings.stall_s)
 
         def on_frame(step: int) -> None:
-            if cancel.is_set():
-                raise _Cancelled
+            relay.check()
             metrics.frame()
 
         def job(tts: TTS) -> None:
-            put = loop.call_soon_threadsafe
             try:
-                if cancel.is_set():
+                if relay.stopped.is_set():
                     return
-                speech = tts.stream(
+                stream = tts.stream(
                     checked.text,
                     voice=checked.voice,
                     on_frame=on_frame,
-                    frame_cap=self.settings.max_frames,  # a ceiling: clipped to what each prompt leaves
+                    frame_cap=settings.max_frames,  # a ceiling: clipped to what each prompt leaves
                     **checked.stream_options(),
                 )
-                put(items.put_nowait, _STARTED)
-                for chunk in speech:
-                    put(items.put_nowait, chunk)
-                metrics.finished(speech)
-                put(items.put_nowait, _End(speech))
-            except _Cancelled:
+                relay.put(_STARTED)
+                for chunk in stream:
+                    relay.put(chunk)  # waits while the client is not reading (back-pressure)
+                metrics.finished(stream)
+                relay.put(_End(stream))
+            except Cancelled:
                 pass  # the body was closed: nobody reads on
+            except Stalled as e:
+                log.warning("dropped a stream: its client was not reading for %g s", settings.stall_s)
+                relay.put(_End(error=e))
             except BaseException as e:  # delivered to the request, which answers 500 or ends the stream
-                put(items.put_nowait, _End(error=e))
+                relay.put(_End(error=e))
 
         self.workers.submit(job)
         try:
-            item = await items.get()
+            item = await relay.get()
         except BaseException:  # cancelled while waiting: the worker stops at its start or next frame
-            cancel.set()
+            relay.stop()
             raise
         if item is not _STARTED:  # the stream could not be built
             raise failed(item.error)
         speech = Speech(LOCAL, len(self.instances[0].prompts.encode(checked.text)))
-        speech.body = _body(items, cancel, output, self.sample_rate, speech)
+        speech.body = _body(relay, output, self.sample_rate, speech)
         return speech
 
     async def register_voice(self, name: str, data: bytes, filename: str, transcript: str, replace: bool) -> Voice:
         self.workers.admit()
-        suffix = Path(filename).suffix[:16]
+        clip = "clip" + "".join(c for c in Path(filename).suffix[:16] if c.isalnum() or c == ".")  # the server's file
 
         def job(tts: TTS) -> Voice:
-            with tempfile.TemporaryDirectory() as folder:
-                path = Path(folder) / ("clip" + suffix)
+            try:
+                folder = tempfile.mkdtemp()
+            except OSError as e:
+                raise storage(e) from None
+            path = Path(folder) / clip
+            try:
                 path.write_bytes(data)
-                try:
-                    voice = tts.register_voice(name, path, transcript, replace=replace)
-                except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
-                    raise ApiError(
-                        400, str(e).replace(str(path), filename).replace(path.name, filename), None, "invalid_voice"
-                    ) from None
-            warnings = tuple(w.replace("clip" + suffix, filename) for w in voice.warnings)
-            return dataclasses.replace(voice, warnings=warnings)
+                voice = tts.register_voice(name, path, transcript, replace=replace)
+            except OSError as e:
+                raise storage(e) from None
+            except (VoiceExists, VoiceStorageError) as e:
+                raise api_error(e) from None
+            except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
+                message = str(e).replace(str(path), filename).replace(clip, filename)
+                raise ApiError(400, message, None, "invalid_voice") from None
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            return dataclasses.replace(voice, warnings=tuple(w.replace(clip, filename) for w in voice.warnings))
 
         return await self.workers.submit(job)
 
     async def health(self) -> dict[str, Any]:
         first = self.instances[0]
         return {
-            "model": str(first.checkpoint.path),
+            "model": first.checkpoint.path.name,  # the folder's name: no answer carries a server path
             "backend": first.backend.description,
             "device": first.backend.device_name,
             "sample_rate": first.sample_rate,
@@ -221,18 +229,19 @@ class LocalSynthesizer(Synthesizer):
         self.workers.shutdown()
 
 
-async def _body(
-    items: asyncio.Queue, cancel: threading.Event, output: Output, sample_rate: int, speech: Speech
-) -> AsyncGenerator[bytes, None]:
+async def _body(relay: Relay, output: Output, sample_rate: int, speech: Speech) -> AsyncGenerator[bytes, None]:
     """A job's chunks (float32 at ``sample_rate``) made as ``output`` says: as they come, or as one file at the end;
-    ``speech.frames`` set at the end. ``finally`` tells the worker to stop at its next frame when the body is closed
+    ``speech.frames`` set at the end. Raises Stalled when the stream was dropped for a client that read nothing for
+    ``stall_s`` (:mod:`.relay`). ``finally`` tells the worker to stop at its next frame when the body is closed
     early."""
     try:
         if output.stream:
             encoder = _ChunkEncoder(output, sample_rate)
-            while not isinstance(item := await items.get(), _End):
+            while not isinstance(item := await relay.get(), _End):
                 if data := encoder.write(item):
                     yield data
+            if isinstance(item.error, Stalled):
+                raise item.error
             if item.error is not None:
                 raise failed(item.error)
             if data := encoder.close():
@@ -240,7 +249,7 @@ async def _body(
             speech.frames = item.stream.frames
             return
         chunks = []
-        while not isinstance(item := await items.get(), _End):
+        while not isinstance(item := await relay.get(), _End):
             chunks.append(item)
         if item.error is not None:
             raise failed(item.error)
@@ -258,7 +267,7 @@ async def _body(
         speech.frames = item.stream.frames
         yield data
     finally:
-        cancel.set()
+        relay.stop()
 
 
 def _encode_whole(audio: np.ndarray, sample_rate: int, output: Output) -> bytes:

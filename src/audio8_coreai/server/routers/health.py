@@ -5,21 +5,23 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from ..errors import documented
 from ..state import State, state
 
 router = APIRouter()
 
 
-@router.get("/health")
+@router.get("/health", responses=documented())
 async def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
-    """The model served, its backend and device, and the workers' load (:meth:`..synth.Synthesizer.health`)."""
+    """The model served (its folder's name), its backend and device, and the workers' load
+    (:meth:`..synth.Synthesizer.health`)."""
     return {"status": "ok", **await server.synth.health()}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse, responses=documented())
 def metrics_text(server: Annotated[State, Depends(state)]) -> Response:
     """Requests by status, errors by code, frames, audio and compute seconds, RTF, time to first audio, queue
     depth (Prometheus text, :class:`..metrics.Metrics`)."""

@@ -8,16 +8,16 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from ...errors import DamagedVoice, VoiceError
+from ...errors import DamagedVoice, VoiceError, VoiceExists, VoiceStorageError
 from ...voices import check_name
-from ..errors import ApiError, damaged
+from ..errors import ApiError, api_error, damaged, documented, storage
 from ..state import State, state
 from ..voicenames import DEFAULT_VOICE
 
 router = APIRouter()
 
 
-@router.get("/v1/voices")
+@router.get("/v1/voices", responses=documented())
 def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """The stored voices; one that cannot be read is listed with its error."""
     store = server.synth.voices
@@ -36,12 +36,12 @@ def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
             )
         except DamagedVoice as e:
             voices.append({"name": name, "error": damaged(e).message})
-        except VoiceError as e:
-            voices.append({"name": name, "error": str(e)})
+        except VoiceError:  # removed since it was listed
+            continue
     return {"object": "list", "data": voices}
 
 
-@router.get("/v1/audio/voices")
+@router.get("/v1/audio/voices", responses=documented())
 def list_voice_ids(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """``{"voices": [{"id", "name"}]}`` (Open WebUI's shape): the default voice (id ``default``: ``serve
     --default-voice``, else the model's own), the stored voices (id: the name), then the ``--voice-map`` names
@@ -54,7 +54,25 @@ def list_voice_ids(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     return {"voices": voices}
 
 
-@router.post("/v1/voices", status_code=201)
+# The multipart form, read by hand (for its limits and messages), declared for the OpenAPI schema.
+UPLOAD_FORM = {
+    "type": "object",
+    "required": ["name", "transcript", "audio"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 64},
+        "transcript": {"type": "string", "minLength": 1},
+        "audio": {"type": "string", "format": "binary", "description": "a clip of 0.5 to 30 s, any libsndfile format"},
+        "replace": {"type": "boolean", "default": False},
+    },
+}
+
+
+@router.post(
+    "/v1/voices",
+    status_code=201,
+    responses=documented(400, 409, 413, 503, 507),
+    openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": UPLOAD_FORM}}}},
+)
 async def add_voice(request: Request, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Register a voice from multipart fields ``name``, ``transcript``, ``audio`` (a file of at most
     ``max_upload_bytes``: else 413) and ``replace``; the clip is encoded by the synthesizer. Messages name the client's
@@ -62,13 +80,11 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
     settings = server.settings
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > settings.max_upload_bytes:
-        raise ApiError(
-            413,
-            f"upload is {int(size)} bytes, over this server's {settings.max_upload_bytes}: send a clip of 0.5 to 30 s",
-            "audio",
-            "upload_too_large",
-        )
-    form = await request.form(max_part_size=settings.max_upload_bytes)
+        raise _too_large(settings.max_upload_bytes, int(size))
+    try:  # the parts are spooled to temporary files: the server's disk can be full
+        form = await request.form(max_part_size=settings.max_upload_bytes)
+    except OSError as e:
+        raise storage(e) from None
     name, transcript, upload = form.get("name"), form.get("transcript"), form.get("audio")
     replace = str(form.get("replace", "false")).lower() in ("1", "true", "yes")
     if not isinstance(name, str) or not isinstance(transcript, str) or upload is None or isinstance(upload, str):
@@ -77,19 +93,17 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
         )
     data = await upload.read(settings.max_upload_bytes + 1)
     if len(data) > settings.max_upload_bytes:
-        raise ApiError(
-            413,
-            f"upload is over this server's {settings.max_upload_bytes} bytes: send a clip of 0.5 to 30 s",
-            "audio",
-            "upload_too_large",
-        )
+        raise _too_large(settings.max_upload_bytes)
     try:
         name = check_name(name)
         server.synth.voices.check_new(name, replace)
+    except (VoiceExists, VoiceStorageError) as e:
+        raise api_error(e) from None
     except VoiceError as e:
         raise ApiError(400, str(e), "name", "invalid_voice") from None
-    shown = Path(upload.filename or "clip.wav").name[-100:] or "clip.wav"  # the client's name, in messages
-    voice = await server.synth.register_voice(name, data, shown, transcript, replace)
+    # The client's file name, in messages: printable characters only (a NUL or a line break is no name).
+    shown = "".join(c if c.isprintable() else "?" for c in Path(upload.filename or "clip.wav").name[-100:])
+    voice = await server.synth.register_voice(name, data, shown or "clip.wav", transcript, replace)
     server.metrics.count(201)
     return {
         "name": voice.name,
@@ -101,7 +115,7 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
     }
 
 
-@router.delete("/v1/voices/{name}")
+@router.delete("/v1/voices/{name}", responses=documented(400, 404, 507))
 def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Delete a stored voice: 404 when there is none of that name."""
     store = server.synth.voices
@@ -109,11 +123,27 @@ def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[st
         name = check_name(name)
     except VoiceError as e:
         raise ApiError(400, str(e), "name", "invalid_voice") from None
+    gone = ApiError(404, f"no voice named {name!r}", "name", "voice_not_found")
     if not store.path(name).is_file():
-        raise ApiError(404, f"no voice named {name!r}", "name", "voice_not_found")
+        raise gone
     try:
         store.remove(name)
-    except VoiceError as e:
-        raise ApiError(400, str(e), "name", "invalid_voice") from None
+    except VoiceStorageError as e:
+        raise storage(e) from None
+    except VoiceError:  # removed by another request since
+        raise gone from None
     server.metrics.count(200)
     return {"name": name, "deleted": True}
+
+
+def _too_large(limit: int, size: int | None = None) -> ApiError:
+    """413 for an upload over ``limit`` bytes (``size``: its content-length, when known)."""
+    mb = 2**20
+    got = f"{size} bytes ({size / mb:.1f} MB)" if size is not None else "larger"
+    return ApiError(
+        413,
+        f"the upload is {got}, over this server's limit of {limit} bytes ({limit / mb:.1f} MB, set by audio8 serve "
+        "--max-upload-mb): send a clip of 0.5 to 30 s, as 16-bit or mono or in flac if it is large",
+        "audio",
+        "upload_too_large",
+    )
