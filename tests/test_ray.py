@@ -89,6 +89,9 @@ def test_whole_and_streamed_speech_equal_the_plain_servers(local, tiny_checkpoin
         ({"input": ""}, 400, "empty_input"),  # the schema, at the ingress
         ({"voice": "nobody-here"}, 400, "voice_not_found"),  # the shared store, at the ingress
         ({"max_frames": 600}, 400, "invalid_request"),  # the context, in the replica: raised there, said here
+        ({"model": "a\r\nX-Evil: 1"}, 400, "invalid_model"),  # no header-unsafe echo (issue 17), at the ingress
+        ({"temperature": "0.7"}, 400, "invalid_request"),  # strict numbers
+        ({"input": "...!!"}, 400, "empty_input"),  # nothing to speak
     ],
 )
 def test_errors_keep_their_status_and_shape(local, body, status, code):
@@ -99,10 +102,13 @@ def test_errors_keep_their_status_and_shape(local, body, status, code):
         assert "at most" in error["message"] and "fit the model's context" in error["message"]
 
 
-def test_voices_register_speak_list_and_delete_through_the_replica(local, voices, tmp_path):
+def test_voices_register_speak_list_and_delete_through_the_replica(local, voices, tmp_path, tiny_checkpoint):
     r = add_voice(local, "ana", 1.5, tmp_path)
     assert r.status_code == 201, r.text
     assert r.json()["frames"] == 33 and (voices / "ana.npz").is_file()  # written by the replica, in the shared store
+    files = {"audio": ("clip.wav", b"RIFF", "audio/wav")}
+    taken = httpx.post(f"{local}/v1/voices", data={"name": "ANA", "transcript": "t"}, files=files, timeout=120)
+    assert taken.status_code == 409 and taken.json()["error"]["code"] == "voice_exists"
     assert [v["name"] for v in httpx.get(f"{local}/v1/voices").json()["data"]] == ["ana"]
     cloned = speech(local, voice="ana", response_format="wav")
     assert cloned.status_code == 200 and cloned.content != speech(local, response_format="wav").content
@@ -111,6 +117,20 @@ def test_voices_register_speak_list_and_delete_through_the_replica(local, voices
     health = httpx.get(f"{local}/health").json()
     assert health["workers"] == 2 and health["replica"] == "local" and "batched x2" in health["backend"]
     assert health["max_queue"] == SETTINGS.max_queue and health["device"] == "cpu"
+    assert health["model"] == tiny_checkpoint.name  # the folder's name, never its path
+
+
+def test_a_replica_failure_is_a_json_500_without_details(local, monkeypatch):
+    def boom(self, *args, **kwargs):
+        raise RuntimeError("/work/secret/place exploded")
+
+    monkeypatch.setattr(TTS, "stream", boom)
+    r = speech(local, response_format="wav")
+    error = r.json()["error"]
+    assert r.status_code == 500 and error["code"] == "server_error" and error["type"] == "server_error"
+    assert "exploded" not in r.text and "/work" not in r.text and "RuntimeError" in error["message"]
+    monkeypatch.undo()
+    assert speech(local, response_format="pcm").status_code == 200
 
 
 def test_a_replaced_voice_gets_a_new_key_and_errors_cross_processes_whole(tiny_tts, tmp_path):

@@ -16,6 +16,9 @@ autoscales (on requests in flight) and places the replicas.
 * Back-pressure: each Synth replica runs at most ``max(batch, 1)`` requests (``max_ongoing_requests``); at most
   ``max_queue`` more wait per ingress replica (``max_queued_requests``); beyond that the answer is 503 with
   Retry-After. A client that leaves cancels its Ray request: the engine stops at its next frame.
+* Slow clients: the app's checks and error shapes are the same (they are the app's); the connections are Ray's
+  proxy's, which takes the server's ``keep_alive_s`` but has no whole-request deadline or connection limit as
+  :mod:`.connections` gives uvicorn, and a replica's chunks wait in Ray's stream, not in a bounded :mod:`.relay`.
 """
 
 from __future__ import annotations
@@ -298,5 +301,5 @@ def run_on_ray(args: RayArgs, host: str, port: int, address: str | None = None) 
     import ray
 
     ray.init(address=address)
-    serve.start(http_options={"host": host, "port": port})
+    serve.start(http_options={"host": host, "port": port, "keep_alive_timeout_s": args.server.keep_alive_s})
     serve.run(build_app(args), name="audio8", route_prefix="/", blocking=True)
