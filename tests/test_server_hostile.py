@@ -170,12 +170,12 @@ def test_a_full_temp_folder_while_an_upload_spools_is_a_507(base, monkeypatch):
 
 
 def test_a_full_temp_folder_for_the_clip_is_a_507(base, monkeypatch):
-    from audio8_coreai.server.routers import voices
+    from audio8_coreai.server import synth
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", "/tmp/tmpabc")
 
-    monkeypatch.setattr(voices.tempfile, "mkdtemp", full)
+    monkeypatch.setattr(synth.tempfile, "mkdtemp", full)
     clean(add_voice(base, "clipfull"), 507, "insufficient_storage")
 
 
@@ -267,6 +267,7 @@ def test_a_stream_whose_client_stops_reading_buffers_a_bounded_amount_then_is_dr
     )
     app = create_app([TTS.load(tiny_checkpoint, device="cpu")], settings)
     server = app.state.server
+    workers = server.synth.workers
     body = json.dumps({"input": TEXT, "seed": 4, "max_frames": 300, "stream": True, "response_format": "pcm"})
 
     async def drive() -> list[dict]:
@@ -303,7 +304,7 @@ def test_a_stream_whose_client_stops_reading_buffers_a_bounded_amount_then_is_dr
         task = asyncio.ensure_future(app(scope, receive, send))
         await asyncio.wait_for(blocked.wait(), 60)
         deadline = time.monotonic() + 60
-        while server.workers.running or not server.workers.admitted == 0:
+        while workers.running or not workers.admitted == 0:
             assert time.monotonic() < deadline, "the worker kept the stream"
             await asyncio.sleep(0.05)
         task.cancel()

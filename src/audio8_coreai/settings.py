@@ -51,6 +51,11 @@ class Settings:
     stall_s: float = 30.0  # a stream whose client reads nothing this long is dropped (its worker freed, logged)
     stale_temp_s: float = 3600.0  # voice store: temporary files older than this are a crashed write's, swept at open
 
+    # Ray Serve (server/ray_app.py; `audio8 serve --ray`, deploy/serve_config.yaml)
+    ray_replicas: int = 1  # Synth replicas (one engine each) when not autoscaled
+    ray_ingress_requests: int = 256  # requests one ingress replica holds at once (a stream mostly waits on Synth)
+    ray_retry_after_s: float = 1.0  # the Retry-After of the 503 a full cluster answers (seconds)
+
     # Measurement and conversion tools (`audio8 parity | gate | bench | convert | make-checkpoint`)
     tolerance: float = 1e-4  # max |logit/waveform diff| for fp32 parity with the oracle
     asr_margin: float = 0.05  # gate: error-rate points (absolute) the port may lose to the reference per language

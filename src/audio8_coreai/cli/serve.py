@@ -68,6 +68,25 @@ def serve(
             "voice, with a fixed seed when the request gives none."
         ),
     ] = None,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Serve on Ray Serve: replicas of the engine (--batch rows each) on this machine's or a cluster's "
+            "GPUs, behind Ray's HTTP proxy (pip install 'audio8-coreai[ray]').",
+        ),
+    ] = False,
+    address: Annotated[
+        str | None,
+        typer.Option(help="--ray: the cluster to join (auto: the one this machine is in; default: a new one)."),
+    ] = None,
+    replicas: Annotated[int, typer.Option(help="--ray: engine replicas.")] = DEFAULTS.ray_replicas,
+    autoscale: Annotated[
+        str | None, typer.Option(help="--ray: MIN:MAX replicas, scaled on requests in flight (replaces --replicas).")
+    ] = None,
+    replica_gpus: Annotated[
+        float | None, typer.Option(help="--ray: GPUs per replica (default: 1 where this machine sees CUDA, else 0).")
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible speech API (POST /v1/audio/speech), voices, /health and /metrics."""
     import uvicorn
@@ -98,17 +117,8 @@ def serve(
             "--cuda-graphs replays one utterance's frame (--workers instances); --batch runs its own "
             "batched frames: give one of them"
         )
-    load_options = dict(
-        device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets, cuda_graphs=cuda_graphs
-    )
-    instances = 1 if batch else workers
-    with err.status(f"loading {instances} model instance(s)..."):
-        instances = [TTS.load(model, **load_options) for _ in range(instances)]
-    if batch:
-        _, instances = instances[0].batched(batch)
-        workers = batch
     settings = ServerSettings(
-        workers=workers,
+        workers=batch or workers,
         max_queue=max_queue,
         max_input_chars=max_input_chars,
         max_upload_bytes=round(max_upload_mb * 2**20),
@@ -119,7 +129,48 @@ def serve(
         voice_map=voice_names,
         default_voice=default_voice,
     )
+    if ray:
+        if workers != 1 or cuda_graphs or backend != "torch" or assets is not None:
+            raise ConfigError(
+                "--ray replicas run the torch backend, --batch rows each: drop --workers, --cuda-graphs, --backend "
+                "and --assets (scale with --batch and --replicas or --autoscale)"
+            )
+        fields = dict(model=str(model), voices=voices and str(voices), device=device, precision=dtype, batch=batch)
+        _serve_on_ray(host, port, address, replicas, autoscale, replica_gpus, server=settings, **fields)
+        return
+    load_options = dict(
+        device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets, cuda_graphs=cuda_graphs
+    )
+    instances = 1 if batch else workers
+    with err.status(f"loading {instances} model instance(s)..."):
+        instances = [TTS.load(model, **load_options) for _ in range(instances)]
+    if batch:
+        _, instances = instances[0].batched(batch)
     uvicorn.Server(uvicorn_config(create_app(instances, settings), settings, host, port)).run()
+
+
+def _serve_on_ray(
+    host: str, port: int, address: str | None, replicas: int, autoscale: str | None, gpus: float | None, **fields
+) -> None:
+    """``serve --ray``: the same app on Ray Serve (:mod:`..server.ray_app`), ``fields`` the rest of its
+    :class:`..server.ray_app.RayArgs`; raises ConfigError for a bad scale or when Ray Serve is not installed."""
+    try:
+        from ..server.ray_app import RayArgs, run_on_ray
+    except ImportError:
+        raise ConfigError("--ray needs Ray Serve: pip install 'audio8-coreai[ray]'") from None
+    scale = None
+    if autoscale is not None:
+        low, _, high = autoscale.partition(":")
+        if not (low.isdigit() and high.isdigit() and int(low) <= int(high) and int(high) >= 1):
+            raise ConfigError(f"--autoscale takes MIN:MAX replicas with 0 <= MIN <= MAX, MAX >= 1; got {autoscale!r}")
+        scale = (int(low), int(high))
+    if replicas < 1 or (gpus is not None and gpus < 0):
+        raise ConfigError("--replicas must be >= 1 and --replica-gpus >= 0")
+    if gpus is None:
+        import torch
+
+        gpus = 1.0 if fields["device"] != "cpu" and torch.cuda.is_available() else 0.0
+    run_on_ray(RayArgs(replicas=replicas, autoscale=scale, gpus=gpus, **fields), host, port, address)
 
 
 def _check_port(host: str, port: int) -> None:

@@ -40,6 +40,8 @@ and codec state, and the backend's prefill clears the KV state. A streaming clie
 generation at the next frame and frees its worker.
 With ``audio8 serve --batch N`` the workers are N rows of one model instance (:mod:`..backends.torch.rows`): the same
 isolation, with their frames computed in shared batched calls.
+The routes reach the model through a :class:`.synth.Synthesizer`: the workers of this process, or replicas on a Ray
+cluster (``audio8 serve --ray``, :mod:`.ray_app`).
 """
 
 from .app import create_app, serve_in_thread

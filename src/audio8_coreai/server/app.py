@@ -1,4 +1,5 @@
-"""The FastAPI app: its shared state, the error handlers, the body limit and a router per endpoint group."""
+"""The FastAPI app: its shared state, the error handlers, the body limit and a router per endpoint group; the model
+side is a synthesizer (:mod:`.synth`): model instances of this process, or a cluster's."""
 
 from __future__ import annotations
 
@@ -18,27 +19,27 @@ from .limits import SpeechBodyLimit
 from .metrics import Metrics
 from .routers import health, models, page, speech, voices
 from .state import ServerSettings, State
+from .synth import LocalSynthesizer, Synthesizer
 from .voicenames import check_voices
-from .workers import Workers
 
 
-def create_app(instances: Sequence[TTS], settings: ServerSettings | None = None) -> FastAPI:
-    """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker); raises
-    ValueError without one, VoiceError for a ``voice_map`` target or ``default_voice`` that is no usable stored
-    voice (:func:`.voicenames.check_voices`). Text outside the model's languages is told to each client in an
-    ``X-Audio8-Warning`` header, so the process ignores the API's UnsupportedLanguageWarning."""
+def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings | None = None) -> FastAPI:
+    """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker) or a
+    :class:`.synth.Synthesizer` (a cluster's, :mod:`.ray_app`); raises ValueError without an instance, VoiceError
+    for a ``voice_map`` target or ``default_voice`` that is no usable stored voice (``voicenames.check_voices``).
+    Text outside the model's languages is told to each client in an ``X-Audio8-Warning`` header, so the process
+    ignores the API's UnsupportedLanguageWarning."""
     settings = settings or ServerSettings()
-    if not instances:
-        raise ValueError("the server needs at least one model instance")
-    first = instances[0]
-    check_voices(first.voices, settings.voice_map, settings.default_voice, first.checkpoint.fingerprint())
-    server = State(settings, list(instances), Workers(instances, settings.max_queue), Metrics())
+    metrics = Metrics()
+    synth = instances if isinstance(instances, Synthesizer) else LocalSynthesizer(instances, settings, metrics)
+    check_voices(synth.voices, settings.voice_map, settings.default_voice, synth.fingerprint)
+    server = State(settings, synth, metrics)
     warnings.filterwarnings("ignore", category=UnsupportedLanguageWarning)  # said to each client: X-Audio8-Warning
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        server.workers.shutdown()
+        server.synth.close()
 
     app = FastAPI(title="audio8-coreai", version="0.1.0", lifespan=lifespan)
     app.state.server = server

@@ -72,6 +72,9 @@ class ApiError(Audio8Error):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
+    def __reduce__(self):  # pickled whole: a cluster's replica raises it to the app (server/ray_app.py)
+        return ApiError, (self.status, self.message, self.param, self.code, self.headers)
+
     def response(self) -> JSONResponse:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         body = {"error": {"message": _utf8(self.message), "type": kind, "param": self.param, "code": self.code}}

@@ -1,4 +1,5 @@
-"""What every route shares: the server's settings, its model instances, their workers and the metrics."""
+"""What every route shares: the server's settings, its synthesizer (model instances and their workers, or a
+cluster) and the metrics."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from ..settings import DEFAULTS
-from ..tts import TTS
 from .metrics import Metrics
-from .workers import Workers
+from .synth import Synthesizer
 
 
 @dataclass
@@ -44,18 +44,12 @@ class ServerSettings:
 
 @dataclass
 class State:
-    """One app's shared state. ``tts``: the first model instance, for what needs no worker (checks, the
-    voice store, the sample rate)."""
+    """One app's shared state: ``synth`` makes the speech and voices (:mod:`.synth`)."""
 
     settings: ServerSettings
-    instances: list[TTS]
-    workers: Workers
+    synth: Synthesizer
     metrics: Metrics
     started: int = field(default_factory=lambda: int(time.time()))  # Unix seconds, as /v1/models' created
-
-    @property
-    def tts(self) -> TTS:
-        return self.instances[0]
 
 
 async def state(request: Request) -> State:

@@ -5,50 +5,38 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from ...audio import MEDIA_TYPES, SpeechEncoder, StreamStretcher, encode_speech, output_rate, time_stretch
-from ...engine.stream import SpeechStream
-from ...errors import Audio8Error, AudioError, DamagedVoice, VoiceError
+from ...audio import MEDIA_TYPES, output_rate
+from ...errors import AudioError, DamagedVoice, VoiceError
 from ...request import CheckedRequest, check_request
 from ...settings import DEFAULTS
 from ...text import language_warning
-from ...tts import TTS
 from ..errors import ApiError, documented
 from ..metrics import Metrics
-from ..relay import Cancelled, Relay, Stalled, disconnected
+from ..relay import Stalled, disconnected
 from ..schemas import SpeechRequest
 from ..state import State, state
+from ..synth import Output, Speech
 from ..voicenames import resolve
 
 router = APIRouter()
-log = logging.getLogger("audio8_coreai.server")
 
 _GONE = object()
-_STARTED = object()  # a job's first item when its stream is built
-
-
-class _End:
-    """The last item of a job's queue: the stream that ran (its statistics) or the error that stopped it."""
-
-    def __init__(self, stream: SpeechStream | None = None, error: BaseException | None = None):
-        self.stream, self.error = stream, error
 
 
 def _check(req: SpeechRequest, server: State) -> CheckedRequest:
     """A request the schema has passed, checked against this server's limits and voices and by
     :func:`...request.check_request` (the seed drawn here; the model's own voice without one takes
     DEFAULTS.default_voice_seed, one steady speaker); raises ApiError or the Audio8Error that says what to change.
-    A stored voice is read here, its codes and checkpoint checked (a damaged one is refused before a worker is
-    taken), and handed to the worker: deleting it while the request waits for a worker changes nothing."""
-    settings, tts = server.settings, server.tts
+    A stored voice is read here, its codes and checkpoint checked (a damaged one is refused before a place is
+    taken), and handed to the synthesizer: deleting it while the request waits for a place changes nothing."""
+    settings, synth = server.settings, server.synth
     if len(req.input) > settings.max_input_chars:
         raise ApiError(
             400,
@@ -65,7 +53,7 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
             "max_frames_too_large",
         )
     try:
-        voice = resolve(req.voice, tts.voices, settings.voice_map, settings.default_voice)
+        voice = resolve(req.voice, synth.voices, settings.voice_map, settings.default_voice)
     except DamagedVoice:
         raise
     except VoiceError:  # deleted since it was found: said without the server's folder
@@ -75,7 +63,7 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
             "voice",
             "voice_not_found",
         ) from None
-    if voice is not None and voice.fingerprint != tts.checkpoint.fingerprint():
+    if voice is not None and voice.fingerprint != synth.fingerprint:
         raise ApiError(
             400,
             f"the stored voice {voice.name!r} was made with another checkpoint than this server's model: DELETE "
@@ -111,90 +99,49 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
     },
 )
 async def speech(req: SpeechRequest, request: Request, server: Annotated[State, Depends(state)]) -> Response:
-    """Run the request on a worker; stream its chunks or answer the whole file. The request is checked before a
-    worker is taken, the rest (the prompt's fit in the context, the voice's checkpoint) when the worker builds its
-    stream, before the status line is sent: a refusal is a 400 or 500 (see :mod:`..errors`)."""
-    first, metrics, settings = server.tts, server.metrics, server.settings
+    """Have the synthesizer (:mod:`..synth`) make the speech; stream its chunks (audio, or OpenAI's speech events
+    with ``stream_format`` sse) or answer the whole file. The request is checked before a place is taken, the rest
+    (the prompt's fit in the context, the voice's checkpoint) when its stream is built, before the status line is
+    sent: a refusal is a 400 or 500 (see :mod:`..errors`). A client that leaves before the response is handed over
+    (while its request waits, or a whole file is made) is noticed as it happens: 499, the synthesis stopped."""
+    metrics = server.metrics
     checked = _check(req, server)
     rate = _rate(req, server)
-    server.workers.admit()
-    relay = Relay(asyncio.get_running_loop(), settings.stream_buffer_chunks, settings.stall_s)
-
-    def on_frame(step: int) -> None:
-        relay.check()
-        metrics.frame()
-
-    def job(tts: TTS) -> None:
-        try:
-            if relay.stopped.is_set():
-                return
-            stream = tts.stream(
-                checked.text,
-                voice=checked.voice,
-                on_frame=on_frame,
-                frame_cap=server.settings.max_frames,  # a ceiling: clipped to what each prompt leaves
-                **checked.stream_options(),
-            )
-            relay.put(_STARTED)
-            for chunk in stream:
-                relay.put(chunk)  # waits while the client is not reading (back-pressure)
-            metrics.finished(stream)
-            relay.put(_End(stream))
-        except Cancelled:
-            metrics.count(499, "client_closed")  # nginx's 'client closed request'
-        except Stalled as e:
-            log.warning("dropped a stream: its client was not reading for %g s", settings.stall_s)
-            metrics.count(499, "client_stalled")
-            relay.put(_End(error=e))
-        except BaseException as e:  # delivered to the request, which answers 500 or ends the stream
-            relay.put(_End(error=e))
-
-    server.workers.submit(job)
-    headers = {"X-Model": req.model, "X-Seed": str(checked.seed), "X-Sample-Rate": str(rate)}
-    if req.instructions:  # accepted as OpenAI's clients send them; the model takes no style prompt
-        headers["X-Audio8-Instructions"] = "ignored"
-    if note := language_warning(checked.text):  # text not in the model's languages: ASCII, no text of the request
-        headers["X-Audio8-Warning"] = note
-    media = MEDIA_TYPES[req.response_format]
+    output = Output(req.response_format, rate, req.speed, req.stream or req.stream_format == "sse")
     gone = asyncio.ensure_future(disconnected(request))  # watched until the response is handed over
-    streamed = False
     try:
-        if (item := await _next_or_gone(relay, gone)) is not _STARTED:  # the stream could not be built
-            if item is _GONE:  # the client left: the worker stops at its next frame (counted 499 there)
-                return Response(status_code=499)
-            raise item.error if isinstance(item.error, Audio8Error) else _failed(item.error)
-        if req.stream or req.stream_format == "sse":
-            streamed = True  # from here the body's generator tells the worker when to stop
-            encoder = _ChunkEncoder(req.response_format, first.sample_rate, rate, req.speed)
-            if req.stream_format == "sse":
-                tokens = len(first.prompts.encode(checked.text))
-                return EventSourceResponse(_stream_body(relay, encoder, metrics, tokens), headers=headers)
-            body = _stream_body(relay, encoder, metrics, None)
-            return StreamingResponse(body, media_type=media, headers=headers)
-        chunks = []
-        while not isinstance(item := await _next_or_gone(relay, gone), _End):
-            if item is _GONE:
-                return Response(status_code=499)
-            chunks.append(item)
+        speech = await _or_gone(server.synth.open(checked, output), gone)
+        if speech is _GONE:  # the client left while its request waited or its stream was built
+            metrics.count(499, "client_closed")  # nginx's 'client closed request'
+            return Response(status_code=499)
+        headers = {
+            "X-Model": req.model,
+            "X-Seed": str(checked.seed),
+            "X-Sample-Rate": str(rate),
+            "X-Replica": speech.replica,
+        }
+        if req.instructions:  # accepted as OpenAI's clients send them; the model takes no style prompt
+            headers["X-Audio8-Instructions"] = "ignored"
+        if note := language_warning(checked.text):  # not in the model's languages: ASCII, no text of the request
+            headers["X-Audio8-Warning"] = note
+        media = MEDIA_TYPES[req.response_format]
+        if req.stream_format == "sse":  # from here the body's generator tells the synthesizer when to stop
+            return EventSourceResponse(_events(speech, metrics), headers=headers)
+        if req.stream:
+            return StreamingResponse(_sent(speech.body, metrics), media_type=media, headers=headers)
+        parts = []
+        try:
+            while (data := await _or_gone(anext(speech.body, None), gone)) is not None:
+                if data is _GONE:  # nothing is sent until the end: the client left while it waited
+                    metrics.count(499, "client_closed")
+                    return Response(status_code=499)
+                parts.append(data)
+        finally:
+            await speech.body.aclose()  # also when this handler is cancelled: the synthesis stops at its next frame
     finally:
         gone.cancel()
-        if not streamed:
-            relay.stop()  # also when this handler is cancelled: the worker stops at its next frame
-    if item.error is not None:
-        raise _failed(item.error)
-    if item.stream.frames == 0:  # not an empty file: a client would play silence and not know why
-        raise ApiError(
-            422,
-            "the model ended the utterance at once (eos on the first frame): no audio to send; "
-            "send the request again without a seed, or with another one",
-            "seed",
-            "no_audio",
-        )
-    audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     metrics.count(200)
-    # Off the event loop: a long mp3 or opus takes a noticeable time to encode (and a stretch to compute).
-    data = await asyncio.to_thread(_encode_whole, audio, first.sample_rate, req.response_format, rate, req.speed)
-    return Response(data, media_type=media, headers=headers)
+    return Response(b"".join(parts), media_type=media, headers=headers)
 
 
 def _rate(req: SpeechRequest, server: State) -> int:
@@ -202,79 +149,57 @@ def _rate(req: SpeechRequest, server: State) -> int:
     (:func:`...audio.output_rate`); raises ApiError 400 unsupported_sample_rate for one the format cannot take."""
     asked = req.sample_rate if req.sample_rate is not None else server.settings.sample_rate
     try:
-        return output_rate(req.response_format, server.tts.sample_rate, asked)
+        return output_rate(req.response_format, server.synth.sample_rate, asked)
     except AudioError as e:
         raise ApiError(400, str(e), "sample_rate", "unsupported_sample_rate") from None
 
 
-def _encode_whole(audio: np.ndarray, sample_rate: int, fmt: str, rate: int, speed: float) -> bytes:
-    """A whole utterance at ``speed`` (pitch kept), encoded as ``fmt`` at ``rate`` Hz."""
-    return encode_speech(time_stretch(audio, sample_rate, speed), sample_rate, fmt, rate)
-
-
-class _ChunkEncoder:
-    """An utterance's chunks at ``speed`` (a streaming time stretch, pitch kept), encoded as ``fmt`` at ``rate``
-    Hz as they come: ``write(chunk)`` and ``close()`` give the bytes ready to send."""
-
-    def __init__(self, fmt: str, sample_rate: int, rate: int, speed: float):
-        self.stretcher = StreamStretcher(sample_rate, speed)
-        self.encoder = SpeechEncoder(fmt, sample_rate, rate)
-
-    def write(self, chunk: np.ndarray) -> bytes:
-        return self.encoder.write(self.stretcher.write(chunk))
-
-    def close(self) -> bytes:
-        return self.encoder.write(self.stretcher.close()) + self.encoder.close()
-
-
-def _failed(error: BaseException) -> ApiError:
-    """A synthesis that failed on its worker, said as a 500 that names nothing of the server (logged there)."""
-    log.error("synthesis failed: %s", type(error).__name__, exc_info=error)
-    return ApiError(500, f"synthesis failed on the server ({type(error).__name__}; logged there)", code="server_error")
-
-
-async def _next_or_gone(relay: Relay, gone: asyncio.Future) -> Any:
-    """The next item of a job, or ``_GONE`` once ``gone`` (the client disconnected) is done: a whole-file response
-    sends nothing until the end, so nothing else notices a client that gave up, however fast chunks come (a
-    streamed one notices at its next chunk). No item is lost to the get cancelled here."""
-    getter = asyncio.ensure_future(relay.get())
+async def _or_gone(step: Awaitable[Any], gone: asyncio.Future) -> Any:
+    """What ``step`` gives, or ``_GONE`` (``step`` then cancelled) once ``gone`` (the client disconnected) is done:
+    a request that waits for a place, or a whole-file response that sends nothing until the end, is otherwise not
+    told that its client gave up, however fast chunks come (a streamed one notices at its next chunk)."""
+    task = asyncio.ensure_future(step)
     try:
-        done, _ = await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
-        return getter.result() if getter in done else _GONE
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        return task.result() if task in done else _GONE
     finally:
-        getter.cancel()
+        if not task.done():  # the client left: let the step see its cancellation before its body is closed
+            task.cancel()
+            await asyncio.wait({task})
 
 
-async def _stream_body(
-    relay: Relay, encoder: _ChunkEncoder, metrics: Metrics, sse_tokens: int | None
-) -> AsyncIterator[bytes | ServerSentEvent]:
-    """The body of a streaming response: encoded chunks as the worker makes them; with ``sse_tokens`` (the
-    text's token count) as OpenAI's speech events: ``speech.audio.delta`` with base64 ``audio`` per chunk, then
-    ``speech.audio.done`` with ``usage`` (output tokens: the frames made). When the client goes, the server
-    cancels this generator; ``finally`` then tells the worker to stop at its next frame."""
-
-    def out(data: bytes) -> bytes | ServerSentEvent:
-        if sse_tokens is None:
-            return data
-        return ServerSentEvent(
-            data=json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
-        )
-
+async def _sent(body: AsyncGenerator[bytes, None], metrics: Metrics) -> AsyncIterator[bytes]:
+    """A streamed body as sent, counted in ``/metrics``: 200 when whole; 500 when the synthesis failed (the status
+    line is sent: the body ends short, the client sees it cut); 499 when the client left (the server then cancels
+    or closes this generator, which closes ``body``: the synthesis stops at its next frame) or stopped reading for
+    ``stall_s`` (the stream dropped, :mod:`..relay`)."""
     try:
-        while not isinstance(item := await relay.get(), _End):
-            if data := encoder.write(item):
-                yield out(data)
-        if isinstance(item.error, Stalled):  # dropped, counted by the worker
-            return
-        if item.error is not None:  # the status line is sent: end the body short, the client sees it cut
-            metrics.count(500, "server_error")
-            return
-        if data := encoder.close():
-            yield out(data)
-        if sse_tokens is not None:
-            frames = item.stream.frames
-            usage = {"input_tokens": sse_tokens, "output_tokens": frames, "total_tokens": sse_tokens + frames}
-            yield ServerSentEvent(data=json.dumps({"type": "speech.audio.done", "usage": usage}))
+        async for data in body:
+            yield data
+    except (GeneratorExit, asyncio.CancelledError):
+        metrics.count(499, "client_closed")
+        raise
+    except Stalled:
+        metrics.count(499, "client_stalled")
+        return
+    except Exception:  # whatever stopped the synthesis, the response can only end short now
+        metrics.count(500, "server_error")
+        return
+    else:
         metrics.count(200)
     finally:
-        relay.stop()
+        await body.aclose()
+
+
+async def _events(speech: Speech, metrics: Metrics) -> AsyncIterator[ServerSentEvent]:
+    """OpenAI's speech events: ``speech.audio.delta`` with base64 ``audio`` per encoded chunk, then
+    ``speech.audio.done`` with ``usage`` (input tokens: the text's; output tokens: the frames made)."""
+    async for data in _sent(speech.body, metrics):
+        yield ServerSentEvent(data=json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}))
+    if speech.frames is not None:  # the body ran to its end
+        usage = {
+            "input_tokens": speech.tokens,
+            "output_tokens": speech.frames,
+            "total_tokens": speech.tokens + speech.frames,
+        }
+        yield ServerSentEvent(data=json.dumps({"type": "speech.audio.done", "usage": usage}))

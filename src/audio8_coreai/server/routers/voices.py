@@ -1,17 +1,14 @@
-"""``/v1/voices``: list, register (a multipart clip upload, encoded on a worker) and delete stored voices;
+"""``/v1/voices``: list, register (a multipart clip upload, encoded by the synthesizer) and delete stored voices;
 ``GET /v1/audio/voices``: every voice a speech request may name, in Open WebUI's shape."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from ...errors import Audio8Error, DamagedVoice, VoiceError, VoiceExists, VoiceStorageError
-from ...tts import TTS
+from ...errors import DamagedVoice, VoiceError, VoiceExists, VoiceStorageError
 from ...voices import check_name
 from ..errors import ApiError, api_error, damaged, documented, storage
 from ..state import State, state
@@ -23,7 +20,7 @@ router = APIRouter()
 @router.get("/v1/voices", responses=documented())
 def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """The stored voices; one that cannot be read is listed with its error."""
-    store = server.tts.voices
+    store = server.synth.voices
     voices = []
     for name in store.names():
         try:
@@ -49,7 +46,7 @@ def list_voice_ids(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """``{"voices": [{"id", "name"}]}`` (Open WebUI's shape): the default voice (id ``default``: ``serve
     --default-voice``, else the model's own), the stored voices (id: the name), then the ``--voice-map`` names
     (``alloy (ana)``); each id is what ``voice`` takes in a speech request."""
-    settings, stored = server.settings, server.tts.voices.names()
+    settings, stored = server.settings, server.synth.voices.names()
     own = settings.default_voice or "the model's own voice"
     voices = [] if DEFAULT_VOICE in stored else [{"id": DEFAULT_VOICE, "name": f"{DEFAULT_VOICE} ({own})"}]
     voices += [{"id": name, "name": name} for name in stored]
@@ -78,7 +75,7 @@ UPLOAD_FORM = {
 )
 async def add_voice(request: Request, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Register a voice from multipart fields ``name``, ``transcript``, ``audio`` (a file of at most
-    ``max_upload_bytes``: else 413) and ``replace``; the clip is encoded on a worker. Messages name the client's
+    ``max_upload_bytes``: else 413) and ``replace``; the clip is encoded by the synthesizer. Messages name the client's
     file, never the server's temporary one."""
     settings = server.settings
     size = request.headers.get("content-length")
@@ -99,37 +96,14 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
         raise _too_large(settings.max_upload_bytes)
     try:
         name = check_name(name)
-        server.tts.voices.check_new(name, replace)
+        server.synth.voices.check_new(name, replace)
     except (VoiceExists, VoiceStorageError) as e:
         raise api_error(e) from None
     except VoiceError as e:
         raise ApiError(400, str(e), "name", "invalid_voice") from None
-    server.workers.admit()
     # The client's file name, in messages: printable characters only (a NUL or a line break is no name).
     shown = "".join(c if c.isprintable() else "?" for c in Path(upload.filename or "clip.wav").name[-100:])
-    shown = shown or "clip.wav"
-    clip = "clip" + "".join(c for c in Path(shown).suffix[:16] if c.isalnum() or c == ".")  # the server's file
-
-    def job(tts: TTS):
-        try:
-            folder = tempfile.mkdtemp()
-        except OSError as e:
-            raise storage(e) from None
-        path = Path(folder) / clip
-        try:
-            path.write_bytes(data)
-            return tts.register_voice(name, path, transcript, replace=replace)
-        except OSError as e:
-            raise storage(e) from None
-        except (VoiceExists, VoiceStorageError) as e:
-            raise api_error(e) from None
-        except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
-            raise ApiError(400, str(e).replace(str(path), shown).replace(clip, shown), None, "invalid_voice") from None
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-
-    voice = await server.workers.submit(job)
-    warnings = [w.replace(clip, shown) for w in voice.warnings]
+    voice = await server.synth.register_voice(name, data, shown or "clip.wav", transcript, replace)
     server.metrics.count(201)
     return {
         "name": voice.name,
@@ -137,14 +111,14 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
         "duration_s": voice.duration_s,
         "frames": voice.frames,
         "created": voice.created,
-        "warnings": warnings,
+        "warnings": list(voice.warnings),
     }
 
 
 @router.delete("/v1/voices/{name}", responses=documented(400, 404, 507))
 def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Delete a stored voice: 404 when there is none of that name."""
-    store = server.tts.voices
+    store = server.synth.voices
     try:
         name = check_name(name)
     except VoiceError as e:

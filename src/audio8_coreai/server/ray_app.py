@@ -1,0 +1,305 @@
+"""The server on Ray Serve (``audio8 serve --ray``, ``serve deploy deploy/serve_config.yaml``): many engines on many
+GPUs and machines behind the same HTTP API.
+
+Two deployments: :class:`Synth` wraps one engine (the ``--batch N`` batched model on its device, one GPU where there
+is one) and makes speech as :class:`.synth.LocalSynthesizer` does in ``audio8 serve``, streaming the encoded chunks;
+:class:`Ingress` serves the same FastAPI app (:func:`.app.create_app`: routes, validation, errors, formats, voices)
+over :class:`RaySynthesizer`, which forwards speech and voice registration to Synth replicas. Ray routes, queues,
+autoscales (on requests in flight) and places the replicas.
+
+* Voice affinity: a stored voice's requests carry ``NAME@DIGEST`` (:func:`voice_key`, the digest of its codes,
+  transcript and checkpoint) as Ray's multiplexed model id, so they go to the replicas that hold that voice and its
+  prompt head's KV state (the backend keeps heads by their content). A replaced voice has a new key: no replica
+  reuses the old one.
+* The voice store is one folder all replicas share (``--voices``: a network folder on a cluster); a write is atomic
+  (:meth:`.voices.VoiceStore.save`), a voice added through any replica is read by every other.
+* Back-pressure: each Synth replica runs at most ``max(batch, 1)`` requests (``max_ongoing_requests``); at most
+  ``max_queue`` more wait per ingress replica (``max_queued_requests``); beyond that the answer is 503 with
+  Retry-After. A client that leaves cancels its Ray request: the engine stops at its next frame.
+* Slow clients: the app's checks and error shapes are the same (they are the app's); the connections are Ray's
+  proxy's, which takes the server's ``keep_alive_s`` but has no whole-request deadline or connection limit as
+  :mod:`.connections` gives uvicorn, and a replica's chunks wait in Ray's stream, not in a bounded :mod:`.relay`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import math
+from collections.abc import AsyncGenerator, Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from ray import serve
+from ray.exceptions import RayError, RayTaskError
+from ray.serve.exceptions import BackPressureError, RayServeException
+from ray.serve.handle import DeploymentHandle
+
+from ..checkpoint import DEFAULT_MODEL
+from ..errors import Audio8Error
+from ..request import CheckedRequest
+from ..settings import DEFAULTS
+from ..tts import TTS
+from ..voices import Voice, VoiceStore
+from .app import create_app
+from .errors import ApiError, api_error
+from .metrics import Metrics
+from .state import ServerSettings
+from .synth import LOCAL, LocalSynthesizer, Output, Speech, Synthesizer, failed
+
+T = TypeVar("T")
+
+
+class RayArgs(BaseModel):
+    """What a Ray deployment of the server is built from (``audio8 serve --ray`` or a serve config's ``args``).
+    ``model``: a checkpoint folder or hub id every replica can read; ``voices``: the voice store, a folder every
+    replica shares (None: each machine's per-user folder, fine on one machine only); ``device``, ``precision``,
+    ``batch`` as ``audio8 serve`` (``batch`` 0: one utterance at a time per replica); ``replicas`` Synth replicas,
+    or ``autoscale`` ``[min, max]`` (on requests in flight, ``max(batch, 1)`` per replica as the target);
+    ``gpus``/``cpus`` per Synth replica; ``server``: the HTTP limits (``max_queue``: requests that wait per ingress
+    replica before a 503)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = DEFAULT_MODEL
+    voices: str | None = None
+    device: str = "auto"
+    precision: str | None = None
+    batch: int = Field(0, ge=0)
+    replicas: int = Field(DEFAULTS.ray_replicas, ge=1)
+    autoscale: tuple[int, int] | None = None
+    gpus: float = Field(0.0, ge=0)
+    cpus: float = Field(1.0, ge=0)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+
+    @model_validator(mode="after")
+    def _scale_range(self) -> RayArgs:
+        low, high = self.autoscale or (0, 1)
+        if not 0 <= low <= high or high < 1:
+            raise ValueError(f"autoscale must be [min, max] with 0 <= min <= max and max >= 1, got {self.autoscale}")
+        return self
+
+    @property
+    def rows(self) -> int:
+        """Requests one Synth replica runs at once."""
+        return max(self.batch, 1)
+
+
+def voice_key(voice: Voice) -> str:
+    """``NAME@DIGEST``: the voice's multiplexed model id, DIGEST the first 16 hex digits of the SHA-256 of its codes
+    (int16, as stored), transcript and checkpoint fingerprint. Voice names hold no ``@`` (voices.check_name)."""
+    digest = hashlib.sha256(voice.codes.astype("<i2").tobytes())
+    digest.update(f"\0{voice.transcript}\0{voice.fingerprint}".encode())
+    return f"{voice.name}@{digest.hexdigest()[:16]}"
+
+
+@dataclass(frozen=True)
+class SpeechJob:
+    """One speech request sent to a Synth replica: the checked request without its voice, the voice's
+    :func:`voice_key` ("" for the model's own voice) and how to make the body."""
+
+    checked: CheckedRequest
+    voice_key: str
+    output: Output
+
+
+@dataclass(frozen=True)
+class Started:
+    """A Synth stream's first item: its stream is built by ``replica``; ``tokens``: the text's token count."""
+
+    replica: str
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A Synth stream's last item when its body ended whole: the ``frames`` made."""
+
+    frames: int | None
+
+
+class Synth:
+    """One engine (``args.batch`` rows of one model, or one instance) on this replica's device, making speech as
+    ``audio8 serve`` does (:class:`.synth.LocalSynthesizer`). Its errors leave it as ApiError (picklable)."""
+
+    def __init__(self, args: RayArgs):
+        tts = TTS.load(args.model, device=args.device, precision=args.precision, voices_dir=args.voices)
+        instances = tts.batched(args.batch)[1] if args.batch else [tts]
+        settings = dataclasses.replace(args.server, workers=len(instances), max_queue=len(instances))
+        self.local = LocalSynthesizer(instances, settings, Metrics())  # Ray bounds what reaches it; a margin
+        try:
+            self.replica = serve.get_replica_context().replica_id.unique_id
+            self.voice = self.kept_voice
+        except RayServeException:  # Ray's local testing mode: no replica context, no multiplexing
+            self.replica, self.voice = LOCAL, self.read_voice
+
+    async def read_voice(self, key: str) -> Voice:
+        """The stored voice of ``key`` (:func:`voice_key`) read from the shared store; raises ApiError 409 when it was
+        replaced since the key was made, VoiceError when it is gone."""
+        voice = self.local.voices.load(key.rsplit("@", 1)[0])
+        if voice_key(voice) != key:
+            message = f"voice {voice.name!r} was replaced while this request waited: send it again"
+            raise ApiError(409, message, "voice", "voice_changed")
+        return voice
+
+    @serve.multiplexed(max_num_models_per_replica=DEFAULTS.prefix_cache)
+    async def kept_voice(self, key: str) -> Voice:
+        """:meth:`read_voice`, kept by this replica while ``key`` is among its last ``prefix_cache`` voices (as its
+        backend keeps their prompt heads); Ray sends the requests of ``key`` to the replicas that keep it."""
+        return await self.read_voice(key)
+
+    async def speak(self, job: SpeechJob) -> AsyncGenerator[Started | bytes | Finished, None]:
+        """:class:`Started` once the stream is built, the body's bytes (:class:`.synth.Speech`), :class:`Finished`."""
+        try:
+            checked = job.checked
+            if job.voice_key:
+                checked = dataclasses.replace(checked, voice=await self.voice(job.voice_key))
+            speech = await self.local.open(checked, job.output)
+        except Audio8Error as e:
+            raise api_error(e) from None
+        try:
+            yield Started(self.replica, speech.tokens)
+            async for data in speech.body:
+                yield data
+            yield Finished(speech.frames)
+        except Audio8Error as e:
+            raise api_error(e) from None
+        finally:
+            await speech.body.aclose()  # also when the request is cancelled: the engine stops at its next frame
+
+    async def register_voice(self, name: str, data: bytes, filename: str, transcript: str, replace: bool) -> Voice:
+        try:
+            return await self.local.register_voice(name, data, filename, transcript, replace)
+        except Audio8Error as e:
+            raise api_error(e) from None
+
+    async def health(self) -> dict[str, Any]:
+        return {**await self.local.health(), "replica": self.replica}
+
+    async def info(self) -> dict[str, Any]:
+        """What the app needs before its first request: the model's ``sample_rate`` and checkpoint ``fingerprint``."""
+        return {"sample_rate": self.local.sample_rate, "fingerprint": self.local.fingerprint}
+
+
+async def _remote(step: Awaitable[T]) -> T:
+    """What a Synth call gives, its errors as the app says them: a full queue a 503 with Retry-After, the replica's
+    ApiError as it is, anything else a 500."""
+    try:
+        return await step
+    except BackPressureError as e:
+        wait = math.ceil(e.retry_after_s or DEFAULTS.ray_retry_after_s)
+        raise ApiError(
+            503,
+            "the cluster is busy (every replica running, its queue full); retry later",
+            code="queue_full",
+            headers={"Retry-After": str(wait)},
+        ) from None
+    except RayTaskError as e:  # raised in a replica: its cause is what it raised
+        raise failed(e.cause) from None
+    except RayError as e:  # a replica died or the request could not be placed
+        raise failed(e) from None
+
+
+class RaySynthesizer(Synthesizer):
+    """The app's synthesizer on a cluster: speech and voice registration go to the Synth deployment behind
+    ``synth``; ``voices`` is the shared store (read here for listing, checks and deletion); ``max_queue``: the
+    requests Ray lets wait per ingress replica (``/health``); ``info``: what :meth:`Synth.info` says."""
+
+    def __init__(self, synth: DeploymentHandle, voices: VoiceStore, max_queue: int, info: dict[str, Any]):
+        self.synth, self.voices, self.max_queue = synth, voices, max_queue
+        self.sample_rate, self.fingerprint = info["sample_rate"], info["fingerprint"]
+        self.running = 0  # streams in flight through this ingress
+
+    async def open(self, checked: CheckedRequest, output: Output) -> Speech:
+        voice = self.voices.load(checked.voice) if isinstance(checked.voice, str) else checked.voice
+        key = voice_key(voice) if voice is not None else ""
+        job = SpeechJob(dataclasses.replace(checked, voice=None), key, output)
+        call = self.synth.options(stream=True, multiplexed_model_id=key).speak.remote(job)
+        try:
+            started = await _remote(anext(call))
+        except asyncio.CancelledError:  # the client left while its request waited: Ray lets it go
+            call.cancel()  # (not after an error: cancel() raises the call's own error again)
+            raise
+        speech = Speech(started.replica, started.tokens)
+        speech.body = self._body(call, speech)
+        return speech
+
+    async def _body(self, call, speech: Speech) -> AsyncGenerator[bytes, None]:
+        self.running += 1
+        try:
+            while not isinstance(data := await _remote(anext(call)), Finished):
+                yield data
+            speech.frames = data.frames
+        except (GeneratorExit, asyncio.CancelledError):  # the client left: its replica stops at its next frame
+            call.cancel()
+            raise
+        finally:
+            self.running -= 1
+
+    async def register_voice(self, name: str, data: bytes, filename: str, transcript: str, replace: bool) -> Voice:
+        return await _remote(self.synth.register_voice.remote(name, data, filename, transcript, replace))
+
+    async def health(self) -> dict[str, Any]:
+        """One replica's fields (its ``replica`` id, its rows as ``workers``) and the cluster's ``max_queue``."""
+        return {**await _remote(self.synth.health.remote()), "max_queue": self.max_queue}
+
+    def load(self) -> tuple[int, int]:
+        return self.running, 0  # what waits is Ray's queue, not this process's
+
+    def close(self) -> None:
+        pass  # the replicas are Ray's
+
+
+class Ingress:
+    """The HTTP side: the app of ``audio8 serve`` over :class:`RaySynthesizer` (built on the replica)."""
+
+    def __init__(self, synth: DeploymentHandle, args: RayArgs):
+        self.synth, self.args = synth, args
+
+    async def __serve_build_asgi_app__(self) -> FastAPI:
+        server, info = self.args.server, await _remote(self.synth.info.remote())
+        return create_app(RaySynthesizer(self.synth, VoiceStore(self.args.voices), server.max_queue, info), server)
+
+
+SynthDeployment = serve.deployment(Synth, name="Synth")
+IngressDeployment = serve.deployment(serve.ingress()(Ingress), name="Ingress")
+
+
+def build_app(args: RayArgs | dict[str, Any]) -> serve.Application:
+    """The Ray application of ``args`` (a RayArgs, or the ``args`` of ``deploy/serve_config.yaml``, whose import
+    path this is: validated here into RayArgs, raising pydantic's ValidationError). Each Synth replica runs
+    ``args.rows`` requests at once; autoscaling aims at that many in flight per replica."""
+    args = RayArgs.model_validate(args)
+    if args.autoscale is None:
+        scale: dict[str, Any] = {"num_replicas": args.replicas}
+    else:
+        low, high = args.autoscale
+        scale = {
+            "autoscaling_config": {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": args.rows}
+        }
+    synth = SynthDeployment.options(
+        max_ongoing_requests=args.rows,
+        max_queued_requests=max(args.server.max_queue, 1),  # Ray: at least 1 (-1 is no limit)
+        backpressure_config={"retry_after_s": DEFAULTS.ray_retry_after_s},
+        ray_actor_options={"num_gpus": args.gpus, "num_cpus": args.cpus},
+        **scale,
+    ).bind(args)
+    # No CPU reserved for the ingress (it waits on Synth, as Ray's proxy does): N replicas fit N cores.
+    ingress = IngressDeployment.options(
+        max_ongoing_requests=DEFAULTS.ray_ingress_requests, ray_actor_options={"num_cpus": 0}
+    )
+    return ingress.bind(synth, args)
+
+
+def run_on_ray(args: RayArgs, host: str, port: int, address: str | None = None) -> None:
+    """``audio8 serve --ray``: join the Ray cluster at ``address`` ("auto": the one this machine belongs to; None:
+    start one here), serve ``args``' application behind Ray's HTTP proxy on ``host:port``, and block until
+    interrupted."""
+    import ray
+
+    ray.init(address=address)
+    serve.start(http_options={"host": host, "port": port, "keep_alive_timeout_s": args.server.keep_alive_s})
+    serve.run(build_app(args), name="audio8", route_prefix="/", blocking=True)
