@@ -15,6 +15,7 @@ from ..settings import DEFAULTS
 from .app import (
     AssetsOpt,
     BackendOpt,
+    CodecProcessOpt,
     CudaGraphsOpt,
     DeviceOpt,
     DtypeOpt,
@@ -54,6 +55,7 @@ def say(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
     cuda_graphs: CudaGraphsOpt = False,
+    codec_process: CodecProcessOpt = None,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     voice: Annotated[str | None, typer.Option(help="Speak in this stored voice (see `audio8 voice`).")] = None,
@@ -117,6 +119,7 @@ def say(
     load_options = dict(
         device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets, cuda_graphs=cuda_graphs
     )
+    load_options["codec_process"] = codec_process
     with err.status("loading the model..."):
         tts = TTS.load(model, **load_options)
     progress = Progress(

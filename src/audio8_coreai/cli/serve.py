@@ -9,7 +9,19 @@ import typer
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import ConfigError
 from ..settings import DEFAULTS
-from .app import AssetsOpt, BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, ModelOpt, VoicesOpt, app, err, friendly
+from .app import (
+    AssetsOpt,
+    BackendOpt,
+    CodecProcessOpt,
+    CudaGraphsOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    VoicesOpt,
+    app,
+    err,
+    friendly,
+)
 
 
 @app.command()
@@ -22,6 +34,7 @@ def serve(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
     cuda_graphs: CudaGraphsOpt = False,
+    codec_process: CodecProcessOpt = None,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     workers: Annotated[
@@ -68,9 +81,10 @@ def serve(
     load_options = dict(
         device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets, cuda_graphs=cuda_graphs
     )
+    load_options["codec_process"] = codec_process
     instances = 1 if batch else workers
     with err.status(f"loading {instances} model instance(s)..."):
-        instances = [TTS.load(model, **load_options) for _ in range(instances)]
+        instances = loaded = [TTS.load(model, **load_options) for _ in range(instances)]
     if batch:
         _, instances = instances[0].batched(batch)
         workers = batch
@@ -82,7 +96,11 @@ def serve(
         chunk_frames=chunk_frames,
         first_chunk_frames=first_chunk_frames,
     )
-    uvicorn.run(create_app(instances, settings), host=host, port=port, log_level="info")
+    try:
+        uvicorn.run(create_app(instances, settings), host=host, port=port, log_level="info")
+    finally:  # uvicorn returns on Ctrl-C or SIGTERM: end the codec processes with the server
+        for tts in loaded:
+            tts.close()
 
 
 def _check_port(host: str, port: int) -> None:
