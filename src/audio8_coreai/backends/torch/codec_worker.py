@@ -239,12 +239,16 @@ class CodecWorker:
             if child != self._child or self._conn.closed and not self._closed:
                 raise BackendError("the codec process this stream ran on has ended; start the utterance again")
             self._check_ready()
-            while self._ended:
-                gone, ended = self._ended.popleft()
-                if gone == self._child:
-                    self._conn.send(("end", ended, None))
-            self._conn.send(("push", stream, codes))
-            reply = self._reply("decoding")
+            try:
+                while self._ended:
+                    gone, ended = self._ended.popleft()
+                    if gone == self._child:
+                        self._conn.send(("end", ended, None))
+                self._conn.send(("push", stream, codes))
+                reply = self._reply("decoding")
+            except BaseException:  # interrupted between request and reply (Ctrl-C): its reply would answer the next
+                self._finalizer()  # so this child is ended; the next stream() starts another
+                raise
         if reply.startswith(ERROR):
             raise BackendError(f"the codec process failed to decode: {reply[len(ERROR) :].decode()}")
         audio = np.frombuffer(reply, dtype=np.float32, offset=len(AUDIO)).copy()
