@@ -8,7 +8,7 @@ streams by id. Codes go in pickled (a few hundred bytes); audio comes back as ra
 (``Connection.send_bytes``: a 16-frame chunk is 128 KiB, well under a millisecond through the pipe against the
 ~0.7 s of its decode, so shared memory would save nothing worth its cleanup).
 
-Children are forked by a **fork server** of this module's own: one plain ``python -m`` process per parent, started
+Children are forked by a **fork server** of this module's own: one plain ``python -c`` process per parent, started
 at the first worker, that imports torch once and then forks a child per worker (tens of ms). multiprocessing's
 ``forkserver`` and ``spawn`` contexts are not used because their children import the parent's main script: a
 script that loads a model at its top level (``TTS.load(...)`` with no ``if __name__ == "__main__":`` guard) would
@@ -81,10 +81,10 @@ def _serve(conn: Connection) -> None:
         conn.send_bytes(ERROR + f"{type(e).__name__}: {e}".encode())
 
 
-def _fork_server(fd: int) -> None:
-    """The fork server (``python -m`` this module): fork a child running :func:`_serve` on each pipe end received on
-    the socket ``fd``; return when the parent closes the socket. Children are reaped by the kernel (SIGCHLD ignored).
-    """
+def fork_server(fd: int) -> None:
+    """The fork server (a ``python -c`` process calling this): fork a child running :func:`_serve` on each pipe end
+    received on the socket ``fd``; return when the parent closes the socket. Children are reaped by the kernel
+    (SIGCHLD ignored)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     with torch.device("meta"):  # torch's one-time cost of a first build (seconds), paid here once, not per child
@@ -141,7 +141,7 @@ class _ForkServer:
         package_root = str(Path(__file__).resolve().parents[3])  # the folder holding audio8_coreai, as imported here
         paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(theirs.fileno())],
+            [sys.executable, "-c", f"from {__name__} import fork_server; fork_server({theirs.fileno()})"],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # stdout may carry the parent's audio; errors go to stderr
@@ -290,7 +290,3 @@ class WorkerStream:
 
     def push_rows(self, codes: np.ndarray) -> np.ndarray:
         return self._worker.push(self._child, self._id, codes)
-
-
-if __name__ == "__main__":
-    _fork_server(int(sys.argv[1]))
