@@ -169,3 +169,22 @@ def test_child_ends_with_its_parent(tiny_checkpoint):
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert gone(int(run.stdout.split()[-1]))
+
+
+def test_say_with_and_without_the_codec_process(tiny_checkpoint, tmp_path):
+    """`audio8 say --codec-process` and `--no-codec-process` write the same speech (the codec's float sums may
+    round differently across thread counts: well under one 16-bit step)."""
+    import soundfile as sf
+    from typer.testing import CliRunner
+
+    from audio8_coreai.cli import app
+
+    written = []
+    for flag in ("--codec-process", "--no-codec-process"):
+        out = tmp_path / f"{flag}.wav"
+        args = ["say", "Hello there.", "-o", out, "--model", tiny_checkpoint, "--seed", 1, "--max-frames", 20, flag]
+        result = CliRunner().invoke(app, [str(a) for a in args])
+        assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+        written.append(sf.read(out, dtype="float32")[0])
+    assert written[0].shape == written[1].shape and len(written[0]) > 0
+    assert float(np.abs(written[0] - written[1]).max()) <= 2 / 32768
