@@ -74,6 +74,7 @@ def client_loop(index: int, url: str, args: argparse.Namespace, deadline: float,
                 "model": "tts-1",
                 "input": TEXTS[(index + n) % len(TEXTS)],
                 "response_format": "pcm",
+                "sample_rate": 44100,  # the model's rate: no resampling in the measurement
                 "stream": not args.no_stream,
                 "seed": index * 1000 + n,
                 "max_frames": args.max_frames,

@@ -76,6 +76,14 @@ def test_too_short_or_too_long_is_refused_with_the_duration(tmp_path, seconds, s
         read_reference(path)
 
 
+@pytest.mark.parametrize("rate, samples", [(1, 3), (100, 300), (4000, 4000)])
+def test_a_clip_of_too_few_samples_is_refused_whatever_its_length_in_seconds(tmp_path, rate, samples):
+    """Three samples at 1 Hz are "3 s" by the header: a voice needs a rate that holds speech (8 kHz) as well."""
+    path = clips.write(tmp_path / "c.wav", clips.bursts(8000, 1.0)[:samples], rate)
+    with pytest.raises(AudioError, match=f"{samples} samples at {rate} Hz.*8000 Hz"):
+        read_reference(path)
+
+
 def test_long_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
     path = clips.write(tmp_path / "long.wav", np.zeros((8000 * 45, 1), np.float32), 8000)
 

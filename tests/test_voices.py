@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 import clips
-from audio8_coreai.errors import AudioError, PromptError, VoiceError
+from audio8_coreai.errors import AudioError, PromptError, VoiceError, VoiceExists, VoiceStorageError
+from audio8_coreai.settings import DEFAULTS
 from audio8_coreai.voices import Voice, VoiceStore, check_name, default_voices_dir
 
 TEXT = "The meeting has been moved to Thursday afternoon."
@@ -163,6 +169,60 @@ def test_leftovers_of_a_killed_write_are_ignored(tmp_path):
     assert np.array_equal(store.load("alice").codes, make_voice("alice").codes)
     with pytest.raises(VoiceError, match="no voice named 'bob'"):
         store.load("bob")
+
+
+def test_stale_leftovers_of_a_killed_write_are_swept_when_the_store_opens(tmp_path):
+    """Temporary files older than ``stale_temp_s`` are a crashed write's; a fresh one may be another process's
+    write in progress and is kept."""
+    VoiceStore(tmp_path).save(make_voice("alice"))
+    old, fresh = tmp_path / ".bob.k3j2h1.tmp", tmp_path / ".carol.a1b2c3.tmp"
+    old.write_bytes(b"half a voice")
+    fresh.write_bytes(b"being written")
+    hour_ago = time.time() - DEFAULTS.stale_temp_s - 60
+    os.utime(old, (hour_ago, hour_ago))
+    store = VoiceStore(tmp_path)
+    assert not old.exists() and fresh.exists() and store.names() == ["alice"]
+
+
+def test_two_writers_racing_for_one_new_name_one_wins(tmp_path):
+    """Create-if-absent is atomic: of threads saving one new name at once without replace, exactly one writes and
+    the others get VoiceExists; the stored voice is the winner's, whole."""
+    store = VoiceStore(tmp_path)
+    for round_ in range(5):
+        name = f"race{round_}"
+        start = threading.Barrier(4)
+
+        def save(seed, name=name, start=start):
+            start.wait()
+            try:
+                store.save(make_voice(name, seed=seed))
+                return seed
+            except VoiceExists:
+                return None
+
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(save, range(4)))
+        winners = [r for r in results if r is not None]
+        assert len(winners) == 1, results
+        assert np.array_equal(store.load(name).codes, make_voice(name, seed=winners[0]).codes)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"race{i}.npz" for i in range(5)]
+
+
+@pytest.mark.parametrize("fault, full", [(errno.ENOSPC, True), (errno.EROFS, False), (errno.EACCES, False)])
+def test_storage_faults_are_their_own_error(tmp_path, monkeypatch, fault, full):
+    store = VoiceStore(tmp_path)
+    store.save(make_voice("alice"))
+
+    def fail(*args, **kwargs):
+        raise OSError(fault, os.strerror(fault))
+
+    monkeypatch.setattr(tempfile, "mkstemp", fail)
+    with pytest.raises(VoiceStorageError) as caught:
+        store.save(make_voice("bob"))
+    assert caught.value.full is full
+    monkeypatch.setattr(os, "unlink", fail)
+    with pytest.raises(VoiceStorageError):
+        store.remove("alice")
 
 
 def test_damaged_and_newer_files_are_refused_clearly(tmp_path):

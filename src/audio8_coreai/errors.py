@@ -58,6 +58,23 @@ class DamagedVoice(VoiceError):
         self.name = name
 
 
+class VoiceExists(VoiceError):
+    """A voice of that name is already stored and replacing it was not asked for; ``name`` is the stored one's."""
+
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
+        self.name = name
+
+
+class VoiceStorageError(VoiceError):
+    """The voice store's folder cannot be written or changed (a full disk: ``full``; read-only, not permitted). The
+    message names the folder and the CLI's remedy; a server says its own (its clients see no paths)."""
+
+    def __init__(self, message: str, full: bool = False):
+        super().__init__(message)
+        self.full = full
+
+
 class BackendError(Audio8Error, ValueError):
     """A device, precision, backend or asset folder that cannot be used as asked."""
 
@@ -81,3 +98,11 @@ class ParityError(Audio8Error, ValueError):
 
 class GateError(Audio8Error, ValueError):
     """The gate cannot run as asked (bad fixtures file, no espeak-ng for a clip, missing extra)."""
+
+
+class ProtocolError(Audio8Error, ValueError):
+    """A Wyoming event that is malformed (a field missing or of the wrong type) or out of order."""
+
+
+class NoAudio(EngineError):
+    """The model ended every utterance of a request on its first frame (eos drawn at once): no audio to send."""

@@ -34,10 +34,19 @@ class Settings:
     max_queue: int = 8  # requests that may wait for a worker; more get 503
     max_input_chars: int = 4096  # longest input text per speech request (OpenAI's limit)
     max_speech_body_bytes: int = 1024 * 1024  # a speech request's JSON body: the longest input escaped, with room
-    max_upload_bytes: int = 16 * 1024 * 1024  # a voice upload: a 30-s clip is 5.3 MB as 16-bit stereo wav
-    disconnect_poll_s: float = 0.25  # how often a whole-file request checks that its client is still there
+    max_upload_bytes: int = 32 * 1024 * 1024  # a voice upload: 30 s of 96 kHz stereo float wav is 23 MB
     gather_s: float = 0.003  # batched serving: how long a ready frame call waits for the other rows' calls
     recent_s: float = 2.0  # batched serving: a row heard from this recently is expected to call again soon
+    pcm_sample_rate: int = 24000  # a pcm body's rate when neither request nor server gives one (OpenAI's pcm)
+    default_voice_seed: int = 0  # the seed of a request naming neither voice nor seed: the model's own voice, steady
+    # Slow clients (uvicorn's own knobs, set by server/connections.py). uvicorn times out nothing before a request's
+    # head is whole and none of its body, so the server adds a deadline for a whole request.
+    request_timeout_s: float = 60.0  # a connection must send a whole request within this of opening or its last answer
+    keep_alive_s: int = 5  # uvicorn's timeout_keep_alive: an idle connection is closed this long after an answer
+    max_connections: int = 256  # uvicorn's limit_concurrency: connections at once; a request on one more gets 503
+    stream_buffer_chunks: int = 4  # chunks a stream holds for a client that is not reading; then its frames wait
+    stall_s: float = 30.0  # a stream whose client reads nothing this long is dropped (its worker freed, logged)
+    stale_temp_s: float = 3600.0  # voice store: temporary files older than this are a crashed write's, swept at open
 
     # Measurement and conversion tools (`audio8 parity | gate | bench | convert | make-checkpoint`)
     tolerance: float = 1e-4  # max |logit/waveform diff| for fp32 parity with the oracle
@@ -49,6 +58,10 @@ class Settings:
     decoder_frames: int = 160  # Core AI codec decoder bucket: 128 frames of context + 32 new ones per window
     encoder_frames: int = 216  # Core AI codec encoder bucket: 10.0 s, the voice-registration clip
     checkpoint_seed: int = 0  # make-checkpoint: the seed of the random weights (same seed, same files)
+
+    # Wyoming server for Home Assistant (server/wyoming.py; `audio8 wyoming`)
+    wyoming_port: int = 10200  # TCP port: the Wyoming convention for text to speech (Home Assistant's default)
+    wyoming_voice: str = "audio8"  # the name the model's own voice is listed under (describe, synthesize)
 
 
 DEFAULTS = Settings()

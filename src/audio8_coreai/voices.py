@@ -8,8 +8,10 @@ On disk, one file per voice: ``<folder>/<NAME>.npz``, a NumPy zip read without p
 (int16 [num_codebooks, T]; codes are < 4096) and ``meta`` (one JSON string: ``format``, ``name``,
 ``transcript``, ``sample_rate``, ``duration_s``, ``fingerprint``, ``created``, ``source``, ``warnings``).
 One file per voice makes a write atomic: it is written under a temporary name that starts with a dot, flushed
-to disk, then renamed over ``NAME.npz`` (``os.replace``). A crash at any point leaves the old voice (if any)
-whole, plus at most a dot-file that listing and loading never look at.
+to disk, then renamed over ``NAME.npz`` (``os.replace``); a new voice without ``replace`` is linked into place only
+if its name is still free, so of two writers racing for one new name exactly one wins. A crash at any point leaves
+the old voice (if any) whole, plus at most a dot-file that listing and loading never look at, and that opening the
+store removes once it is ``stale_temp_s`` old (settings.py).
 
 The folder is the per-user data folder (``platformdirs``; ``~/.local/share/audio8-coreai/voices`` on Linux,
 ``~/Library/Application Support/audio8-coreai/voices`` on macOS) unless one is given.
@@ -19,9 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import json
 import os
 import tempfile
+import time
 import unicodedata
 import zipfile
 from dataclasses import dataclass
@@ -32,10 +36,12 @@ import numpy as np
 import platformdirs
 
 from .audio import publish
-from .errors import AudioError, DamagedVoice, VoiceError
+from .errors import AudioError, DamagedVoice, VoiceError, VoiceExists, VoiceStorageError
+from .settings import DEFAULTS
 
 FORMAT = 1  # the on-disk format version in ``meta``; a newer file is refused rather than misread
 SUFFIX = ".npz"
+TEMP_SUFFIX = ".tmp"  # a voice being written: ``.NAME.XXXXXXXX.tmp``
 MAX_NAME = 64  # fits every file system's name limit with room for the suffix and temporary names
 _NAME_PUNCTUATION = set(" _-.")
 _NAME_RULE = (
@@ -155,13 +161,26 @@ class VoiceStore:
     """Voices saved by name in one folder (see the module docstring for the format).
 
     ``folder`` None means :func:`default_voices_dir`. The folder is created on the first save; reading an
-    absent folder finds no voices.
+    absent folder finds no voices. Opening it removes the temporary files of writes that crashed (older than
+    ``DEFAULTS.stale_temp_s``; a younger one may be another process's write in progress).
     """
 
     def __init__(self, folder: str | Path | None = None):
         if folder is not None and not isinstance(folder, (str, os.PathLike)):
             raise VoiceError(f"the voices folder must be a path (str or Path), got {type(folder).__name__}")
         self.root = Path(folder).expanduser() if folder is not None else default_voices_dir()
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Remove temporary voice files older than ``DEFAULTS.stale_temp_s``; a store that cannot be changed keeps
+        them (listing and loading skip them anyway)."""
+        stale = time.time() - DEFAULTS.stale_temp_s
+        try:
+            for p in self.root.glob("." + "*" + TEMP_SUFFIX):
+                if p.is_file() and p.stat().st_mtime < stale:
+                    p.unlink()
+        except OSError:
+            pass
 
     def path(self, name: str) -> Path:
         """The file of voice ``name`` (validated; raises VoiceError for a bad name)."""
@@ -189,40 +208,47 @@ class VoiceStore:
         # On macOS's and Windows' disks names differing in case are one file: keep stores portable.
         twin = next((n for n in self.names() if n != name and n.casefold() == name.casefold()), None)
         if twin is not None:
-            raise VoiceError(
+            raise VoiceExists(
                 f"a voice named {twin!r} already exists in {self.root}, and names that differ only in "
                 f"case are one file on macOS and Windows disks: choose another name, or remove "
-                f"{twin!r} first (audio8 voice rm)"
+                f"{twin!r} first (audio8 voice rm)",
+                twin,
             )
         existing = self.root
         while not existing.exists() and existing != existing.parent:  # the folder is made on the first save
             existing = existing.parent
         if not existing.is_dir() or not os.access(existing, os.W_OK):
-            raise VoiceError(
+            raise VoiceStorageError(
                 f"cannot store voices in {self.root}: {existing} is "
                 f"{'not a folder' if not existing.is_dir() else 'not writable'}; give another folder "
                 "(--voices DIR, voices_dir=...)"
             )
         if target.exists() and not replace:
-            raise VoiceError(
-                f"a voice named {name!r} already exists in {self.root}: choose another name, "
-                f"or replace it (audio8 voice add --force, replace=True in Python, "
-                "replace=true in POST /v1/voices)"
-            )
+            raise self._exists(name)
         return target
+
+    def _exists(self, name: str) -> VoiceExists:
+        return VoiceExists(
+            f"a voice named {name!r} already exists in {self.root}: choose another name, "
+            f"or replace it (audio8 voice add --force, replace=True in Python, "
+            "replace=true in POST /v1/voices)",
+            name,
+        )
 
     def save(self, voice: Voice, replace: bool = False) -> Path:
         """Write ``voice`` under ``voice.name`` atomically; returns its file.
 
-        Raises VoiceError: bad name, the name is taken and ``replace`` is False, or the folder or file
-        cannot be written (the message names it). On any failure the previous voice of that name, if any,
-        is unchanged and no temporary file is left.
+        Raises VoiceError: bad name or codes; VoiceExists: the name is taken (also by a writer that won a race
+        for it) and ``replace`` is False; VoiceStorageError: the folder or file cannot be written (the message
+        names it; ``full`` for a full disk). On any failure the previous voice of that name, if any, is unchanged
+        and no temporary file is left.
         """
         target = self.check_new(voice.name, replace)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise VoiceError(f"cannot create the voices folder {self.root}: {e}; give another with --voices DIR") from e
+            message = f"cannot create the voices folder {self.root}: {e}; give another with --voices DIR"
+            raise _storage_error(message, e) from e
         codes = np.asarray(voice.codes)
         if (
             codes.ndim != 2
@@ -237,15 +263,17 @@ class VoiceStore:
             )
         tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{voice.name}.", suffix=".tmp", dir=self.root)
+            fd, tmp = tempfile.mkstemp(prefix=f".{voice.name}.", suffix=TEMP_SUFFIX, dir=self.root)
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, codes=codes.astype(np.int16), meta=np.array(json.dumps(voice.meta(), ensure_ascii=False)))
                 f.flush()
                 os.fsync(f.fileno())  # the bytes reach the disk before the rename makes them the voice
-            publish(tmp, target)
+            publish(tmp, target, replace=replace)
             tmp = None
+        except FileExistsError:
+            raise self._exists(voice.name) from None
         except (OSError, AudioError) as e:
-            raise VoiceError(f"cannot write voice {voice.name!r} to {target}: {e}") from e
+            raise _storage_error(f"cannot write voice {voice.name!r} to {target}: {e}", e) from e
         finally:
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
@@ -302,7 +330,8 @@ class VoiceStore:
         return voice
 
     def remove(self, name: str) -> Path:
-        """Delete voice ``name``; returns the removed file. Raises VoiceError if there is none or it cannot."""
+        """Delete voice ``name``; returns the removed file. Raises VoiceError if there is none, VoiceStorageError if it
+        cannot."""
         path = self.path(name)
         try:
             if path.is_dir():  # not a voice: left alone, reported as absent
@@ -311,5 +340,13 @@ class VoiceStore:
         except FileNotFoundError:
             raise VoiceError(f"no voice named {name!r} in {self.root}; `audio8 voice list` shows the voices") from None
         except OSError as e:
-            raise VoiceError(f"cannot remove voice {name!r} ({path}): {e}") from e
+            raise _storage_error(f"cannot remove voice {name!r} ({path}): {e}", e) from e
         return path
+
+
+def _storage_error(message: str, e: OSError | AudioError) -> VoiceStorageError:
+    """VoiceStorageError for the failed write ``e`` (an OSError, or an AudioError caused by one): ``full`` for a
+    full disk or quota."""
+    cause = e if isinstance(e, OSError) else e.__cause__
+    full = isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)
+    return VoiceStorageError(message, full)

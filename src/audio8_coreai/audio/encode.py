@@ -9,18 +9,50 @@ import soundfile as sf
 import soxr
 
 from ..errors import AudioError
+from ..settings import DEFAULTS
+from .aac import AAC_RATES, AacWriter
 
-# Encoded speech for the HTTP API (OpenAI's response_format names). libsndfile (through soundfile) encodes them
-# all: MP3 with LAME since libsndfile 1.1, Opus in Ogg since 1.0.29; a build without them gets a clear error.
-# The model speaks at 44.1 kHz; Opus is defined at 48 kHz, so opus is resampled (soxr, very high quality).
+# Encoded speech for the HTTP API (OpenAI's response_format names). libsndfile (through soundfile) encodes all but
+# aac: MP3 with LAME since libsndfile 1.1, Opus in Ogg since 1.0.29; a build without them gets a clear error; aac
+# is PyAV's (aac.py). The model speaks at 44.1 kHz; a body at another rate is resampled (soxr, very high quality):
+# Opus is defined at 48 kHz, pcm is 24 kHz unless asked otherwise (OpenAI's, :func:`output_rate`).
 # wav and pcm are 16-bit signed little-endian samples (as OpenAI's), pcm without any header.
-SPEECH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
-MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg", "opus": "audio/ogg"}
+SPEECH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
+MEDIA_TYPES = {
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+    "flac": "audio/flac",
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+}
 OPUS_RATE = 48000
+# Rates a body may be asked for (OpenAI-style clients ask 8-48 kHz); mp3 and aac take only the MPEG rates.
+RATE_RANGE = (8000, 48000)
+MPEG_RATES = AAC_RATES  # MPEG-1/2/2.5 layer III's nine rates are AAC's from 8 to 48 kHz
+RESAMPLE_QUALITY = "VHQ"
 _SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
 # Formats whose bytes can go out as they are made: a FLAC stream's header would give no length, which
 # libsndfile-based readers refuse; every other format here plays from a partial download.
-STREAMABLE_FORMATS = ("wav", "pcm", "mp3", "opus")
+STREAMABLE_FORMATS = ("wav", "pcm", "mp3", "opus", "aac")
+
+
+def output_rate(fmt: str, model_rate: int, asked: int | None = None) -> int:
+    """The sample rate (Hz) of a ``fmt`` body of speech made at ``model_rate``: opus always OPUS_RATE; else
+    ``asked`` (a request's ``sample_rate`` or the server's); else pcm DEFAULTS.pcm_sample_rate (OpenAI's 24 kHz)
+    and the rest ``model_rate``. Raises AudioError for ``asked`` outside RATE_RANGE, or not one of MPEG_RATES for
+    mp3 and aac."""
+    if fmt == "opus":
+        return OPUS_RATE
+    if asked is None:
+        return DEFAULTS.pcm_sample_rate if fmt == "pcm" else model_rate
+    if not RATE_RANGE[0] <= asked <= RATE_RANGE[1]:
+        raise AudioError(f"sample_rate {asked} is out of range: give {RATE_RANGE[0]} to {RATE_RANGE[1]} Hz")
+    if fmt in ("mp3", "aac") and asked not in MPEG_RATES:
+        raise AudioError(
+            f"{fmt} cannot be {asked} Hz: give one of {', '.join(map(str, MPEG_RATES))}, or use wav, pcm or flac"
+        )
+    return asked
 
 
 def check_speech_format(fmt: str, stream: bool = False) -> None:
@@ -40,6 +72,13 @@ def check_speech_format(fmt: str, stream: bool = False) -> None:
                 f"this server's libsndfile {sf.__libsndfile_version__} cannot encode {fmt}; use wav, "
                 "pcm or flac (or install libsndfile >= 1.1 with MP3 and Opus support)"
             )
+
+
+def _body_rate(fmt: str, sample_rate: int, rate: int | None) -> int:
+    """``rate`` checked by :func:`output_rate`; None: ``sample_rate`` as it is (opus: OPUS_RATE)."""
+    if rate is None:
+        return OPUS_RATE if fmt == "opus" else sample_rate
+    return output_rate(fmt, sample_rate, rate)
 
 
 def _pcm16(audio: np.ndarray) -> bytes:
@@ -85,63 +124,83 @@ class SpeechEncoder:
 
     ``chunk`` float32 mono audio [n] in [-1, 1] at ``sample_rate`` Hz. ``fmt`` one of STREAMABLE_FORMATS: wav
     (a header whose sizes say 'until the end', as OpenAI's streamed wav), pcm, mp3 (constant bit rate, so a
-    reader can tell the length from the size; 128 kbit/s) and opus (Ogg, 48 kHz). The bytes of all calls
-    joined are a file that soundfile reads. Raises AudioError as :func:`check_speech_format`.
+    reader can tell the length from the size; 128 kbit/s), opus (Ogg, 48 kHz) and aac (ADTS). ``rate``: the
+    body's rate (None: ``sample_rate``; opus is OPUS_RATE whatever is given), reached by a streaming soxr
+    resampler whose chunks joined equal :func:`encode_speech`'s one-shot resampling (the same samples: soxr's
+    stream and one-shot share their filter). The bytes of all calls joined are a file that soundfile (aac: PyAV)
+    reads. Raises AudioError as :func:`check_speech_format` and :func:`output_rate`.
     """
 
-    def __init__(self, fmt: str, sample_rate: int):
+    def __init__(self, fmt: str, sample_rate: int, rate: int | None = None):
         check_speech_format(fmt, stream=True)
         self.fmt = fmt
         self.sample_rate = sample_rate
-        self._header = _wav_header(sample_rate, 0xFFFFFFFF) if fmt == "wav" else b""
-        self._file: sf.SoundFile | None = None
+        self.rate = _body_rate(fmt, sample_rate, rate)
+        self._header = _wav_header(self.rate, 0xFFFFFFFF) if fmt == "wav" else b""
+        self._file: sf.SoundFile | AacWriter | None = None
         self._resampler = None
-        if fmt in _SOUNDFILE:
+        if self.rate != sample_rate:
+            self._resampler = soxr.ResampleStream(sample_rate, self.rate, 1, dtype="float32", quality=RESAMPLE_QUALITY)
+        if fmt == "aac":
+            self._file = AacWriter(self.rate)
+        elif fmt in _SOUNDFILE:
             container, subtype = _SOUNDFILE[fmt]
-            rate = sample_rate
-            if fmt == "opus":
-                rate = OPUS_RATE
-                self._resampler = soxr.ResampleStream(sample_rate, OPUS_RATE, 1, dtype="float32", quality="VHQ")
             self._sink = _Drain()
             extra = {"bitrate_mode": "CONSTANT", "compression_level": 0.5} if fmt == "mp3" else {}
-            self._file = sf.SoundFile(self._sink, "w", rate, 1, subtype, format=container, **extra)
+            self._file = sf.SoundFile(self._sink, "w", self.rate, 1, subtype, format=container, **extra)
+
+    def _out(self, chunk: np.ndarray) -> bytes:
+        if self._file is None:
+            return _pcm16(chunk)
+        if isinstance(self._file, AacWriter):
+            return self._file.write(chunk)
+        self._file.write(chunk)
+        return self._sink.take()
 
     def write(self, chunk: np.ndarray) -> bytes:
         chunk = np.asarray(chunk, dtype=np.float32).reshape(-1)
         head, self._header = self._header, b""
-        if self._file is None:
-            return head + _pcm16(chunk)
         if self._resampler is not None:
             chunk = self._resampler.resample_chunk(chunk)
-        self._file.write(chunk)
-        return self._sink.take()
+        return head + self._out(chunk)
 
     def close(self) -> bytes:
-        if self._file is None:
-            return self._header
+        data, self._header = self._header, b""
         if self._resampler is not None:
-            self._file.write(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
-        self._file.close()
-        return self._sink.take()
+            data += self._out(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+        if isinstance(self._file, AacWriter):
+            return data + self._file.close()
+        if self._file is not None:
+            self._file.close()
+            data += self._sink.take()
+        return data
 
 
-def encode_speech(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
-    """Mono float32 ``audio`` [N] at ``sample_rate`` Hz as a complete file (or raw pcm) in ``fmt``.
+def encode_speech(audio: np.ndarray, sample_rate: int, fmt: str, rate: int | None = None) -> bytes:
+    """Mono float32 ``audio`` [N] at ``sample_rate`` Hz as a complete file (or raw pcm) in ``fmt``, at ``rate``
+    Hz (None: ``sample_rate``; opus is always OPUS_RATE), resampled by soxr (very high quality).
 
-    wav, pcm: 16-bit signed little-endian (wav with exact sizes); flac 16-bit; mp3 (LAME, variable bit rate,
-    gapless length tag); opus (Ogg, resampled to 48 kHz). Raises AudioError as :func:`check_speech_format`.
+    wav, pcm: 16-bit signed little-endian (wav with exact sizes); flac 16-bit, the samples of wav; mp3 (LAME,
+    variable bit rate, gapless length tag); opus (Ogg); aac (ADTS, PyAV). The same audio gives the same bytes in
+    every format but opus (Ogg numbers each stream at random). Raises AudioError as :func:`check_speech_format`
+    and :func:`output_rate`.
     """
     check_speech_format(fmt)
+    rate = _body_rate(fmt, sample_rate, rate)
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    if rate != sample_rate:
+        audio = soxr.resample(audio, sample_rate, rate, quality=RESAMPLE_QUALITY).astype(np.float32)
     if fmt == "pcm":
         return _pcm16(audio)
     if fmt == "wav":
         data = _pcm16(audio)
-        return _wav_header(sample_rate, len(data)) + data
+        return _wav_header(rate, len(data)) + data
+    if fmt == "aac":
+        writer = AacWriter(rate)
+        return writer.write(audio) + writer.close()
     container, subtype = _SOUNDFILE[fmt]
-    if fmt == "opus":
-        audio = soxr.resample(audio, sample_rate, OPUS_RATE, quality="VHQ").astype(np.float32)
-        sample_rate = OPUS_RATE
+    if fmt == "flac":  # the 16-bit samples of wav and pcm (libsndfile would round floats its own way, +-1)
+        audio = np.frombuffer(_pcm16(audio), "<i2")
     buf = io.BytesIO()
-    sf.write(buf, audio, sample_rate, subtype=subtype, format=container)
+    sf.write(buf, audio, rate, subtype=subtype, format=container)
     return buf.getvalue()

@@ -4,9 +4,11 @@ file put in place by one atomic :func:`publish`."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,14 +143,42 @@ def _read_umask() -> int:
 _UMASK = _read_umask()
 
 
-def publish(tmp: str | Path, path: Path) -> None:
+def publish(tmp: str | Path, path: Path, replace: bool = True) -> None:
     """Rename the finished file ``tmp`` over ``path`` (atomic), with the usual permissions (0666 less the
-    umask; ``mkstemp`` makes its files owner-only). Raises AudioError when it cannot."""
+    umask; ``mkstemp`` makes its files owner-only). ``replace`` False: only if ``path`` is absent, else
+    FileExistsError (create-if-absent, atomic: of two writers racing for one new name, one wins). Raises AudioError
+    (its cause the OSError) when it cannot."""
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _claim(tmp, path)
+    except FileExistsError:
+        raise
     except OSError as e:
         raise AudioError(f"cannot write {path}: {e}") from e
+
+
+_CLAIMING = threading.Lock()
+
+
+def _claim(tmp: str | Path, path: Path) -> None:
+    """Move ``tmp`` to ``path`` unless ``path`` exists (FileExistsError): a hard link then an unlink, atomic across
+    processes; on a file system without hard links (FAT, exFAT) a check and rename under this process's lock."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        with _CLAIMING:
+            if os.path.lexists(path):
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from None
+            os.replace(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from ..errors import AudioError
 REFERENCE_RATE = 44100  # the codec's sample rate: the encoder sees 44.1 kHz mono only
 MIN_REFERENCE_S = 0.5
 MAX_REFERENCE_S = 30.0
+MIN_RATE_HZ = 8000  # telephone speech: below it a clip holds too few samples to show a voice at all
 LOW_RATE_HZ = 16000  # below this the clip lacks the upper speech band, so the clone sounds muffled
 SILENCE_WINDOW_S = 0.02  # 20 ms: shorter than a syllable, longer than one pitch period
 SILENCE_DBFS = -50.0  # a window whose RMS is below this holds no speech
@@ -58,9 +59,9 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     publisher's. A 44.1 kHz clip is not resampled and gives the publisher's codes exactly.
 
     Raises AudioError, with the reason and what to do, for: a missing file or a folder, a file libsndfile
-    cannot read (not audio, corrupt, truncated header), no samples, NaN or infinite samples, a duration under
-    0.5 s or over 30 s (checked from the header first, so a long file is refused unread), digital silence,
-    and a clip that is nearly all silence (fewer than 10 % of its 20 ms windows above -50 dBFS RMS).
+    cannot read (not audio, corrupt, truncated header), no samples, NaN or infinite samples, a sample rate under
+    8 kHz, a duration under 0.5 s or over 30 s (checked from the header first, so a long file is refused unread),
+    digital silence, and a clip that is nearly all silence (fewer than 10 % of its 20 ms windows above -50 dBFS RMS).
     Warnings (in ``info.warnings``, the clip is still used): clipping (runs of >= 3 equal full-scale samples
     making up over 0.01 % of the clip), a very low level (peak under -30 dBFS), a sample rate under 16 kHz.
     """
@@ -78,7 +79,7 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
         with sf.SoundFile(str(path)) as f:
             rate, channels, fmt, subtype = f.samplerate, f.channels, f.format, f.subtype
             if f.frames > 0:
-                _check_duration(path, f.frames / rate)
+                _check_duration(path, f.frames, rate)
             data = f.read(dtype="float32", always_2d=True)
     except (sf.SoundFileError, RuntimeError, OSError) as e:
         detail = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
@@ -89,7 +90,7 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     if data.shape[0] == 0:
         raise AudioError(f"reference audio {path} holds no samples: give 0.5 to 30 s of the speaker talking")
     duration = data.shape[0] / rate
-    _check_duration(path, duration)  # the header's frame count can be an estimate (mp3) or wrong (truncation)
+    _check_duration(path, data.shape[0], rate)  # the header's frame count can be an estimate (mp3) or wrong
     if not np.isfinite(data).all():
         raise AudioError(
             f"reference audio {path} holds NaN or infinite samples (a damaged float file); re-export the clip"
@@ -130,7 +131,15 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     return np.ascontiguousarray(mono, dtype=np.float32), info
 
 
-def _check_duration(path: Path, seconds: float) -> None:
+def _check_duration(path: Path, samples: int, rate: int) -> None:
+    """AudioError unless ``samples`` at ``rate`` Hz are 0.5 to 30 s at a rate of at least MIN_RATE_HZ: three samples
+    at 1 Hz are "3 s" of nothing."""
+    if rate < MIN_RATE_HZ:
+        raise AudioError(
+            f"reference audio {path} holds {samples} samples at {rate} Hz: a voice needs a recording at "
+            f"{MIN_RATE_HZ} Hz or more (16000 Hz or more sounds better), {MIN_REFERENCE_S:g} to {MAX_REFERENCE_S:g} s"
+        )
+    seconds = samples / rate
     if seconds < MIN_REFERENCE_S:
         raise AudioError(
             f"reference audio {path} is {seconds:.2f} s long; a voice needs {MIN_REFERENCE_S:g} to "

@@ -27,7 +27,7 @@ def parity(
             "--dtype",
             "--precision",
             help="Torch precision to replay: fp32 (the parity "
-            "criterion), or bf16, fp16w, int16, int12, int8, int8-int16 (agreement counts).",
+            "criterion), or bf16, fp16w, int16, int12, int8, int8-int16, int8-fp16w, int8-int8 (agreement counts).",
         ),
     ] = "fp32",
     backend: BackendOpt = "torch",
@@ -209,7 +209,8 @@ def bench(
     precision: Annotated[
         list[str] | None,
         typer.Option(
-            help="Torch precision to measure (repeatable): fp32, bf16, fp16w, int16, int12, int8, int8-int16."
+            help="Torch precision to measure (repeatable): fp32, bf16, fp16w, int16, int12, int8, int8-int16, "
+            "int8-fp16w, int8-int8."
         ),
     ] = None,
     threads: Annotated[list[int] | None, typer.Option(help="Torch threads (repeatable; default torch's).")] = None,

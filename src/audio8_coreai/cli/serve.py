@@ -52,6 +52,9 @@ def serve(
         ),
     ] = None,
     max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")] = DEFAULTS.max_input_chars,
+    max_upload_mb: Annotated[
+        float, typer.Option(help="Largest voice upload in MB (2**20 bytes); 30 s of 96 kHz stereo float wav is 22 MB.")
+    ] = DEFAULTS.max_upload_bytes / 2**20,
     batch: Annotated[
         int,
         typer.Option(
@@ -59,17 +62,47 @@ def serve(
             "replaces --workers). 0: off."
         ),
     ] = 0,
+    sample_rate: Annotated[
+        int | None,
+        typer.Option(
+            help="Sample rate (Hz) of every response body unless a request asks another (one of 8000, 11025, "
+            "12000, 16000, 22050, 24000, 32000, 44100, 48000; default: pcm 24000 as OpenAI's, the rest 44100; "
+            "opus is always 48000)."
+        ),
+    ] = None,
+    voice_map: Annotated[
+        str | None,
+        typer.Option(help="OpenAI voice names onto stored voices, e.g. alloy=ana,echo=bob (each must be stored)."),
+    ] = None,
+    default_voice: Annotated[
+        str | None,
+        typer.Option(
+            help="Stored voice of requests naming none (or an unmapped OpenAI name); default: the model's own "
+            "voice, with a fixed seed when the request gives none."
+        ),
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible speech API (POST /v1/audio/speech), voices, /health and /metrics."""
     import uvicorn
 
+    from ..audio import MPEG_RATES
     from ..request import check_chunks
     from ..server import ServerSettings, create_app
+    from ..server.connections import uvicorn_config
+    from ..server.voicenames import parse_voice_map
     from ..tts import TTS
+    from ..voices import check_name
 
     if workers < 1 or max_queue < 0 or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0:
         raise ConfigError("--workers, --max-input-chars and --max-frames must be >= 1, --max-queue and --batch >= 0")
+    if not 0 < max_upload_mb <= 1024:
+        raise ConfigError(f"--max-upload-mb must be over 0 and at most 1024, got {max_upload_mb:g}")
     check_chunks(chunk_frames, first_chunk_frames)
+    if sample_rate is not None and sample_rate not in MPEG_RATES:  # rates every format here can take
+        raise ConfigError(f"--sample-rate must be one of {', '.join(map(str, MPEG_RATES))}, got {sample_rate}")
+    voice_names = parse_voice_map(voice_map or "")
+    if default_voice is not None:
+        default_voice = check_name(default_voice)
     _check_port(host, port)  # before minutes of loading
     if batch and workers != 1:
         raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
@@ -92,12 +125,16 @@ def serve(
         workers=workers,
         max_queue=max_queue,
         max_input_chars=max_input_chars,
+        max_upload_bytes=round(max_upload_mb * 2**20),
         max_frames=max_frames,
         chunk_frames=chunk_frames,
         first_chunk_frames=first_chunk_frames,
+        sample_rate=sample_rate,
+        voice_map=voice_names,
+        default_voice=default_voice,
     )
     try:
-        uvicorn.run(create_app(instances, settings), host=host, port=port, log_level="info")
+        uvicorn.Server(uvicorn_config(create_app(instances, settings), settings, host, port)).run()
     finally:  # uvicorn returns on Ctrl-C or SIGTERM: end the codec processes with the server
         for tts in loaded:
             tts.close()

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import BlockShape, ModelConfig
-from .layers import Block, KVStep, RMSNorm, SpanKV, rope_table
+from .layers import Block, KVStep, RMSNorm, SpanKV, rope_rotation, rope_table
 
 
 def dualar_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -99,13 +99,13 @@ class SlowAR(nn.Module):
         """
         x = self.embed(codes)
         if isinstance(rope_pos, Tensor):
-            rope = self.rope[rope_pos]
+            rotation = rope_rotation(self.rope[rope_pos])
         else:
-            rope = self.rope[rope_pos : rope_pos + codes.shape[-1]].unsqueeze(0)
+            rotation = rope_rotation(self.rope[rope_pos : rope_pos + codes.shape[-1]].unsqueeze(0))
         for i, layer in enumerate(self.layers):
             # A slice i:i+1, not an index: an in-place write through an indexed view exports as a masked
             # copy of the whole state.
-            x = layer(x, rope, k_cache[i : i + 1], v_cache[i : i + 1], kv)
+            x = layer(x, rotation, k_cache[i : i + 1], v_cache[i : i + 1], kv)
         hidden = self.norm(x)
         return self.head(hidden), hidden
 
@@ -134,12 +134,12 @@ class FastAR(nn.Module):
         [n_fast_layer, B, n_kv, num_codebooks, D] at those rows; each row attends rows ``[0, its own]``.
         Returns the logits of the last row [B, codebook_size] (it predicts codebook ``row + S - 1``)."""
         s = x.shape[1]
-        rope = self.rope[row : row + s].unsqueeze(0)
+        rotation = rope_rotation(self.rope[row : row + s].unsqueeze(0))
         kv = SpanKV(row, row + s, causal=s > 1)
         if s > 1 and row != 0:
             raise ValueError(f"several fast-AR rows in one pass must start at row 0, not {row}")
         for i, layer in enumerate(self.fast_layers):
-            x = layer(x, rope, k_buf[i : i + 1], v_buf[i : i + 1], kv)
+            x = layer(x, rotation, k_buf[i : i + 1], v_buf[i : i + 1], kv)
         return self.fast_output(self.fast_norm(x[:, -1:]))[:, 0]
 
     def new_kv_buffer(self, batch: int = 1) -> tuple[Tensor, Tensor]:
@@ -168,7 +168,8 @@ class DualAR(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> DualAR:
-        """Build from a validated ``model.safetensors`` dict (publisher names) in ``dtype`` on ``device``.
+        """Build from a validated ``model.safetensors`` dict (publisher names) in ``dtype`` on ``device``; a tensor
+        already in ``dtype`` on ``device`` is used as it is (not copied), so a mapped checkpoint stays mapped.
 
         The compact head is ``embeddings.weight`` rows ``semantic_begin_id..semantic_end_id`` then
         ``eos_token_id`` (or ``output.weight`` rows when embeddings are not tied).
@@ -193,7 +194,13 @@ class DualAR(nn.Module):
         params = dict(model.named_parameters())
         with torch.no_grad():
             for src, dst in mapping.items():
-                params[dst].copy_(state[src].to(dtype))
+                t = state[src]
+                if t.dtype == dtype and t.device == params[dst].device:
+                    # the stored tensor itself (a view of the mapped file): no second copy of the weights; the
+                    # empty allocation it replaces was never touched, so it never became resident
+                    params[dst].data = t
+                else:
+                    params[dst].copy_(t.to(dtype))
             head_src = state["embeddings.weight" if cfg.tie_word_embeddings else "output.weight"]
             rows = torch.cat(
                 [

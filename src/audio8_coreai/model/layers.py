@@ -21,8 +21,11 @@ from ..config import BlockShape
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """``x * rsqrt(mean(x^2) + eps)`` in fp32, cast back to ``x.dtype``, then times ``weight``.
 
-    Matches the publisher's RMSNorm: the weight multiplies after the downcast.
+    Matches the publisher's RMSNorm: the weight multiplies after the downcast. fp32 ``x`` and ``weight`` take
+    torch's one fused call, which computes the same values (the downcast is a no-op there).
     """
+    if x.dtype == weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return y.to(x.dtype) * weight
@@ -53,17 +56,31 @@ def rope_table(length: int, head_dim: int, base: float) -> Tensor:
     return table.to(torch.bfloat16).to(torch.float32)
 
 
-def apply_rope(x: Tensor, table: Tensor) -> Tensor:
-    """Rotate interleaved pairs of ``x`` [B, H, S, D] by ``table`` [B or 1, S, D/2, 2] (fp32), keep dtype.
+def rope_rotation(table: Tensor) -> tuple[Tensor, Tensor]:
+    """A RoPE table slice [B or 1, S, D/2, 2] (cos, sin) as the factors :func:`rotate` takes: pairs (cos, cos) and
+    (-sin, sin), each fp32 [B or 1, 1, S, D/2, 2] (the 1 broadcasts over heads). Made once per forward pass and
+    shared by every layer."""
+    t = table.unsqueeze(1)
+    return t[..., :1].expand(t.shape), t[..., 1:] * torch.tensor([-1.0, 1.0], device=t.device)
 
-    Pairs are adjacent elements (2i, 2i+1) of each head (GPT-J convention, not rotate-half).
+
+def rotate(x: Tensor, rotation: tuple[Tensor, Tensor]) -> Tensor:
+    """Rotate interleaved pairs (2i, 2i+1) of ``x`` [B, H, S, D] (GPT-J convention, not rotate-half) by
+    :func:`rope_rotation`'s factors, in fp32; keeps ``x``'s dtype.
+
+    ``(x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)``, computed as ``pairs * (cos, cos) + swapped pairs *
+    (-sin, sin)``: the same products and sums, so the same values, in a handful of calls.
     """
-    xf = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos = table[..., 0].unsqueeze(1)
-    sin = table[..., 1].unsqueeze(1)
-    x0, x1 = xf[..., 0], xf[..., 1]
-    out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
-    return out.flatten(-2).to(x.dtype)
+    cos, sin = rotation
+    pairs = (x if x.dtype == torch.float32 else x.float()).unflatten(-1, (-1, 2))
+    out = (pairs * cos + pairs.flip(-1) * sin).flatten(-2)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def apply_rope(x: Tensor, table: Tensor) -> Tensor:
+    """Rotate interleaved pairs of ``x`` [B, H, S, D] by ``table`` [B or 1, S, D/2, 2] (fp32), keep dtype
+    (:func:`rotate` by :func:`rope_rotation` of ``table``)."""
+    return rotate(x, rope_rotation(table))
 
 
 class Attention(nn.Module):
@@ -79,16 +96,13 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(dim, (n_head + 2 * n_kv) * head_dim, bias=qkv_bias)
         self.wo = nn.Linear(n_head * head_dim, dim, bias=o_bias)
 
-    def qkv(self, x: Tensor, rope: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Project ``x`` [B, S, dim] to rotated q [B, n_head, S, D], rotated k and v [B, n_kv, S, D]."""
+    def qkv(self, x: Tensor, rotation: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """Project ``x`` [B, S, dim] to q [B, n_head, S, D], k and v [B, n_kv, S, D], q and k rotated together
+        by ``rotation`` (:func:`rope_rotation`)."""
         b, s, _ = x.shape
-        qkv = self.wqkv(x)
-        q_end = self.n_head * self.head_dim
-        kv_end = q_end + self.n_kv * self.head_dim
-        q = qkv[..., :q_end].reshape(b, s, self.n_head, self.head_dim).transpose(1, 2)
-        k = qkv[..., q_end:kv_end].reshape(b, s, self.n_kv, self.head_dim).transpose(1, 2)
-        v = qkv[..., kv_end:].reshape(b, s, self.n_kv, self.head_dim).transpose(1, 2)
-        return apply_rope(q, rope), apply_rope(k, rope), v
+        heads = self.wqkv(x).reshape(b, s, -1, self.head_dim).transpose(1, 2)  # [B, n_head + 2 n_kv, S, D]
+        qk = rotate(heads[:, : self.n_head + self.n_kv], rotation)
+        return qk[:, : self.n_head], qk[:, self.n_head :], heads[:, self.n_head + self.n_kv :]
 
     def sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """SDPA of q [B, H, S, D] over k, v [B, n_kv, L, D] -> [B, H, S, D].
@@ -213,10 +227,13 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(s.dim, s.eps)
         self.ffn_norm = RMSNorm(s.dim, s.eps)
 
-    def forward(self, x: Tensor, rope: Tensor, k_cache: Tensor, v_cache: Tensor, kv: KVStep) -> Tensor:
-        """One block over ``x`` [B, S, dim] with RoPE ``rope`` [B or 1, S, D/2, 2], writing this layer's keys and
-        values into ``k_cache``/``v_cache`` [1, B, n_kv, L, D] as ``kv`` says (see :class:`KVStep`)."""
-        q, k, v = self.attention.qkv(self.attention_norm(x), rope)
+    def forward(
+        self, x: Tensor, rotation: tuple[Tensor, Tensor], k_cache: Tensor, v_cache: Tensor, kv: KVStep
+    ) -> Tensor:
+        """One block over ``x`` [B, S, dim] with RoPE ``rotation`` (:func:`rope_rotation` of the rows' table
+        slice [B or 1, S, D/2, 2]), writing this layer's keys and values into ``k_cache``/``v_cache``
+        [1, B, n_kv, L, D] as ``kv`` says (see :class:`KVStep`)."""
+        q, k, v = self.attention.qkv(self.attention_norm(x), rotation)
         h = x + self.attention.out(kv.attend(self.attention, q, k, v, k_cache, v_cache))
         return h + self.feed_forward(self.ffn_norm(h))
 

@@ -3,25 +3,35 @@
 Endpoints:
 
 * ``POST /v1/audio/speech`` (JSON), as OpenAI's: ``model`` (any name; echoed in the ``X-Model`` header),
-  ``input`` (1 to ``max_input_chars`` characters, 4096 by default as OpenAI's), ``voice`` (a stored voice; absent,
-  or one of OpenAI's names such as ``alloy`` that is not a stored voice: the model's own voice),
-  ``response_format`` wav | pcm | flac | mp3 | opus (default mp3 as OpenAI's; wav and pcm are 16-bit
-  little-endian at 44.1 kHz, the model's rate, not OpenAI's 24 kHz: the ``X-Sample-Rate`` header says it; opus
-  is Ogg Opus at 48 kHz), ``speed`` (only 1.0: there is no time stretch, so any other value is a 400 rather
-  than ignored), ``stream_format`` (only ``audio``). Our extras: ``stream`` (true: send the audio as it is made,
-  chunked, every ``chunk_frames`` frames; wav, pcm, mp3 and opus), ``seed`` (the same request and seed give the
-  same bytes; the seed used is in ``X-Seed``), ``temperature``, ``top_p``, ``top_k`` and ``max_frames`` (a
-  frame cap per piece, at most the server's). Long input is split into pieces (``TTS.stream``).
+  ``input`` (1 to ``max_input_chars`` characters, 4096 by default as OpenAI's), ``voice`` (a name or
+  ``{"id": NAME}``: a stored voice, an OpenAI name mapped by ``serve --voice-map``, or absent, ``default`` or
+  another OpenAI name such as ``alloy``: the default voice, see :mod:`.voicenames`), ``response_format``
+  wav | pcm | flac | mp3 | opus | aac (default mp3 as OpenAI's; wav and pcm 16-bit little-endian; pcm at 24 kHz
+  as OpenAI's, the others at the model's 44.1 kHz, opus always 48 kHz; the ``X-Sample-Rate`` header says the
+  body's rate), ``speed`` (0.25-4.0: a Rubber Band time stretch, pitch kept), ``stream_format`` (``audio``, or
+  ``sse``: OpenAI's ``speech.audio.delta`` events with base64 audio, then ``speech.audio.done`` with ``usage``),
+  ``instructions`` (accepted and ignored: the model takes no style prompt; the response has the header
+  ``X-Audio8-Instructions: ignored``). Our extras: ``sample_rate`` (8000-48000 Hz, resampled by soxr; mp3 and aac
+  take the MPEG rates only; default the server's ``--sample-rate``), ``stream`` (true: send the audio as it is
+  made, chunked, every ``chunk_frames`` frames; wav, pcm, mp3, opus and aac), ``seed`` (the same request and seed
+  give the same bytes; the seed used is in ``X-Seed``), ``temperature``, ``top_p``, ``top_k`` and ``max_frames``
+  (a frame cap per piece, at most the server's). Long input is split into pieces (``TTS.stream``).
   With the OpenAI SDK: ``client.audio.speech.create(model=..., voice=..., input=..., extra_body={"seed": 1})``.
+* ``GET /v1/audio/voices`` (``{"voices": [{"id", "name"}]}``), ``GET /v1/audio/models`` (``{"models": [{"id"}]}``):
+  Open WebUI's lists; ``GET /v1/models``: OpenAI's model list.
 * ``GET /v1/voices``, ``POST /v1/voices`` (multipart: ``name``, ``transcript``, ``audio`` file of at most
   ``max_upload_bytes``; ``replace=true`` overwrites), ``DELETE /v1/voices/{name}``.
 * ``GET /health``: model, backend and the device in use, workers, queue. ``GET /metrics``: Prometheus text
-  (requests by status, frames, audio and compute seconds, RTF, time to first audio, queue depth).
+  (prometheus-client: requests by status, errors by code, frames, audio and compute seconds, RTF, time to first
+  audio, queue depth).
 * ``GET /``: a web page on these endpoints (type text, pick or upload a voice, hear it as it streams, download
   it): plain HTML/JS shipped in ``server/static`` (:mod:`.routers.page`).
 
 Errors are JSON ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape) with 400 (bad
-request), 404 (no such voice), 413 (upload too large), 503 (queue full, with ``Retry-After``) or 500.
+request), 404 (no such voice), 409 (voice name taken), 413 (upload too large), 422 (no audio), 503 (queue full,
+with ``Retry-After``), 507 (the server's disk full) or 500; none carries a server path or a traceback.
+Slow clients are bounded: a deadline for a whole request and uvicorn's limits (:mod:`.connections`), at most
+``stream_buffer_chunks`` unread chunks per stream (:mod:`.relay`).
 
 Concurrency: a model instance is not thread-safe (the KV state is its backend's), so the server holds
 ``workers`` instances, each used by one request at a time on its own thread; requests wait in a queue of at

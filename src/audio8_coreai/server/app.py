@@ -11,19 +11,24 @@ from fastapi import FastAPI
 
 from ..tts import TTS
 from . import errors
+from .connections import uvicorn_config
 from .limits import SpeechBodyLimit
 from .metrics import Metrics
-from .routers import health, page, speech, voices
+from .routers import health, models, page, speech, voices
 from .state import ServerSettings, State
+from .voicenames import check_voices
 from .workers import Workers
 
 
 def create_app(instances: Sequence[TTS], settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker); raises
-    ValueError without one."""
+    ValueError without one, VoiceError for a ``voice_map`` target or ``default_voice`` that is no usable stored
+    voice (:func:`.voicenames.check_voices`)."""
     settings = settings or ServerSettings()
     if not instances:
         raise ValueError("the server needs at least one model instance")
+    first = instances[0]
+    check_voices(first.voices, settings.voice_map, settings.default_voice, first.checkpoint.fingerprint())
     server = State(settings, list(instances), Workers(instances, settings.max_queue), Metrics())
 
     @contextlib.asynccontextmanager
@@ -33,11 +38,11 @@ def create_app(instances: Sequence[TTS], settings: ServerSettings | None = None)
 
     app = FastAPI(title="audio8-coreai", version="0.1.0", lifespan=lifespan)
     app.state.server = server
-    errors.install(app, server.metrics.count)
+    routers = (speech.router, voices.router, health.router, models.router, page.router)  # page: GET /, the web page
+    errors.install(app, server.metrics.count, [route for router in routers for route in router.routes])
     app.add_middleware(SpeechBodyLimit, max_input_chars=settings.max_input_chars, metrics=server.metrics)
-    for router in (speech.router, voices.router, health.router):
+    for router in routers:
         app.include_router(router)
-    app.include_router(page.router)  # GET /: the web page
     return app
 
 
@@ -54,7 +59,7 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, start_
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app, app.state.server.settings, host, port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="audio8-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s

@@ -3,19 +3,29 @@
 One handler set (:func:`install`) maps what a request can raise to that body and its status, and counts it in
 ``/metrics``: a schema violation (pydantic) is a 400, an :class:`ApiError` says its own status, any other
 :class:`.Audio8Error` is a 400 whose message says what to change (a damaged stored voice, the server's own file, is
-a 500 with the API's remedy), an unknown route or method a 404 or 405.
+a 500 with the API's remedy; a voice name taken a 409; a voice store that cannot be written a 500, or 507 when its
+disk is full), an unknown route or method a 404 or 405 (its Allow header every method of the path), and anything
+else a 500 that says nothing of the server (logged there with its traceback). No answer carries a server path.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.routing import BaseRoute, Match, Route
 
-from ..errors import Audio8Error, ConfigError, DamagedVoice
+from ..errors import Audio8Error, ConfigError, DamagedVoice, VoiceExists, VoiceStorageError
+from .schemas import ErrorBody
+
+log = logging.getLogger("audio8_coreai.server")
 
 ROUTES = "POST /v1/audio/speech, GET and POST /v1/voices, DELETE /v1/voices/NAME, GET /health, GET /metrics"
 
@@ -26,7 +36,26 @@ FIELD_CODES = {
     ("stream_format", "literal_error"): "unsupported_stream_format",
     ("speed", "greater_than_equal"): "invalid_speed",
     ("speed", "less_than_equal"): "invalid_speed",
+    ("sample_rate", "greater_than_equal"): "invalid_sample_rate",
+    ("sample_rate", "less_than_equal"): "invalid_sample_rate",
 }
+
+# What each refusal status means, for the OpenAPI schema (:func:`documented`).
+STATUSES = {
+    400: "A request the server refuses: the message says what to change.",
+    404: "No such voice.",
+    409: "A voice of that name exists (replace=true overwrites it).",
+    413: "The body or the upload is over this server's limit.",
+    422: "The model ended the utterance at once: no audio (another seed speaks).",
+    500: "The server failed (its storage, a stored voice, or a bug, logged there).",
+    503: "The queue is full: retry after Retry-After seconds.",
+    507: "The server's disk is full.",
+}
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's ``responses`` for the OpenAPI schema: the refusals ``statuses`` it answers, and 500 (any route)."""
+    return {status: {"model": ErrorBody, "description": STATUSES[status]} for status in (*statuses, 500)}
 
 
 class ApiError(Audio8Error):
@@ -45,8 +74,41 @@ class ApiError(Audio8Error):
 
     def response(self) -> JSONResponse:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
-        body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+        body = {"error": {"message": _utf8(self.message), "type": kind, "param": self.param, "code": self.code}}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def _utf8(text: str) -> str:
+    """``text`` with any lone surrogate (which UTF-8 cannot carry) written as its escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def exists(e: VoiceExists) -> ApiError:
+    """A voice name already taken, said for an HTTP client: 409 without the server's folder."""
+    return ApiError(
+        409,
+        f"a voice named {e.name!r} already exists (names that differ only in case are one voice): choose "
+        "another name, or replace it (replace=true in POST /v1/voices)",
+        "name",
+        "voice_exists",
+    )
+
+
+def storage(e: OSError | VoiceStorageError) -> ApiError:
+    """The server's own disk failing a write (the voice store, an upload's temporary file), said without a path:
+    507 when it is full, else 500."""
+    full = e.full if isinstance(e, VoiceStorageError) else e.errno in (errno.ENOSPC, errno.EDQUOT)
+    log.error("storage fault: %s", e)
+    if full:
+        return ApiError(
+            507, "the server's disk is full: it cannot store this now; retry later", None, "insufficient_storage"
+        )
+    return ApiError(
+        500,
+        "the server cannot write its storage (read-only or not permitted): tell its operator",
+        None,
+        "storage_error",
+    )
 
 
 def damaged(e: DamagedVoice) -> ApiError:
@@ -67,6 +129,10 @@ def api_error(e: Audio8Error) -> ApiError:
         return e
     if isinstance(e, DamagedVoice):
         return damaged(e)
+    if isinstance(e, VoiceExists):
+        return exists(e)
+    if isinstance(e, VoiceStorageError):
+        return storage(e)
     return ApiError(400, str(e), e.field if isinstance(e, ConfigError) else None, "invalid_request")
 
 
@@ -90,11 +156,12 @@ def schema_error(first: dict[str, Any]) -> ApiError:
     return ApiError(400, f"{where or 'body'}: {first.get('msg')}", where, code)
 
 
-def install(app: FastAPI, count) -> None:
-    """Register the handlers on ``app``; ``count(status)`` is called for each refusal (the metrics)."""
+def install(app: FastAPI, count, routes: Sequence[BaseRoute] = ()) -> None:
+    """Register the handlers on ``app``; ``count(status, code)`` is called for each refusal (the metrics);
+    ``routes`` (the app's own) give a 405's Allow header."""
 
     async def refuse(e: ApiError) -> JSONResponse:
-        count(e.status)
+        count(e.status, e.code)
         return e.response()
 
     @app.exception_handler(Audio8Error)
@@ -113,4 +180,33 @@ def install(app: FastAPI, count) -> None:
             405: f"{request.method} is not allowed on {request.url.path}; this server has {ROUTES}",
         }.get(exc.status_code, str(exc.detail))
         code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code)
-        return await refuse(ApiError(exc.status_code, message, None, code, exc.headers))
+        headers = {**(exc.headers or {}), "Allow": _allowed(routes, request)} if exc.status_code == 405 else exc.headers
+        return await refuse(ApiError(exc.status_code, message, None, code, headers))
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(request: Request, exc: ClientDisconnect) -> Response:
+        # The client left while sending its body (or was closed for taking too long): no one to answer.
+        count(499, "client_closed")
+        return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A bug: the client learns nothing of the server; the log (uvicorn's, as starlette re-raises) has it all.
+        log.error("unexpected %s on %s %s", type(exc).__name__, request.method, request.url.path, exc_info=exc)
+        return await refuse(
+            ApiError(
+                500,
+                "the server failed on this request (logged there); retry, or tell its operator",
+                None,
+                "server_error",
+            )
+        )
+
+
+def _allowed(routes: Sequence[BaseRoute], request: Request) -> str:
+    """Every method ``routes`` take at ``request``'s path (starlette names only the first route's)."""
+    methods: set[str] = set()
+    for route in routes:
+        if isinstance(route, Route) and route.matches(request.scope)[0] is not Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))

@@ -39,7 +39,7 @@ class SpeechBodyLimit:
         await self.app(scope, receive, send)
 
     async def _refuse(self, size: str, scope, receive, send) -> None:
-        self.metrics.count(413)
+        self.metrics.count(413, "body_too_large")
         refusal = ApiError(
             413,
             f"the body is {size}, over {MAX_SPEECH_BODY_BYTES} for a speech request: send the "

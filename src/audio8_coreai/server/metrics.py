@@ -1,66 +1,68 @@
-"""The counters behind ``GET /metrics`` and their Prometheus text."""
+"""The counters behind ``GET /metrics`` (prometheus-client, one registry per app): requests by status, errors by
+code, frames, audio and compute seconds, RTF, time to first audio (TTFA), queue depth."""
 
 from __future__ import annotations
 
-import threading
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..engine.stream import SpeechStream
 
+# TTFA buckets (seconds): a tiny model's first chunk on a GPU to a 0.6b cloned voice's cold prefill on a CPU
+TTFA_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
+
 
 class Metrics:
-    """Counters for ``/metrics``, updated from worker threads (under a lock)."""
+    """Prometheus metrics for ``/metrics``, updated from worker threads (prometheus-client locks its values).
+    Names: ``audio8_requests_total{status}``, ``audio8_errors_total{code}``, ``audio8_frames_total``,
+    ``audio8_audio_seconds_total``, ``audio8_compute_seconds_total``, ``audio8_rtf`` (compute seconds per second
+    of speech, all requests so far), ``audio8_ttfa_seconds`` (histogram) and its mean ``audio8_ttfa_seconds_mean``,
+    ``audio8_queue_depth``, ``audio8_in_flight``."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: dict[str, int] = {}
-        self.frames = 0
-        self.audio_s = 0.0
-        self.compute_s = 0.0
-        self.ttfa_sum = 0.0
-        self.ttfa_count = 0
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("audio8_requests", "Finished HTTP requests by status code.", ["status"], registry=r)
+        self.errors = Counter("audio8_errors", "Refused or failed requests by error code.", ["code"], registry=r)
+        self.frames = Counter("audio8_frames", "Frames generated (46 ms of audio each).", registry=r)
+        self.audio_s = Counter("audio8_audio_seconds", "Seconds of speech delivered.", registry=r)
+        self.compute_s = Counter("audio8_compute_seconds", "Seconds spent in prefill, frames and codec.", registry=r)
+        self.ttfa = Histogram(
+            "audio8_ttfa_seconds", "Time to first audio (prefill included).", buckets=TTFA_BUCKETS, registry=r
+        )
+        rtf = Gauge("audio8_rtf", "Compute seconds per second of speech, all requests so far.", registry=r)
+        rtf.set_function(lambda: _ratio(_sample(self.compute_s, "_total"), _sample(self.audio_s, "_total")))
+        mean = Gauge("audio8_ttfa_seconds_mean", "Mean time to first audio (prefill included).", registry=r)
+        mean.set_function(lambda: _ratio(_sample(self.ttfa, "_sum"), _sample(self.ttfa, "_count")))
+        self.queued = Gauge("audio8_queue_depth", "Requests waiting for a worker.", registry=r)
+        self.running = Gauge("audio8_in_flight", "Requests running on a worker.", registry=r)
 
-    def count(self, status: int) -> None:
-        with self._lock:
-            self.requests[str(status)] = self.requests.get(str(status), 0) + 1
+    def count(self, status: int, code: str | None = None) -> None:
+        """A finished request: its HTTP ``status``, and for a refusal or failure its error ``code``."""
+        self.requests.labels(str(status)).inc()
+        if code is not None:
+            self.errors.labels(code).inc()
 
     def frame(self) -> None:
-        with self._lock:
-            self.frames += 1
+        self.frames.inc()
 
     def finished(self, stream: SpeechStream) -> None:
-        with self._lock:
-            self.audio_s += stream.duration_s
-            self.compute_s += stream.prefill_s + stream.frames_s + stream.codec_s
-            if stream.first_audio_s is not None:
-                self.ttfa_sum += stream.first_audio_s
-                self.ttfa_count += 1
+        """A stream that ran to its end: its audio and compute seconds, its TTFA."""
+        self.audio_s.inc(stream.duration_s)
+        self.compute_s.inc(stream.prefill_s + stream.frames_s + stream.codec_s)
+        if stream.first_audio_s is not None:
+            self.ttfa.observe(stream.first_audio_s)
 
-    def text(self, queued: int, running: int) -> str:
-        with self._lock:
-            rtf = self.compute_s / self.audio_s if self.audio_s else 0.0
-            ttfa = self.ttfa_sum / self.ttfa_count if self.ttfa_count else 0.0
-            rows = [
-                (
-                    "audio8_requests_total",
-                    "counter",
-                    "Finished HTTP requests by status code.",
-                    [(f'{{status="{s}"}}', n) for s, n in sorted(self.requests.items())],
-                ),
-                ("audio8_frames_total", "counter", "Frames generated (46 ms of audio each).", [("", self.frames)]),
-                ("audio8_audio_seconds_total", "counter", "Seconds of speech delivered.", [("", self.audio_s)]),
-                (
-                    "audio8_compute_seconds_total",
-                    "counter",
-                    "Seconds spent in prefill, frames and codec.",
-                    [("", self.compute_s)],
-                ),
-                ("audio8_rtf", "gauge", "Compute seconds per second of speech, all requests so far.", [("", rtf)]),
-                ("audio8_ttfa_seconds_mean", "gauge", "Mean time to first audio (prefill included).", [("", ttfa)]),
-                ("audio8_queue_depth", "gauge", "Requests waiting for a worker.", [("", queued)]),
-                ("audio8_in_flight", "gauge", "Requests running on a worker.", [("", running)]),
-            ]
-        lines = []
-        for name, kind, help_text, samples in rows:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-            lines += [f"{name}{labels} {value:g}" for labels, value in samples]
-        return "\n".join(lines) + "\n"
+    def text(self, queued: int, running: int) -> bytes:
+        """The Prometheus text exposition, with the queue's ``queued`` and ``running`` requests now."""
+        self.queued.set(queued)
+        self.running.set(running)
+        return generate_latest(self.registry)
+
+
+def _sample(metric: Counter | Histogram, suffix: str) -> float:
+    """The value of ``metric``'s sample whose name ends with ``suffix`` (``_total``, ``_sum``, ``_count``)."""
+    return next(s.value for s in metric.collect()[0].samples if s.name.endswith(suffix))
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0

@@ -1,19 +1,20 @@
 """The request bodies of the HTTP API, validated by pydantic: types, ranges and choices in the fields; what a
-field may not be (an empty input, a speed other than 1.0) in validators that give our error code
-(:func:`refusal`). Limits set per server (input length, frame cap) are checked by the route."""
+field may not be (an empty input, a bad voice name) in validators that give our error code (:func:`refusal`).
+Limits set per server (input length, frame cap) are checked by the route."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from ..audio import SPEECH_FORMATS, check_speech_format
-from ..errors import AudioError, VoiceError
+from ..audio import RATE_RANGE, SPEECH_FORMATS, check_speech_format
+from ..errors import AudioError, PromptError, VoiceError
+from ..text import check_text, check_unicode
 from ..voices import check_name
 
-SpeechFormat = Literal[SPEECH_FORMATS]  # wav | pcm | flac | mp3 | opus
+SpeechFormat = Literal[SPEECH_FORMATS]  # wav | pcm | flac | mp3 | opus | aac
 
 
 def refusal(code: str, message: str) -> PydanticCustomError:
@@ -24,9 +25,16 @@ def refusal(code: str, message: str) -> PydanticCustomError:
 class SpeechRequest(BaseModel):
     """The body of ``POST /v1/audio/speech``; see :mod:`audio8_coreai.server`. Unknown fields are ignored.
 
-    Whole numbers (``seed``, ``top_k``, ``max_frames``) are JSON integers only and ``stream`` JSON true or false
-    only: true, 1.5 or "7" as a seed and "yes" or "false" as a choice are mistakes, not values. The sampling
-    ranges are the checkpoint's own (:meth:`.config.GenerationConfig.check`)."""
+    Whole numbers (``seed``, ``top_k``, ``max_frames``, ``sample_rate``) are JSON integers only, other numbers
+    (``speed``, ``temperature``, ``top_p``) JSON numbers only, and ``stream`` JSON true or false only: true, 1.5 or
+    "7" as a seed, "0.7" as a temperature and "yes" or "false" as a choice are mistakes, not values. ``model`` is
+    echoed in the ``X-Model`` header, so it must be one: at most 256 printable Latin-1 characters. The sampling
+    ranges are the checkpoint's own (:meth:`.config.GenerationConfig.check`).
+
+    As OpenAI's: ``voice`` a name or ``{"id": NAME}``; ``speed`` 0.25-4.0 (a time stretch, pitch kept);
+    ``stream_format`` ``sse`` (events ``speech.audio.delta`` then ``speech.audio.done``, a streamable format);
+    ``instructions`` accepted and ignored (the model takes no style prompt; the response says so in a header).
+    Our extra ``sample_rate`` (Hz): the body's rate (default: pcm 24 kHz as OpenAI's, the others 44.1 kHz)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -35,21 +43,45 @@ class SpeechRequest(BaseModel):
     voice: str | None = None
     stream: StrictBool = False  # before response_format, whose validator reads it
     response_format: SpeechFormat = "mp3"
-    speed: float = Field(1.0, ge=0.25, le=4.0)  # OpenAI's range; only 1.0 is spoken (no time stretch)
-    stream_format: Literal["audio"] = "audio"
+    speed: StrictFloat = Field(1.0, ge=0.25, le=4.0)  # OpenAI's range: a time stretch, pitch kept
+    stream_format: Literal["audio", "sse"] = "audio"
     instructions: str | None = None
     seed: StrictInt | None = Field(None, ge=0)
-    temperature: float | None = Field(None, gt=0, allow_inf_nan=False)
-    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    temperature: StrictFloat | None = Field(None, gt=0, allow_inf_nan=False)
+    top_p: StrictFloat | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: StrictInt | None = Field(None, ge=1)
     max_frames: StrictInt | None = Field(None, ge=1)
+    sample_rate: StrictInt | None = Field(None, ge=RATE_RANGE[0], le=RATE_RANGE[1])
+
+    @field_validator("model")
+    @classmethod
+    def _header_safe(cls, model: str) -> str:
+        if len(model) > 256 or any(not (" " <= c <= "~" or "\xa0" <= c <= "\xff") for c in model):
+            raise refusal(
+                "invalid_model",
+                f"model {ascii(model[:80])} cannot be echoed in the X-Model header: send a name of at most 256 "
+                "printable Latin-1 characters (no control characters, line breaks or other scripts), e.g. tts-1",
+            )
+        return model
 
     @field_validator("input")
     @classmethod
     def _some_text(cls, text: str) -> str:
-        if not text.strip():
-            raise refusal("empty_input", "input is empty: give the text to speak")
+        try:
+            check_unicode(text, "input")
+        except PromptError as e:
+            raise refusal("invalid_input", str(e)) from None
+        try:  # the CLI's rule: nothing to speak (empty, whitespace, punctuation only) is one refusal
+            check_text(text, "input")
+        except PromptError as e:
+            raise refusal("empty_input", str(e)) from None
         return text
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice_id(cls, voice: object) -> object:
+        # OpenAI's custom-voice object {"id": NAME} names the voice NAME
+        return voice["id"] if isinstance(voice, dict) and set(voice) == {"id"} else voice
 
     @field_validator("voice")
     @classmethod
@@ -68,22 +100,29 @@ class SpeechRequest(BaseModel):
             raise refusal("unsupported_format", str(e)) from None
         return fmt
 
-    @field_validator("speed")
+    @field_validator("stream_format")
     @classmethod
-    def _own_pace(cls, speed: float) -> float:
-        if speed != 1.0:
-            raise refusal(
-                "unsupported_speed",
-                f"speed {speed} is not supported: this server makes speech at the "
-                "model's own pace only (no time stretch); send speed 1.0 or leave it out",
-            )
-        return speed
+    def _sse_streams(cls, stream_format: str, info: ValidationInfo) -> str:
+        fmt = info.data.get("response_format")
+        if stream_format == "sse" and fmt is not None:  # sent as it is made: the format must stream
+            try:
+                check_speech_format(fmt, True)
+            except AudioError as e:
+                raise refusal("unsupported_format", str(e)) from None
+        return stream_format
 
-    @field_validator("instructions")
-    @classmethod
-    def _no_directions(cls, instructions: str | None) -> str | None:
-        if instructions:
-            raise refusal(
-                "unsupported_instructions", "instructions are not supported: this model takes no voice directions"
-            )
-        return instructions
+
+class ErrorDetail(BaseModel):
+    """What a refusal says: ``message`` (what to change), ``type`` (invalid_request_error for 4xx, server_error for
+    5xx), ``param`` (the field, when one is to blame) and ``code`` (for programs)."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """The body of every refusal, OpenAI's shape (documented in the OpenAPI schema; built by :mod:`.errors`)."""
+
+    error: ErrorDetail

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
@@ -17,7 +18,12 @@ class ServerSettings:
     """What ``audio8 serve`` can set (defaults: :data:`.settings.DEFAULTS`). ``max_frames``: the cap per piece
     (None: the model's default budget); a request may ask for less, never more. ``chunk_frames``: frames per
     streamed chunk; ``first_chunk_frames``: frames in a stream's first chunk (None: the default of
-    :class:`..engine.stream.SpeechStream`)."""
+    :class:`..engine.stream.SpeechStream`). ``sample_rate``: every body's rate unless a request
+    asks another (None: pcm 24 kHz, the others the model's). ``voice_map``: OpenAI voice names (lower case) onto
+    stored voices; ``default_voice``: the stored voice of requests naming none (None: the model's own voice with
+    the seed DEFAULTS.default_voice_seed when the request gives none); see :mod:`.voicenames`. Slow clients:
+    ``request_timeout_s``, ``keep_alive_s`` and ``max_connections`` (:mod:`.connections`),
+    ``stream_buffer_chunks`` and ``stall_s`` (:mod:`.relay`)."""
 
     workers: int = DEFAULTS.workers
     max_queue: int = DEFAULTS.max_queue
@@ -26,6 +32,14 @@ class ServerSettings:
     max_frames: int | None = None
     chunk_frames: int = DEFAULTS.chunk_frames
     first_chunk_frames: int | None = None
+    sample_rate: int | None = None
+    voice_map: dict[str, str] = field(default_factory=dict)
+    default_voice: str | None = None
+    request_timeout_s: float = DEFAULTS.request_timeout_s
+    keep_alive_s: int = DEFAULTS.keep_alive_s
+    max_connections: int = DEFAULTS.max_connections
+    stream_buffer_chunks: int = DEFAULTS.stream_buffer_chunks
+    stall_s: float = DEFAULTS.stall_s
 
 
 @dataclass
@@ -37,6 +51,7 @@ class State:
     instances: list[TTS]
     workers: Workers
     metrics: Metrics
+    started: int = field(default_factory=lambda: int(time.time()))  # Unix seconds, as /v1/models' created
 
     @property
     def tts(self) -> TTS:

@@ -1,7 +1,7 @@
 """Text in: the tokenizers, text checks, the long-text splitter and the [num_codebooks + 1, P] prompt builder."""
 
 from ..errors import PromptError, PromptTooLong, TokenizerError
-from .checks import check_text, clean_text
+from .checks import check_text, check_unicode, clean_text
 from .prompt import PromptBuilder
 from .split import split_text
 from .tokenizer import build_qwen_tokenizer, build_tiny_tokenizer, load_tokenizer, write_tokenizer_files
@@ -14,6 +14,7 @@ __all__ = [
     "build_qwen_tokenizer",
     "build_tiny_tokenizer",
     "check_text",
+    "check_unicode",
     "clean_text",
     "load_tokenizer",
     "split_text",

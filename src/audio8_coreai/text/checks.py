@@ -26,6 +26,7 @@ def check_text(text: str, what: str = "text") -> str:
     """
     if not isinstance(text, str):
         raise PromptError(f"{what} must be a string, got {type(text).__name__}")
+    check_unicode(text, what)
     cleaned = clean_text(text)
     if not cleaned:
         raise PromptError(f"{what} is empty (or only whitespace): give the words to speak")
@@ -36,3 +37,15 @@ def check_text(text: str, what: str = "text") -> str:
             "there is nothing to speak; give at least one word"
         )
     return cleaned
+
+
+def check_unicode(text: str, what: str = "text") -> str:
+    """``text`` if it can be written as UTF-8, else PromptError naming the first lone surrogate (U+D800 to U+DFFF:
+    half of a UTF-16 pair, e.g. from a JSON escape ``\\ud800``), which no tokenizer, file or HTTP answer takes."""
+    bad = next((c for c in text if "\ud800" <= c <= "\udfff"), None)
+    if bad is not None:
+        raise PromptError(
+            f"{what} holds a lone surrogate (U+{ord(bad):04X} at character {text.index(bad)}), which is not a "
+            "character: send valid UTF-8 text (a pair of surrogates in JSON escapes must be whole)"
+        )
+    return text

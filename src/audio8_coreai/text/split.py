@@ -237,3 +237,29 @@ def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[
     if len(pieces) > 1 and not any(unicodedata.category(c)[0] in "LN" for c in text[slice(*pieces[0])]):
         pieces[:2] = [(pieces[0][0], pieces[1][1])]  # leading marks ride with the first words
     return [text[a:b].strip() for a, b in pieces]
+
+
+def complete_sentences(text: str) -> tuple[list[str], str]:
+    """The sentences of growing ``text`` (text arriving in parts) that are complete, and the rest to keep.
+
+    A sentence is complete once the next one has begun: its end (as :func:`split_text` finds sentence ends) is
+    followed by a word, so a period before a word still to come ("Dr." then " Smith") is not taken for an end.
+    Whitespace runs are folded to one space; a span without a letter or digit rides with the next sentence.
+    Returns ``(sentences, rest)``: the sentences stripped (possibly none), and the text after them, unspoken.
+    """
+    text = re.sub(r"\s+", " ", text)
+    spans = _cut(text, SENTENCE_MARKS_LATIN, SENTENCE_MARKS_CJK, _continues_sentence)
+    keep = 1
+    if len(spans) > 1 and not _speakable(text[slice(*spans[-1])]):
+        keep = 2  # the word after the last end has not come yet: that end may still turn out to continue
+    sentences, start = [], 0
+    for _, s1 in spans[:-keep]:
+        if _speakable(text[start:s1]):
+            sentences.append(text[start:s1].strip())
+            start = s1
+    return sentences, text[start:]
+
+
+def _speakable(text: str) -> bool:
+    """Whether ``text`` holds a letter or a digit (of any script)."""
+    return any(unicodedata.category(c)[0] in "LN" for c in text)

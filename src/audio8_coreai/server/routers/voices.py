@@ -1,23 +1,26 @@
-"""``/v1/voices``: list, register (a multipart clip upload, encoded on a worker) and delete stored voices."""
+"""``/v1/voices``: list, register (a multipart clip upload, encoded on a worker) and delete stored voices;
+``GET /v1/audio/voices``: every voice a speech request may name, in Open WebUI's shape."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from ...errors import Audio8Error, DamagedVoice, VoiceError
+from ...errors import Audio8Error, DamagedVoice, VoiceError, VoiceExists, VoiceStorageError
 from ...tts import TTS
 from ...voices import check_name
-from ..errors import ApiError, damaged
+from ..errors import ApiError, api_error, damaged, documented, storage
 from ..state import State, state
+from ..voicenames import DEFAULT_VOICE
 
 router = APIRouter()
 
 
-@router.get("/v1/voices")
+@router.get("/v1/voices", responses=documented())
 def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """The stored voices; one that cannot be read is listed with its error."""
     store = server.tts.voices
@@ -36,12 +39,43 @@ def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
             )
         except DamagedVoice as e:
             voices.append({"name": name, "error": damaged(e).message})
-        except VoiceError as e:
-            voices.append({"name": name, "error": str(e)})
+        except VoiceError:  # removed since it was listed
+            continue
     return {"object": "list", "data": voices}
 
 
-@router.post("/v1/voices", status_code=201)
+@router.get("/v1/audio/voices", responses=documented())
+def list_voice_ids(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
+    """``{"voices": [{"id", "name"}]}`` (Open WebUI's shape): the default voice (id ``default``: ``serve
+    --default-voice``, else the model's own), the stored voices (id: the name), then the ``--voice-map`` names
+    (``alloy (ana)``); each id is what ``voice`` takes in a speech request."""
+    settings, stored = server.settings, server.tts.voices.names()
+    own = settings.default_voice or "the model's own voice"
+    voices = [] if DEFAULT_VOICE in stored else [{"id": DEFAULT_VOICE, "name": f"{DEFAULT_VOICE} ({own})"}]
+    voices += [{"id": name, "name": name} for name in stored]
+    voices += [{"id": k, "name": f"{k} ({v})"} for k, v in sorted(settings.voice_map.items()) if k not in stored]
+    return {"voices": voices}
+
+
+# The multipart form, read by hand (for its limits and messages), declared for the OpenAPI schema.
+UPLOAD_FORM = {
+    "type": "object",
+    "required": ["name", "transcript", "audio"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 64},
+        "transcript": {"type": "string", "minLength": 1},
+        "audio": {"type": "string", "format": "binary", "description": "a clip of 0.5 to 30 s, any libsndfile format"},
+        "replace": {"type": "boolean", "default": False},
+    },
+}
+
+
+@router.post(
+    "/v1/voices",
+    status_code=201,
+    responses=documented(400, 409, 413, 503, 507),
+    openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": UPLOAD_FORM}}}},
+)
 async def add_voice(request: Request, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Register a voice from multipart fields ``name``, ``transcript``, ``audio`` (a file of at most
     ``max_upload_bytes``: else 413) and ``replace``; the clip is encoded on a worker. Messages name the client's
@@ -49,13 +83,11 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
     settings = server.settings
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > settings.max_upload_bytes:
-        raise ApiError(
-            413,
-            f"upload is {int(size)} bytes, over this server's {settings.max_upload_bytes}: send a clip of 0.5 to 30 s",
-            "audio",
-            "upload_too_large",
-        )
-    form = await request.form(max_part_size=settings.max_upload_bytes)
+        raise _too_large(settings.max_upload_bytes, int(size))
+    try:  # the parts are spooled to temporary files: the server's disk can be full
+        form = await request.form(max_part_size=settings.max_upload_bytes)
+    except OSError as e:
+        raise storage(e) from None
     name, transcript, upload = form.get("name"), form.get("transcript"), form.get("audio")
     replace = str(form.get("replace", "false")).lower() in ("1", "true", "yes")
     if not isinstance(name, str) or not isinstance(transcript, str) or upload is None or isinstance(upload, str):
@@ -64,33 +96,40 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
         )
     data = await upload.read(settings.max_upload_bytes + 1)
     if len(data) > settings.max_upload_bytes:
-        raise ApiError(
-            413,
-            f"upload is over this server's {settings.max_upload_bytes} bytes: send a clip of 0.5 to 30 s",
-            "audio",
-            "upload_too_large",
-        )
+        raise _too_large(settings.max_upload_bytes)
     try:
         name = check_name(name)
         server.tts.voices.check_new(name, replace)
+    except (VoiceExists, VoiceStorageError) as e:
+        raise api_error(e) from None
     except VoiceError as e:
         raise ApiError(400, str(e), "name", "invalid_voice") from None
     server.workers.admit()
-    shown = Path(upload.filename or "clip.wav").name[-100:] or "clip.wav"  # the client's name, in messages
+    # The client's file name, in messages: printable characters only (a NUL or a line break is no name).
+    shown = "".join(c if c.isprintable() else "?" for c in Path(upload.filename or "clip.wav").name[-100:])
+    shown = shown or "clip.wav"
+    clip = "clip" + "".join(c for c in Path(shown).suffix[:16] if c.isalnum() or c == ".")  # the server's file
 
     def job(tts: TTS):
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / ("clip" + Path(shown).suffix[:16])
+        try:
+            folder = tempfile.mkdtemp()
+        except OSError as e:
+            raise storage(e) from None
+        path = Path(folder) / clip
+        try:
             path.write_bytes(data)
-            try:
-                return tts.register_voice(name, path, transcript, replace=replace)
-            except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
-                raise ApiError(
-                    400, str(e).replace(str(path), shown).replace(path.name, shown), None, "invalid_voice"
-                ) from None
+            return tts.register_voice(name, path, transcript, replace=replace)
+        except OSError as e:
+            raise storage(e) from None
+        except (VoiceExists, VoiceStorageError) as e:
+            raise api_error(e) from None
+        except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
+            raise ApiError(400, str(e).replace(str(path), shown).replace(clip, shown), None, "invalid_voice") from None
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     voice = await server.workers.submit(job)
-    warnings = [w.replace("clip" + Path(shown).suffix[:16], shown) for w in voice.warnings]
+    warnings = [w.replace(clip, shown) for w in voice.warnings]
     server.metrics.count(201)
     return {
         "name": voice.name,
@@ -102,7 +141,7 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
     }
 
 
-@router.delete("/v1/voices/{name}")
+@router.delete("/v1/voices/{name}", responses=documented(400, 404, 507))
 def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Delete a stored voice: 404 when there is none of that name."""
     store = server.tts.voices
@@ -110,11 +149,27 @@ def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[st
         name = check_name(name)
     except VoiceError as e:
         raise ApiError(400, str(e), "name", "invalid_voice") from None
+    gone = ApiError(404, f"no voice named {name!r}", "name", "voice_not_found")
     if not store.path(name).is_file():
-        raise ApiError(404, f"no voice named {name!r}", "name", "voice_not_found")
+        raise gone
     try:
         store.remove(name)
-    except VoiceError as e:
-        raise ApiError(400, str(e), "name", "invalid_voice") from None
+    except VoiceStorageError as e:
+        raise storage(e) from None
+    except VoiceError:  # removed by another request since
+        raise gone from None
     server.metrics.count(200)
     return {"name": name, "deleted": True}
+
+
+def _too_large(limit: int, size: int | None = None) -> ApiError:
+    """413 for an upload over ``limit`` bytes (``size``: its content-length, when known)."""
+    mb = 2**20
+    got = f"{size} bytes ({size / mb:.1f} MB)" if size is not None else "larger"
+    return ApiError(
+        413,
+        f"the upload is {got}, over this server's limit of {limit} bytes ({limit / mb:.1f} MB, set by audio8 serve "
+        "--max-upload-mb): send a clip of 0.5 to 30 s, as 16-bit or mono or in flac if it is large",
+        "audio",
+        "upload_too_large",
+    )

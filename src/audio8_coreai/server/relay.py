@@ -1,0 +1,68 @@
+"""A speech job's items from its worker thread to its request, with back-pressure, and a client's leaving noticed.
+
+A worker makes chunks as fast as the model runs; a client may read slower, or stop reading while keeping its
+connection. :class:`Relay` holds at most ``bound`` unread chunks: the worker's frame loop then waits for room
+(back-pressure), and gives up after ``stall_s`` seconds (:class:`Stalled`), which frees the worker. So the audio a
+stream buffers is bounded by ``bound`` chunks (plus what the sockets hold), whoever is on the other end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+
+
+class Cancelled(Exception):
+    """Raised in a worker's frame loop once the request no longer wants its audio (the client left)."""
+
+
+class Stalled(Exception):
+    """Raised in a worker's frame loop when its client read nothing for ``stall_s`` seconds."""
+
+
+class Relay:
+    """Items (float32 chunks [n] and markers) from one worker thread to one request on the event loop ``loop``:
+    at most ``bound`` chunks wait unread; :meth:`put` blocks the worker until there is room, raising Stalled after
+    ``stall_s`` seconds and Cancelled once :meth:`stop` was called."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, bound: int, stall_s: float):
+        self._loop, self.bound, self.stall_s = loop, bound, stall_s
+        self._items: asyncio.Queue[Any] = asyncio.Queue()
+        self._room = threading.Semaphore(bound)
+        self.stopped = threading.Event()
+
+    def put(self, item: Any) -> None:
+        """Hand ``item`` to the request (worker thread); a chunk waits for room first."""
+        if isinstance(item, np.ndarray) and not self._room.acquire(timeout=self.stall_s):
+            raise Stalled
+        if self.stopped.is_set():
+            raise Cancelled
+        self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+
+    def check(self) -> None:
+        """Raise Cancelled once the request has stopped (called by the worker at every frame)."""
+        if self.stopped.is_set():
+            raise Cancelled
+
+    async def get(self) -> Any:
+        """The next item (event loop); taking a chunk makes room for another."""
+        item = await self._items.get()
+        if isinstance(item, np.ndarray):
+            self._room.release()
+        return item
+
+    def stop(self) -> None:
+        """The request wants no more: the worker stops at its next frame, or at once if it waits for room."""
+        self.stopped.set()
+        self._room.release(self.bound)
+
+
+async def disconnected(request: Request) -> None:
+    """Return when the client of ``request`` disconnects (its body already read whole, the next ASGI message it can
+    send is the disconnect): noticed as it happens, not at the next poll or chunk."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

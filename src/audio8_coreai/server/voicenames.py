@@ -1,0 +1,67 @@
+"""What a request's ``voice`` means on this server: a stored voice, an OpenAI name mapped onto one
+(``serve --voice-map``), or the default voice (``serve --default-voice``, else the model's own voice with a fixed
+seed, so requests naming no voice and no seed get one steady speaker)."""
+
+from __future__ import annotations
+
+from ..errors import ConfigError, VoiceError
+from ..voices import Voice, VoiceStore, check_name
+from .errors import ApiError
+
+# OpenAI's voice names: a client written for OpenAI sends one of these; without a stored or mapped voice of that
+# name it gets the default voice rather than an error.
+OPENAI_VOICES = frozenset(
+    {"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer", "verse"}
+)
+DEFAULT_VOICE = "default"  # the id listed and accepted for the default voice
+
+
+def parse_voice_map(text: str) -> dict[str, str]:
+    """``"alloy=ana,echo=bob"`` as ``{"alloy": "ana", "echo": "bob"}`` (names checked as voice names, keys
+    lower-cased as OpenAI's are matched). Raises ConfigError for a pair without ``=`` or a bad name."""
+    mapping = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, target = (s.strip() for s in pair.partition("="))
+        try:
+            if not sep:
+                raise VoiceError("a pair has no '='")
+            mapping[check_name(name).lower()] = check_name(target)
+        except VoiceError as e:
+            raise ConfigError(
+                f"--voice-map {pair!r}: {e}; give pairs NAME=STORED_VOICE separated by commas, e.g. alloy=ana,echo=bob",
+                "voice_map",
+            ) from None
+    return mapping
+
+
+def check_voices(store: VoiceStore, voice_map: dict[str, str], default_voice: str | None, fingerprint: str) -> None:
+    """Refuse, at start, a ``--voice-map`` target or ``--default-voice`` that is not a readable stored voice of this
+    checkpoint (``fingerprint``): raises VoiceError naming the setting and the remedy."""
+    named = [(f"--voice-map {k}={v}", v) for k, v in voice_map.items()]
+    if default_voice is not None:
+        named.append((f"--default-voice {default_voice}", default_voice))
+    for setting, name in named:
+        try:
+            store.load(name, fingerprint)
+        except VoiceError as e:
+            raise VoiceError(f"{setting}: {e}") from None
+
+
+def resolve(name: str | None, store: VoiceStore, voice_map: dict[str, str], default_voice: str | None) -> Voice | None:
+    """The voice a request's ``name`` asks for: a stored voice of that name; else its ``voice_map`` target; else,
+    for None, DEFAULT_VOICE or an OpenAI name, the ``default_voice`` (None: the model's own voice). Raises
+    ApiError 400 voice_not_found for any other name, VoiceError for a damaged stored voice (DamagedVoice)."""
+    if name is not None and store.path(name).is_file():
+        return store.load(name)
+    key = None if name is None else name.lower()
+    if key in voice_map:
+        return store.load(voice_map[key])
+    if key is None or key == DEFAULT_VOICE or key in OPENAI_VOICES:
+        return None if default_voice is None else store.load(default_voice)
+    raise ApiError(
+        400,
+        f"no voice named {name!r}: GET /v1/audio/voices lists the voices (OpenAI's names, such as alloy, and "
+        f"{DEFAULT_VOICE!r} speak in the default voice)",
+        "voice",
+        "voice_not_found",
+    )
