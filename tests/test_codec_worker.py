@@ -19,6 +19,7 @@ import torch
 from audio8_coreai.backends.torch import TorchBackend, TorchCodecStream
 from audio8_coreai.backends.torch.backend import default_codec_process
 from audio8_coreai.checkpoint import load_checkpoint
+from audio8_coreai.engine.overlap import CodecQueue
 from audio8_coreai.errors import BackendError
 
 EXACT = 1e-5  # fp32, one thread on both sides
@@ -114,6 +115,28 @@ def test_generate_overlaps_and_equals_decode_window(never_eos_checkpoint):
         assert out.frames == 37 and not out.reached_eos
         assert np.array_equal(out.audio, tts.backend.decode_window(out.codes))
         assert tts.stream("Hello there.").overlap_codec  # streams overlap by default too (test_streaming: samples)
+
+
+def test_codec_queue_keeps_order_and_bounds_what_is_in_flight():
+    """With 2 chunks in flight a third put waits (the frame loop pauses) until the oldest is decoded; audio comes
+    back in order."""
+    gate = threading.Event()
+
+    def decode(chunk: np.ndarray) -> np.ndarray:
+        gate.wait()
+        return np.full(2, chunk[0, 0], dtype=np.float32)
+
+    with CodecQueue(decode, overlap=True, limit=2) as queue:
+        queue.put(np.full((10, 1), 0))
+        queue.put(np.full((10, 1), 1))  # both returned at once: nothing decoded yet
+        assert list(queue.ready()) == []
+        third = threading.Thread(target=queue.put, args=(np.full((10, 1), 2),))
+        third.start()
+        third.join(0.3)
+        assert third.is_alive()  # waits for chunk 0
+        gate.set()
+        third.join()
+        assert [int(a[0]) for a in queue.drain()] == [0, 1, 2]
 
 
 def test_a_failed_decode_is_a_backend_error(backend):
