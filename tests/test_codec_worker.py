@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from audio8_coreai.backends.torch import TorchBackend, TorchCodecStream
-from audio8_coreai.backends.torch.backend import default_codec_process
+from audio8_coreai.backends.torch.codec_worker import default_codec_process
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.engine.overlap import CodecQueue
 from audio8_coreai.errors import BackendError

@@ -5,8 +5,6 @@ It implements :class:`..base.Backend`; tensors stay on the device between the ca
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -22,7 +20,7 @@ from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
 from ...precision import default_precision, resolve_precision, runtime_of
 from ...settings import DEFAULTS
 from ..base import Backend, FrameResult, StepInputs
-from .codec_worker import CodecWorker, WorkerStream, build_decoder
+from .codec_worker import CodecWorker, WorkerStream, build_decoder, default_codec_process
 from .cudagraphs import GraphedFrame
 from .quantize import apply_precision, map_embeddings, release_freed_memory
 
@@ -63,20 +61,6 @@ def resolve_dtype(dtype: str) -> torch.dtype:
         return DTYPES[dtype]
     except KeyError:
         raise BackendError(f"unknown dtype {dtype!r}: use fp32 or bf16") from None
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity where the platform tells it, else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux: no affinity call
-        return os.cpu_count() or 1
-
-
-def default_codec_process(device: torch.device) -> bool:
-    """Whether the codec decoder runs in a process of its own by default (``DEFAULTS.codec_process`` None): on a CPU
-    device when this process may use 2+ CPUs and may start children (a daemonic multiprocessing worker may not)."""
-    return device.type == "cpu" and usable_cpus() >= 2 and not multiprocessing.current_process().daemon
 
 
 def frame_result(out: FrameOutputs, i: int) -> FrameResult:

@@ -21,6 +21,7 @@ the fork server reaps the children, so none is left behind.
 from __future__ import annotations
 
 import itertools
+import multiprocessing
 import os
 import signal
 import socket
@@ -45,6 +46,20 @@ from ...model.codec import CodecDecoder, StreamingDecoder
 
 READY, AUDIO, ERROR = b"RDY\0", b"AUD\0", b"ERR\0"  # the tag that opens each message from a child
 STOP_S = 5.0  # how long close() waits for a child to end before killing it
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity where the platform tells it, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux: no affinity call
+        return os.cpu_count() or 1
+
+
+def default_codec_process(device: torch.device) -> bool:
+    """Whether the codec decoder runs in a process of its own by default (``DEFAULTS.codec_process`` None): on a CPU
+    device when this process may use 2+ CPUs and may start children (a daemonic multiprocessing worker may not)."""
+    return device.type == "cpu" and usable_cpus() >= 2 and not multiprocessing.current_process().daemon
 
 
 def build_decoder(checkpoint: Checkpoint, max_frames: int, dtype: torch.dtype) -> CodecDecoder:
