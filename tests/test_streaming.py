@@ -122,20 +122,22 @@ def test_stream_equals_generate_chunk_by_chunk(endless_tts):
     assert 0 < speech.first_audio_s and speech.pieces[0].text == TEXT
 
 
-def test_codec_thread_gives_the_same_chunks(tiny_tts):
-    """Decoding on a thread beside the frames changes when chunks are ready, not what or in which order; a split
-    text (pieces, pauses) included; closing the stream early stops the thread's work."""
+def test_overlapped_codec_gives_the_same_chunks(tiny_tts):
+    """Decoding beside the frames changes when chunks are ready, not what or in which order; a split text (pieces,
+    pauses) included; closing the stream early stops the codec's work. Overlap is the default exactly when the codec
+    runs in a process of its own."""
     text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(3))
-    plain = list(tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=3))
-    threaded = tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=3, codec_thread=True)
-    assert threaded.codec_thread and len(threaded.pieces) == 3
-    chunks = list(threaded)
+    assert tiny_tts.stream(text).overlap_codec == tiny_tts.backend.codec_process
+    plain = list(tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=3, overlap_codec=False))
+    overlapped = tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=3, overlap_codec=True)
+    assert overlapped.overlap_codec and len(overlapped.pieces) == 3
+    chunks = list(overlapped)
     assert [len(c) for c in chunks] == [len(c) for c in plain] and len(chunks) > 6
     assert max(float(np.abs(a - b).max()) for a, b in zip(chunks, plain)) <= EXACT
-    early = iter(tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=3, codec_thread=True))
+    early = iter(tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=3, overlap_codec=True))
     next(early), next(early)
-    early.close()  # the worker is shut down in the stream's finally
-    again = list(tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=3))
+    early.close()  # the codec's thread is shut down as the stream's generator closes
+    again = list(tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=3, overlap_codec=False))
     assert max(float(np.abs(a - b).max()) for a, b in zip(again, plain)) <= EXACT  # nothing leaked
 
 

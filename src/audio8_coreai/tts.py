@@ -18,9 +18,11 @@ from .cloning import VoiceCloning
 from .config import SamplingParams, check_int
 from .engine.batch import generate_batch
 from .engine.loop import frame_budget, generate
+from .engine.overlap import UtteranceDecode
 from .engine.stream import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
 from .errors import BackendError, CheckpointError, EngineError, PromptError, PromptTooLong
 from .request import check_seed, sampling_config
+from .settings import DEFAULTS
 from .text import PromptBuilder, check_text, load_tokenizer, split_text, warn_language
 from .voices import Voice, VoiceStore
 
@@ -29,7 +31,8 @@ from .voices import Voice, VoiceStore
 class Synthesis:
     """One utterance: ``audio`` float32 [N] at ``sample_rate`` Hz (N = frames x 2048), its ``codes``
     int64 [num_codebooks, frames], whether eos ended it (False: stopped at the frame cap), the seed that
-    reproduces it, and times in seconds (``rtf`` = compute time / audio duration)."""
+    reproduces it, and times in seconds (``rtf`` = compute time / audio duration; ``codec_s`` is the decode's time
+    after the last frame: with the codec in a process of its own the rest ran beside the frames)."""
 
     audio: np.ndarray
     sample_rate: int
@@ -87,6 +90,7 @@ class TTS(VoiceCloning):
         precision: str | None = None,
         codec_dtype: str | None = None,
         cuda_graphs: bool = False,
+        codec_process: bool | None = DEFAULTS.codec_process,
     ) -> TTS:
         """Load a checkpoint folder (publisher layout) or hub id, validate it and build the backend.
 
@@ -97,6 +101,9 @@ class TTS(VoiceCloning):
         opts the codec decoder into bf16 on CPU (not exact); default fp32 on CPU, as the publisher.
         ``cuda_graphs`` (torch on CUDA, opt-in): replay each frame as one captured CUDA graph
         (backends/torch/cudagraphs.py).
+        ``codec_process`` (torch on CPU): the codec decoder in a process of its own, on another core beside the
+        frames (streaming and :meth:`generate` overlap the two; same samples); None: on when 2+ CPUs are usable.
+        :meth:`close` (or ``with TTS.load(...) as tts:``) ends that process; it also ends with this one.
         ``voices_dir``: the voice store's folder (default: the per-user one, see :mod:`.voices`).
         ``backend``: torch, or coreai with ``assets`` the folder ``audio8 convert`` wrote from this
         checkpoint (``device``/``dtype`` then do not apply: the assets fix the precision).
@@ -118,8 +125,20 @@ class TTS(VoiceCloning):
             cuda_graphs=cuda_graphs,
             assets=assets,
             prefix_length=prompts.prefix_length,
+            codec_process=codec_process,
         )
         return cls(ckpt, chosen, prompts, VoiceStore(voices_dir))
+
+    def close(self) -> None:
+        """End what the backend runs outside this process (the codec process); idempotent. A closed TTS raises
+        BackendError on its next codec call."""
+        self.backend.close()
+
+    def __enter__(self) -> TTS:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def sample_rate(self) -> int:
@@ -165,12 +184,10 @@ class TTS(VoiceCloning):
         seed = check_seed(seed)
         if on_start is not None:
             on_start(budget)
-        gen = generate(self.backend, prompt, params, seed, budget, on_frame)
-        t0 = time.perf_counter()
-        if gen.frames:
-            audio = self.backend.decode_window(gen.codes)
-        else:
-            audio = np.zeros(0, dtype=np.float32)
+        with UtteranceDecode(self.backend) as decode:  # beside the frames when the codec has a process of its own
+            gen = generate(self.backend, prompt, params, seed, budget, on_frame, on_codes=decode.add)
+            t0 = time.perf_counter()
+            audio = decode.audio(gen.codes)
         codec_s = time.perf_counter() - t0
         return Synthesis(
             audio,
@@ -306,7 +323,7 @@ class TTS(VoiceCloning):
         ref_audio: str | Path | None = None,
         ref_text: str | None = None,
         on_frame: Callable[[int], None] | None = None,
-        codec_thread: bool = False,
+        overlap_codec: bool | None = None,
         frame_cap: int | None = None,
     ) -> SpeechStream:
         """Speak ``text`` as it is made: a :class:`.streaming.SpeechStream` of float32 chunks (mono, 44.1 kHz),
@@ -322,8 +339,9 @@ class TTS(VoiceCloning):
         the context may still be split, when its estimated speech would not fit). ``max_frames`` caps every
         piece (None: as :meth:`generate`, at most ``frame_cap`` when given: a ceiling clipped to what the
         context leaves, as a server's cap); ``on_frame`` as in :class:`.streaming.SpeechStream`;
-        ``codec_thread`` decodes each chunk on a thread of its own while the next chunk's frames are made (same
-        samples; see SpeechStream); the other arguments as :meth:`generate`.
+        ``overlap_codec`` decodes each chunk while the next chunk's frames are made (same samples; None: when the
+        codec runs in a process of its own, see :meth:`load`; see SpeechStream); the other arguments as
+        :meth:`generate`.
         Everything is checked here, before any frame (the stream's ``seed`` tells the one drawn when None):
         raises as :meth:`generate` does, PromptError for a run of text that cannot be split to fit, and
         ConfigError for ``chunk_frames`` or ``first_chunk_frames`` < 1 (a first chunk may be longer than the
@@ -358,7 +376,7 @@ class TTS(VoiceCloning):
             sample_rate=self.sample_rate,
             frame_length=codec.frame_length,
             on_frame=on_frame,
-            codec_thread=codec_thread,
+            overlap_codec=overlap_codec,
         )
 
     def _split(self, text: str, voice: Voice | None) -> list[str]:

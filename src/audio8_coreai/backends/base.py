@@ -21,6 +21,7 @@ import numpy as np
 from ..checkpoint import Checkpoint
 from ..config import ModelConfig, SamplingParams
 from ..errors import BackendError, EngineError
+from ..settings import DEFAULTS
 
 
 @dataclass
@@ -106,7 +107,10 @@ class Backend(ABC):
     precision: str
     sampling: SamplingParams | None = None
     overlaps_codec: bool = False
-    """Whether its codec can run on a thread of its own beside its frames (streaming's ``codec_thread``)."""
+    """Whether its codec can run on a thread of its own beside its frames (streaming's ``overlap_codec``)."""
+    codec_process: bool = False
+    """Whether its codec runs in a process of its own (on another core): streaming and whole-utterance decodes then
+    overlap it with the frames by default."""
 
     def __init__(self) -> None:
         self.lease = Lease()
@@ -152,6 +156,10 @@ class Backend(ABC):
     @abstractmethod
     def encode(self, audio: np.ndarray) -> np.ndarray:
         """Codec encode of mono float32 audio [N] at the codec's rate -> codes int64 [C, ceil(N / frame_length)]."""
+
+    def close(self) -> None:  # noqa: B027 - not abstract: most backends hold nothing outside the process
+        """Release what the backend holds outside this process (the torch backend's codec process); idempotent.
+        Nothing by default."""
 
 
 class RedecodeStream:
@@ -209,10 +217,12 @@ def open_backend(
     cuda_graphs: bool = False,
     assets: object = None,
     prefix_length: Callable[[np.ndarray], int] | None = None,
+    codec_process: bool | None = DEFAULTS.codec_process,
 ) -> Backend:
     """THE backend picker (the API, the CLI and the gate call it): ``torch`` on ``device`` at ``precision`` (None:
     the device's default), its codec at ``codec_dtype``, frames as CUDA graphs with ``cuda_graphs``, prompt heads
-    kept per ``prefix_length``; or ``coreai`` running the asset folder ``assets``.
+    kept per ``prefix_length``, its codec in a process of its own per ``codec_process`` (None: the default, see
+    :class:`.torch.TorchBackend`); or ``coreai`` running the asset folder ``assets``.
     Raises BackendError (see :func:`check_backend_choice`; missing, stale or foreign assets), PrecisionError."""
     check_backend_choice(backend, device, assets, cuda_graphs)
     if backend == "coreai":
@@ -228,4 +238,5 @@ def open_backend(
         codec_dtype=codec_dtype,
         frame_mode="graph" if cuda_graphs else "eager",
         prefix_length=prefix_length,
+        codec_process=codec_process,
     )

@@ -65,6 +65,14 @@ CudaGraphsOpt = Annotated[
         "--cuda-graphs", help="With --device cuda: replay each frame as one captured CUDA graph (torch backend)."
     ),
 ]
+CodecProcessOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--codec-process/--no-codec-process",
+        help="Torch on CPU: decode audio in a process of its own, on another core beside the frames (same audio); "
+        "default: on when 2+ CPUs are usable.",
+    ),
+]
 VoicesOpt = Annotated[Path | None, typer.Option("--voices", help="Voices folder (default: the per-user one).")]
 BackendOpt = Annotated[str, typer.Option(help="torch, or coreai (runs the assets given with --assets).")]
 AssetsOpt = Annotated[

@@ -16,6 +16,7 @@ from ..settings import DEFAULTS
 from .app import (
     AssetsOpt,
     BackendOpt,
+    CodecProcessOpt,
     CudaGraphsOpt,
     DeviceOpt,
     DtypeOpt,
@@ -56,6 +57,7 @@ def say(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
     cuda_graphs: CudaGraphsOpt = False,
+    codec_process: CodecProcessOpt = None,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     voice: Annotated[str | None, typer.Option(help="Speak in this stored voice (see `audio8 voice`).")] = None,
@@ -123,6 +125,7 @@ def say(
     load_options = dict(
         device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets, cuda_graphs=cuda_graphs
     )
+    load_options["codec_process"] = codec_process
     with err.status("loading the model..."):
         tts = TTS.load(model, **load_options)
     progress = Progress(

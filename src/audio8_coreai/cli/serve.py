@@ -9,7 +9,19 @@ import typer
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import ConfigError
 from ..settings import DEFAULTS
-from .app import AssetsOpt, BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, ModelOpt, VoicesOpt, app, err, friendly
+from .app import (
+    AssetsOpt,
+    BackendOpt,
+    CodecProcessOpt,
+    CudaGraphsOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    VoicesOpt,
+    app,
+    err,
+    friendly,
+)
 
 
 @app.command()
@@ -22,6 +34,7 @@ def serve(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
     cuda_graphs: CudaGraphsOpt = False,
+    codec_process: CodecProcessOpt = None,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     workers: Annotated[
@@ -139,14 +152,24 @@ def serve(
         _serve_on_ray(host, port, address, replicas, autoscale, replica_gpus, server=settings, **fields)
         return
     load_options = dict(
-        device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets, cuda_graphs=cuda_graphs
+        device=device,
+        dtype=dtype,
+        voices_dir=voices,
+        backend=backend,
+        assets=assets,
+        cuda_graphs=cuda_graphs,
+        codec_process=codec_process,
     )
     instances = 1 if batch else workers
     with err.status(f"loading {instances} model instance(s)..."):
-        instances = [TTS.load(model, **load_options) for _ in range(instances)]
+        instances = loaded = [TTS.load(model, **load_options) for _ in range(instances)]
     if batch:
         _, instances = instances[0].batched(batch)
-    uvicorn.Server(uvicorn_config(create_app(instances, settings), settings, host, port)).run()
+    try:
+        uvicorn.Server(uvicorn_config(create_app(instances, settings), settings, host, port)).run()
+    finally:  # uvicorn returns on Ctrl-C or SIGTERM: end the codec processes with the server
+        for tts in loaded:
+            tts.close()
 
 
 def _serve_on_ray(

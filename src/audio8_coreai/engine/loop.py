@@ -136,6 +136,7 @@ def generate(
     keep_results: bool = False,
     noise: NoiseLike | None = None,
     forced: Sequence[np.ndarray] | None = None,
+    on_codes: Callable[[np.ndarray], None] | None = None,
 ) -> Generation:
     """Prefill ``prompt`` int64 [1+C, P], then run the frame loop until eos or ``max_frames`` frames.
 
@@ -143,6 +144,7 @@ def generate(
     step, eos step included), so the same seed gives the same codes. ``on_frame(t)`` is called after
     every step (progress bars). ``keep_results`` keeps every :class:`FrameResult` (parity, gate).
     ``noise`` replaces the seeded source (parity replays recorded uniforms); ``forced`` as :func:`frame_steps`.
+    ``on_codes(codes)`` gets each frame's codes int64 [C] as it is made (a decode beside the loop).
     Holds the backend's lease for the whole call. Raises EngineError when the prompt and frames do not fit.
     """
     cfg = backend.cfg
@@ -166,6 +168,8 @@ def generate(
                 reached_eos = True
             else:
                 frames.append(res.codes)
+                if on_codes is not None:
+                    on_codes(res.codes)
     codes = np.stack(frames, axis=1) if frames else np.zeros((cfg.num_codebooks, 0), dtype=np.int64)
     return Generation(codes, reached_eos, p_len, max_frames, t1 - t0, time.perf_counter() - t1, results)
 

@@ -12,10 +12,9 @@ streaming changes when audio arrives, not what it is.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -23,6 +22,7 @@ from ..backends.base import Backend, CodecStream
 from ..config import SamplingParams, check_int
 from ..settings import DEFAULTS
 from .loop import frame_steps, noise_source
+from .overlap import CodecQueue
 
 DEFAULT_CHUNK_FRAMES = DEFAULTS.chunk_frames  # 16 x 2048 samples = 0.74 s of audio per chunk
 # The stream's first chunk, whose frames TTFA waits for (README, Streaming: TTFA by first-chunk size). Chunks then
@@ -61,9 +61,12 @@ class SpeechStream:
     ``first_audio_s`` (time to first audio: seconds from the start of iteration to the first chunk, prefill
     included), ``prefill_s``, ``frames_s``, ``codec_s`` (seconds). It drives the backend's single KV state: a
     stream paused while another utterance runs on the same backend (another stream, a generate, from any thread)
-    raises EngineError when resumed, instead of continuing from the other's state. ``codec_thread``: decode chunk k
-    on a thread of its own while the frames of chunk k+1 are made (the first chunk is decoded at once; the
-    samples are the same); only for a backend whose codec overlaps its frames (``Backend.overlaps_codec``).
+    raises EngineError when resumed, instead of continuing from the other's state. ``overlap_codec``: decode chunk k
+    beside the frames of chunk k+1 (:class:`.overlap.CodecQueue`, at most ``DEFAULTS.codec_queue`` chunks in
+    flight; the stream's first chunk is decoded at once, for the earliest first audio; the samples are the same);
+    None: when the backend's codec runs in a process of its own (``Backend.codec_process``), the only way the two
+    truly run at once on a CPU; True also overlaps an in-process codec on a thread (same samples); only for a
+    backend whose codec overlaps its frames (``Backend.overlaps_codec``).
     Raises ConfigError (a ValueError)
     unless ``chunk_frames`` and ``first_chunk_frames`` are whole numbers >= 1.
     """
@@ -81,7 +84,7 @@ class SpeechStream:
         first_chunk_frames: int | None = None,
         pause_s: float = PAUSE_S,
         on_frame: Callable[[int], None] | None = None,
-        codec_thread: bool = False,
+        overlap_codec: bool | None = None,
     ):
         chunk_frames = check_int(chunk_frames, "chunk_frames")
         if first_chunk_frames is None:
@@ -99,7 +102,9 @@ class SpeechStream:
         self.on_frame = on_frame
         # Only a backend's own incremental codec (torch) runs beside its frames; a re-decode goes through
         # the same backend calls as the frames.
-        self.codec_thread = codec_thread and backend.overlaps_codec
+        if overlap_codec is None:
+            overlap_codec = backend.codec_process
+        self.overlap_codec = overlap_codec and backend.overlaps_codec
         self._reset_stats()
 
     def _reset_stats(self) -> None:
@@ -127,22 +132,18 @@ class SpeechStream:
         start = time.perf_counter()
         step = 0
         size = self.first_chunk_frames
-        # The codec of chunk k runs on this worker while the frames of chunk k+1 are made (on a 2-core CPU
-        # the two overlap); the first chunk is decoded at once, for the earliest first audio.
-        pool = ThreadPoolExecutor(1, thread_name_prefix="audio8-codec") if self.codec_thread else None
-        try:
-            for index, piece in enumerate(self.pieces):
-                if index:
-                    yield pause
-                t0 = time.perf_counter()
-                with self.backend.lease.hold() as token:
-                    self.backend.prefill(piece.prompt)
-                self.prefill_s += time.perf_counter() - t0
-                decoder = self.backend.codec_stream()
-                steps = frame_steps(self.backend, piece.prompt.shape[1], self.params, piece.max_frames, noise)
-                pending: list[np.ndarray] = []
-                decoding: deque[Future] = deque()
-                eos = False
+        for index, piece in enumerate(self.pieces):
+            if index:
+                yield pause
+            t0 = time.perf_counter()
+            with self.backend.lease.hold() as token:
+                self.backend.prefill(piece.prompt)
+            self.prefill_s += time.perf_counter() - t0
+            decode = partial(self._decode, self.backend.codec_stream())
+            steps = frame_steps(self.backend, piece.prompt.shape[1], self.params, piece.max_frames, noise)
+            pending: list[np.ndarray] = []
+            eos = False
+            with CodecQueue(decode, self.overlap_codec) as codec:
                 for res in self._timed(steps, token):
                     if self.on_frame is not None:
                         self.on_frame(step)
@@ -153,27 +154,17 @@ class SpeechStream:
                     pending.append(res.codes)
                     self.frames += 1
                     if len(pending) == size:
-                        codes = np.stack(pending, axis=1)
+                        codec.put(np.stack(pending, axis=1))
                         pending = []
                         size = min(self.chunk_frames, 2 * size)
-                        if pool is None or self.first_audio_s is None:
-                            yield self._first_audio(self._decode(decoder, codes), start)
-                        else:
-                            decoding.append(pool.submit(self._decode, decoder, codes))
-                    while decoding and decoding[0].done():
-                        yield decoding.popleft().result()
+                    # the stream's first chunk at once (the earliest first audio), later ones as they are done
+                    for audio in codec.drain() if self.first_audio_s is None else codec.ready():
+                        yield self._first_audio(audio, start)
                 if pending:
-                    codes = np.stack(pending, axis=1)
-                    if pool is None:  # nothing is in flight: in order
-                        yield self._first_audio(self._decode(decoder, codes), start)
-                    else:
-                        decoding.append(pool.submit(self._decode, decoder, codes))
-                while decoding:
-                    yield self._first_audio(decoding.popleft().result(), start)
-                self.reached_eos.append(eos)
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+                    codec.put(np.stack(pending, axis=1))
+                for audio in codec.drain():
+                    yield self._first_audio(audio, start)
+            self.reached_eos.append(eos)
 
     def _first_audio(self, audio: np.ndarray, start: float) -> np.ndarray:
         """``audio``, noting the time to first audio when it is the stream's first chunk."""

@@ -20,6 +20,7 @@ from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
 from ...precision import default_precision, resolve_precision, runtime_of
 from ...settings import DEFAULTS
 from ..base import Backend, FrameResult, StepInputs
+from .codec_worker import CodecWorker, WorkerStream, build_decoder, default_codec_process
 from .cudagraphs import GraphedFrame
 from .quantize import apply_precision, map_embeddings, release_freed_memory
 
@@ -94,6 +95,12 @@ class TorchBackend(Backend):
     launching its kernels one by one), run as it is elsewhere (which proves the form on the CPU).
     ``prefix_length``: where a prompt's head ends (:meth:`.prompt.PromptBuilder.prefix_length`), to keep the KV
     state of heads (see :meth:`prefill`); None keeps none.
+
+    ``codec_process`` (CPU only): the codec decoder runs in a child process of its own (:mod:`.codec_worker`), on
+    another core beside the frames, and this process holds no copy of its weights; None (``DEFAULTS.codec_process``):
+    on when the device is the CPU and the process may use 2+ CPUs. Off, the decoder is built here on first use.
+    ``codec_worker`` is the child's handle (None when off); :meth:`close` ends the child (a finalizer does when the
+    backend is dropped).
     """
 
     name = "torch"
@@ -107,10 +114,13 @@ class TorchBackend(Backend):
         codec_dtype: str | None = None,
         frame_mode: str = "eager",
         prefix_length: Callable[[np.ndarray], int] | None = None,
+        codec_process: bool | None = DEFAULTS.codec_process,
     ):
         self.device = resolve_device(device)
         if frame_mode not in ("eager", "graph"):
             raise BackendError(f"unknown frame mode {frame_mode!r}: eager or graph")
+        if codec_process and self.device.type != "cpu":
+            raise BackendError(f"the codec process runs the CPU codec: drop codec_process on {self.device}")
         super().__init__()
         # ``precision``: a name of precision.PRECISIONS that the torch backend runs; None: the default for the
         # device and the checkpoint's stored dtype.
@@ -128,6 +138,15 @@ class TorchBackend(Backend):
             torch.backends.cuda.matmul.allow_tf32 = False
         self.cfg: ModelConfig = checkpoint.config
         self.checkpoint = checkpoint
+        self.codec_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
+        if codec_dtype is not None:  # opt-in: bf16 on CPU is about 1.5x faster and not exact (max |diff| ~5e-2)
+            self.codec_dtype = resolve_dtype(codec_dtype)
+        self.codec_process = default_codec_process(self.device) if codec_process is None else bool(codec_process)
+        # Started first, so the child builds its decoder while the model loads here. Sized for the longest utterance
+        # the context allows, as the in-process decoder.
+        self.codec_worker = (
+            CodecWorker(checkpoint, self.cfg.max_seq_len, self.codec_dtype) if self.codec_process else None
+        )
         state = checkpoint.model_state_dict()
         # A quantized precision builds in the stored dtype (bf16 in the release: quantizing from it is exact and no
         # fp32 copy of the weights is ever held); apply_precision brings the rest to the precision's dtype.
@@ -141,21 +160,13 @@ class TorchBackend(Backend):
                 raise BackendError(str(e)) from None
             map_embeddings(self.model, checkpoint.model_state_dict())  # the tables read in place
         self.frame_maths = Frame(self.model)  # the one frame, eager mode
-        self.codec_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
-        if codec_dtype is not None:  # opt-in: bf16 on CPU is about 1.5x faster and not exact (max |diff| ~5e-2)
-            self.codec_dtype = resolve_dtype(codec_dtype)
-        codec_state = checkpoint.codec_state_dict(mapped=True)  # read only what the decoder uses
         # Kept for the encoder (built on first use) when it maps the file: nothing is resident until read, and
         # voices are encoded by the codec loaded here even when a new file is moved into place later. A legacy
         # pickle is read whole (1.6 GB for the release), so the encoder re-reads that one.
-        self._codec_state = codec_state if checkpoint.codec_mapped else None
-        # Sized for the longest utterance the context allows, so whole-utterance decodes never need windows.
-        self.decoder = CodecDecoder.from_state_dict(
-            checkpoint.codec_config, codec_state, max_frames=self.cfg.max_seq_len
-        )
-        self.decoder = self.decoder.to(self.device, self.codec_dtype).eval().requires_grad_(False)
-        del codec_state  # a full read (legacy pickle) is freed here; a mapping may stay in _codec_state
-        release_freed_memory()
+        self._codec_state = checkpoint.codec_state_dict(mapped=True) if checkpoint.codec_mapped else None
+        self._decoder: CodecDecoder | None = None
+        if self.codec_worker is None:
+            self.decoder  # noqa: B018 - built now, as loading is when a damaged codec file should fail
         self._encoder: CodecEncoder | None = None
         self._encoder_frames = 0
         self.k_cache, self.v_cache = self.model.new_kv_cache()  # never reallocated: a CUDA graph writes these
@@ -164,6 +175,24 @@ class TorchBackend(Backend):
             self._graphed = GraphedFrame(self.model, self.k_cache, self.v_cache, capture=self.device.type == "cuda")
         self.prefix_length = prefix_length
         self._heads: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        if self.codec_worker is not None:
+            self.codec_worker.wait_ready()
+
+    @property
+    def decoder(self) -> CodecDecoder:
+        """The codec decoder in this process, on this backend's device (built on first use: with the codec process
+        on, only tools that inspect its stages use it). Sized for the longest utterance the context allows, so
+        whole-utterance decodes never need windows."""
+        if self._decoder is None:
+            self._decoder = build_decoder(self.checkpoint, self.cfg.max_seq_len, self.codec_dtype).to(self.device)
+            release_freed_memory()  # a legacy pickle is read whole, then dropped
+        return self._decoder
+
+    def close(self) -> None:
+        """End the codec process, if any (see :class:`.codec_worker.CodecWorker`); the model's other calls still
+        work, its codec calls then raise BackendError. Idempotent."""
+        if self.codec_worker is not None:
+            self.codec_worker.close()
 
     @property
     def description(self) -> str:
@@ -281,7 +310,7 @@ class TorchBackend(Backend):
 
         Shorter ones are padded at the end with code 0; the codec is causal, so padding never reaches the
         samples kept (each result equals its own decode_window to float rounding). Returns float32 [T_i * 2048]
-        each; an utterance of 0 frames gives 0 samples.
+        each; an utterance of 0 frames gives 0 samples. Runs in the codec process when it is on.
         """
         hop = self.checkpoint.codec_config.frame_length
         longest = max((c.shape[1] for c in codes), default=0)
@@ -290,24 +319,16 @@ class TorchBackend(Backend):
         batch = np.zeros((len(codes), self.cfg.num_codebooks, longest), dtype=np.int64)
         for i, c in enumerate(codes):
             batch[i, :, : c.shape[1]] = c
-        stream = StreamingDecoder(self.decoder)
-        batch = torch.as_tensor(batch, device=self.device)
-        wav = (
-            torch.cat(
-                [
-                    stream.push(batch[..., start : start + DECODE_CHUNK_FRAMES])
-                    for start in range(0, longest, DECODE_CHUNK_FRAMES)
-                ],
-                dim=-1,
-            )
-            .cpu()
-            .numpy()
-        )
-        require_finite(wav, "codec", CODEC_FILE)
+        push = self.codec_stream().push_rows
+        starts = range(0, longest, DECODE_CHUNK_FRAMES)
+        wav = np.concatenate([push(batch[..., start : start + DECODE_CHUNK_FRAMES]) for start in starts], axis=-1)
         return [wav[i, : c.shape[1] * hop] for i, c in enumerate(codes)]
 
-    def codec_stream(self) -> TorchCodecStream:
-        """A fresh exact incremental decoder for one utterance (see :class:`TorchCodecStream`)."""
+    def codec_stream(self) -> TorchCodecStream | FiniteStream:
+        """A fresh exact incremental decoder for one utterance: a stream on the codec process when it is on
+        (:class:`.codec_worker.WorkerStream`), else :class:`TorchCodecStream`; both check the audio is finite."""
+        if self.codec_worker is not None:
+            return FiniteStream(self.codec_worker.stream())
         return TorchCodecStream(self.decoder)
 
     def codec_encoder(self, frames: int) -> CodecEncoder:
@@ -341,7 +362,24 @@ class TorchCodecStream:
         self._stream = StreamingDecoder(decoder)
         self._device = next(decoder.parameters()).device
 
-    @torch.inference_mode()
     def push(self, codes: np.ndarray) -> np.ndarray:
-        t = torch.as_tensor(np.asarray(codes, dtype=np.int64), device=self._device)[None]
-        return require_finite(self._stream.push(t)[0].cpu().numpy(), "codec", CODEC_FILE)
+        return self.push_rows(np.asarray(codes)[None])[0]
+
+    @torch.inference_mode()
+    def push_rows(self, codes: np.ndarray) -> np.ndarray:
+        """A batch: codes int [B, C, n] -> float32 audio [B, n * frame_length]."""
+        t = torch.as_tensor(np.asarray(codes, dtype=np.int64), device=self._device)
+        return require_finite(self._stream.push(t).cpu().numpy(), "codec", CODEC_FILE)
+
+
+class FiniteStream:
+    """A codec stream whose audio is checked finite (CheckpointError naming the codec file, as in-process)."""
+
+    def __init__(self, stream: WorkerStream):
+        self._stream = stream
+
+    def push(self, codes: np.ndarray) -> np.ndarray:
+        return require_finite(self._stream.push(codes), "codec", CODEC_FILE)
+
+    def push_rows(self, codes: np.ndarray) -> np.ndarray:
+        return require_finite(self._stream.push_rows(codes), "codec", CODEC_FILE)

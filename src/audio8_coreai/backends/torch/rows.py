@@ -258,6 +258,7 @@ class RowBackend(Backend):
         self.checkpoint = self.shared.checkpoint
         self.device = self.shared.device
         self.precision = self.shared.precision
+        self.codec_process = self.shared.codec_process
 
     @property
     def description(self) -> str:

@@ -29,6 +29,7 @@ def _load(cfg: BenchConfig):
         precision="fp32" if cfg.baseline else cfg.precision,
         codec_dtype=cfg.codec_dtype,
         cuda_graphs=cfg.cuda_graphs,
+        codec_process=False,  # the codec timed here, at the configuration's threads (its own process runs one)
     )
 
 
