@@ -97,8 +97,8 @@ class SpeechStream:
         self.frame_length = frame_length
         self.pause_s = pause_s
         self.on_frame = on_frame
-        # Only a backend's own incremental codec (torch) runs beside its frames; a re-decode goes through
-        # the same backend calls as the frames.
+        # Only a codec that can run on a thread of its own (torch) runs beside the frames; Core AI's decoder
+        # calls go through the same runtime loop as the frames.
         self.codec_thread = codec_thread and backend.overlaps_codec
         self._reset_stats()
 
