@@ -291,8 +291,8 @@ class CoreAICodecStream:
         channels, n = codes.shape
         if self.frames + n > self.max_frames:
             raise BackendError(
-                f"the Core AI codec decoder decodes up to {self.max_frames} frames per utterance; this one "
-                f"reaches {self.frames + n}"
+                f"the Core AI codec decoder decodes up to {self.max_frames} frames per utterance (the model's "
+                f"max_seq_len); this one reaches {self.frames + n}: decode fewer frames, or use the torch backend"
             )
         pieces = [np.zeros(0, np.float32)]
         for first in range(0, n, self.push_frames):
