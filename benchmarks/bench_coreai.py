@@ -1,8 +1,15 @@
 """Core AI assets: conversion time and peak memory, asset sizes, runtime calls per frame, and ms per frame of
-the Core AI backend beside the torch backend (CPU, fp32) on the same checkpoint and inputs.
+the Core AI backend beside the torch backend (CPU, fp32) on the same checkpoint and inputs; then the codec
+stream: runtime calls per pushed chunk, frames decoded per frame of audio and ms per chunk (first and last).
 
     python benchmarks/bench_coreai.py --model DIR [--precision fp32|fp16|int8-fp16] [--context N] [--frames 8]
+                                      [--codec-frames 64] [--chunk-frames 16]
     python benchmarks/bench_coreai.py --model DIR --assets ASSETS_DIR      # time existing assets only
+
+The codec stream is ``--codec-frames`` random frames pushed ``--chunk-frames`` at a time into a fresh
+``codec_stream`` of each backend (``--codec-frames 0`` skips it); the Core AI decoder asset decodes every frame
+once with one runtime call per chunk of up to its push, the cost of a chunk not growing with the utterance; the
+torch stream is the same incremental decoder in PyTorch. Both are checked against each other (max |diff|).
 
 Conversion runs in a child process, so its peak resident memory is its own (``ru_maxrss`` of the child).
 Frames are timed through the backends' public calls on a fixed 40-column prompt and seeded noise, past eos
@@ -22,13 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from audio8_coreai.backends.coreai import CoreAIBackend
+from audio8_coreai.backends.coreai import CoreAIBackend, read_manifest
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.engine.loop import frame_steps, noise_source
 from audio8_coreai.model.frame import PREFILL_WIDTH
 from audio8_coreai.precision import names
+from audio8_coreai.settings import DEFAULTS
 
 PROMPT_COLUMNS = 40  # two prefill windows
 
@@ -68,6 +76,20 @@ def time_frames(backend, ckpt, frames: int) -> tuple[float, list[float], int]:
     return prefill_s, times, (backend.calls - calls) if calls is not None else -1
 
 
+def time_codec(backend, ckpt, frames: int, chunk: int) -> tuple[np.ndarray, list[float], int]:
+    """(audio float32, seconds per pushed chunk, runtime calls made or -1) for ``frames`` seeded random frames
+    pushed ``chunk`` at a time into a fresh ``codec_stream``."""
+    cc = ckpt.codec_config
+    codes = np.random.default_rng(0).integers(0, cc.residual_codebook_size, size=(cc.num_codebooks, frames))
+    calls = backend.calls if isinstance(backend, CoreAIBackend) else None
+    stream, pieces, times = backend.codec_stream(), [], []
+    for start in range(0, frames, chunk):
+        t0 = time.perf_counter()
+        pieces.append(stream.push(codes[:, start : start + chunk]))
+        times.append(time.perf_counter() - t0)
+    return np.concatenate(pieces), times, (backend.calls - calls) if calls is not None else -1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="checkpoint folder")
@@ -75,6 +97,8 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32", choices=names("coreai"))
     ap.add_argument("--context", type=int, default=None)
     ap.add_argument("--frames", type=int, default=8)
+    ap.add_argument("--codec-frames", type=int, default=64, help="frames of the codec stream (0: skip it)")
+    ap.add_argument("--chunk-frames", type=int, default=DEFAULTS.chunk_frames, help="frames per pushed chunk")
     args = ap.parse_args()
     ckpt = load_checkpoint(args.model)
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,7 +115,8 @@ def main() -> None:
             f"load dualar.aimodel (on Linux: compiled for the interpreter on every load): "
             f"{time.perf_counter() - t0:.1f} s"
         )
-        for backend in (TorchBackend(ckpt, "cpu", "fp32"), coreai):
+        backends = (TorchBackend(ckpt, "cpu", "fp32"), coreai)
+        for backend in backends:
             prefill_s, times, calls = time_frames(backend, ckpt, args.frames)
             windows = -(-PROMPT_COLUMNS // PREFILL_WIDTH)
             per_frame = f", runtime calls per frame {(calls - windows) / len(times):.2f}" if calls >= 0 else ""
@@ -99,6 +124,26 @@ def main() -> None:
                 f"{backend.description}: prefill of {PROMPT_COLUMNS} columns {prefill_s * 1e3:.0f} ms, frame "
                 f"median {np.median(times[1:]) * 1e3:.1f} ms (first_frame {times[0] * 1e3:.1f} ms){per_frame}"
             )
+        if args.codec_frames:
+            push = read_manifest(assets / "codec_decoder.aimodel")["push"]
+            audio = []
+            for backend in backends:
+                wav, times, calls = time_codec(backend, ckpt, args.codec_frames, args.chunk_frames)
+                audio.append(wav)
+                chunks = len(times)
+                # What the codec computed per frame of audio: padding included; a re-decoding stream would be > 1.
+                runtime = (
+                    f"runtime calls per chunk {calls / chunks:.2f}, frames decoded per frame of audio "
+                    f"{calls * push / args.codec_frames:.2f} (push {push})"
+                    if calls >= 0
+                    else "incremental decoder: frames decoded per frame of audio 1.00"
+                )
+                print(
+                    f"{backend.description}: codec stream of {args.codec_frames} frames in {chunks} chunks of "
+                    f"{args.chunk_frames}: first chunk {times[0] * 1e3:.0f} ms, last {times[-1] * 1e3:.0f} ms, "
+                    f"median {np.median(times) * 1e3:.0f} ms; {runtime}"
+                )
+            print(f"codec stream max |coreai - torch| {np.abs(audio[1] - audio[0]).max():.2e}")
         coreai.close()
 
 

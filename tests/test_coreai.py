@@ -3,7 +3,7 @@
 Conversions run once per session: fp32 with every part in this process; in a child process alongside, fp16
 with the DualAR and the decoder, int8-fp16 with the DualAR and the encoder (its decoder recipe is fp16's), and a
 greedy fp32 DualAR (``audio8 convert --greedy``). The buckets and contexts are small so the interpreter stays
-quick: context 128 (fp32) / 96 (fp16, int8-fp16) / 64 (greedy), decoder 24 / 8 frames, encoder 16 frames.
+quick: context 128 (fp32) / 96 (fp16, int8-fp16) / 64 (greedy), decoder pushes of 16 / 8 frames, encoder 16 frames.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def fp32_assets(oracle, tmp_path_factory, child_conversions):
         tmp_path_factory.mktemp("coreai") / "fp32",
         "fp32",
         context=128,
-        decoder_frames=24,
+        decoder_frames=16,
         encoder_frames=16,
         progress=False,
     )
@@ -346,7 +346,21 @@ def test_manifest_holds_contract_sampling_and_source(fp32_assets, oracle):
     assert dualar["source"]["sha256"]["model.safetensors"] == sha
     assert dualar["source"]["fingerprint"] == oracle.fingerprint()
     decoder = read_manifest(fp32_assets / "codec_decoder.aimodel")
-    assert decoder["contract"]["main"]["outputs"]["wav"] == {"shape": [1, 24 * 2048], "dtype": "float32"}
+    assert decoder["push"] == 16 and decoder["max_frames"] == 512  # the checkpoint's max_seq_len
+    main = decoder["contract"]["main"]
+    assert main["inputs"] == {
+        "codes": {"shape": [1, 10, 16], "dtype": "int32"},
+        "start": {"shape": [1], "dtype": "int32"},
+        "count": {"shape": [1], "dtype": "int32"},
+    }
+    assert main["outputs"] == {"wav": {"shape": [1, 16 * 2048], "dtype": "float32"}}
+    states = main["states"]
+    # The tiny codec: 1 post_module layer (2 heads of 64), 2 ConvNeXt and 4 SEANet blocks of causal convolutions.
+    assert list(states)[:3] == ["post_module_0_keys", "post_module_0_values", "quantizer_upsample_0_1_dwconv"]
+    assert len(states) == 22 and list(decoder["state"]) == list(states)
+    assert states["post_module_0_keys"] == {"shape": [1, 2, 127, 64], "dtype": "float32"}
+    assert states["decoder_model_1_block_1"] == {"shape": [1, 128, 1], "dtype": "float32"}  # ConvTranspose s8
+    assert states["decoder_model_4_block_4_block_1"] == {"shape": [1, 8, 54], "dtype": "float32"}  # k7 d9
     encoder = read_manifest(fp32_assets / "codec_encoder.aimodel")
     assert encoder["contract"]["main"]["inputs"]["audio"] == {"shape": [1, 1, 16 * 2048], "dtype": "float32"}
 
@@ -482,18 +496,37 @@ def test_calls_from_inside_a_running_event_loop(fp32_backend, oracle, fp32_asset
     assert want.shape[1] > 0 and np.array_equal(got, want) and np.array_equal(fresh_codes, want)
 
 
-def test_long_utterance_decodes_in_windows(fp32_backend, torch_backend):
-    """36 frames through the 24-frame decoder bucket: two calls, the second keeping 12 frames of context. The
-    first bucket is exact; past it the window-128 attention sees 12 earlier frames instead of all, which on the
-    tiny codec moves the samples by 7.5e-5 at most (measured)."""
-    codes = np.random.default_rng(0).integers(0, 256, size=(10, 36))
-    whole = torch_backend.decode_window(codes)
+LONG = 160  # frames of the long stream: past the codec transformer's 128-frame window (10 pushes)
+
+
+def test_codec_stream_decodes_every_frame_once_exactly(fp32_backend, torch_backend):
+    """The stateful decoder asset: a 160-frame utterance decoded (``decode_window``) in 16-frame pushes, one
+    runtime call each, equals the torch incremental decoder and the whole-utterance decode within 1e-4; a
+    stream's first pushes of 1, 2, 4, 8 frames and a last partial one (padded inside the fixed 16-frame shape)
+    and a push longer than 16 frames (two calls) are exact too. 160 frames rather than the issue's 320 keep the
+    test near a minute on the Linux interpreter (each 16-frame call takes seconds there); the calls are
+    identical in shape, so the state is what a longer stream adds."""
+    codes = np.random.default_rng(0).integers(0, 256, size=(10, LONG))
+    with torch.no_grad():
+        whole = torch_backend.decoder(torch.as_tensor(codes)[None])[0].numpy()
     calls = fp32_backend.calls
-    windows = fp32_backend.decode_window(codes)
-    assert fp32_backend.calls - calls == 2
-    assert windows.shape == whole.shape == (36 * 2048,)
-    assert np.abs(windows[: 24 * 2048] - whole[: 24 * 2048]).max() < 1e-4
-    assert np.abs(windows - whole).max() < 1e-3
+    decoded = fp32_backend.decode_window(codes)
+    assert fp32_backend.calls - calls == LONG // 16
+    assert decoded.shape == whole.shape == (LONG * 2048,)
+    assert np.abs(decoded - torch_backend.decode_window(codes)).max() < 1e-4
+    assert np.abs(decoded - whole).max() < 1e-4
+    stream, torch_stream = fp32_backend.codec_stream(), torch_backend.codec_stream()
+    first = 0
+    for n, runtime_calls in ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (20, 2), (3, 1)):
+        calls = fp32_backend.calls
+        got = stream.push(codes[:, first : first + n])
+        assert fp32_backend.calls - calls == runtime_calls and got.shape == (n * 2048,)
+        assert np.abs(got - torch_stream.push(codes[:, first : first + n])).max() < 1e-4
+        assert np.abs(got - whole[first * 2048 : (first + n) * 2048]).max() < 1e-4
+        first += n
+    with pytest.raises(BackendError, match="up to 512 frames per utterance"):
+        fp32_backend.codec_stream().push(np.zeros((10, 513), np.int64))
+    assert fp32_backend.decode_window(np.zeros((10, 0), np.int64)).shape == (0,)
 
 
 def test_transposed_convolutions_on_the_cpu_runtime(tmp_path):
@@ -563,6 +596,13 @@ def test_stale_asset_is_refused(oracle, fp32_assets, tmp_path):
         manifest = json.loads(meta.creator_defined_metadata["audio8"])
         meta.set_custom("audio8", json.dumps({**manifest, "format": 0}))
 
+    AIModelAsset.load(stale / "codec_decoder.aimodel").update_metadata(older)
+    backend = CoreAIBackend(oracle, stale)
+    try:  # a decoder of the stateless format: refused when the codec is first used
+        with pytest.raises(AssetError, match="codec_decoder.aimodel: stale asset .*audio8 convert --model DIR --out"):
+            backend.codec_stream()
+    finally:
+        backend.close()
     AIModelAsset.load(stale / "dualar.aimodel").update_metadata(older)
     with pytest.raises(AssetError, match="stale asset .*format 0.*convert the checkpoint again"):
         CoreAIBackend(oracle, stale)

@@ -14,7 +14,6 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
-from audio8_coreai.backends.base import RedecodeStream
 from audio8_coreai.cli import app
 from audio8_coreai.config import CodecConfig
 from audio8_coreai.engine.stream import DEFAULT_FIRST_CHUNK_FRAMES, PAUSE_S
@@ -100,6 +99,27 @@ def test_re_decoding_a_window_of_context_is_not_exact(deep_decoder):
     assert float((torch.cat(pieces, dim=-1) - whole).abs().max()) > 2 * EXACT
 
 
+@pytest.mark.parametrize("which", ["oracle_decoder", "deep_decoder"])
+def test_static_form_with_padded_pushes_equals_the_whole_utterance(request, which):
+    """``push_static``, the Core AI decoder asset's form: fixed 16-frame pushes of which the first ``count`` are
+    real (the rest any codes), the state in fixed tensors written in place; the real frames' samples are the
+    whole-utterance decode's, past the transformer's window too (deep: 3 layers of window 8)."""
+    decoder = request.getfixturevalue(which)
+    stream, codes = StreamingDecoder(decoder), _codes(FRAMES)
+    state = {name: torch.zeros(shape) for name, shape in stream.state_layout().items()}
+    pieces, start = [], 0
+    for n in [1, 2, 4, 8] + [16] * 7 + [13]:  # the last push starts at 127: its 16 RoPE rows fit FRAMES
+        push = _codes(16, seed=n)
+        push[..., :n] = codes[..., start : start + n]
+        with torch.no_grad():
+            wav = stream.push_static(push, torch.tensor([start]), torch.tensor([n]), state)
+        assert wav.shape == (1, 16 * 2048)
+        pieces.append(wav[:, : n * 2048])
+        start += n
+    whole = _whole(which, decoder)[:, : start * 2048]
+    assert float((torch.cat(pieces, dim=-1) - whole).abs().max()) <= EXACT
+
+
 def test_streaming_decode_stops_at_max_frames(oracle_decoder):
     stream = StreamingDecoder(oracle_decoder)
     stream.push(_codes(FRAMES - 4))
@@ -167,14 +187,6 @@ def test_only_the_streams_first_chunk_is_short(tiny_tts):
     sizes = [len(c) // 2048 if c.any() else "pause" for c in speech]
     assert len(speech.pieces) == 3
     assert sizes == [2, 4, 1, "pause", 4, 3, "pause", 4, 3]
-
-
-def test_fallback_redecode_stream_matches_the_backend_stream(tiny_tts):
-    codes = _codes(14).numpy()[0]
-    fallback, native = RedecodeStream(tiny_tts.backend), tiny_tts.backend.codec_stream()
-    for start in range(0, codes.shape[1], 7):
-        a, b = fallback.push(codes[:, start : start + 7]), native.push(codes[:, start : start + 7])
-        assert a.shape == b.shape and float(np.abs(a - b).max()) <= EXACT
 
 
 def test_long_text_is_split_and_spoken_in_order_with_pauses(tiny_tts):

@@ -65,7 +65,7 @@ class Settings:
     bench_checkpoint: str = "~/.cache/audio8-coreai/bench-0.6b"  # bench: the random 0.6b checkpoint's folder
     bench_frames: int = 32  # bench: frames per timed frame loop (fewer when the model draws eos)
     bench_runs: int = 3  # bench: timed runs after one warm-up (medians reported)
-    decoder_frames: int = 160  # Core AI codec decoder bucket: 128 frames of context + 32 new ones per window
+    decoder_frames: int = 16  # Core AI codec decoder push: frames per call (its state carries the utterance)
     encoder_frames: int = 216  # Core AI codec encoder bucket: 10.0 s, the voice-registration clip
     checkpoint_seed: int = 0  # make-checkpoint: the seed of the random weights (same seed, same files)
 

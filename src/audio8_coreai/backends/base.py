@@ -162,24 +162,6 @@ class Backend(ABC):
         Nothing by default."""
 
 
-class RedecodeStream:
-    """A :class:`CodecStream` for a backend whose codec has no incremental form (Core AI assets): decodes all
-    frames so far with ``decode_window`` at every push and returns the samples not yet returned. Exact to the
-    backend's own whole-utterance decode (the codec is causal), but its cost grows with the utterance."""
-
-    def __init__(self, backend: Backend):
-        self.backend = backend
-        self._codes: list[np.ndarray] = []
-        self._samples = 0
-
-    def push(self, codes: np.ndarray) -> np.ndarray:
-        self._codes.append(np.asarray(codes))
-        audio = self.backend.decode_window(np.concatenate(self._codes, axis=1))
-        new = audio[self._samples :]
-        self._samples = len(audio)
-        return new
-
-
 BACKENDS = ("torch", "coreai")
 
 

@@ -27,7 +27,7 @@ def convert(
         typer.Option(help="KV slots for prompt + frames, a multiple of 32 (default: the model's max_seq_len)."),
     ] = None,
     decoder_frames: Annotated[
-        int, typer.Option(help="Codec decoder bucket, frames per call (2048 samples each).")
+        int, typer.Option(help="Codec decoder push: frames per call (2048 samples each).")
     ] = DEFAULTS.decoder_frames,
     encoder_frames: Annotated[
         int, typer.Option(help="Codec encoder bucket, frames per call.")

@@ -100,8 +100,8 @@ class SpeechStream:
         self.frame_length = frame_length
         self.pause_s = pause_s
         self.on_frame = on_frame
-        # Only a backend's own incremental codec (torch) runs beside its frames; a re-decode goes through
-        # the same backend calls as the frames.
+        # Only a codec that can run beside the frames (torch's: its own process, or a thread) overlaps them; Core
+        # AI's decoder calls go through the same runtime loop as the frames.
         if overlap_codec is None:
             overlap_codec = backend.codec_process
         self.overlap_codec = overlap_codec and backend.overlaps_codec

@@ -21,7 +21,8 @@ from .manifest import (
     ENCODER_FRAMES,
     PARTS,
     asset_metadata,
-    decoder_context,
+    decoder_max_frames,
+    decoder_state_manifest,
     function_contract,
     manifest_base,
     require_coreai,
@@ -116,12 +117,15 @@ def _convert_codec(
     cc = ckpt.codec_config
     state = steps.run(f"{part}: weights", ckpt.codec_state_dict)
     if part == "codec_decoder":
-        fn = decoder_function(decoder_module(cc, state, precision, frames), cc, frames)
-        extra = {"decode_context": decoder_context(frames, cc.quantizer_transformer.window_size)}
+        longest = decoder_max_frames(ckpt.config.max_seq_len, cc.quantizer_transformer.window_size)
+        # RoPE rows for a last push that starts near the end and is padded past it
+        fn = decoder_function(decoder_module(cc, state, precision, longest + frames), cc, frames)
+        extra = {"push": frames, "max_frames": longest, "state": decoder_state_manifest(fn.states)}
     else:
-        fn, extra = encoder_function(encoder_module(cc, state, precision, frames), cc, frames), {}
+        fn = encoder_function(encoder_module(cc, state, precision, frames), cc, frames)
+        extra = {"frames": frames}
     del state
-    _save({"main": fn}, path, {**base, "part": part, "frames": frames, **extra}, steps)
+    _save({"main": fn}, path, {**base, "part": part, **extra}, steps)
 
 
 def convert(
@@ -145,7 +149,9 @@ def convert(
         precision: ``fp32``, ``fp16`` or ``int8-fp16`` (precision.py).
         context: KV slots (prompt + frames), a multiple of 32 up to ``max_seq_len`` (the default).
         sampling: the settings baked into the frame graphs (default: the checkpoint's defaults).
-        decoder_frames, encoder_frames: the codec buckets (frames of 2048 samples per call).
+        decoder_frames: the codec decoder's push (frames of 2048 samples per call; the decoder state carries
+            the utterance from call to call).
+        encoder_frames: the codec encoder's bucket (frames per call: the longest clip).
         parts: which of PARTS to write (tests convert only what they use).
         progress: show a progress bar on stderr.
 
@@ -167,9 +173,9 @@ def convert(
             f"context {context} must be a multiple of {PREFILL_WIDTH} between {PREFILL_WIDTH} and "
             f"the model's max_seq_len {cfg.max_seq_len}"
         )
-    if decoder_frames < 2 or encoder_frames < 1:
+    if decoder_frames < 1 or encoder_frames < 1:
         raise AssetError(
-            f"codec buckets must hold frames: decoder {decoder_frames} (>= 2), encoder {encoder_frames} (>= 1)"
+            f"codec calls must hold frames: decoder push {decoder_frames}, encoder bucket {encoder_frames} (>= 1)"
         )
     unknown = sorted(set(parts) - set(PARTS))
     if unknown or not parts:

@@ -1,5 +1,6 @@
-"""The asset functions: the frame (model/frame.py, export mode) behind the contract's exact names, shapes and dtypes
-(manifest.py), their example inputs, and their export with torch.export for coreai-torch."""
+"""The asset functions: the frame (model/frame.py, export mode) and the codec's streaming decoder
+(model/codec/streaming.py, static form) behind the contract's exact names, shapes and dtypes (manifest.py), their
+example inputs, and their export with torch.export for coreai-torch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ...config import CodecConfig, SamplingParams
-from ...model.codec import CodecDecoder, CodecEncoder
+from ...model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ...model.dualar import DualAR
 from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
 from .manifest import FRAME_OUTPUTS, STATE_NAMES
@@ -120,15 +121,20 @@ class _FrameFn(nn.Module):
         return _frame_outputs(self.frame(self.params, inputs, k_cache, v_cache))
 
 
-class _DecodeFn(nn.Module):
-    """``codec_decoder.main``: codes [1, C, T] int32 -> wav [1, T * frame_length] float32."""
+class _StreamDecodeFn(nn.Module):
+    """``codec_decoder.main`` (see manifest.py's contract): a push of codes [1, C, P] int32 whose first ``count``
+    are frames ``start ..`` of the utterance, then the decoder state -> wav [1, P * frame_length] float32; the
+    state is written in place (:meth:`.model.codec.StreamingDecoder.push_static`)."""
 
     def __init__(self, decoder: CodecDecoder):
         super().__init__()
         self.decoder = decoder
+        self.stream = StreamingDecoder(decoder)
+        self.names = tuple(self.stream.state_layout())
 
-    def forward(self, codes: Tensor) -> Tensor:
-        return self.decoder(codes)
+    def forward(self, codes: Tensor, start: Tensor, *state_and_count: Tensor) -> Tensor:
+        *state, count = state_and_count
+        return self.stream.push_static(codes, start, count, dict(zip(self.names, state, strict=True)))
 
 
 class _EncodeFn(nn.Module):
@@ -180,11 +186,18 @@ def dualar_functions(model: DualAR, params: SamplingParams, context: int) -> dic
     }
 
 
-def decoder_function(decoder: CodecDecoder, cc: CodecConfig, frames: int) -> AssetFunction:
-    """``codec_decoder.main`` on example codes of a bucket of ``frames``."""
-    return AssetFunction(
-        _DecodeFn(decoder), {"codes": torch.zeros(1, cc.num_codebooks, frames, dtype=torch.int32)}, ("wav",), {}
-    )
+def decoder_function(decoder: CodecDecoder, cc: CodecConfig, push: int) -> AssetFunction:
+    """``codec_decoder.main`` on example inputs of a push of ``push`` frames and a zero decoder state."""
+    fn = _StreamDecodeFn(decoder)
+    dtype = next(decoder.parameters()).dtype
+    i32 = torch.int32
+    inputs = {
+        "codes": torch.zeros(1, cc.num_codebooks, push, dtype=i32),
+        "start": torch.tensor([0], dtype=i32),
+        "count": torch.tensor([push], dtype=i32),
+    }
+    states = {name: torch.zeros(shape, dtype=dtype) for name, shape in fn.stream.state_layout().items()}
+    return AssetFunction(fn, inputs, ("wav",), states)
 
 
 def encoder_function(encoder: CodecEncoder, cc: CodecConfig, frames: int) -> AssetFunction:
@@ -204,6 +217,6 @@ def export_program(module: nn.Module, args: tuple[Tensor, ...]) -> Any:
 def export_function(fn: AssetFunction) -> Any:
     """:func:`export_program` of one asset function on its example inputs and states."""
     args = list(fn.inputs.values())
-    # The states come right after the first two inputs in prefill's and frame's forward.
+    # The states come right after the first two inputs in every stateful function's forward.
     args[2:2] = fn.states.values()
     return export_program(fn.module, tuple(args))

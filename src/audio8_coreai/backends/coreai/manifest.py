@@ -4,8 +4,8 @@ An asset folder (written by :func:`~.convert.convert`, read by :class:`~.runtime
 
 * ``dualar.aimodel``: ``prefill``, ``first_frame`` and ``frame`` (PORT-NOTES.md section 2, contract below);
   ``prefill`` and ``frame`` share the KV state ``k_cache``/``v_cache`` [n_layer, 1, n_kv, context, head_dim].
-* ``codec_decoder.aimodel``: ``main`` codes [1, C, T_dec] int32 -> wav [1, T_dec * 2048] float32 (codes
-  clamped in the graph); T_dec = 160 frames (7.4 s) by default.
+* ``codec_decoder.aimodel``: ``main``, the exact incremental codec decoder with its state as Core AI state
+  (contract below); every frame of an utterance is decoded once, in pushes of P = 16 frames by default.
 * ``codec_encoder.aimodel``: ``main`` audio [1, 1, T_enc * 2048] float32 (mono, 44.1 kHz, right-padded
   with zeros) -> codes [1, C, T_enc] int32; T_enc = 216 frames (10 s) by default.
 
@@ -26,6 +26,17 @@ The dualar contract (V = semantic ids + 1 (eos), C = num_codebooks, W = 32, ``~`
   codebook_size] ~, sampled_semantic [1] int32, sampled_codes [C] int32.
 * ``frame``: codes [1, 1+C, 1] int32 (the previous column), pos [1] int32 (its slot), then the tail
   inputs -> as ``first_frame``, logits/hidden being this step's: one runtime call per frame.
+
+The codec decoder contract (P = the push, manifest ``push``; the state in the decoder's dtype: float32 for
+fp32, float16 otherwise):
+
+* ``main``: codes [1, C, P] int32 (clamped in the graph; frames after ``count`` are padding, any codes),
+  start [1] int32 (the utterance position of the push's first frame), count [1] int32 (1..P real frames) ->
+  wav [1, P * 2048] float32, of which the first ``count * 2048`` samples are the frames' audio. The state
+  (``contract.main.states``, described in manifest ``state``, zeros to start an utterance) is read and
+  written in place: per post_module layer the rotated keys and values of the 127 frames before the push, and
+  per causal convolution its last input steps (:class:`..model.codec.StreamingDecoder`). ``start + count``
+  may reach the manifest's ``max_frames`` (the checkpoint's ``max_seq_len``: the RoPE positions).
 
 Sampling is baked into ``first_frame``/``frame``: top-k, top-p, temperature, do_sample and the RAS settings
 are graph constants, by default the checkpoint's generation_config.json and config.json at conversion time.
@@ -50,15 +61,14 @@ from ...checkpoint import CODEC_SPEC_FILE, CONFIG_FILE, GENERATION_FILE, Checkpo
 from ...errors import AssetError, BackendError
 from ...settings import DEFAULTS
 
-FORMAT = 1  # bump when the graphs, their contract or the manifest change: older folders are then refused
+FORMAT = 2  # bump when the graphs, their contract or the manifest change: older folders are then refused
 MANIFEST_KEY = "audio8"
 PARTS = ("dualar", "codec_decoder", "codec_encoder")
 DUALAR_FUNCTIONS = ("prefill", "first_frame", "frame")
 FRAME_OUTPUTS = ("semantic", "codes", "logits", "hidden", "fast_logits", "sampled_semantic", "sampled_codes")
 STATE_NAMES = ("k_cache", "v_cache")
-DECODER_FRAMES = DEFAULTS.decoder_frames  # 7.4 s: 128 frames of context + 32 new ones per streaming window
+DECODER_FRAMES = DEFAULTS.decoder_frames  # the codec decoder's push: frames per call
 ENCODER_FRAMES = DEFAULTS.encoder_frames  # 10.0 s: the voice-registration bucket
-DECODER_STEP = 32  # new frames per window when an utterance is longer than the decoder's bucket
 
 # coreai-torch compares torch's version as a string: "2.13.0+cpu" reads as newer than its validated 2.13.0.
 warnings.filterwarnings("ignore", message="coreai-torch has only been validated", category=UserWarning)
@@ -77,13 +87,22 @@ def require_coreai() -> None:
         ) from e
 
 
-def decoder_context(frames: int, window: int) -> int:
-    """Frames of context a decoder window of ``frames`` keeps when an utterance is decoded in windows.
+def decoder_max_frames(max_seq_len: int, window: int) -> int:
+    """The longest utterance (frames) the codec decoder asset decodes: the checkpoint's ``max_seq_len`` (prompt
+    and frames never exceed it), at least the codec transformer's ``window`` (its mask band needs the rows)."""
+    return max(max_seq_len, window)
 
-    The codec transformer's ``window`` (128) when the bucket leaves at least DECODER_STEP new frames (the
-    default 160 = 128 + 32, DESIGN.md), else half the bucket (small test buckets: approximate).
-    """
-    return min(window, frames - DECODER_STEP) if frames >= window + DECODER_STEP else frames // 2
+
+def decoder_state_manifest(states: dict[str, Tensor]) -> dict[str, str]:
+    """What each codec decoder state tensor holds, in call order (shapes and dtypes are in the contract)."""
+    out = {}
+    for name, t in states.items():
+        if name.startswith("post_module_"):
+            kind = name.rsplit("_", 1)[1]
+            out[name] = f"post_module layer {name.split('_')[2]}: rotated {kind} of the {t.shape[2]} frames before"
+        else:
+            out[name] = f"the last {t.shape[-1]} input steps of the causal convolution {name}"
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from ...checkpoint import Checkpoint
 from ...config import ModelConfig, SamplingParams
 from ...errors import AssetError, BackendError
 from ...model.frame import PREFILL_WIDTH
-from ..base import Backend, CodecStream, FrameResult, RedecodeStream, StepInputs
+from ..base import Backend, FrameResult, StepInputs
 from .manifest import DUALAR_FUNCTIONS, checked_manifest, require_coreai
 
 
@@ -76,7 +76,7 @@ class CoreAIBackend(Backend):
     The loaded models are held for the backend's life (a function whose model was collected returns
     garbage); :meth:`close` releases them. The KV state is allocated as explicit zeros (the Linux runtime
     does not zero new arrays) and re-allocated by :meth:`reset`. ``calls`` counts runtime calls: one per
-    prefill window, one per frame, one per codec window.
+    prefill window, one per frame, one per codec push of up to the decoder's ``push`` frames.
 
     Raises AssetError (missing, stale or foreign assets) or BackendError (Core AI packages missing).
     """
@@ -178,9 +178,10 @@ class CoreAIBackend(Backend):
         self._last = (out["logits"][real - 1], out["hidden"][real - 1])
         return self._last[0].astype(np.float32), self._last[1].astype(np.float32)
 
-    def codec_stream(self) -> CodecStream:
-        """A stream that re-decodes the utterance so far at every push (:class:`..base.RedecodeStream`)."""
-        return RedecodeStream(self)
+    def codec_stream(self) -> CoreAICodecStream:
+        """A fresh incremental codec for one utterance (:class:`CoreAICodecStream`): its own zero decoder state."""
+        fn, manifest = self._codec_fn("codec_decoder")
+        return CoreAICodecStream(self, fn, manifest)
 
     def _tail(self, params: SamplingParams, step: StepInputs) -> dict[str, np.ndarray]:
         if not self.draws_like(params):
@@ -237,29 +238,9 @@ class CoreAIBackend(Backend):
         return self._codec[part]
 
     def decode_window(self, codes: np.ndarray) -> np.ndarray:
-        """Codes int [C, T] -> float32 audio [T * frame_length] at 44.1 kHz.
-
-        Up to the decoder's bucket (160 frames by default) in one call, right-padded with zeros (the codec is
-        causal, so the padding changes nothing before it). Longer utterances go in windows of the bucket that
-        each keep ``decode_context`` earlier frames (128 by default: the codec transformer's window) and emit
-        the frames after them, as streaming does.
-        """
-        fn, manifest = self._codec_fn("codec_decoder")
-        bucket, ctx = manifest["frames"], manifest["decode_context"]
-        hop = self.checkpoint.codec_config.frame_length
-        codes = np.asarray(codes, dtype=np.int32)
-        total = codes.shape[1]
-        pieces = []
-        done = 0
-        while done < total:
-            end = min(total, bucket if done == 0 else done + bucket - ctx)
-            begin = max(0, end - bucket)
-            window = np.zeros((1, codes.shape[0], bucket), dtype=np.int32)
-            window[0, :, : end - begin] = codes[:, begin:end]
-            wav = self._call(fn, {"codes": window})["wav"][0]
-            pieces.append(wav[(done - begin) * hop : (end - begin) * hop])
-            done = end
-        return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, np.float32)
+        """Codes int [C, T] -> float32 audio [T * frame_length] at 44.1 kHz: the whole utterance pushed through a
+        fresh :meth:`codec_stream` (one runtime call per push of the decoder's ``push`` frames; exact)."""
+        return self.codec_stream().push(codes)
 
     def encode(self, audio: np.ndarray) -> np.ndarray:
         """Mono 44.1 kHz float32 audio [N] -> codes int64 [C, ceil(N / frame_length)] (one call).
@@ -281,3 +262,45 @@ class CoreAIBackend(Backend):
         padded = np.zeros((1, 1, bucket * hop), dtype=np.float32)
         padded[0, 0, : len(audio)] = audio
         return self._call(fn, {"audio": padded})["codes"][0, :, :frames].astype(np.int64)
+
+
+class CoreAICodecStream:
+    """One utterance's codec on the stateful decoder asset (manifest.py's codec decoder contract), behind
+    :class:`..base.CodecStream`: ``push(codes int [C, n])`` -> float32 audio [n * frame_length], the samples the
+    whole-utterance decode gives for those frames (the torch incremental decoder's, to float rounding).
+
+    Every frame is decoded once: a push of up to the asset's ``push`` frames (P) is one runtime call, a longer
+    one several; a shorter one is padded inside the fixed shape (the codec is causal and the graph keeps only
+    the real frames' state) and its audio trimmed. The decoder state is this stream's own, zeros at the start.
+    Raises BackendError past the asset's ``max_frames`` frames in one utterance.
+    """
+
+    def __init__(self, backend: CoreAIBackend, fn: Any, manifest: dict[str, Any]):
+        import coreai.runtime as rt
+
+        self._backend, self._fn = backend, fn
+        self.push_frames: int = manifest["push"]
+        self.max_frames: int = manifest["max_frames"]
+        self.frames = 0
+        specs = manifest["contract"]["main"]["states"]
+        self._state = {name: rt.NDArray(np.zeros(s["shape"], dtype=s["dtype"])) for name, s in specs.items()}
+        self._hop = backend.checkpoint.codec_config.frame_length
+
+    def push(self, codes: np.ndarray) -> np.ndarray:
+        codes = np.asarray(codes, dtype=np.int32)
+        channels, n = codes.shape
+        if self.frames + n > self.max_frames:
+            raise BackendError(
+                f"the Core AI codec decoder decodes up to {self.max_frames} frames per utterance (the model's "
+                f"max_seq_len); this one reaches {self.frames + n}: decode fewer frames, or use the torch backend"
+            )
+        pieces = [np.zeros(0, np.float32)]
+        for first in range(0, n, self.push_frames):
+            count = min(self.push_frames, n - first)
+            padded = np.zeros((1, channels, self.push_frames), np.int32)
+            padded[0, :, :count] = codes[:, first : first + count]
+            inputs = {"codes": padded, "start": np.array([self.frames], np.int32), "count": np.array([count], np.int32)}
+            wav = self._backend._call(self._fn, inputs, self._state)["wav"][0]
+            pieces.append(wav[: count * self._hop].astype(np.float32))
+            self.frames += count
+        return np.concatenate(pieces)

@@ -100,7 +100,7 @@ class WindowTransformer(nn.Module):
             h = layer(h, rope, mask)
         return self.norm(h).transpose(1, 2)
 
-    def step(self, x: Tensor, start: int, past: list[list[Tensor]]) -> Tensor:
+    def step(self, x: Tensor, start: Tensor | int, past: list[list[Tensor]], count: Tensor | None = None) -> Tensor:
         """Incremental :meth:`forward`: ``x`` [B, C, n] holds positions ``start .. start + n - 1`` of a sequence
         whose earlier positions went through earlier calls; returns their outputs [B, C, n], equal (up to float
         rounding) to the same columns of ``forward`` on the whole sequence.
@@ -111,19 +111,42 @@ class WindowTransformer(nn.Module):
         ``n_layer x (window - 1)`` positions back), so a re-run over a window of recent frames would not be
         exact. RoPE and the mask use absolute positions, so ``start + n`` must not exceed ``max_positions``
         (ValueError).
+
+        Static form (``count`` an int tensor [1], ``start`` too; the Core AI asset): every layer's keys and
+        values are ``window - 1`` rows always (zeros, masked, before position 0), only the first ``count`` of
+        the n columns are real (the rest is padding no real query sees), and the kept rows are those before
+        ``start + count``, written into the ``past`` tensors in place. RoPE rows are gathered from the table
+        (``start + n <= max_positions``: the caller checks) and the mask is a band of ``window - 1 + n`` rows
+        of the window mask (``max_positions`` at least that).
         """
-        end = start + x.shape[-1]
-        if end > self.mask.shape[0]:
-            raise ValueError(
-                f"codec transformer: position {end} exceeds max_positions {self.mask.shape[0]} "
-                "(build the codec with a larger max_frames)"
-            )
-        cached = past[0][0].shape[2] if past[0] else 0
-        rope, mask = self.rope[start:end], self.mask[start:end, start - cached : end]
+        n = x.shape[-1]
+        if count is None:
+            end = start + n
+            if end > self.mask.shape[0]:
+                raise ValueError(
+                    f"codec transformer: position {end} exceeds max_positions {self.mask.shape[0]} "
+                    "(build the codec with a larger max_frames)"
+                )
+            cached = past[0][0].shape[2] if past[0] else 0
+            rope, mask = self.rope[start:end], self.mask[start:end, start - cached : end]
+        else:
+            kept = self.window - 1
+            rope = self.rope.index_select(0, start.long() + torch.arange(n, device=x.device))
+            # The mask is the same band at every start (rows ``kept ..`` of the window mask), less the key rows
+            # before position 0 (float arithmetic: one comparison, as the Core AI delegate wants).
+            keys = torch.arange(kept + n, dtype=torch.float32, device=x.device) + start.float()
+            mask = self.mask[kept : kept + n, : kept + n] & (keys >= kept)[None]
         h = x.transpose(1, 2)
         for layer, kv in zip(self.layers, past):
+            state = list(kv)
             h = layer(h, rope, mask, kv)
-            kv[:] = [t[:, :, max(0, t.shape[2] - self.window + 1) :] for t in kv]
+            if count is None:
+                kv[:] = [t[:, :, max(0, t.shape[2] - self.window + 1) :] for t in kv]
+            else:
+                rows = count.long() + torch.arange(self.window - 1, device=x.device)
+                for s, t in zip(state, kv):
+                    s.copy_(t.index_select(2, rows))
+                kv[:] = state
         return self.norm(h).transpose(1, 2)
 
 
