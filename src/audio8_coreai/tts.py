@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,40 +22,9 @@ from .engine.stream import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, Speech
 from .errors import BackendError, CheckpointError, EngineError, PromptError, PromptTooLong
 from .request import check_seed, sampling_config
 from .settings import DEFAULTS
+from .synthesis import Synthesis
 from .text import PromptBuilder, check_text, load_tokenizer, split_text, warn_language
 from .voices import Voice, VoiceStore
-
-
-@dataclass
-class Synthesis:
-    """One utterance: ``audio`` float32 [N] at ``sample_rate`` Hz (N = frames x 2048), its ``codes``
-    int64 [num_codebooks, frames], whether eos ended it (False: stopped at the frame cap), the seed that
-    reproduces it, and times in seconds (``rtf`` = compute time / audio duration; ``codec_s`` is the decode's time
-    after the last frame: with the codec in a process of its own the rest ran beside the frames)."""
-
-    audio: np.ndarray
-    sample_rate: int
-    codes: np.ndarray
-    reached_eos: bool
-    seed: int
-    prompt_length: int
-    max_frames: int
-    prefill_s: float
-    frames_s: float
-    codec_s: float
-
-    @property
-    def frames(self) -> int:
-        return int(self.codes.shape[1])
-
-    @property
-    def duration_s(self) -> float:
-        return len(self.audio) / self.sample_rate
-
-    @property
-    def rtf(self) -> float:
-        total = self.prefill_s + self.frames_s + self.codec_s
-        return total / self.duration_s if self.duration_s else float("inf")
 
 
 class TTS(VoiceCloning):
