@@ -120,7 +120,14 @@ def gate(
     assets: AssetsOpt = None,
     device: DeviceOpt = "auto",
     dtype: Annotated[
-        str, typer.Option("--dtype", "--precision", help="The port's precision on torch: fp32 or bf16.")
+        str,
+        typer.Option(
+            "--dtype",
+            "--precision",
+            help="The port's precision on torch (precision.py's names: fp32, bf16, fp16w, int16, "
+            "int12, int8, int8-int16, int8-fp16w, int8-int8); a non-fp32 one is judged by its speech, "
+            "its tensors reported.",
+        ),
     ] = "fp32",
     against: Annotated[
         str,
