@@ -34,10 +34,11 @@ import torch
 
 from ...config import SamplingParams
 from ...errors import EngineError
-from ...model.frame import FrameInputs
+from ...model.frame import FrameInputs, RowsInputs
 from ...settings import DEFAULTS
 from ..base import Backend, CodecStream, FrameResult, StepInputs
-from .backend import TorchBackend, frame_result
+from .backend import TorchBackend, frame_results
+from .cudagraphs import GraphedRows, bucket_sizes
 
 GATHER_S = DEFAULTS.gather_s  # how long a ready frame call waits for the other rows' calls (a frame takes 50-500 ms)
 RECENT_S = DEFAULTS.recent_s  # a row that submitted work this recently is expected to submit its next frame soon
@@ -46,17 +47,25 @@ RECENT_S = DEFAULTS.recent_s  # a row that submitted work this recently is expec
 class BatchModel:
     """The rows of a batch over a :class:`.backends.torch.TorchBackend`'s model (same weights, same precision).
 
-    Holds the KV state [n_layer, max_batch, n_kv, max_seq_len, head_dim] (each row about 100 MB at fp32 for the
-    0.6b model) and which rows are taken. :meth:`prefill` fills one row (the backend's prefill, written into
-    that row); :meth:`frames` runs one frame for any set of rows in one call. Not thread-safe: one thread
-    drives it.
+    Holds the KV state [n_layer, max_batch, n_kv, max_seq_len, head_dim] (each row 50 MB at fp32 for the 0.6b
+    model) and which rows are taken. :meth:`prefill` fills one row (the backend's prefill, written into that row);
+    :meth:`frames` runs one frame for any set of rows in one call. Not thread-safe: one thread drives it.
+
+    When the backend's ``frame_mode`` is ``graph`` (CUDA graphs), frames run the frame's static batched form
+    through :class:`.cudagraphs.GraphedRows` (captured on CUDA, eager elsewhere) at the batch sizes of
+    :func:`.cudagraphs.bucket_sizes`, and the KV state has one scratch row more (never lent).
     """
 
     def __init__(self, backend: TorchBackend, max_batch: int):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.backend, self.max_batch, self.cfg = backend, max_batch, backend.cfg
-        self.k_cache, self.v_cache = backend.model.new_kv_cache(batch=max_batch)
+        graphed = backend.frame_mode == "graph"
+        self.k_cache, self.v_cache = backend.model.new_kv_cache(batch=max_batch + graphed)
+        self.graphed = None
+        if graphed:
+            capture = backend.device.type == "cuda"
+            self.graphed = GraphedRows(backend.model, self.k_cache, self.v_cache, bucket_sizes(max_batch), capture)
         self._free = list(range(max_batch))
         self._prefilled: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # row -> its prefill's logits, hidden
 
@@ -99,6 +108,8 @@ class BatchModel:
         n = len(calls)
         if n == 0:
             return []
+        if self.graphed is not None:
+            return frame_results(self.graphed(params, *self._static_inputs(calls)))
         b, c = self.backend, self.cfg.num_codebooks
         dev, frame = b.device, b.frame_maths
         rows = [row for row, _ in calls]
@@ -129,7 +140,46 @@ class BatchModel:
             use_forced=use_forced,
         )
         out = frame.sample(params, torch.stack(logits), torch.stack(hidden), inputs)
-        return [frame_result(out, i) for i in range(n)]
+        return frame_results(out)
+
+    def _static_inputs(self, calls: Sequence[tuple[int, StepInputs]]) -> tuple[FrameInputs, RowsInputs]:
+        """The inputs of :meth:`.model.frame.Frame.rows` for ``calls``: a frame-0 call (no column) steps the
+        scratch row at the last slot, and takes its prefill's logits and hidden instead."""
+        n, c, dev = len(calls), self.cfg.num_codebooks, self.backend.device
+        scratch, last = self.max_batch, self.cfg.max_seq_len - 1
+        first = [x.column is None for _, x in calls]
+        column = np.zeros((n, 1 + c), dtype=np.int64)
+        forced = np.zeros((n, 1 + c), dtype=np.int64)
+        for i, (_, x) in enumerate(calls):
+            if x.column is not None:
+                column[i] = x.column
+            if x.forced is not None:
+                forced[i] = x.forced
+        logits = torch.zeros(n, self.cfg.num_semantic + 1, dtype=self.k_cache.dtype, device=dev)
+        hidden = torch.zeros(n, self.cfg.dim, dtype=self.k_cache.dtype, device=dev)
+        for i, (row, _) in enumerate(calls):
+            if first[i]:
+                logits[i], hidden[i] = self._prefilled[row]
+
+        def tensor(values, dtype=None) -> torch.Tensor:
+            return torch.as_tensor(np.asarray(values, dtype=dtype), device=dev)
+
+        inputs = FrameInputs(
+            noise_slow=tensor([x.noise_slow for _, x in calls], np.float32),
+            window=tensor([x.window for _, x in calls], np.int64),
+            noise_fast=tensor([x.noise_fast for _, x in calls], np.float32),
+            forced=tensor(forced),
+            use_forced=tensor([float(x.forced is not None) for _, x in calls], np.float32),
+            column=tensor(column).view(n, 1 + c, 1),
+            pos=tensor([last if f else x.pos for f, (_, x) in zip(first, calls)], np.int64),
+        )
+        rows = RowsInputs(
+            rows=tensor([scratch if f else row for f, (row, _) in zip(first, calls)], np.int64),
+            first=tensor(first, np.bool_),
+            logits=logits,
+            hidden=hidden,
+        )
+        return inputs, rows
 
 
 @dataclass
