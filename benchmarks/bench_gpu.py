@@ -12,11 +12,11 @@ One checkpoint loaded twice, as an eager backend and a graph-mode one (``cuda_gr
    bucketed graphs (:class:`audio8_coreai.backends.torch.cudagraphs.GraphedRows`); ms per step, ms per frame per
    stream, and the streams the frame loop alone keeps real-time: B x 46.4 ms / ms per step.
 3. **streams**: B streams of the same sentence in lock-step, 16-frame chunks: 16 batched steps, then the chunk's
-   codes of all B streams decoded in **one** codec call (the exact incremental decoder, ``push_rows`` of
-   [B, C, 16]: the streams started together, so their codec states line up). ``rtf`` = wall time per chunk over
-   its audio (16 x 46.4 ms), sequential (decode, then the next chunk's frames) and overlapped (the decode on its
-   own CUDA stream in a thread while the next chunk's frames run). The largest B with RTF <= 1 is the real-time
-   streams per GPU with the codec included. Target on an H200: >= 100.
+   codes of all B streams decoded in **one** codec call (:meth:`CodecRows.run`, the batched server's codec: every
+   stream's state stacked, on its own CUDA stream). ``rtf`` = wall time per chunk over its audio (16 x 46.4 ms),
+   sequential (decode, then the next chunk's frames) and overlapped (the decode in a thread while the next
+   chunk's frames run). The largest B with RTF <= 1 is the real-time streams per GPU with the codec included.
+   Target on an H200: >= 100.
 
 ``--device cpu`` runs the same code (the graph-mode forms uncaptured): a check of the script, not a measurement.
 """
@@ -24,7 +24,6 @@ One checkpoint loaded twice, as an eager backend and a graph-mode one (``cuda_gr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -37,6 +36,7 @@ import torch
 
 from audio8_coreai import TTS
 from audio8_coreai.backends.torch import TorchBackend
+from audio8_coreai.backends.torch.codec_rows import CodecRows, Push
 from audio8_coreai.engine.batch import BatchEngine
 from audio8_coreai.engine.loop import generate
 from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
@@ -114,19 +114,20 @@ def chunk_codes(engine: BatchEngine) -> np.ndarray:
 
 
 def streams(tts: TTS, sizes: list[int], rounds: int, frame_s: float, rows: list[dict], save) -> None:
-    """RTF of B lock-step streams with one batched codec push per chunk, sequential and overlapped: a row per
-    size appended to ``rows``, ``save()`` called after each."""
+    """RTF of B lock-step streams with one batched codec call per chunk (the batched server's
+    :class:`CodecRows`, on its own CUDA stream), sequential and overlapped: a row per size appended to ``rows``,
+    ``save()`` called after each."""
     backend: TorchBackend = tts.backend
     dev = backend.device
-    side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+    codec = CodecRows(backend.decoder)
     with ThreadPoolExecutor(1) as pool:
         for b in sizes:
-            engine, codec = fill(tts, b), backend.codec_stream()
-            codec.push_rows(chunk_codes(engine))  # warm-up: the bucket's graph, the codec's first push
+            engine, decoding = fill(tts, b), [codec.stream() for _ in range(b)]
 
-            def decode(codes: np.ndarray, codec=codec) -> np.ndarray:
-                with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                    return codec.push_rows(codes)
+            def decode(codes: np.ndarray, decoding=decoding) -> list[np.ndarray]:
+                return codec.run([Push(s, codes[i : i + 1]) for i, s in enumerate(decoding)])
+
+            decode(chunk_codes(engine))  # warm-up: the bucket's graph, the codec's first push
 
             t0 = time.perf_counter()
             for _ in range(rounds):
@@ -145,8 +146,9 @@ def streams(tts: TTS, sizes: list[int], rounds: int, frame_s: float, rows: list[
             rows.append(out)
             print(json.dumps(out), flush=True)
             save()
-            del engine, codec
+            del engine, decoding
             release(dev)
+    codec.close()
 
 
 def release(dev: torch.device) -> None:

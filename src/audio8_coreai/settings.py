@@ -33,6 +33,7 @@ class Settings:
     codec_queue: int = 2  # codec chunks in flight beside the frame loop (decoding or waiting); the loop waits beyond
     cuda_graphs: bool | None = None  # frames replayed as CUDA graphs (one launch per frame); None: on when on CUDA
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)  # batched graphs: rows padded up to the next one
+    batch_codec: bool | None = None  # batched serving: the streams' codec pushes stacked in one call; None: on CUDA
 
     # Server (server/, backends/torch/rows.py; `audio8 serve`)
     host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)

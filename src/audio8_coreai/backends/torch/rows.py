@@ -13,7 +13,10 @@ the codec) that hands its model work to that thread and waits for the answer. A 
 utterance exactly as with a backend of its own (:class:`...engine.stream.SpeechStream`: splitting, noise, RAS window,
 streaming codec all unchanged), while the frame thread gathers the frame calls of every row that is waiting and
 runs them as one batched call: N streams read the weights once per frame. The codec runs on the request
-threads, beside the frame loop (on another core).
+threads, beside the frame loop (on another core), or (``batch_codec``, the default on CUDA) on one codec thread
+that stacks the rows' pushes into one call on its own CUDA stream (:mod:`.codec_rows`). With the backend's frames
+as CUDA graphs (the default on CUDA) the batched frames are graphs too, one per bucketed batch size
+(:class:`.cudagraphs.GraphedRows`).
 
 Rows whose thread is busy elsewhere (decoding a chunk, sending bytes) are simply not in that frame's call; the
 frame thread waits at most ``gather_s`` for the rows heard from in the last ``RECENT_S`` once one call is ready.
@@ -38,6 +41,7 @@ from ...model.frame import FrameInputs, RowsInputs
 from ...settings import DEFAULTS
 from ..base import Backend, CodecStream, FrameResult, StepInputs
 from .backend import TorchBackend, frame_results
+from .codec_rows import CodecRows
 from .cudagraphs import GraphedRows, bucket_sizes
 
 GATHER_S = DEFAULTS.gather_s  # how long a ready frame call waits for the other rows' calls (a frame takes 50-500 ms)
@@ -200,11 +204,26 @@ class FrameServer:
 
     Thread-safe: each RowBackend is used by one request thread at a time (the server's workers). ``close()``
     stops the thread (calls waiting then raise RuntimeError).
+
+    ``batch_codec`` (None: on CUDA): the rows' codec streams share one codec thread that stacks their pushes into
+    one call (:class:`.codec_rows.CodecRows`, on its own CUDA stream); off, each row decodes on its request thread.
+    Raises ValueError for ``batch_codec`` with the backend's codec in a process of its own.
     """
 
-    def __init__(self, backend: TorchBackend, max_batch: int, gather_s: float = GATHER_S):
+    def __init__(
+        self,
+        backend: TorchBackend,
+        max_batch: int,
+        gather_s: float = GATHER_S,
+        batch_codec: bool | None = DEFAULTS.batch_codec,
+    ):
+        if batch_codec is None:
+            batch_codec = backend.device.type == "cuda" and backend.codec_worker is None
+        if batch_codec and backend.codec_worker is not None:
+            raise ValueError("the batched codec runs the decoder in this process: load with codec_process off")
         self.backend = backend
         self.model = BatchModel(backend, max_batch)
+        self.codec = CodecRows(backend.decoder, gather_s) if batch_codec else None
         self.gather_s = gather_s
         self._cond = threading.Condition()
         self._jobs: list[_Job] = []
@@ -226,6 +245,8 @@ class FrameServer:
             self._closed = True
             self._cond.notify_all()
         self._thread.join()
+        if self.codec is not None:
+            self.codec.close()
 
     def submit(self, job: _Job) -> Any:
         """Queue ``job`` for the frame thread and wait for its result (its exception is raised here)."""
@@ -333,7 +354,9 @@ class RowBackend(Backend):
         return self.shared.decode_window(codes)
 
     def codec_stream(self) -> CodecStream:
-        return self.shared.codec_stream()
+        """The server's batched codec stream when it has one, else the backend's own."""
+        codec = self.server.codec
+        return self.shared.codec_stream() if codec is None else codec.stream()
 
     def encode(self, audio: np.ndarray) -> np.ndarray:
         with self.server.encode_lock:
