@@ -44,12 +44,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
 
 # Most valuable first; the timeouts add up to 545 s, inside the device tool's 600 s per command.
-step "CUDA tests: the oracle through the captured frame; graphed and eager give the same codes (frames, rows)" \
+step "CUDA tests: the oracle through the captured frame; graphed and eager give the same codes (frames, rows); codec rows" \
     timeout 130 python3 -m pytest -q -p no:cacheprovider --override-ini addopts= -rs \
     tests/test_cudagraphs.py::test_captured_frame_passes_the_oracle_on_cuda \
     tests/test_cudagraphs.py::test_captured_frame_gives_the_eager_cuda_audio \
     tests/test_graph_rows.py::test_captured_rows_equal_the_eager_cuda_rows \
-    tests/test_graph_rows.py::test_graphs_are_the_default_on_cuda
+    tests/test_graph_rows.py::test_graphs_are_the_default_on_cuda \
+    "tests/test_codec_rows.py::test_stacked_pushes_equal_each_streams_own_decode[cuda]"
 step "oracle parity, eager frame on CUDA" timeout 40 "${A8[@]}" parity --model .gpucheck/oracle/tiny \
     --fixture .gpucheck/oracle/tiny/fixture.npz --device cuda --no-cuda-graphs
 ckpt=/tmp/bench-0.6b

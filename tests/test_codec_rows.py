@@ -3,6 +3,7 @@ into one codec call give each stream's own incremental decode; the batched serve
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import re
@@ -17,6 +18,8 @@ from audio8_coreai import TTS
 from audio8_coreai.backends.torch.codec_rows import CodecRows, CodecRowsStream, Push
 from audio8_coreai.config import CodecConfig
 from audio8_coreai.model.codec import CodecDecoder, StreamingDecoder
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the device check runs it)")
 
 EXACT = 1e-5  # streamed samples equal the incremental decode's at fp32 (tests/test_streaming.py)
 FRAMES = 48
@@ -48,16 +51,19 @@ def _codes(rows: int, frames: int, seed: int) -> np.ndarray:
 
 
 def _alone(decoder: CodecDecoder, codes: np.ndarray) -> np.ndarray:
-    """Each row's own incremental decode (the dynamic form), pushes of 5 frames."""
-    stream = StreamingDecoder(decoder)
+    """Each row's own incremental decode (the dynamic form, on the decoder's device), pushes of 5 frames."""
+    stream, dev = StreamingDecoder(decoder), next(decoder.parameters()).device
     with torch.no_grad():
-        parts = [stream.push(torch.as_tensor(codes[..., s : s + 5])) for s in range(0, codes.shape[-1], 5)]
-    return torch.cat(parts, -1).numpy()
+        parts = [stream.push(torch.as_tensor(codes[..., s : s + 5], device=dev)) for s in range(0, codes.shape[-1], 5)]
+    return torch.cat(parts, -1).cpu().numpy()
 
 
-def test_stacked_pushes_equal_each_streams_own_decode(rows, deep_decoder):
-    """Streams joining at different frames (one of two utterances in lock-step) stacked in one call per step:
-    each gets its own decode's samples, past the window."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_stacked_pushes_equal_each_streams_own_decode(deep_decoder, device):
+    """Streams joining at different frames (one of two utterances in lock-step) stacked in one call per step
+    (on CUDA on the codec's own stream): each gets its own decode's samples, past the window."""
+    deep_decoder = copy.deepcopy(deep_decoder).to(device)
+    rows = CodecRows(deep_decoder)
     a, b, c = rows.stream(), rows.stream(), rows.stream()
     codes = {a: _codes(1, 30, 1), b: _codes(2, 30, 2), c: _codes(1, 30, 3)}
     got: dict[CodecRowsStream, list[np.ndarray]] = {s: [] for s in codes}
@@ -71,6 +77,7 @@ def test_stacked_pushes_equal_each_streams_own_decode(rows, deep_decoder):
         want = _alone(deep_decoder, codes[s][..., : s.frames])
         assert s.frames == {a: 24, b: 21, c: 17}[s]
         assert float(np.abs(np.concatenate(parts, -1) - want).max()) <= EXACT
+    rows.close()
 
 
 def test_streams_on_threads_share_codec_calls(rows, deep_decoder):
