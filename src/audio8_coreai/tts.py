@@ -57,7 +57,7 @@ class TTS(VoiceCloning):
         assets: str | Path | None = None,
         precision: str | None = None,
         codec_dtype: str | None = None,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool | None = DEFAULTS.cuda_graphs,
         codec_process: bool | None = DEFAULTS.codec_process,
     ) -> TTS:
         """Load a checkpoint folder (publisher layout) or hub id, validate it and build the backend.
@@ -67,8 +67,9 @@ class TTS(VoiceCloning):
         overrides ``dtype``; with neither, the default: on CPU fp16w for bf16 weights (the release: float16 holds
         them, so the draws are fp32's) and int16 for fp32 ones, fp32 on CUDA. ``codec_dtype`` (torch): bf16
         opts the codec decoder into bf16 on CPU (not exact); default fp32 on CPU, as the publisher.
-        ``cuda_graphs`` (torch on CUDA, opt-in): replay each frame as one captured CUDA graph
-        (backends/torch/cudagraphs.py).
+        ``cuda_graphs`` (torch on CUDA): replay each frame as one captured CUDA graph, and batched frames
+        (:meth:`batched`) as one per bucketed batch size (backends/torch/cudagraphs.py); None (the default): on
+        when the device is CUDA; False: eager frames.
         ``codec_process`` (torch on CPU): the codec decoder in a process of its own, on another core beside the
         frames (streaming and :meth:`generate` overlap the two; same samples); None: on when 2+ CPUs are usable.
         :meth:`close` (or ``with TTS.load(...) as tts:``) ends that process; it also ends with this one.

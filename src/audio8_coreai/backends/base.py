@@ -165,9 +165,12 @@ class Backend(ABC):
 BACKENDS = ("torch", "coreai")
 
 
-def check_backend_choice(backend: str, device: str = "auto", assets: object = None, cuda_graphs: bool = False) -> None:
-    """Check a backend choice before anything loads: a known backend, assets exactly for coreai, CUDA graphs only
-    for torch on a CUDA device. Raises BackendError saying what to change."""
+def check_backend_choice(
+    backend: str, device: str = "auto", assets: object = None, cuda_graphs: bool | None = DEFAULTS.cuda_graphs
+) -> None:
+    """Check a backend choice before anything loads: a known backend, assets exactly for coreai, CUDA graphs
+    (``cuda_graphs`` True; None is the default, on where the device is CUDA) only for torch on a CUDA device.
+    Raises BackendError saying what to change."""
     from .torch import resolve_device
 
     if backend not in BACKENDS:
@@ -196,13 +199,14 @@ def open_backend(
     device: str = "auto",
     precision: str | None = None,
     codec_dtype: str | None = None,
-    cuda_graphs: bool = False,
+    cuda_graphs: bool | None = DEFAULTS.cuda_graphs,
     assets: object = None,
     prefix_length: Callable[[np.ndarray], int] | None = None,
     codec_process: bool | None = DEFAULTS.codec_process,
 ) -> Backend:
     """THE backend picker (the API, the CLI and the gate call it): ``torch`` on ``device`` at ``precision`` (None:
-    the device's default), its codec at ``codec_dtype``, frames as CUDA graphs with ``cuda_graphs``, prompt heads
+    the device's default), its codec at ``codec_dtype``, frames as CUDA graphs with ``cuda_graphs`` (None: when the
+    device is CUDA; single frames and batched rows alike, see :mod:`.torch.cudagraphs`), prompt heads
     kept per ``prefix_length``, its codec in a process of its own per ``codec_process`` (None: the default, see
     :class:`.torch.TorchBackend`); or ``coreai`` running the asset folder ``assets``.
     Raises BackendError (see :func:`check_backend_choice`; missing, stale or foreign assets), PrecisionError."""
@@ -211,8 +215,10 @@ def open_backend(
         from .coreai import CoreAIBackend
 
         return CoreAIBackend(checkpoint, assets)
-    from .torch import TorchBackend
+    from .torch import TorchBackend, resolve_device
 
+    if cuda_graphs is None:
+        cuda_graphs = resolve_device(device).type == "cuda"
     return TorchBackend(
         checkpoint,
         device,

@@ -60,9 +60,11 @@ DtypeOpt = Annotated[
     ),
 ]
 CudaGraphsOpt = Annotated[
-    bool,
+    bool | None,
     typer.Option(
-        "--cuda-graphs", help="With --device cuda: replay each frame as one captured CUDA graph (torch backend)."
+        "--cuda-graphs/--no-cuda-graphs",
+        help="Torch on CUDA: replay each frame (and each batched frame, at bucketed batch sizes) as one captured "
+        "CUDA graph; default: on when the device is CUDA.",
     ),
 ]
 CodecProcessOpt = Annotated[

@@ -12,7 +12,7 @@ import typer
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import BackendError, ConfigError
 from ..settings import DEFAULTS
-from .app import AssetsOpt, BackendOpt, DeviceOpt, ModelOpt, app, err, friendly, out
+from .app import AssetsOpt, BackendOpt, CudaGraphsOpt, DeviceOpt, ModelOpt, app, err, friendly, out
 
 
 @app.command()
@@ -32,6 +32,7 @@ def parity(
     ] = "fp32",
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
+    cuda_graphs: CudaGraphsOpt = None,
     tolerance: Annotated[
         float, typer.Option(help="Max |logit/waveform diff| for fp32 parity (> 0).")
     ] = DEFAULTS.tolerance,
@@ -47,7 +48,7 @@ def parity(
     if not tolerance > 0 or tolerance == float("inf"):
         raise ConfigError(f"--tolerance must be a number > 0, got {tolerance}")
     ckpt = load_checkpoint(model)
-    port = open_backend(ckpt, backend, device=device, precision=dtype, assets=assets)
+    port = open_backend(ckpt, backend, device=device, precision=dtype, assets=assets, cuda_graphs=cuda_graphs)
     exact = port.precision == "fp32"
     report = run_parity(port, fixture, tolerance)
     if as_json:

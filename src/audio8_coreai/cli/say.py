@@ -56,7 +56,7 @@ def say(
     ] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
-    cuda_graphs: CudaGraphsOpt = False,
+    cuda_graphs: CudaGraphsOpt = None,
     codec_process: CodecProcessOpt = None,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,

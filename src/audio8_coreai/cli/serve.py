@@ -33,7 +33,7 @@ def serve(
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
-    cuda_graphs: CudaGraphsOpt = False,
+    cuda_graphs: CudaGraphsOpt = None,
     codec_process: CodecProcessOpt = None,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
@@ -125,11 +125,6 @@ def serve(
     _check_port(host, port)  # before minutes of loading
     if batch and workers != 1:
         raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
-    if batch and cuda_graphs:
-        raise ConfigError(
-            "--cuda-graphs replays one utterance's frame (--workers instances); --batch runs its own "
-            "batched frames: give one of them"
-        )
     settings = ServerSettings(
         workers=batch or workers,
         max_queue=max_queue,
@@ -143,7 +138,7 @@ def serve(
         default_voice=default_voice,
     )
     if ray:
-        if workers != 1 or cuda_graphs or backend != "torch" or assets is not None:
+        if workers != 1 or cuda_graphs is not None or backend != "torch" or assets is not None:
             raise ConfigError(
                 "--ray replicas run the torch backend, --batch rows each: drop --workers, --cuda-graphs, --backend "
                 "and --assets (scale with --batch and --replicas or --autoscale)"

@@ -22,7 +22,7 @@ def wyoming(
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
-    cuda_graphs: CudaGraphsOpt = False,
+    cuda_graphs: CudaGraphsOpt = None,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     seed: Annotated[

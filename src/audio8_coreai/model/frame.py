@@ -10,7 +10,8 @@ Written once (DESIGN.md "Speed is a mode, never a copy"); how the work is issued
 * ``graph`` (CUDA graphs): as ``export`` but the slot is written by index, so a captured graph reads nothing on
   the host (:mod:`..backends.torch.cudagraphs`);
 * batched rows (continuous batching): :meth:`Frame.slow_rows` steps several utterances, each at its own slot, and
-  :meth:`Frame.sample` draws for all of them at once.
+  :meth:`Frame.sample` draws for all of them at once; in ``graph`` mode :meth:`Frame.rows` is the whole batched
+  frame in static shapes (rows and slots as tensors, frame-0 rows blended in), as CUDA graphs capture it.
 
 The fast AR has one form in every mode: rows 0 (the slow hidden) and 1 (the semantic code's embedding) in one
 pass, then rows 2..C-1, over a per-frame KV buffer. Randomness is an input (uniform noise), the RAS window is
@@ -30,7 +31,7 @@ from torch import Tensor, nn
 from ..config import SamplingParams
 from ..sampling import greedy, greedy_semantic, sample_semantic, sample_top_k_top_p
 from .dualar import DualAR
-from .layers import IndexKV, KVStep, RowsKV, SpanKV, causal_cache_mask
+from .layers import IndexKV, IndexRowsKV, KVStep, RowsKV, SpanKV, causal_cache_mask
 
 PREFILL_WIDTH = 32
 """Columns per prefill window (the Core AI prefill asset's static width; eager runs a shorter last window)."""
@@ -46,7 +47,8 @@ class FrameInputs:
     of vocabulary ids (-1 = empty), ``noise_fast`` float32 [B, C-1, codebook_size], ``forced`` int64 [B, 1+C] a
     column (semantic id, c_0..c_{C-1}) taken instead of the draws where ``use_forced`` float32 [B] is 1.
     ``column`` int64 [B, 1+C, 1] is the previous frame's column and ``pos`` its slot and RoPE position (an int in
-    ``eager`` mode, an int64 tensor [1] otherwise); both unused for frame 0, which is drawn from the prefill.
+    ``eager`` mode, an int64 tensor [1] otherwise, [B] for :meth:`Frame.rows`); both unused for frame 0, which is
+    drawn from the prefill.
     """
 
     noise_slow: Tensor
@@ -56,6 +58,19 @@ class FrameInputs:
     use_forced: Tensor
     column: Tensor | None = None
     pos: Tensor | int = 0
+
+
+@dataclass
+class RowsInputs:
+    """What the batched frame in static shapes (:meth:`Frame.rows`) takes besides :class:`FrameInputs`, for B
+    utterances: ``rows`` int64 [B] each one's batch row of the KV state, ``first`` bool [B] True for a frame 0 (drawn
+    from its prefill's last ``logits`` [B, V+1] and ``hidden`` [B, dim], model dtype; its slow step is computed
+    and dropped, so its row must be one nobody reads, a scratch row)."""
+
+    rows: Tensor
+    first: Tensor
+    logits: Tensor
+    hidden: Tensor
 
 
 class FrameOutputs(NamedTuple):
@@ -130,18 +145,24 @@ class Frame(nn.Module):
     def slow_rows(
         self,
         column: Tensor,
-        rows: list[int],
-        positions: list[int],
+        rows: list[int] | Tensor,
+        positions: list[int] | Tensor,
         k_cache: Tensor,
         v_cache: Tensor,
         gather: bool | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """:meth:`slow_step` for n utterances at their own points (eager, batched rows): column int64
+        """:meth:`slow_step` for n utterances at their own points (batched rows): column int64
         [n, 1+C, 1], utterance j in batch row ``rows[j]`` of ``k_cache``/``v_cache`` [n_layer, max_batch, n_kv,
         L, D] at slot and RoPE position ``positions[j]``. Returns logits [n, V+1] and hidden [n, dim], each row
-        equal to its batch-1 step's up to the rounding of the batched matmuls. ``gather``: attention in one call
-        over the gathered rows (see :class:`.layers.RowsKV`); None gathers on CUDA, where each call is a launch."""
+        equal to its batch-1 step's up to the rounding of the batched matmuls. ``gather`` (eager): attention in one
+        call over the gathered rows (see :class:`.layers.RowsKV`); None gathers on CUDA, where each call is a
+        launch. In ``graph`` mode ``rows`` and ``positions`` are int64 tensors [n] (:class:`.layers.IndexRowsKV`)."""
         dev = column.device
+        if self.mode == "graph":
+            visible = torch.arange(k_cache.shape[3], device=dev)[None, :] <= positions[:, None]  # [n, L]
+            kv = IndexRowsKV(rows, positions, visible[:, None, None])
+            logits, hidden = self.model.slow(column, positions[:, None], k_cache, v_cache, kv)
+            return logits[:, 0], hidden[:, 0]
         gathered = None
         if dev.type == "cuda" if gather is None else gather:
             pos_t = torch.tensor(positions, device=dev)
@@ -214,6 +235,17 @@ class Frame(nn.Module):
             logits.append(fast(fast.fast_embeddings(code).to(act).unsqueeze(1), row, k_buf, v_buf))
         draw(c - 1, logits[-1])
         return logits
+
+    def rows(
+        self, params: SamplingParams, inputs: FrameInputs, rows: RowsInputs, k_cache: Tensor, v_cache: Tensor
+    ) -> FrameOutputs:
+        """One frame for B utterances at their own slots in static shapes (``graph`` mode, batched CUDA graphs):
+        the slow step of every one (``inputs.column`` at ``inputs.pos`` [B] in KV row ``rows.rows``), frame-0 rows
+        taking their prefill's logits and hidden instead, then :meth:`sample` for all."""
+        logits, hidden = self.slow_rows(inputs.column, rows.rows, inputs.pos, k_cache, v_cache)
+        first = rows.first[:, None]
+        logits, hidden = torch.where(first, rows.logits, logits), torch.where(first, rows.hidden, hidden)
+        return self.sample(params, logits, hidden, inputs)
 
     def forward(self, params: SamplingParams, inputs: FrameInputs, k_cache: Tensor, v_cache: Tensor) -> FrameOutputs:
         """One frame after frame 0: the slow step on ``inputs.column`` at ``inputs.pos``, then :meth:`sample`."""

@@ -124,8 +124,9 @@ class KVStep(Protocol):
     """How one attention step writes its new keys and values into a KV cache and what its queries attend.
 
     The modes of the one attention step (:meth:`Block.forward`): :class:`SpanKV` (slots by slice: eager and
-    exported graphs), :class:`IndexKV` (slots by an index tensor: CUDA graphs, recorded batches) and
-    :class:`RowsKV` (one column per batch row, each at its own slot: continuous batching).
+    exported graphs), :class:`IndexKV` (slots by an index tensor: CUDA graphs, recorded batches),
+    :class:`RowsKV` (one column per batch row, each at its own slot: continuous batching) and
+    :class:`IndexRowsKV` (the same with rows and slots as tensors: batched CUDA graphs).
     """
 
     def attend(self, att: Attention, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
@@ -202,6 +203,24 @@ class RowsKV:
             vc[r, :, p] = v[j, :, 0].to(vc.dtype)
             outs.append(att.sdpa(q[j : j + 1], kc[r : r + 1, :, : p + 1], vc[r : r + 1, :, : p + 1]))
         return torch.cat(outs)
+
+
+@dataclass(frozen=True)
+class IndexRowsKV:
+    """:class:`RowsKV` in static shapes (batched CUDA graphs: nothing read on the host): utterance j writes batch
+    row ``rows[j]`` of the cache at slot ``slots[j]`` (both int64 [n]) and attends all L slots of that row under
+    ``mask`` (bool [n, 1, 1, L]). Its rows are gathered (a copy of n rows' L slots per layer), so rows may repeat
+    only where what they write is never read (padding aimed at a scratch row)."""
+
+    rows: Tensor
+    slots: Tensor
+    mask: Tensor
+
+    def attend(self, att: Attention, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        kc, vc = k_cache[0], v_cache[0]
+        kc[self.rows, :, self.slots] = k[:, :, 0].to(kc.dtype)
+        vc[self.rows, :, self.slots] = v[:, :, 0].to(vc.dtype)
+        return att.sdpa(q, kc.index_select(0, self.rows), vc.index_select(0, self.rows), self.mask)
 
 
 class FeedForward(nn.Module):

@@ -63,20 +63,28 @@ def resolve_dtype(dtype: str) -> torch.dtype:
         raise BackendError(f"unknown dtype {dtype!r}: use fp32 or bf16") from None
 
 
-def frame_result(out: FrameOutputs, i: int) -> FrameResult:
-    """Utterance ``i`` of a frame's outputs as a :class:`FrameResult` (NumPy on the host).
+def frame_results(out: FrameOutputs) -> list[FrameResult]:
+    """Every utterance of a frame's outputs as a :class:`FrameResult` (NumPy on the host; one copy per output,
+    whatever the batch).
 
     Raises CheckpointError naming the model file when its logits are not finite (damaged weights).
     """
-    return FrameResult(
-        int(out.semantic[i]),
-        out.codes[i].cpu().numpy(),
-        require_finite(out.logits[i].float().cpu().numpy(), "model", MODEL_FILE),
-        out.hidden[i].float().cpu().numpy(),
-        require_finite(out.fast_logits[i].float().cpu().numpy(), "model", MODEL_FILE),
-        int(out.sampled_semantic[i]),
-        out.sampled_codes[i].cpu().numpy(),
+    semantic, codes, fast_logits, sampled_semantic, sampled_codes, logits, hidden = (
+        t.float().cpu().numpy() if t.is_floating_point() else t.cpu().numpy() for t in out
     )
+    require_finite(logits, "model", MODEL_FILE)
+    require_finite(fast_logits, "model", MODEL_FILE)
+    return [
+        FrameResult(
+            int(semantic[i]), codes[i], logits[i], hidden[i], fast_logits[i], int(sampled_semantic[i]), sampled_codes[i]
+        )
+        for i in range(len(semantic))
+    ]
+
+
+def frame_result(out: FrameOutputs, i: int) -> FrameResult:
+    """Utterance ``i`` of a frame's outputs as a :class:`FrameResult` (see :func:`frame_results`)."""
+    return frame_results(FrameOutputs(*(t[i : i + 1] for t in out)))[0]
 
 
 class TorchBackend(Backend):
@@ -90,9 +98,10 @@ class TorchBackend(Backend):
     fp32 on CUDA turns TF32 off for the process (``torch.backends.cudnn.allow_tf32`` and matmul's), as fp32 parity
     with the publisher's CPU run needs.
 
-    ``frame_mode``: ``eager`` (the default) or ``graph``: each frame after the first runs the frame's static
-    ``graph`` mode (:mod:`..cudagraphs`), captured and replayed as one CUDA graph on a CUDA device (instead of
-    launching its kernels one by one), run as it is elsewhere (which proves the form on the CPU).
+    ``frame_mode``: ``eager`` or ``graph`` (:func:`..base.open_backend` picks ``graph`` on CUDA by default): each
+    frame after the first runs the frame's static ``graph`` mode (:mod:`..cudagraphs`), captured and replayed as
+    one CUDA graph on a CUDA device (instead of launching its kernels one by one), run as it is elsewhere (which
+    proves the form on the CPU); batched rows over this backend (:mod:`.rows`) follow it.
     ``prefix_length``: where a prompt's head ends (:meth:`.prompt.PromptBuilder.prefix_length`), to keep the KV
     state of heads (see :meth:`prefill`); None keeps none.
 
@@ -171,6 +180,7 @@ class TorchBackend(Backend):
         self._encoder_frames = 0
         self.k_cache, self.v_cache = self.model.new_kv_cache()  # never reallocated: a CUDA graph writes these
         self._graphed = None
+        self.frame_mode = frame_mode
         if frame_mode == "graph":
             self._graphed = GraphedFrame(self.model, self.k_cache, self.v_cache, capture=self.device.type == "cuda")
         self.prefix_length = prefix_length

@@ -13,7 +13,10 @@ the codec) that hands its model work to that thread and waits for the answer. A 
 utterance exactly as with a backend of its own (:class:`...engine.stream.SpeechStream`: splitting, noise, RAS window,
 streaming codec all unchanged), while the frame thread gathers the frame calls of every row that is waiting and
 runs them as one batched call: N streams read the weights once per frame. The codec runs on the request
-threads, beside the frame loop (on another core).
+threads, beside the frame loop (on another core), or (``batch_codec``, the default on CUDA) on one codec thread
+that stacks the rows' pushes into one call on its own CUDA stream (:mod:`.codec_rows`). With the backend's frames
+as CUDA graphs (the default on CUDA) the batched frames are graphs too, one per bucketed batch size
+(:class:`.cudagraphs.GraphedRows`).
 
 Rows whose thread is busy elsewhere (decoding a chunk, sending bytes) are simply not in that frame's call; the
 frame thread waits at most ``gather_s`` for the rows heard from in the last ``RECENT_S`` once one call is ready.
@@ -34,10 +37,12 @@ import torch
 
 from ...config import SamplingParams
 from ...errors import EngineError
-from ...model.frame import FrameInputs
+from ...model.frame import FrameInputs, RowsInputs
 from ...settings import DEFAULTS
 from ..base import Backend, CodecStream, FrameResult, StepInputs
-from .backend import TorchBackend, frame_result
+from .backend import TorchBackend, frame_results
+from .codec_rows import CodecRows
+from .cudagraphs import GraphedRows, bucket_sizes
 
 GATHER_S = DEFAULTS.gather_s  # how long a ready frame call waits for the other rows' calls (a frame takes 50-500 ms)
 RECENT_S = DEFAULTS.recent_s  # a row that submitted work this recently is expected to submit its next frame soon
@@ -46,17 +51,25 @@ RECENT_S = DEFAULTS.recent_s  # a row that submitted work this recently is expec
 class BatchModel:
     """The rows of a batch over a :class:`.backends.torch.TorchBackend`'s model (same weights, same precision).
 
-    Holds the KV state [n_layer, max_batch, n_kv, max_seq_len, head_dim] (each row about 100 MB at fp32 for the
-    0.6b model) and which rows are taken. :meth:`prefill` fills one row (the backend's prefill, written into
-    that row); :meth:`frames` runs one frame for any set of rows in one call. Not thread-safe: one thread
-    drives it.
+    Holds the KV state [n_layer, max_batch, n_kv, max_seq_len, head_dim] (each row 50 MB at fp32 for the 0.6b
+    model) and which rows are taken. :meth:`prefill` fills one row (the backend's prefill, written into that row);
+    :meth:`frames` runs one frame for any set of rows in one call. Not thread-safe: one thread drives it.
+
+    When the backend's ``frame_mode`` is ``graph`` (CUDA graphs), frames run the frame's static batched form
+    through :class:`.cudagraphs.GraphedRows` (captured on CUDA, eager elsewhere) at the batch sizes of
+    :func:`.cudagraphs.bucket_sizes`, and the KV state has one scratch row more (never lent).
     """
 
     def __init__(self, backend: TorchBackend, max_batch: int):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.backend, self.max_batch, self.cfg = backend, max_batch, backend.cfg
-        self.k_cache, self.v_cache = backend.model.new_kv_cache(batch=max_batch)
+        graphed = backend.frame_mode == "graph"
+        self.k_cache, self.v_cache = backend.model.new_kv_cache(batch=max_batch + graphed)
+        self.graphed = None
+        if graphed:
+            capture = backend.device.type == "cuda"
+            self.graphed = GraphedRows(backend.model, self.k_cache, self.v_cache, bucket_sizes(max_batch), capture)
         self._free = list(range(max_batch))
         self._prefilled: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # row -> its prefill's logits, hidden
 
@@ -99,6 +112,8 @@ class BatchModel:
         n = len(calls)
         if n == 0:
             return []
+        if self.graphed is not None:
+            return frame_results(self.graphed(params, *self._static_inputs(calls)))
         b, c = self.backend, self.cfg.num_codebooks
         dev, frame = b.device, b.frame_maths
         rows = [row for row, _ in calls]
@@ -129,7 +144,46 @@ class BatchModel:
             use_forced=use_forced,
         )
         out = frame.sample(params, torch.stack(logits), torch.stack(hidden), inputs)
-        return [frame_result(out, i) for i in range(n)]
+        return frame_results(out)
+
+    def _static_inputs(self, calls: Sequence[tuple[int, StepInputs]]) -> tuple[FrameInputs, RowsInputs]:
+        """The inputs of :meth:`.model.frame.Frame.rows` for ``calls``: a frame-0 call (no column) steps the
+        scratch row at the last slot, and takes its prefill's logits and hidden instead."""
+        n, c, dev = len(calls), self.cfg.num_codebooks, self.backend.device
+        scratch, last = self.max_batch, self.cfg.max_seq_len - 1
+        first = [x.column is None for _, x in calls]
+        column = np.zeros((n, 1 + c), dtype=np.int64)
+        forced = np.zeros((n, 1 + c), dtype=np.int64)
+        for i, (_, x) in enumerate(calls):
+            if x.column is not None:
+                column[i] = x.column
+            if x.forced is not None:
+                forced[i] = x.forced
+        logits = torch.zeros(n, self.cfg.num_semantic + 1, dtype=self.k_cache.dtype, device=dev)
+        hidden = torch.zeros(n, self.cfg.dim, dtype=self.k_cache.dtype, device=dev)
+        for i, (row, _) in enumerate(calls):
+            if first[i]:
+                logits[i], hidden[i] = self._prefilled[row]
+
+        def tensor(values, dtype=None) -> torch.Tensor:
+            return torch.as_tensor(np.asarray(values, dtype=dtype), device=dev)
+
+        inputs = FrameInputs(
+            noise_slow=tensor([x.noise_slow for _, x in calls], np.float32),
+            window=tensor([x.window for _, x in calls], np.int64),
+            noise_fast=tensor([x.noise_fast for _, x in calls], np.float32),
+            forced=tensor(forced),
+            use_forced=tensor([float(x.forced is not None) for _, x in calls], np.float32),
+            column=tensor(column).view(n, 1 + c, 1),
+            pos=tensor([last if f else x.pos for f, (_, x) in zip(first, calls)], np.int64),
+        )
+        rows = RowsInputs(
+            rows=tensor([scratch if f else row for f, (row, _) in zip(first, calls)], np.int64),
+            first=tensor(first, np.bool_),
+            logits=logits,
+            hidden=hidden,
+        )
+        return inputs, rows
 
 
 @dataclass
@@ -150,11 +204,26 @@ class FrameServer:
 
     Thread-safe: each RowBackend is used by one request thread at a time (the server's workers). ``close()``
     stops the thread (calls waiting then raise RuntimeError).
+
+    ``batch_codec`` (None: on CUDA): the rows' codec streams share one codec thread that stacks their pushes into
+    one call (:class:`.codec_rows.CodecRows`, on its own CUDA stream); off, each row decodes on its request thread.
+    Raises ValueError for ``batch_codec`` with the backend's codec in a process of its own.
     """
 
-    def __init__(self, backend: TorchBackend, max_batch: int, gather_s: float = GATHER_S):
+    def __init__(
+        self,
+        backend: TorchBackend,
+        max_batch: int,
+        gather_s: float = GATHER_S,
+        batch_codec: bool | None = DEFAULTS.batch_codec,
+    ):
+        if batch_codec is None:
+            batch_codec = backend.device.type == "cuda" and backend.codec_worker is None
+        if batch_codec and backend.codec_worker is not None:
+            raise ValueError("the batched codec runs the decoder in this process: load with codec_process off")
         self.backend = backend
         self.model = BatchModel(backend, max_batch)
+        self.codec = CodecRows(backend.decoder, gather_s) if batch_codec else None
         self.gather_s = gather_s
         self._cond = threading.Condition()
         self._jobs: list[_Job] = []
@@ -176,6 +245,8 @@ class FrameServer:
             self._closed = True
             self._cond.notify_all()
         self._thread.join()
+        if self.codec is not None:
+            self.codec.close()
 
     def submit(self, job: _Job) -> Any:
         """Queue ``job`` for the frame thread and wait for its result (its exception is raised here)."""
@@ -283,7 +354,9 @@ class RowBackend(Backend):
         return self.shared.decode_window(codes)
 
     def codec_stream(self) -> CodecStream:
-        return self.shared.codec_stream()
+        """The server's batched codec stream when it has one, else the backend's own."""
+        codec = self.server.codec
+        return self.shared.codec_stream() if codec is None else codec.stream()
 
     def encode(self, audio: np.ndarray) -> np.ndarray:
         with self.server.encode_lock:

@@ -95,7 +95,8 @@ class StreamingDecoder:
 
     def push_static(self, codes: Tensor, start: Tensor, count: Tensor, state: dict[str, Tensor]) -> Tensor:
         """:meth:`push` in static shapes (export): codes int ``[B, C, P]`` of which the first ``count`` (int tensor
-        [1], 1..P) are frames ``start ..`` (int tensor [1]) of the utterance and the rest padding; ``state`` as
+        [1], 1..P) are frames ``start ..`` (int tensor [1], or [B]: each row its own utterance's point, see
+        :mod:`...backends.torch.codec_rows`) of the utterance and the rest padding; ``state`` as
         :meth:`state_layout` says, read and written in place. Returns float32 ``[B, P * frame_length]``: the
         first ``count * frame_length`` samples are the frames' (the codec is causal, so the padding after them
         changes nothing there), the rest is to be dropped. ``start + P`` must not exceed the decoder's

@@ -38,7 +38,8 @@ class _Attention(nn.Module):
         self.wo = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x: Tensor, rope: Tensor, mask: Tensor, past: list[Tensor] | None = None) -> Tensor:
-        """``x`` [B, L, dim] with ``rope`` [L, head_dim/2, 2] and ``mask`` bool [L, P + L] (True = attend).
+        """``x`` [B, L, dim] with ``rope`` [B or 1, L, head_dim/2, 2] and ``mask`` bool [L, P + L] or
+        [B, 1, L, P + L] (True = attend).
 
         ``past`` (incremental decoding): the rotated keys and values [B, H, P, head_dim] of the P positions
         before ``x`` (an empty list at the start), prepended to this call's; the list is replaced by the
@@ -46,7 +47,6 @@ class _Attention(nn.Module):
         """
         b, length, dim = x.shape
         q, k, v = self.wqkv(x).view(b, length, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        rope = rope.unsqueeze(0)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         if past is not None:
             if past:
@@ -94,7 +94,7 @@ class WindowTransformer(nn.Module):
                 f"codec transformer: {length} positions exceed max_positions {self.mask.shape[0]} "
                 "(build the codec with a larger max_frames)"
             )
-        rope, mask = self.rope[:length], self.mask[:length, :length]
+        rope, mask = self.rope[:length][None], self.mask[:length, :length]
         h = x.transpose(1, 2)
         for layer in self.layers:
             h = layer(h, rope, mask)
@@ -112,7 +112,8 @@ class WindowTransformer(nn.Module):
         exact. RoPE and the mask use absolute positions, so ``start + n`` must not exceed ``max_positions``
         (ValueError).
 
-        Static form (``count`` an int tensor [1], ``start`` too; the Core AI asset): every layer's keys and
+        Static form (``count`` an int tensor [1], ``start`` one [1], or [B]: each row its own position, streams
+        at different points batched; the Core AI asset): every layer's keys and
         values are ``window - 1`` rows always (zeros, masked, before position 0), only the first ``count`` of
         the n columns are real (the rest is padding no real query sees), and the kept rows are those before
         ``start + count``, written into the ``past`` tensors in place. RoPE rows are gathered from the table
@@ -128,14 +129,15 @@ class WindowTransformer(nn.Module):
                     "(build the codec with a larger max_frames)"
                 )
             cached = past[0][0].shape[2] if past[0] else 0
-            rope, mask = self.rope[start:end], self.mask[start:end, start - cached : end]
+            rope, mask = self.rope[start:end][None], self.mask[start:end, start - cached : end]
         else:
             kept = self.window - 1
-            rope = self.rope.index_select(0, start.long() + torch.arange(n, device=x.device))
-            # The mask is the same band at every start (rows ``kept ..`` of the window mask), less the key rows
-            # before position 0 (float arithmetic: one comparison, as the Core AI delegate wants).
-            keys = torch.arange(kept + n, dtype=torch.float32, device=x.device) + start.float()
-            mask = self.mask[kept : kept + n, : kept + n] & (keys >= kept)[None]
+            steps = start.long()[:, None] + torch.arange(n, device=x.device)  # [B or 1, n]: each row's positions
+            rope = self.rope.index_select(0, steps.flatten()).view(*steps.shape, *self.rope.shape[1:])
+            # The mask is the same band at every start (rows ``kept ..`` of the window mask), less each row's key
+            # rows before its position 0 (float arithmetic: one comparison, as the Core AI delegate wants).
+            keys = torch.arange(kept + n, dtype=torch.float32, device=x.device)[None] + start.float()[:, None]
+            mask = (self.mask[kept : kept + n, : kept + n][None] & (keys >= kept)[:, None])[:, None]
         h = x.transpose(1, 2)
         for layer, kv in zip(self.layers, past):
             state = list(kv)

@@ -1,0 +1,217 @@
+"""GPU speed: the frame as a CUDA graph against eager, the batched graphs per bucket, real-time streams per GPU.
+
+    python benchmarks/bench_gpu.py [--model DIR] [--device cuda] [--precision bf16] [--batch 1 --batch 8 ...]
+                                   [--streams 32 --streams 64 ...] [--frames 32] [--runs 3] [--json out.json]
+
+One checkpoint loaded twice, as an eager backend and a graph-mode one (``cuda_graphs`` False / True), then:
+
+1. **single**: batch-1 ms per frame, eager against graphed: :func:`audio8_coreai.engine.loop.generate` for
+   ``--frames`` frames (the random checkpoint never draws eos), its frame-loop time over its frames; the first run
+   of each is the warm-up (the graph's capture). Target on an H200: <= 4 ms per frame graphed.
+2. **batched**: :meth:`BatchEngine.step` (one frame for every row) at each ``--batch`` B, eager rows against the
+   bucketed graphs (:class:`audio8_coreai.backends.torch.cudagraphs.GraphedRows`); ms per step, ms per frame per
+   stream, and the streams the frame loop alone keeps real-time: B x 46.4 ms / ms per step.
+3. **streams**: B streams of the same sentence in lock-step, 16-frame chunks: 16 batched steps, then the chunk's
+   codes of all B streams decoded in **one** codec call (:meth:`CodecRows.run`, the batched server's codec: every
+   stream's state stacked, on its own CUDA stream). ``rtf`` = wall time per chunk over its audio (16 x 46.4 ms),
+   sequential (decode, then the next chunk's frames) and overlapped (the decode in a thread while the next
+   chunk's frames run). The largest B with RTF <= 1 is the real-time streams per GPU with the codec included.
+   Target on an H200: >= 100.
+
+``--device cpu`` runs the same code (the graph-mode forms uncaptured): a check of the script, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from audio8_coreai import TTS
+from audio8_coreai.backends.torch import TorchBackend
+from audio8_coreai.backends.torch.codec_rows import CodecRows, Push
+from audio8_coreai.engine.batch import BatchEngine
+from audio8_coreai.engine.loop import generate
+from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
+
+SENTENCE = (
+    "The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "
+    "approved the new hiring plan for the engineering team."
+)
+CHUNK = 16  # frames per streamed chunk (DEFAULTS.chunk_frames)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def single(eager: TTS, graphed: TTS, frames: int, runs: int) -> dict:
+    """Batch-1 ms per frame, eager and graphed, runs taking turns (the first of each a warm-up)."""
+    prompt, params = eager.prompts.plain(SENTENCE), eager.sampling()
+    times: dict[str, list[float]] = {"eager": [], "graphed": []}
+    for _ in range(runs + 1):
+        for name, tts in (("eager", eager), ("graphed", graphed)):
+            gen = generate(tts.backend, prompt, params, seed=0, max_frames=frames)
+            times[name].append(1e3 * gen.frames_s / gen.codes.shape[1])
+    eager_ms, graphed_ms = (statistics.median(times[k][1:]) for k in ("eager", "graphed"))
+    return {"eager_ms_per_frame": eager_ms, "graphed_ms_per_frame": graphed_ms, "speedup": eager_ms / graphed_ms}
+
+
+def fill(tts: TTS, batch: int) -> BatchEngine:
+    """An engine with ``batch`` rows of the sentence (seeds 0..batch-1), admitted and stepped once (frame 0)."""
+    prompt = tts.prompts.plain(SENTENCE)
+    engine = BatchEngine(tts.backend, tts.sampling(), batch)
+    for seed in range(batch):
+        engine.admit(prompt, tts.config.max_seq_len - prompt.shape[1], seed=seed)
+    engine.step()
+    return engine
+
+
+def batched(eager: TTS, graphed: TTS, sizes: list[int], frames: int, runs: int, frame_s: float) -> list[dict]:
+    """ms per batched step at each size, eager rows and bucketed graphs (after one warm-up step each)."""
+    rows = []
+    for b in sizes:
+        out = {"batch": b}
+        for name, tts in (("eager", eager), ("graphed", graphed)):
+            engine = fill(tts, b)
+            engine.step()  # warm-up: the bucket's graph captured
+            dev = tts.backend.device
+            samples = []
+            for _ in range(runs):
+                sync(dev)
+                t0 = time.perf_counter()
+                for _ in range(frames):
+                    engine.step()
+                sync(dev)
+                samples.append(1e3 * (time.perf_counter() - t0) / frames)
+            ms = statistics.median(samples)
+            out[f"{name}_ms_per_step"] = ms
+            out[f"{name}_ms_per_frame_per_stream"] = ms / b
+            out[f"{name}_streams_model"] = b * 1e3 * frame_s / ms
+            del engine
+            release(dev)
+        out["speedup"] = out["eager_ms_per_step"] / out["graphed_ms_per_step"]
+        rows.append(out)
+        print(json.dumps(out), flush=True)
+    return rows
+
+
+def chunk_codes(engine: BatchEngine) -> np.ndarray:
+    """CHUNK batched steps; the codes of every row, int64 [B, C, CHUNK]."""
+    rows = len(engine.items)
+    steps = [[res.codes for _, res in engine.step()] for _ in range(CHUNK)]
+    if any(len(step) != rows for step in steps):
+        raise SystemExit("a stream drew eos: time streams on a checkpoint that never does (the random 0.6b one)")
+    return np.stack([np.stack(row, -1) for row in zip(*steps)])
+
+
+def streams(tts: TTS, sizes: list[int], rounds: int, frame_s: float, rows: list[dict], save) -> None:
+    """RTF of B lock-step streams with one batched codec call per chunk (the batched server's
+    :class:`CodecRows`, on its own CUDA stream), sequential and overlapped: a row per size appended to ``rows``,
+    ``save()`` called after each."""
+    backend: TorchBackend = tts.backend
+    dev = backend.device
+    codec = CodecRows(backend.decoder)
+    with ThreadPoolExecutor(1) as pool:
+        for b in sizes:
+            engine, decoding = fill(tts, b), [codec.stream() for _ in range(b)]
+
+            def decode(codes: np.ndarray, decoding=decoding) -> list[np.ndarray]:
+                return codec.run([Push(s, codes[i : i + 1]) for i, s in enumerate(decoding)])
+
+            decode(chunk_codes(engine))  # warm-up: the bucket's graph, the codec's first push
+
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                decode(chunk_codes(engine))
+            sequential = (time.perf_counter() - t0) / rounds
+            t0 = time.perf_counter()
+            pending = pool.submit(decode, chunk_codes(engine))
+            for _ in range(rounds - 1):
+                codes = chunk_codes(engine)  # the next chunk's frames while the last chunk decodes
+                pending.result()
+                pending = pool.submit(decode, codes)
+            pending.result()
+            overlapped = (time.perf_counter() - t0) / rounds
+            audio_s = CHUNK * frame_s
+            out = {"streams": b, "rtf_sequential": sequential / audio_s, "rtf_overlapped": overlapped / audio_s}
+            rows.append(out)
+            print(json.dumps(out), flush=True)
+            save()
+            del engine, decoding
+            release(dev)
+    codec.close()
+
+
+def release(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--model", type=Path, default=DEFAULT_CHECKPOINT, help="checkpoint folder (random 0.6b made when absent)"
+    )
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu (checks the script; times mean nothing there)")
+    ap.add_argument("--precision", default=None, help="torch precision (default: bf16 on CUDA, fp32 on CPU)")
+    ap.add_argument("--batch", action="append", type=int, help="batched step sizes (default 1 8 32 128)")
+    ap.add_argument("--streams", action="append", type=int, help="stream counts (default 32 64 96 128 160 192)")
+    ap.add_argument("--frames", type=int, default=32, help="frames per timed run (single and batched)")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs (single and batched; medians)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed 16-frame chunks per stream count")
+    ap.add_argument("--skip", action="append", default=[], choices=["single", "batched", "streams"])
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    precision = args.precision or ("bf16" if args.device.startswith("cuda") else "fp32")
+    model = ensure_checkpoint(args.model)
+    eager = TTS.load(model, device=args.device, precision=precision, cuda_graphs=False, codec_process=False)
+    # the graph-mode frames: captured on CUDA, their uncaptured form elsewhere (what the CPU tests prove)
+    backend = TorchBackend(eager.checkpoint, args.device, precision, frame_mode="graph", codec_process=False)
+    graphed = TTS(eager.checkpoint, backend, eager.prompts)
+    frame_s = eager.checkpoint.codec_config.frame_length / eager.sample_rate
+    meta = {
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "torch": torch.__version__,
+        "precision": precision,
+        "eager": eager.backend.description,
+        "graphed": graphed.backend.description,
+        "load_average": os.getloadavg()[0],
+    }
+    print(json.dumps(meta), flush=True)
+    report: dict = {"meta": meta}
+
+    def save() -> None:  # after every part: a run cut short by a time limit keeps what it measured
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+    if "single" not in args.skip:
+        report["single"] = single(eager, graphed, args.frames, args.runs)
+        print(json.dumps(report["single"]), flush=True)
+        save()
+    if "batched" not in args.skip:
+        report["batched"] = batched(eager, graphed, args.batch or [1, 8, 32, 128], args.frames, args.runs, frame_s)
+        save()
+    if "streams" not in args.skip:
+        del eager
+        release(graphed.backend.device)
+        sizes = sorted(args.streams or [32, 64, 96, 128, 160, 192])
+        report["streams"] = rows = []
+        streams(graphed, sizes, args.rounds, frame_s, rows, save)
+        for mode in ("sequential", "overlapped"):
+            real_time = [r["streams"] for r in rows if r[f"rtf_{mode}"] <= 1.0]
+            report[f"realtime_streams_{mode}"] = max(real_time, default=0)
+        print(json.dumps({k: v for k, v in report.items() if k.startswith("realtime")}), flush=True)
+        save()
+
+
+if __name__ == "__main__":
+    main()
