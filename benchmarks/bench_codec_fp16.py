@@ -1,10 +1,11 @@
 """The fp16 codec decoder asset against the fp32 incremental decoder, beside other fp16 decodes of the same codes.
 
-    python benchmarks/bench_codec_fp16.py --model DIR [--assets DIR] [--pushes 1,16] [--stateless] [--threads 1]
+    python benchmarks/bench_codec_fp16.py --model DIR [--assets DIR] [--pushes 1,16] [--first-frames 1] [--stateless]
 
-Without ``--assets`` the checkpoint's codec decoder is converted at fp16 (only that part) into a temporary folder;
-with it, that folder's ``codec_decoder.aimodel`` is used (converted from ``--model`` at fp16). Seeded random codes
-(every row drawn from 0..1023; the graph clamps) are pushed ``--pushes`` frames at a time through:
+Without ``--assets`` the checkpoint's codec decoder is converted at fp16 (only that part, with the 1-frame function
+``first`` unless ``--first-frames 0``) into a temporary folder; with it, that folder's ``codec_decoder.aimodel`` is
+used (converted from ``--model`` at fp16). Seeded random codes (``default_rng(0).integers(0, 1024, (10, 64))``, the
+first frames; the graph clamps) are pushed ``--pushes`` frames at a time through:
 
 * the asset: each push one call of its shortest function holding it (``first``: 1 frame, ``main``: its push,
   padded), the decoder state carried between calls as Core AI state, as the backend's codec stream does;
@@ -133,6 +134,7 @@ def main() -> None:
     ap.add_argument("--model", required=True, help="checkpoint folder")
     ap.add_argument("--assets", help="a folder holding codec_decoder.aimodel (fp16) of --model (skips conversion)")
     ap.add_argument("--pushes", default="1,16", help="frames per push, comma-separated (each at most the push)")
+    ap.add_argument("--first-frames", type=int, default=1, help="the converted asset's first push (0: none)")
     ap.add_argument("--stateless", action="store_true", help="also convert and run a stateless fp16 decoder asset")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = ap.parse_args()
@@ -140,13 +142,16 @@ def main() -> None:
     pushes = [int(n) for n in args.pushes.split(",")]
     ckpt = load_checkpoint(args.model)
     cc, state = ckpt.codec_config, ckpt.codec_state_dict()
-    codes = np.random.default_rng(0).integers(0, 1024, size=(cc.num_codebooks, sum(pushes)))
+    drawn = (cc.num_codebooks, max(64, sum(pushes)))  # 64 frames at least: runs of a few pushes share their codes
+    codes = np.random.default_rng(0).integers(0, 1024, size=drawn)[:, : sum(pushes)]
     decodes, seconds = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.assets) if args.assets else Path(tmp) / "assets"
         if not args.assets:
             t0 = time.perf_counter()
-            convert(ckpt, folder, "fp16", parts=("codec_decoder",), progress=False)
+            convert(
+                ckpt, folder, "fp16", decoder_first_frames=args.first_frames, parts=("codec_decoder",), progress=False
+            )
             print(f"conversion (fp16 codec_decoder): {time.perf_counter() - t0:.0f} s")
         path = folder / "codec_decoder.aimodel"
         manifest = read_manifest(path)

@@ -3,8 +3,8 @@
 Conversions run once per session: fp32 with every part in this process; in a child process alongside, fp16
 with the DualAR and the decoder, int8-fp16 with the DualAR and the encoder (its decoder recipe is fp16's), and a
 greedy fp32 DualAR (``audio8 convert --greedy``). The buckets and contexts are small so the interpreter stays
-quick: context 128 (fp32) / 96 (fp16, int8-fp16) / 64 (greedy), decoder pushes of 16 (and 1: ``first``) / 8 frames,
-encoder 16 frames.
+quick: context 128 (fp32) / 96 (fp16, int8-fp16) / 64 (greedy), decoder pushes of 16 (and the opt-in 1-frame
+``first``) / 8 frames, encoder 16 frames.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class _ChildConversions:
     SCRIPT = (
         "import sys; from audio8_coreai.backends.coreai import convert; from audio8_coreai.cli import app; "
         "ckpt, out = sys.argv[1:]; "
-        "convert(ckpt, out + '/fp16', 'fp16', context=96, decoder_frames=8, decoder_first_frames=0, "
+        "convert(ckpt, out + '/fp16', 'fp16', context=96, decoder_frames=8, "
         "parts=('dualar', 'codec_decoder'), progress=False); "
         "convert(ckpt, out + '/int8-fp16', 'int8-fp16', context=96, encoder_frames=16, "
         "parts=('dualar', 'codec_encoder'), progress=False); "
@@ -104,6 +104,7 @@ def fp32_assets(oracle, tmp_path_factory, child_conversions):
         "fp32",
         context=128,
         decoder_frames=16,
+        decoder_first_frames=1,
         encoder_frames=16,
         progress=False,
     )
@@ -749,8 +750,6 @@ def test_cli_convert_one_part(oracle_dir, tmp_path):
         "fp16",
         "--decoder-frames",
         4,
-        "--decoder-first-frames",
-        0,
         "--part",
         "codec_decoder",
     )

@@ -30,7 +30,8 @@ def convert(
         int, typer.Option(help="Codec decoder push: frames per call (2048 samples each).")
     ] = DEFAULTS.decoder_frames,
     decoder_first_frames: Annotated[
-        int, typer.Option(help="Codec decoder's second function: a stream's first chunk of this many frames (0: none).")
+        int,
+        typer.Option(help="Codec decoder's second function, for a stream's first chunk of this many frames (0: none)."),
     ] = DEFAULTS.decoder_first_frames,
     encoder_frames: Annotated[
         int, typer.Option(help="Codec encoder bucket, frames per call.")

@@ -5,7 +5,7 @@ An asset folder (written by :func:`~.convert.convert`, read by :class:`~.runtime
 * ``dualar.aimodel``: ``prefill``, ``first_frame`` and ``frame`` (PORT-NOTES.md section 2, contract below);
   ``prefill`` and ``frame`` share the KV state ``k_cache``/``v_cache`` [n_layer, 1, n_kv, context, head_dim].
 * ``codec_decoder.aimodel``: ``main``, the exact incremental codec decoder with its state as Core AI state
-  (contract below), and ``first``, the same for a push of 1 frame (a stream's first chunk) sharing its state;
+  (contract below), and where asked ``first``, the same for a 1-frame push (a stream's first chunk) on its state;
   every frame of an utterance is decoded once, in pushes of P = 16 frames by default.
 * ``codec_encoder.aimodel``: ``main`` audio [1, 1, T_enc * 2048] float32 (mono, 44.1 kHz, right-padded
   with zeros) -> codes [1, C, T_enc] int32; T_enc = 216 frames (10 s) by default.
@@ -38,8 +38,9 @@ fp32, float16 otherwise):
   written in place: per post_module layer the rotated keys and values of the 127 frames before the push, and
   per causal convolution its last input steps (:class:`..model.codec.StreamingDecoder`). ``start + count``
   may reach the manifest's ``max_frames`` (the checkpoint's ``max_seq_len``: the RoPE positions).
-* ``first``: as ``main`` with P = 1 (manifest ``pushes``: function -> P), the same state: a push of 1 frame costs
-  a 1-frame call, not a 16-frame one (absent when the push is 1 frame already).
+* ``first`` (opt-in: ``audio8 convert --decoder-first-frames 1``): as ``main`` with P = that push (manifest
+  ``pushes``: function -> P), on the same state: a stream's 1-frame first chunk costs a 1-frame call, not a
+  16-frame one.
 
 Sampling is baked into ``first_frame``/``frame``: top-k, top-p, temperature, do_sample and the RAS settings
 are graph constants, by default the checkpoint's generation_config.json and config.json at conversion time.
