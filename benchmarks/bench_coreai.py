@@ -76,9 +76,9 @@ def time_frames(backend, ckpt, frames: int) -> tuple[float, list[float], int]:
     return prefill_s, times, (backend.calls - calls) if calls is not None else -1
 
 
-def time_codec(backend, ckpt, frames: int, chunk: int) -> tuple[np.ndarray, list[float], int]:
-    """(audio float32, seconds per pushed chunk, runtime calls made or -1) for ``frames`` seeded random frames
-    pushed ``chunk`` at a time into a fresh ``codec_stream``."""
+def time_codec(backend, ckpt, frames: int, chunk: int) -> tuple[np.ndarray, list[float], int, int]:
+    """(audio float32, seconds per pushed chunk, runtime calls made or -1, frames the calls computed or -1) for
+    ``frames`` seeded random frames pushed ``chunk`` at a time into a fresh ``codec_stream``."""
     cc = ckpt.codec_config
     codes = np.random.default_rng(0).integers(0, cc.residual_codebook_size, size=(cc.num_codebooks, frames))
     calls = backend.calls if isinstance(backend, CoreAIBackend) else None
@@ -87,7 +87,9 @@ def time_codec(backend, ckpt, frames: int, chunk: int) -> tuple[np.ndarray, list
         t0 = time.perf_counter()
         pieces.append(stream.push(codes[:, start : start + chunk]))
         times.append(time.perf_counter() - t0)
-    return np.concatenate(pieces), times, (backend.calls - calls) if calls is not None else -1
+    if calls is None:
+        return np.concatenate(pieces), times, -1, -1
+    return np.concatenate(pieces), times, backend.calls - calls, stream.decoded
 
 
 def main() -> None:
@@ -125,16 +127,16 @@ def main() -> None:
                 f"median {np.median(times[1:]) * 1e3:.1f} ms (first_frame {times[0] * 1e3:.1f} ms){per_frame}"
             )
         if args.codec_frames:
-            push = read_manifest(assets / "codec_decoder.aimodel")["push"]
+            pushes = read_manifest(assets / "codec_decoder.aimodel")["pushes"]
             audio = []
             for backend in backends:
-                wav, times, calls = time_codec(backend, ckpt, args.codec_frames, args.chunk_frames)
+                wav, times, calls, decoded = time_codec(backend, ckpt, args.codec_frames, args.chunk_frames)
                 audio.append(wav)
                 chunks = len(times)
                 # What the codec computed per frame of audio: padding included; a re-decoding stream would be > 1.
                 runtime = (
                     f"runtime calls per chunk {calls / chunks:.2f}, frames decoded per frame of audio "
-                    f"{calls * push / args.codec_frames:.2f} (push {push})"
+                    f"{decoded / args.codec_frames:.2f} (pushes {pushes})"
                     if calls >= 0
                     else "incremental decoder: frames decoded per frame of audio 1.00"
                 )

@@ -3,7 +3,8 @@
 Conversions run once per session: fp32 with every part in this process; in a child process alongside, fp16
 with the DualAR and the decoder, int8-fp16 with the DualAR and the encoder (its decoder recipe is fp16's), and a
 greedy fp32 DualAR (``audio8 convert --greedy``). The buckets and contexts are small so the interpreter stays
-quick: context 128 (fp32) / 96 (fp16, int8-fp16) / 64 (greedy), decoder pushes of 16 / 8 frames, encoder 16 frames.
+quick: context 128 (fp32) / 96 (fp16, int8-fp16) / 64 (greedy), decoder pushes of 16 (and the opt-in 1-frame
+``first``) / 8 frames, encoder 16 frames.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def fp32_assets(oracle, tmp_path_factory, child_conversions):
         "fp32",
         context=128,
         decoder_frames=16,
+        decoder_first_frames=1,
         encoder_frames=16,
         progress=False,
     )
@@ -347,6 +349,11 @@ def test_manifest_holds_contract_sampling_and_source(fp32_assets, oracle):
     assert dualar["source"]["fingerprint"] == oracle.fingerprint()
     decoder = read_manifest(fp32_assets / "codec_decoder.aimodel")
     assert decoder["push"] == 16 and decoder["max_frames"] == 512  # the checkpoint's max_seq_len
+    assert decoder["pushes"] == {"main": 16, "first": 1} and list(decoder["contract"]) == ["main", "first"]
+    first = decoder["contract"]["first"]
+    assert first["inputs"]["codes"] == {"shape": [1, 10, 1], "dtype": "int32"}
+    assert first["outputs"] == {"wav": {"shape": [1, 2048], "dtype": "float32"}}
+    assert first["states"] == decoder["contract"]["main"]["states"]
     main = decoder["contract"]["main"]
     assert main["inputs"] == {
         "codes": {"shape": [1, 10, 16], "dtype": "int32"},
@@ -496,37 +503,64 @@ def test_calls_from_inside_a_running_event_loop(fp32_backend, oracle, fp32_asset
     assert want.shape[1] > 0 and np.array_equal(got, want) and np.array_equal(fresh_codes, want)
 
 
-LONG = 160  # frames of the long stream: past the codec transformer's 128-frame window (10 pushes)
+LONG = 320  # frames of the long stream (20 pushes): the codec transformer's 128-frame window passed twice over
+PUSH_INPUTS = {"codes": (1, 10, 16), "start": (1,), "count": (1,)}  # a decoder call's input shapes: main
+FIRST_INPUTS = {**PUSH_INPUTS, "codes": (1, 10, 1)}  # and first (a push of 1 frame)
 
 
-def test_codec_stream_decodes_every_frame_once_exactly(fp32_backend, torch_backend):
-    """The stateful decoder asset: a 160-frame utterance decoded (``decode_window``) in 16-frame pushes, one
-    runtime call each, equals the torch incremental decoder and the whole-utterance decode within 1e-4; a
-    stream's first pushes of 1, 2, 4, 8 frames and a last partial one (padded inside the fixed 16-frame shape)
-    and a push longer than 16 frames (two calls) are exact too. 160 frames rather than the issue's 320 keep the
-    test near a minute on the Linux interpreter (each 16-frame call takes seconds there); the calls are
-    identical in shape, so the state is what a longer stream adds."""
+@pytest.fixture
+def decoder_calls(fp32_backend, monkeypatch) -> list[dict[str, tuple[int, ...]]]:
+    """The input shapes of every runtime call ``fp32_backend`` makes during the test, in order."""
+    shapes: list[dict[str, tuple[int, ...]]] = []
+    call = fp32_backend._call
+
+    def recorded(fn, inputs, state=None):
+        shapes.append({k: v.shape for k, v in inputs.items()})
+        return call(fn, inputs, state)
+
+    monkeypatch.setattr(fp32_backend, "_call", recorded)
+    return shapes
+
+
+def test_codec_stream_decodes_every_frame_once_exactly(fp32_backend, torch_backend, decoder_calls):
+    """The stateful decoder asset streams a 320-frame utterance in 16-frame pushes: each push is one runtime
+    call of the same shapes (a late push costs what an early one does), and its audio equals the torch
+    incremental decoder's and the whole-utterance decode's for those frames within 1e-4."""
     codes = np.random.default_rng(0).integers(0, 256, size=(10, LONG))
     with torch.no_grad():
         whole = torch_backend.decoder(torch.as_tensor(codes)[None])[0].numpy()
-    calls = fp32_backend.calls
-    decoded = fp32_backend.decode_window(codes)
-    assert fp32_backend.calls - calls == LONG // 16
-    assert decoded.shape == whole.shape == (LONG * 2048,)
-    assert np.abs(decoded - torch_backend.decode_window(codes)).max() < 1e-4
-    assert np.abs(decoded - whole).max() < 1e-4
+    stream, torch_stream = fp32_backend.codec_stream(), torch_backend.codec_stream()
+    for first in range(0, LONG, 16):
+        got = stream.push(codes[:, first : first + 16])
+        assert len(decoder_calls) == first // 16 + 1 and got.shape == (16 * 2048,)
+        assert np.abs(got - torch_stream.push(codes[:, first : first + 16])).max() < 1e-4
+        assert np.abs(got - whole[first * 2048 : (first + 16) * 2048]).max() < 1e-4
+    assert decoder_calls == [PUSH_INPUTS] * (LONG // 16)
+    assert (stream.frames, stream.decoded) == (LONG, LONG)  # every frame decoded once: 1.0 per frame of audio
+
+
+def test_codec_stream_pads_short_pushes_and_splits_long_ones(fp32_backend, torch_backend, decoder_calls):
+    """A push of 1 frame (a stream's first chunk) is one call of the asset's 1-frame function ``first``; pushes of
+    2, 4, 8 frames and a last partial one are padded inside the fixed 16-frame shape (one call each), a 20-frame
+    push is two calls; the two functions carry one state, and each push's audio is exact (1e-4). An utterance
+    past the asset's 512 frames is refused; nothing to decode is no call."""
+    codes = np.random.default_rng(1).integers(0, 256, size=(10, 40))
+    with torch.no_grad():
+        whole = torch_backend.decoder(torch.as_tensor(codes)[None])[0].numpy()
     stream, torch_stream = fp32_backend.codec_stream(), torch_backend.codec_stream()
     first = 0
-    for n, runtime_calls in ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (20, 2), (3, 1)):
-        calls = fp32_backend.calls
+    for n, runtime_calls in ((1, 1), (1, 1), (2, 1), (4, 1), (8, 1), (20, 2), (3, 1), (1, 1)):
+        calls = len(decoder_calls)
         got = stream.push(codes[:, first : first + n])
-        assert fp32_backend.calls - calls == runtime_calls and got.shape == (n * 2048,)
+        assert len(decoder_calls) - calls == runtime_calls and got.shape == (n * 2048,)
         assert np.abs(got - torch_stream.push(codes[:, first : first + n])).max() < 1e-4
         assert np.abs(got - whole[first * 2048 : (first + n) * 2048]).max() < 1e-4
         first += n
+    assert decoder_calls == [FIRST_INPUTS] * 2 + [PUSH_INPUTS] * 6 + [FIRST_INPUTS]
+    assert (stream.frames, stream.decoded) == (40, 1 + 1 + 16 * 6 + 1)  # the padding of 2-, 4-, 8-, 3-frame pushes
     with pytest.raises(BackendError, match="up to 512 frames per utterance"):
         fp32_backend.codec_stream().push(np.zeros((10, 513), np.int64))
-    assert fp32_backend.decode_window(np.zeros((10, 0), np.int64)).shape == (0,)
+    assert fp32_backend.decode_window(np.zeros((10, 0), np.int64)).shape == (0,) and len(decoder_calls) == 9
 
 
 def test_transposed_convolutions_on_the_cpu_runtime(tmp_path):
@@ -592,19 +626,21 @@ def test_stale_asset_is_refused(oracle, fp32_assets, tmp_path):
     stale = tmp_path / "stale"
     shutil.copytree(fp32_assets, stale)
 
-    def older(meta):
+    def older(meta):  # format 1: the stateless decoder, whose manifest had no push size or state layout
         manifest = json.loads(meta.creator_defined_metadata["audio8"])
-        meta.set_custom("audio8", json.dumps({**manifest, "format": 0}))
+        kept = {k: v for k, v in manifest.items() if k not in ("push", "max_frames", "state")}
+        meta.set_custom("audio8", json.dumps({**kept, "format": 1}))
 
     AIModelAsset.load(stale / "codec_decoder.aimodel").update_metadata(older)
     backend = CoreAIBackend(oracle, stale)
-    try:  # a decoder of the stateless format: refused when the codec is first used
-        with pytest.raises(AssetError, match="codec_decoder.aimodel: stale asset .*audio8 convert --model DIR --out"):
+    try:  # refused when the codec is first used, naming the command that rebuilds the folder
+        with pytest.raises(AssetError, match="codec_decoder.aimodel: stale asset") as refused:
             backend.codec_stream()
+        assert f"audio8 convert --model DIR --out {stale}" in str(refused.value)
     finally:
         backend.close()
     AIModelAsset.load(stale / "dualar.aimodel").update_metadata(older)
-    with pytest.raises(AssetError, match="stale asset .*format 0.*convert the checkpoint again"):
+    with pytest.raises(AssetError, match="stale asset .*format 1.*convert the checkpoint again"):
         CoreAIBackend(oracle, stale)
 
 
@@ -651,6 +687,8 @@ def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
         convert(oracle, tmp_path / "a", "int16", progress=False)
     with pytest.raises(AssetError, match="multiple of 32"):
         convert(oracle, tmp_path / "a", context=100, progress=False)
+    with pytest.raises(AssetError, match=r"decoder first push -1 \(>= 0; 0: none\)"):
+        convert(oracle, tmp_path / "a", decoder_first_frames=-1, progress=False)
     with pytest.raises(AssetError, match="unknown or no parts"):
         convert(oracle, tmp_path / "a", parts=("vocoder",), progress=False)
     assert not (tmp_path / "a").exists()
@@ -718,6 +756,7 @@ def test_cli_convert_one_part(oracle_dir, tmp_path):
     assert result.exit_code == 0, result.output
     assert "codec_decoder.aimodel" in _said(result)
     assert [p.name for p in (tmp_path / "dec").iterdir()] == ["codec_decoder.aimodel"]
-    assert read_manifest(tmp_path / "dec" / "codec_decoder.aimodel")["precision"] == "fp16"
+    decoder = read_manifest(tmp_path / "dec" / "codec_decoder.aimodel")
+    assert decoder["precision"] == "fp16" and decoder["pushes"] == {"main": 4} and list(decoder["contract"]) == ["main"]
     result = _run("convert", "--model", oracle_dir, "--out", tmp_path / "dec")
     assert result.exit_code == 2 and "not an empty folder" in _said(result)

@@ -29,6 +29,10 @@ def convert(
     decoder_frames: Annotated[
         int, typer.Option(help="Codec decoder push: frames per call (2048 samples each).")
     ] = DEFAULTS.decoder_frames,
+    decoder_first_frames: Annotated[
+        int,
+        typer.Option(help="Codec decoder's second function, for a stream's first chunk of this many frames (0: none)."),
+    ] = DEFAULTS.decoder_first_frames,
     encoder_frames: Annotated[
         int, typer.Option(help="Codec encoder bucket, frames per call.")
     ] = DEFAULTS.encoder_frames,
@@ -65,6 +69,7 @@ def convert(
         context,
         sampling=dataclasses.replace(sampling, do_sample=False) if greedy else sampling,
         decoder_frames=decoder_frames,
+        decoder_first_frames=decoder_first_frames,
         encoder_frames=encoder_frames,
         parts=part or PARTS,
     )

@@ -14,14 +14,16 @@ from ...config import SamplingParams
 from ...errors import AssetError
 from ...model.frame import PREFILL_WIDTH
 from ...precision import resolve_precision
-from .export import AssetFunction, decoder_function, dualar_functions, encoder_function, export_function
+from .export import AssetFunction, decoder_functions, dualar_functions, encoder_function, export_function
 from .manifest import (
+    DECODER_FIRST_FRAMES,
     DECODER_FRAMES,
     DUALAR_FUNCTIONS,
     ENCODER_FRAMES,
     PARTS,
     asset_metadata,
     decoder_max_frames,
+    decoder_pushes,
     decoder_state_manifest,
     function_contract,
     manifest_base,
@@ -112,20 +114,29 @@ def _convert_dualar(
 
 
 def _convert_codec(
-    ckpt: Checkpoint, path: Path, part: str, precision: str, frames: int, base: dict[str, Any], steps: _Steps
+    ckpt: Checkpoint,
+    path: Path,
+    part: str,
+    precision: str,
+    frames: int,
+    first: int,
+    base: dict[str, Any],
+    steps: _Steps,
 ) -> None:
     cc = ckpt.codec_config
     state = steps.run(f"{part}: weights", ckpt.codec_state_dict)
     if part == "codec_decoder":
         longest = decoder_max_frames(ckpt.config.max_seq_len, cc.quantizer_transformer.window_size)
+        pushes = decoder_pushes(frames, first)
         # RoPE rows for a last push that starts near the end and is padded past it
-        fn = decoder_function(decoder_module(cc, state, precision, longest + frames), cc, frames)
-        extra = {"push": frames, "max_frames": longest, "state": decoder_state_manifest(fn.states)}
+        fns = decoder_functions(decoder_module(cc, state, precision, longest + frames), cc, pushes)
+        states = fns["main"].states
+        extra = {"push": frames, "pushes": pushes, "max_frames": longest, "state": decoder_state_manifest(states)}
     else:
-        fn = encoder_function(encoder_module(cc, state, precision, frames), cc, frames)
+        fns = {"main": encoder_function(encoder_module(cc, state, precision, frames), cc, frames)}
         extra = {"frames": frames}
     del state
-    _save({"main": fn}, path, {**base, "part": part, **extra}, steps)
+    _save(fns, path, {**base, "part": part, **extra}, steps)
 
 
 def convert(
@@ -136,6 +147,7 @@ def convert(
     *,
     sampling: SamplingParams | None = None,
     decoder_frames: int = DECODER_FRAMES,
+    decoder_first_frames: int = DECODER_FIRST_FRAMES,
     encoder_frames: int = ENCODER_FRAMES,
     parts: Collection[str] = PARTS,
     progress: bool = True,
@@ -151,6 +163,8 @@ def convert(
         sampling: the settings baked into the frame graphs (default: the checkpoint's defaults).
         decoder_frames: the codec decoder's push (frames of 2048 samples per call; the decoder state carries
             the utterance from call to call).
+        decoder_first_frames: the decoder's second function's push (``first``, sharing the state; a stream's
+            first chunk then costs a call of that many frames); 0, or not below ``decoder_frames``: none.
         encoder_frames: the codec encoder's bucket (frames per call: the longest clip).
         parts: which of PARTS to write (tests convert only what they use).
         progress: show a progress bar on stderr.
@@ -173,9 +187,10 @@ def convert(
             f"context {context} must be a multiple of {PREFILL_WIDTH} between {PREFILL_WIDTH} and "
             f"the model's max_seq_len {cfg.max_seq_len}"
         )
-    if decoder_frames < 1 or encoder_frames < 1:
+    if decoder_frames < 1 or encoder_frames < 1 or decoder_first_frames < 0:
         raise AssetError(
-            f"codec calls must hold frames: decoder push {decoder_frames}, encoder bucket {encoder_frames} (>= 1)"
+            f"codec calls must hold frames: decoder push {decoder_frames}, encoder bucket {encoder_frames} (>= 1), "
+            f"decoder first push {decoder_first_frames} (>= 0; 0: none)"
         )
     unknown = sorted(set(parts) - set(PARTS))
     if unknown or not parts:
@@ -187,7 +202,8 @@ def convert(
     base = manifest_base(ckpt, precision)
     out.parent.mkdir(parents=True, exist_ok=True)
     wanted = [p for p in PARTS if p in parts]
-    per_part = {"dualar": 1 + len(DUALAR_FUNCTIONS) + 2, "codec_decoder": 4, "codec_encoder": 4}
+    decoder_steps = 3 + len(decoder_pushes(decoder_frames, decoder_first_frames))
+    per_part = {"dualar": 1 + len(DUALAR_FUNCTIONS) + 2, "codec_decoder": decoder_steps, "codec_encoder": 4}
     with staged_folder(out) as tmp, _Steps(sum(per_part[p] for p in wanted), progress) as steps:
         for part in wanted:
             path = tmp / f"{part}.aimodel"
@@ -195,6 +211,6 @@ def convert(
                 _convert_dualar(ckpt, path, precision, context, params, base, steps)
             else:
                 frames = decoder_frames if part == "codec_decoder" else encoder_frames
-                _convert_codec(ckpt, path, part, precision, frames, base, steps)
+                _convert_codec(ckpt, path, part, precision, frames, decoder_first_frames, base, steps)
             gc.collect()  # free this part's weights and programs before the next one
     return out

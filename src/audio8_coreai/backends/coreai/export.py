@@ -122,9 +122,9 @@ class _FrameFn(nn.Module):
 
 
 class _StreamDecodeFn(nn.Module):
-    """``codec_decoder.main`` (see manifest.py's contract): a push of codes [1, C, P] int32 whose first ``count``
-    are frames ``start ..`` of the utterance, then the decoder state -> wav [1, P * frame_length] float32; the
-    state is written in place (:meth:`.model.codec.StreamingDecoder.push_static`)."""
+    """``codec_decoder.main`` and ``first`` (see manifest.py's contract): a push of codes [1, C, P] int32 whose
+    first ``count`` are frames ``start ..`` of the utterance, then the decoder state -> wav [1, P * frame_length]
+    float32; the state is written in place (:meth:`.model.codec.StreamingDecoder.push_static`)."""
 
     def __init__(self, decoder: CodecDecoder):
         super().__init__()
@@ -186,18 +186,22 @@ def dualar_functions(model: DualAR, params: SamplingParams, context: int) -> dic
     }
 
 
-def decoder_function(decoder: CodecDecoder, cc: CodecConfig, push: int) -> AssetFunction:
-    """``codec_decoder.main`` on example inputs of a push of ``push`` frames and a zero decoder state."""
+def decoder_functions(decoder: CodecDecoder, cc: CodecConfig, pushes: dict[str, int]) -> dict[str, AssetFunction]:
+    """``codec_decoder``'s functions (name -> frames per push, manifest.decoder_pushes), each on example inputs of
+    its push, all on one zero decoder state (the asset's functions share it)."""
     fn = _StreamDecodeFn(decoder)
     dtype = next(decoder.parameters()).dtype
-    i32 = torch.int32
-    inputs = {
-        "codes": torch.zeros(1, cc.num_codebooks, push, dtype=i32),
-        "start": torch.tensor([0], dtype=i32),
-        "count": torch.tensor([push], dtype=i32),
-    }
     states = {name: torch.zeros(shape, dtype=dtype) for name, shape in fn.stream.state_layout().items()}
-    return AssetFunction(fn, inputs, ("wav",), states)
+    i32 = torch.int32
+
+    def inputs(push: int) -> dict[str, Tensor]:
+        return {
+            "codes": torch.zeros(1, cc.num_codebooks, push, dtype=i32),
+            "start": torch.tensor([0], dtype=i32),
+            "count": torch.tensor([push], dtype=i32),
+        }
+
+    return {name: AssetFunction(fn, inputs(push), ("wav",), states) for name, push in pushes.items()}
 
 
 def encoder_function(encoder: CodecEncoder, cc: CodecConfig, frames: int) -> AssetFunction:

@@ -5,7 +5,8 @@ An asset folder (written by :func:`~.convert.convert`, read by :class:`~.runtime
 * ``dualar.aimodel``: ``prefill``, ``first_frame`` and ``frame`` (PORT-NOTES.md section 2, contract below);
   ``prefill`` and ``frame`` share the KV state ``k_cache``/``v_cache`` [n_layer, 1, n_kv, context, head_dim].
 * ``codec_decoder.aimodel``: ``main``, the exact incremental codec decoder with its state as Core AI state
-  (contract below); every frame of an utterance is decoded once, in pushes of P = 16 frames by default.
+  (contract below), and where asked ``first``, the same for a 1-frame push (a stream's first chunk) on its state;
+  every frame of an utterance is decoded once, in pushes of P = 16 frames by default.
 * ``codec_encoder.aimodel``: ``main`` audio [1, 1, T_enc * 2048] float32 (mono, 44.1 kHz, right-padded
   with zeros) -> codes [1, C, T_enc] int32; T_enc = 216 frames (10 s) by default.
 
@@ -37,6 +38,9 @@ fp32, float16 otherwise):
   written in place: per post_module layer the rotated keys and values of the 127 frames before the push, and
   per causal convolution its last input steps (:class:`..model.codec.StreamingDecoder`). ``start + count``
   may reach the manifest's ``max_frames`` (the checkpoint's ``max_seq_len``: the RoPE positions).
+* ``first`` (opt-in: ``audio8 convert --decoder-first-frames 1``): as ``main`` with P = that push (manifest
+  ``pushes``: function -> P), on the same state: a stream's 1-frame first chunk costs a 1-frame call, not a
+  16-frame one.
 
 Sampling is baked into ``first_frame``/``frame``: top-k, top-p, temperature, do_sample and the RAS settings
 are graph constants, by default the checkpoint's generation_config.json and config.json at conversion time.
@@ -61,13 +65,14 @@ from ...checkpoint import CODEC_SPEC_FILE, CONFIG_FILE, GENERATION_FILE, Checkpo
 from ...errors import AssetError, BackendError
 from ...settings import DEFAULTS
 
-FORMAT = 2  # bump when the graphs, their contract or the manifest change: older folders are then refused
+FORMAT = 3  # bump when the graphs, their contract or the manifest change: older folders are then refused
 MANIFEST_KEY = "audio8"
 PARTS = ("dualar", "codec_decoder", "codec_encoder")
 DUALAR_FUNCTIONS = ("prefill", "first_frame", "frame")
 FRAME_OUTPUTS = ("semantic", "codes", "logits", "hidden", "fast_logits", "sampled_semantic", "sampled_codes")
 STATE_NAMES = ("k_cache", "v_cache")
 DECODER_FRAMES = DEFAULTS.decoder_frames  # the codec decoder's push: frames per call
+DECODER_FIRST_FRAMES = DEFAULTS.decoder_first_frames  # the codec decoder's ``first`` function's push
 ENCODER_FRAMES = DEFAULTS.encoder_frames  # 10.0 s: the voice-registration bucket
 
 # coreai-torch compares torch's version as a string: "2.13.0+cpu" reads as newer than its validated 2.13.0.
@@ -91,6 +96,12 @@ def decoder_max_frames(max_seq_len: int, window: int) -> int:
     """The longest utterance (frames) the codec decoder asset decodes: the checkpoint's ``max_seq_len`` (prompt
     and frames never exceed it), at least the codec transformer's ``window`` (its mask band needs the rows)."""
     return max(max_seq_len, window)
+
+
+def decoder_pushes(push: int, first: int) -> dict[str, int]:
+    """The codec decoder's functions, name -> frames per call: ``main`` (``push``) and ``first`` when ``first``
+    is 1 or more and shorter than ``push`` (0: no ``first``)."""
+    return {"main": push, **({"first": first} if 1 <= first < push else {})}
 
 
 def decoder_state_manifest(states: dict[str, Tensor]) -> dict[str, str]:

@@ -104,7 +104,7 @@ class CoreAIBackend(Backend):
         self._finalizer = weakref.finalize(self, self._runtime.close, self._stack)
         self._models: dict[str, Any] = {}
         self._fns = {name: self._model("dualar").load_function(name) for name in DUALAR_FUNCTIONS}
-        self._codec: dict[str, tuple[Any, dict[str, Any]]] = {}
+        self._codec: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         self.calls = 0
         self._state: dict[str, Any] = {}
         self._last: tuple[np.ndarray, np.ndarray] | None = None
@@ -180,8 +180,8 @@ class CoreAIBackend(Backend):
 
     def codec_stream(self) -> CoreAICodecStream:
         """A fresh incremental codec for one utterance (:class:`CoreAICodecStream`): its own zero decoder state."""
-        fn, manifest = self._codec_fn("codec_decoder")
-        return CoreAICodecStream(self, fn, manifest)
+        fns, manifest = self._codec_fns("codec_decoder")
+        return CoreAICodecStream(self, fns, manifest)
 
     def _tail(self, params: SamplingParams, step: StepInputs) -> dict[str, np.ndarray]:
         if not self.draws_like(params):
@@ -231,15 +231,17 @@ class CoreAIBackend(Backend):
         inputs = {"codes": codes, "pos": np.array([step.pos], np.int32), **tail}
         return self._result(self._call(self._fns["frame"], inputs, self._state))
 
-    def _codec_fn(self, part: str) -> tuple[Any, dict[str, Any]]:
+    def _codec_fns(self, part: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The loaded functions of a codec part (name -> function, every one its contract names) and its manifest."""
         if part not in self._codec:
             manifest = checked_manifest(self.folder, part, self.checkpoint, self.precision)
-            self._codec[part] = (self._model(part).load_function("main"), manifest)
+            fns = {name: self._model(part).load_function(name) for name in manifest["contract"]}
+            self._codec[part] = (fns, manifest)
         return self._codec[part]
 
     def decode_window(self, codes: np.ndarray) -> np.ndarray:
         """Codes int [C, T] -> float32 audio [T * frame_length] at 44.1 kHz: the whole utterance pushed through a
-        fresh :meth:`codec_stream` (one runtime call per push of the decoder's ``push`` frames; exact)."""
+        fresh :meth:`codec_stream` (one runtime call per push of up to the decoder's ``push`` frames; exact)."""
         return self.codec_stream().push(codes)
 
     def encode(self, audio: np.ndarray) -> np.ndarray:
@@ -248,7 +250,7 @@ class CoreAIBackend(Backend):
         The clip is right-padded with zeros to the encoder's bucket (the encoder is causal). Raises
         BackendError for empty audio or a clip longer than the bucket (216 frames, 10.0 s by default).
         """
-        fn, manifest = self._codec_fn("codec_encoder")
+        fns, manifest = self._codec_fns("codec_encoder")
         bucket = manifest["frames"]
         hop, rate = self.checkpoint.codec_config.frame_length, self.checkpoint.codec_config.sample_rate
         audio = np.asarray(audio, dtype=np.float32).reshape(-1)
@@ -261,7 +263,7 @@ class CoreAIBackend(Backend):
             )
         padded = np.zeros((1, 1, bucket * hop), dtype=np.float32)
         padded[0, 0, : len(audio)] = audio
-        return self._call(fn, {"audio": padded})["codes"][0, :, :frames].astype(np.int64)
+        return self._call(fns["main"], {"audio": padded})["codes"][0, :, :frames].astype(np.int64)
 
 
 class CoreAICodecStream:
@@ -270,18 +272,23 @@ class CoreAICodecStream:
     whole-utterance decode gives for those frames (the torch incremental decoder's, to float rounding).
 
     Every frame is decoded once: a push of up to the asset's ``push`` frames (P) is one runtime call, a longer
-    one several; a shorter one is padded inside the fixed shape (the codec is causal and the graph keeps only
-    the real frames' state) and its audio trimmed. The decoder state is this stream's own, zeros at the start.
-    Raises BackendError past the asset's ``max_frames`` frames in one utterance.
+    one several. A call runs the asset's shortest function that holds its frames (``main``, P frames, or
+    ``first``, 1 frame: a stream's first chunk), padded inside that fixed shape when it holds fewer (the codec
+    is causal and the graph keeps only the real frames' state) and its audio trimmed. The decoder state is this
+    stream's own, zeros at the start, shared by the functions. ``frames`` counts the utterance's frames pushed,
+    ``decoded`` the frames its calls computed (padding included). Raises BackendError past the asset's
+    ``max_frames`` frames in one utterance.
     """
 
-    def __init__(self, backend: CoreAIBackend, fn: Any, manifest: dict[str, Any]):
+    def __init__(self, backend: CoreAIBackend, fns: dict[str, Any], manifest: dict[str, Any]):
         import coreai.runtime as rt
 
-        self._backend, self._fn = backend, fn
+        self._backend = backend
+        # (frames per call, function), shortest first
+        self._fns = sorted((manifest["pushes"][name], fn) for name, fn in fns.items())
         self.push_frames: int = manifest["push"]
         self.max_frames: int = manifest["max_frames"]
-        self.frames = 0
+        self.frames = self.decoded = 0
         specs = manifest["contract"]["main"]["states"]
         self._state = {name: rt.NDArray(np.zeros(s["shape"], dtype=s["dtype"])) for name, s in specs.items()}
         self._hop = backend.checkpoint.codec_config.frame_length
@@ -297,10 +304,12 @@ class CoreAICodecStream:
         pieces = [np.zeros(0, np.float32)]
         for first in range(0, n, self.push_frames):
             count = min(self.push_frames, n - first)
-            padded = np.zeros((1, channels, self.push_frames), np.int32)
+            size, fn = next((size, fn) for size, fn in self._fns if size >= count)
+            padded = np.zeros((1, channels, size), np.int32)
             padded[0, :, :count] = codes[:, first : first + count]
             inputs = {"codes": padded, "start": np.array([self.frames], np.int32), "count": np.array([count], np.int32)}
-            wav = self._backend._call(self._fn, inputs, self._state)["wav"][0]
+            wav = self._backend._call(fn, inputs, self._state)["wav"][0]
             pieces.append(wav[: count * self._hop].astype(np.float32))
             self.frames += count
+            self.decoded += size
         return np.concatenate(pieces)
