@@ -26,6 +26,7 @@ from ..audio import SpeechEncoder, StreamStretcher, encode_speech, time_stretch
 from ..engine.stream import SpeechStream
 from ..errors import Audio8Error, VoiceExists, VoiceStorageError
 from ..request import CheckedRequest
+from ..text import language_told
 from ..tts import TTS
 from ..voices import Voice, VoiceStore
 from .errors import ApiError, api_error, storage
@@ -151,13 +152,14 @@ class LocalSynthesizer(Synthesizer):
             try:
                 if relay.stopped.is_set():
                     return
-                stream = tts.stream(
-                    checked.text,
-                    voice=checked.voice,
-                    on_frame=on_frame,
-                    frame_cap=settings.max_frames,  # a ceiling: clipped to what each prompt leaves
-                    **checked.stream_options(),
-                )
+                with language_told():  # told to the client in the X-Audio8-Warning header
+                    stream = tts.stream(
+                        checked.text,
+                        voice=checked.voice,
+                        on_frame=on_frame,
+                        frame_cap=settings.max_frames,  # a ceiling: clipped to what each prompt leaves
+                        **checked.stream_options(),
+                    )
                 relay.put(_STARTED)
                 for chunk in stream:
                     relay.put(chunk)  # waits while the client is not reading (back-pressure)
