@@ -24,7 +24,7 @@ import numpy as np
 
 from ..audio import SpeechEncoder, StreamStretcher, encode_speech, time_stretch
 from ..engine.stream import SpeechStream
-from ..errors import Audio8Error, VoiceExists, VoiceStorageError
+from ..errors import AssetError, Audio8Error, VoiceExists, VoiceStorageError
 from ..request import CheckedRequest
 from ..text import language_told
 from ..tts import TTS
@@ -200,7 +200,7 @@ class LocalSynthesizer(Synthesizer):
                 voice = tts.register_voice(name, path, transcript, replace=replace)
             except OSError as e:
                 raise storage(e) from None
-            except (VoiceExists, VoiceStorageError) as e:
+            except (VoiceExists, VoiceStorageError, AssetError) as e:
                 raise api_error(e) from None
             except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
                 message = str(e).replace(str(path), filename).replace(clip, filename)
