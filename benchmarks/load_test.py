@@ -254,7 +254,8 @@ def main() -> int:
     print(f"server: {health['backend']} on {health['device']}, {health['workers']} worker(s)")
     print(
         f"{args.clients} clients for {args.duration:g} s ({wall:.1f} s with the last requests), "
-        f"{'whole' if args.no_stream else 'streamed'} pcm, max {args.max_frames} frames"
+        f"{'mixed formats' if args.mix else 'whole pcm' if args.no_stream else 'streamed pcm'}, "
+        f"max {args.max_frames} frames"
     )
     print(f"requests  {done} ok, {len(tally.failures)} failed")
     print(f"latency   {percentiles(tally.latency_s)}")
@@ -263,7 +264,7 @@ def main() -> int:
     if args.mix:
         print(
             f"mix       {tally.refused} refused (clean 503), {tally.dropped} left early, {tally.hangs} hangs, "
-            f"{tally.crosstalk} cross-talk over {len(tally.digests)} repeated keys; afterwards {settled}"
+            f"{tally.crosstalk} cross-talk ({len(tally.digests)} distinct requests); afterwards {settled}"
         )
     if before:
         print(f"server    {before} at the start; {after} after")

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import gc
 import io
+import sys
 import warnings
 
 import pytest
@@ -12,6 +14,7 @@ from fastapi.testclient import TestClient
 
 import clips
 from audio8_coreai import UnsupportedLanguageWarning
+from audio8_coreai.audio import SpeechEncoder
 from audio8_coreai.server.app import create_app
 
 RUSSIAN = "Привет, как дела?"
@@ -93,3 +96,21 @@ def test_no_wyoming_error_names_a_server_folder(coreai_server):
     error = Error.from_event(answer)
     assert error.code == "server_error" and "operator" in error.text  # a part of the assets is missing
     assert not [folder for folder in folders if folder in error.text], error.text
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "wav"])
+def test_a_stream_left_unfinished_is_discarded_without_noise(fmt):
+    """A client that leaves mid-stream: the server discards its encoder, which the garbage collector then frees
+    without libsndfile writing into a closed sink ("Exception ignored ... I/O operation on closed file")."""
+    caught = []
+    hook, sys.unraisablehook = sys.unraisablehook, caught.append
+    try:
+        encoder = SpeechEncoder(fmt, 44100)
+        assert encoder.write(clips.sweep(44100, 0.2)) is not None
+        encoder.discard()
+        encoder.cycle = encoder  # freed by the collector, in whatever order, as an abandoned response body is
+        del encoder
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert [str(u.exc_value) for u in caught] == []

@@ -174,12 +174,22 @@ class SpeechEncoder:
         data, self._header = self._header, b""
         if self._resampler is not None:
             data += self._out(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
-        if isinstance(self._file, AacWriter):
-            return data + self._file.close()
-        if self._file is not None:
-            self._file.close()
+        file, self._file = self._file, None
+        if isinstance(file, AacWriter):
+            return data + file.close()
+        if file is not None:
+            file.close()
             data += self._sink.take()
         return data
+
+    def discard(self) -> None:
+        """Release an utterance left unfinished (its client left): the encoder is closed while its sink is still
+        open, and nothing more is sent. Without it the garbage collector may close the sink first, and
+        libsndfile's last write then fails in a callback ("Exception ignored" in the log). After :meth:`close`
+        it does nothing."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
 
 
 def encode_speech(audio: np.ndarray, sample_rate: int, fmt: str, rate: int | None = None) -> bytes:

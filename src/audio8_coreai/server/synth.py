@@ -236,6 +236,7 @@ async def _body(relay: Relay, output: Output, sample_rate: int, speech: Speech) 
     ``speech.frames`` set at the end. Raises Stalled when the stream was dropped for a client that read nothing for
     ``stall_s`` (:mod:`.relay`). ``finally`` tells the worker to stop at its next frame when the body is closed
     early."""
+    encoder = None
     try:
         if output.stream:
             encoder = _ChunkEncoder(output, sample_rate)
@@ -270,6 +271,8 @@ async def _body(relay: Relay, output: Output, sample_rate: int, speech: Speech) 
         yield data
     finally:
         relay.stop()
+        if encoder is not None:
+            encoder.discard()  # a client that left: closed here, not by the garbage collector
 
 
 def _encode_whole(audio: np.ndarray, sample_rate: int, output: Output) -> bytes:
@@ -290,3 +293,6 @@ class _ChunkEncoder:
 
     def close(self) -> bytes:
         return self.encoder.write(self.stretcher.close()) + self.encoder.close()
+
+    def discard(self) -> None:
+        self.encoder.discard()
