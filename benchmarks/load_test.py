@@ -14,8 +14,9 @@ whole only) and whether it streams; ``--disconnect P`` drops that share of reque
 first bytes, a whole one by a 0.2 s read timeout); ``--seeds K`` reuses K seeds so the same request comes again
 and its bytes must be the same (else **cross-talk**: opus is left out, its Ogg serial is random); a 503 with an
 OpenAI-shaped JSON error is counted as **refused** (a full queue), not failed; a request past ``--timeout`` is a
-**hang**. ``--server-pid`` samples that process's RSS, threads and open descriptors at the start and after the
-run (``/health`` must then show no request running or queued).
+**hang**. ``--backoff`` waits a 503's Retry-After before the next request (else a refused client asks again at
+once). ``--server-pid`` samples that process's RSS, threads and open descriptors at the start and after the run
+(``/health`` must then show no request running or queued).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def _clean_503(r: httpx.Response) -> bool:
     return isinstance(error, dict) and bool(error.get("message")) and bool(error.get("code"))
 
 
-def mixed_request(client: httpx.Client, url: str, body: dict, leave: bool, tally: Tally) -> None:
+def mixed_request(client: httpx.Client, url: str, body: dict, leave: bool, backoff: bool, tally: Tally) -> None:
     """One request of the hostile mix: refused, dropped on purpose, or whole; its body's digest checked against
     the same request's earlier bodies."""
     key = (body["input"], body["seed"], body["response_format"], body["stream"])
@@ -80,6 +81,8 @@ def mixed_request(client: httpx.Client, url: str, body: dict, leave: bool, tally
                 if r.status_code == 503 and _clean_503(r):
                     with tally.lock:
                         tally.refused += 1
+                    if backoff:  # as a polite client: wait what the server asks, at most 2 s
+                        time.sleep(min(float(r.headers.get("retry-after", 1)), 2.0))
                     return
                 raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
             for data in r.iter_bytes():
@@ -148,7 +151,7 @@ def client_loop(index: int, url: str, args: argparse.Namespace, deadline: float,
                 "seed": rng.randrange(args.seeds),
                 "max_frames": args.max_frames,
             }
-            mixed_request(client, url, body, rng.random() < args.disconnect, tally)
+            mixed_request(client, url, body, rng.random() < args.disconnect, args.backoff, tally)
         while not args.mix and time.monotonic() < deadline:
             body = {
                 "model": "tts-1",
@@ -230,6 +233,7 @@ def main() -> int:
     ap.add_argument("--mix", action="store_true", help="Mixed formats, streamed and whole (see above).")
     ap.add_argument("--disconnect", type=float, default=0.0, help="With --mix: share of requests left early.")
     ap.add_argument("--seeds", type=int, default=8, help="With --mix: seeds drawn from (repeats check bytes).")
+    ap.add_argument("--backoff", action="store_true", help="With --mix: wait a 503's Retry-After (at most 2 s).")
     ap.add_argument("--server-pid", type=int, help="Sample this server process's RSS, threads and descriptors.")
     args = ap.parse_args()
 
