@@ -8,13 +8,24 @@ have passed, then finishes its request in flight. Per request: **TTFA** (time to
 **latency** (time to the last byte) and the audio seconds received. Printed: requests, failures (any status but
 200, a transport error or an empty body; a 503 from a full queue counts too), p50/p90/p99/max of latency and
 TTFA, audio seconds per wall second. Exits 1 when any request failed.
+
+The hostile mix (issue 17's campaign): ``--mix`` draws each request's format (wav, pcm, mp3, opus, aac; flac
+whole only) and whether it streams; ``--disconnect P`` drops that share of requests early (a stream after its
+first bytes, a whole one by a 0.2 s read timeout); ``--seeds K`` reuses K seeds so the same request comes again
+and its bytes must be the same (else **cross-talk**: opus is left out, its Ogg serial is random); a 503 with an
+OpenAI-shaped JSON error is counted as **refused** (a full queue), not failed; a request past ``--timeout`` is a
+**hang**. ``--backoff`` waits a 503's Retry-After before the next request (else a refused client asks again at
+once). ``--server-pid`` samples that process's RSS, threads and open descriptors at the start and after the run
+(``/health`` must then show no request running or queued).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
+import random
 import sys
 import threading
 import time
@@ -32,13 +43,73 @@ TEXTS = [
 ]
 
 
+FORMATS = ("wav", "pcm", "mp3", "opus", "aac", "flac")  # flac: whole only (its header gives the length)
+
+
 @dataclass
 class Tally:
     latency_s: list[float] = field(default_factory=list)
     ttfa_s: list[float] = field(default_factory=list)
     audio_s: float = 0.0
     failures: list[str] = field(default_factory=list)
+    refused: int = 0  # clean 503s: a full queue
+    dropped: int = 0  # requests this client left on purpose (--disconnect)
+    hangs: int = 0
+    crosstalk: int = 0
+    digests: dict = field(default_factory=dict)  # request key -> sha256 of its body
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _clean_503(r: httpx.Response) -> bool:
+    try:
+        error = r.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return isinstance(error, dict) and bool(error.get("message")) and bool(error.get("code"))
+
+
+def mixed_request(client: httpx.Client, url: str, body: dict, leave: bool, backoff: bool, tally: Tally) -> None:
+    """One request of the hostile mix: refused, dropped on purpose, or whole; its body's digest checked against
+    the same request's earlier bodies."""
+    key = (body["input"], body["seed"], body["response_format"], body["stream"])
+    timeout = httpx.Timeout(client.timeout.read, read=0.2) if leave and not body["stream"] else client.timeout
+    digest, t0, first = hashlib.sha256(), time.perf_counter(), None
+    try:
+        with client.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=timeout) as r:
+            if r.status_code != 200:
+                r.read()
+                if r.status_code == 503 and _clean_503(r):
+                    with tally.lock:
+                        tally.refused += 1
+                    if backoff:  # as a polite client: wait what the server asks, at most 2 s
+                        time.sleep(min(float(r.headers.get("retry-after", 1)), 2.0))
+                    return
+                raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+            for data in r.iter_bytes():
+                first = time.perf_counter() - t0 if first is None else first
+                digest.update(data)
+                if leave:  # a stream's client leaves after its first bytes
+                    with tally.lock:
+                        tally.dropped += 1
+                    return
+    except httpx.ReadTimeout:
+        with tally.lock:
+            if leave:
+                tally.dropped += 1
+            else:
+                tally.hangs += 1
+                tally.failures.append(f"hang: no answer within {client.timeout.read:g} s ({key[1:]})")
+        return
+    except Exception as e:
+        with tally.lock:
+            tally.failures.append(f"{type(e).__name__}: {e}")
+        return
+    with tally.lock:
+        tally.latency_s.append(time.perf_counter() - t0)
+        tally.ttfa_s.append(first or 0.0)
+        if body["response_format"] != "opus":
+            seen = tally.digests.setdefault(key, digest.hexdigest())
+            tally.crosstalk += seen != digest.hexdigest()
 
 
 def one_request(client: httpx.Client, url: str, body: dict, tally: Tally) -> None:
@@ -69,7 +140,19 @@ def one_request(client: httpx.Client, url: str, body: dict, tally: Tally) -> Non
 def client_loop(index: int, url: str, args: argparse.Namespace, deadline: float, tally: Tally) -> None:
     with httpx.Client(timeout=args.timeout) as client:
         n = 0
-        while time.monotonic() < deadline:
+        rng = random.Random(index)
+        while args.mix and time.monotonic() < deadline:
+            fmt = rng.choice(FORMATS)
+            body = {
+                "model": "tts-1",
+                "input": TEXTS[rng.randrange(len(TEXTS))],
+                "response_format": fmt,
+                "stream": fmt != "flac" and rng.random() < 0.5,
+                "seed": rng.randrange(args.seeds),
+                "max_frames": args.max_frames,
+            }
+            mixed_request(client, url, body, rng.random() < args.disconnect, args.backoff, tally)
+        while not args.mix and time.monotonic() < deadline:
             body = {
                 "model": "tts-1",
                 "input": TEXTS[(index + n) % len(TEXTS)],
@@ -81,6 +164,26 @@ def client_loop(index: int, url: str, args: argparse.Namespace, deadline: float,
             }
             one_request(client, url, body, tally)
             n += 1
+
+
+def process_stats(pid: int | None) -> dict:
+    """RSS (MB), threads and open descriptors of process ``pid`` (psutil); {} without one."""
+    if pid is None:
+        return {}
+    import psutil
+
+    p = psutil.Process(pid)
+    return {"rss_mb": round(p.memory_info().rss / 2**20, 1), "threads": p.num_threads(), "fds": p.num_fds()}
+
+
+def settle(url: str, wait_s: float = 30.0) -> dict:
+    """The server's /health once nothing runs or waits (at most ``wait_s`` seconds after the run)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        health = httpx.get(f"{url}/health", timeout=30).json()
+        if (health["running"] == 0 and health["queued"] == 0) or time.monotonic() > deadline:
+            return {"running": health["running"], "queued": health["queued"]}
+        time.sleep(0.5)
 
 
 def percentiles(values: list[float]) -> str:
@@ -127,6 +230,11 @@ def main() -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--json", help="Also write the figures here.")
+    ap.add_argument("--mix", action="store_true", help="Mixed formats, streamed and whole (see above).")
+    ap.add_argument("--disconnect", type=float, default=0.0, help="With --mix: share of requests left early.")
+    ap.add_argument("--seeds", type=int, default=8, help="With --mix: seeds drawn from (repeats check bytes).")
+    ap.add_argument("--backoff", action="store_true", help="With --mix: wait a 503's Retry-After (at most 2 s).")
+    ap.add_argument("--server-pid", type=int, help="Sample this server process's RSS, threads and descriptors.")
     args = ap.parse_args()
 
     with contextlib.ExitStack() as stack:
@@ -136,23 +244,34 @@ def main() -> int:
 
             url = stack.enter_context(serve_in_thread(make_app(args)))
         health = httpx.get(f"{url}/health", timeout=30).json()
+        before = process_stats(args.server_pid)
         tally = Tally()
         t0 = time.monotonic()
         with ThreadPoolExecutor(args.clients) as pool:
             for i in range(args.clients):
                 pool.submit(client_loop, i, url, args, t0 + args.duration, tally)
         wall = time.monotonic() - t0
+        settled = settle(url)
+        after = process_stats(args.server_pid)
 
     done = len(tally.latency_s)
     print(f"server: {health['backend']} on {health['device']}, {health['workers']} worker(s)")
     print(
         f"{args.clients} clients for {args.duration:g} s ({wall:.1f} s with the last requests), "
-        f"{'whole' if args.no_stream else 'streamed'} pcm, max {args.max_frames} frames"
+        f"{'mixed formats' if args.mix else 'whole pcm' if args.no_stream else 'streamed pcm'}, "
+        f"max {args.max_frames} frames"
     )
     print(f"requests  {done} ok, {len(tally.failures)} failed")
     print(f"latency   {percentiles(tally.latency_s)}")
     print(f"TTFA      {percentiles(tally.ttfa_s)}")
     print(f"audio     {tally.audio_s:.1f} s in {wall:.1f} s: {tally.audio_s / wall:.2f} s of audio per second")
+    if args.mix:
+        print(
+            f"mix       {tally.refused} refused (clean 503), {tally.dropped} left early, {tally.hangs} hangs, "
+            f"{tally.crosstalk} cross-talk ({len(tally.digests)} distinct requests); afterwards {settled}"
+        )
+    if before:
+        print(f"server    {before} at the start; {after} after")
     for f in sorted(set(tally.failures))[:10]:
         print(f"failure   {f}")
     if args.json:
@@ -168,11 +287,18 @@ def main() -> int:
                     "latency_s": tally.latency_s,
                     "ttfa_s": tally.ttfa_s,
                     "audio_s": tally.audio_s,
+                    "refused": tally.refused,
+                    "dropped": tally.dropped,
+                    "hangs": tally.hangs,
+                    "crosstalk": tally.crosstalk,
+                    "settled": settled,
+                    "server_before": before,
+                    "server_after": after,
                 },
                 f,
                 indent=1,
             )
-    return 1 if tally.failures else 0
+    return 1 if tally.failures or tally.crosstalk or settled.get("running") or settled.get("queued") else 0
 
 
 if __name__ == "__main__":

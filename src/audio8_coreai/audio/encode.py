@@ -11,6 +11,7 @@ import soxr
 from ..errors import AudioError
 from ..settings import DEFAULTS
 from .aac import AAC_RATES, AacWriter
+from .mp3tag import gapless_tag, tag_span
 
 # Encoded speech for the HTTP API (OpenAI's response_format names). libsndfile (through soundfile) encodes all but
 # aac: MP3 with LAME since libsndfile 1.1, Opus in Ogg since 1.0.29; a build without them gets a clear error; aac
@@ -106,15 +107,19 @@ def _wav_header(sample_rate: int, data_bytes: int) -> bytes:
 
 class _Drain(io.BytesIO):
     """A BytesIO for libsndfile to write into, handing out each byte once as it is written. What libsndfile
-    rewrites at close over bytes already handed out (the length in an MP3's first frame) is lost: a stream
-    cannot take it back."""
+    rewrites at close over bytes already handed out (an MP3's LAME tag, in its first frame) is lost: a stream
+    cannot take it back. With ``mp3_tag``, the blank first frame LAME leaves for that tag goes out filled in
+    with what is known when it is sent (:func:`mp3tag.gapless_tag`: the encoder delay, for decoders to trim)."""
 
-    def __init__(self) -> None:
+    def __init__(self, mp3_tag: bool = False) -> None:
         super().__init__()
         self._sent = 0
+        self._mp3_tag = mp3_tag
 
     def take(self) -> bytes:
         data = self.getbuffer()[self._sent :].tobytes()
+        if self._sent == 0 and self._mp3_tag and data:
+            data = gapless_tag(data[:4]) + data[tag_span(data[:4]) :]
         self._sent += len(data)
         return data
 
@@ -124,11 +129,12 @@ class SpeechEncoder:
 
     ``chunk`` float32 mono audio [n] in [-1, 1] at ``sample_rate`` Hz. ``fmt`` one of STREAMABLE_FORMATS: wav
     (a header whose sizes say 'until the end', as OpenAI's streamed wav), pcm, mp3 (constant bit rate, so a
-    reader can tell the length from the size; 128 kbit/s), opus (Ogg, 48 kHz) and aac (ADTS). ``rate``: the
-    body's rate (None: ``sample_rate``; opus is OPUS_RATE whatever is given), reached by a streaming soxr
-    resampler whose chunks joined equal :func:`encode_speech`'s one-shot resampling (the same samples: soxr's
-    stream and one-shot share their filter). The bytes of all calls joined are a file that soundfile (aac: PyAV)
-    reads. Raises AudioError as :func:`check_speech_format` and :func:`output_rate`.
+    reader can tell the length from the size; 128 kbit/s; a LAME tag with the encoder delay and no length, see
+    :mod:`.mp3tag`), opus (Ogg, 48 kHz) and aac (ADTS). ``rate``: the body's rate (None: ``sample_rate``; opus
+    is OPUS_RATE whatever is given), reached by a streaming soxr resampler whose chunks joined equal
+    :func:`encode_speech`'s one-shot resampling (the same samples: soxr's stream and one-shot share their
+    filter). The bytes of all calls joined are a file that soundfile (aac: PyAV) reads. Raises AudioError as
+    :func:`check_speech_format` and :func:`output_rate`.
     """
 
     def __init__(self, fmt: str, sample_rate: int, rate: int | None = None):
@@ -145,7 +151,7 @@ class SpeechEncoder:
             self._file = AacWriter(self.rate)
         elif fmt in _SOUNDFILE:
             container, subtype = _SOUNDFILE[fmt]
-            self._sink = _Drain()
+            self._sink = _Drain(mp3_tag=fmt == "mp3")
             extra = {"bitrate_mode": "CONSTANT", "compression_level": 0.5} if fmt == "mp3" else {}
             self._file = sf.SoundFile(self._sink, "w", self.rate, 1, subtype, format=container, **extra)
 
@@ -168,12 +174,22 @@ class SpeechEncoder:
         data, self._header = self._header, b""
         if self._resampler is not None:
             data += self._out(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
-        if isinstance(self._file, AacWriter):
-            return data + self._file.close()
-        if self._file is not None:
-            self._file.close()
+        file, self._file = self._file, None
+        if isinstance(file, AacWriter):
+            return data + file.close()
+        if file is not None:
+            file.close()
             data += self._sink.take()
         return data
+
+    def discard(self) -> None:
+        """Release an utterance left unfinished (its client left): the encoder is closed while its sink is still
+        open, and nothing more is sent. Without it the garbage collector may close the sink first, and
+        libsndfile's last write then fails in a callback ("Exception ignored" in the log). After :meth:`close`
+        it does nothing."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
 
 
 def encode_speech(audio: np.ndarray, sample_rate: int, fmt: str, rate: int | None = None) -> bytes:

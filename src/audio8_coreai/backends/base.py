@@ -118,7 +118,7 @@ class Backend(ABC):
     @property
     @abstractmethod
     def description(self) -> str:
-        """One line for people: runtime, device, precision."""
+        """One line for people: runtime, device, precision; no path (a server answers it in /health)."""
 
     @property
     def device_name(self) -> str:

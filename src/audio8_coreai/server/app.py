@@ -6,12 +6,10 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import warnings
 from collections.abc import AsyncIterator, Sequence
 
 from fastapi import FastAPI
 
-from ..errors import UnsupportedLanguageWarning
 from ..tts import TTS
 from . import errors
 from .connections import uvicorn_config
@@ -27,14 +25,14 @@ def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings 
     """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker) or a
     :class:`.synth.Synthesizer` (a cluster's, :mod:`.ray_app`); raises ValueError without an instance, VoiceError
     for a ``voice_map`` target or ``default_voice`` that is no usable stored voice (``voicenames.check_voices``).
-    Text outside the model's languages is told to each client in an ``X-Audio8-Warning`` header, so the process
-    ignores the API's UnsupportedLanguageWarning."""
+    Text outside the model's languages is told to each client in an ``X-Audio8-Warning`` header, not as the API's
+    UnsupportedLanguageWarning (the workers call it under :func:`..text.language_told`); the process's warning
+    filters are left as they are."""
     settings = settings or ServerSettings()
     metrics = Metrics()
     synth = instances if isinstance(instances, Synthesizer) else LocalSynthesizer(instances, settings, metrics)
     check_voices(synth.voices, settings.voice_map, settings.default_voice, synth.fingerprint)
     server = State(settings, synth, metrics)
-    warnings.filterwarnings("ignore", category=UnsupportedLanguageWarning)  # said to each client: X-Audio8-Warning
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -22,10 +22,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match, Route
 
-from ..errors import Audio8Error, ConfigError, DamagedVoice, VoiceExists, VoiceStorageError
+from ..errors import AssetError, Audio8Error, ConfigError, DamagedVoice, VoiceExists, VoiceStorageError
 from .schemas import ErrorBody
 
 log = logging.getLogger("audio8_coreai.server")
+# What a client is told of an AssetError (HTTP and Wyoming): the operator's to fix; the path stays in the log.
+ASSET_FAULT = "the server's model assets cannot do this (a part is missing or stale; logged there): tell its operator"
 
 ROUTES = "POST /v1/audio/speech, GET and POST /v1/voices, DELETE /v1/voices/NAME, GET /health, GET /metrics"
 
@@ -125,9 +127,16 @@ def damaged(e: DamagedVoice) -> ApiError:
     )
 
 
+def asset_fault(e: AssetError) -> ApiError:
+    """The server's Core AI assets failing a request (a part missing, stale or foreign), said without a path: a
+    500 for its operator, logged there with the whole message."""
+    log.error("asset fault: %s", e)
+    return ApiError(500, ASSET_FAULT, None, "server_error")
+
+
 def api_error(e: Audio8Error) -> ApiError:
-    """``e`` as the server says it: an ApiError as it is, a damaged voice a 500, any other a 400 naming the
-    setting (a ConfigError's ``field``)."""
+    """``e`` as the server says it: an ApiError as it is, a damaged voice or an asset fault a 500, any other a
+    400 naming the setting (a ConfigError's ``field``)."""
     if isinstance(e, ApiError):
         return e
     if isinstance(e, DamagedVoice):
@@ -136,6 +145,8 @@ def api_error(e: Audio8Error) -> ApiError:
         return exists(e)
     if isinstance(e, VoiceStorageError):
         return storage(e)
+    if isinstance(e, AssetError):
+        return asset_fault(e)
     return ApiError(400, str(e), e.field if isinstance(e, ConfigError) else None, "invalid_request")
 
 

@@ -24,8 +24,9 @@ import numpy as np
 
 from ..audio import SpeechEncoder, StreamStretcher, encode_speech, time_stretch
 from ..engine.stream import SpeechStream
-from ..errors import Audio8Error, VoiceExists, VoiceStorageError
+from ..errors import AssetError, Audio8Error, VoiceExists, VoiceStorageError
 from ..request import CheckedRequest
+from ..text import language_told
 from ..tts import TTS
 from ..voices import Voice, VoiceStore
 from .errors import ApiError, api_error, storage
@@ -151,13 +152,14 @@ class LocalSynthesizer(Synthesizer):
             try:
                 if relay.stopped.is_set():
                     return
-                stream = tts.stream(
-                    checked.text,
-                    voice=checked.voice,
-                    on_frame=on_frame,
-                    frame_cap=settings.max_frames,  # a ceiling: clipped to what each prompt leaves
-                    **checked.stream_options(),
-                )
+                with language_told():  # told to the client in the X-Audio8-Warning header
+                    stream = tts.stream(
+                        checked.text,
+                        voice=checked.voice,
+                        on_frame=on_frame,
+                        frame_cap=settings.max_frames,  # a ceiling: clipped to what each prompt leaves
+                        **checked.stream_options(),
+                    )
                 relay.put(_STARTED)
                 for chunk in stream:
                     relay.put(chunk)  # waits while the client is not reading (back-pressure)
@@ -198,7 +200,7 @@ class LocalSynthesizer(Synthesizer):
                 voice = tts.register_voice(name, path, transcript, replace=replace)
             except OSError as e:
                 raise storage(e) from None
-            except (VoiceExists, VoiceStorageError) as e:
+            except (VoiceExists, VoiceStorageError, AssetError) as e:
                 raise api_error(e) from None
             except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
                 message = str(e).replace(str(path), filename).replace(clip, filename)
@@ -234,6 +236,7 @@ async def _body(relay: Relay, output: Output, sample_rate: int, speech: Speech) 
     ``speech.frames`` set at the end. Raises Stalled when the stream was dropped for a client that read nothing for
     ``stall_s`` (:mod:`.relay`). ``finally`` tells the worker to stop at its next frame when the body is closed
     early."""
+    encoder = None
     try:
         if output.stream:
             encoder = _ChunkEncoder(output, sample_rate)
@@ -268,6 +271,8 @@ async def _body(relay: Relay, output: Output, sample_rate: int, speech: Speech) 
         yield data
     finally:
         relay.stop()
+        if encoder is not None:
+            encoder.discard()  # a client that left: closed here, not by the garbage collector
 
 
 def _encode_whole(audio: np.ndarray, sample_rate: int, output: Output) -> bytes:
@@ -288,3 +293,6 @@ class _ChunkEncoder:
 
     def close(self) -> bytes:
         return self.encoder.write(self.stretcher.close()) + self.encoder.close()
+
+    def discard(self) -> None:
+        self.encoder.discard()

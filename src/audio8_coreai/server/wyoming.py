@@ -41,13 +41,14 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from .. import __version__
 from ..audio import encode_speech
 from ..checkpoint import DEFAULT_MODEL
-from ..errors import Audio8Error, ConfigError, DamagedVoice, NoAudio, PromptError, ProtocolError, VoiceError
+from ..errors import AssetError, Audio8Error, ConfigError, DamagedVoice, NoAudio, PromptError, ProtocolError, VoiceError
 from ..request import CheckedRequest, check_request, check_seed
 from ..settings import DEFAULTS
 from ..text import LANGUAGES, check_text
 from ..text.split import complete_sentences
 from ..tts import TTS
 from ..voices import Voice
+from .errors import ASSET_FAULT
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -259,13 +260,16 @@ def _parse(event: Event, kind: type[T]) -> T:
 
 def _refusal(e: Audio8Error) -> Error:
     """``e`` as the ``error`` event a client gets: its message, the error's class as the code (``no_audio`` for
-    :class:`NoAudio`); a damaged stored voice said without the server's path."""
+    :class:`NoAudio`); a damaged stored voice and an asset fault said without the server's path."""
     if isinstance(e, DamagedVoice):
         text = (
             f"the stored voice {e.name!r} is damaged or from a newer version on this server: remove it "
             f"(audio8 voice rm) and add it again"
         )
         return Error(text=text, code="DamagedVoice")
+    if isinstance(e, AssetError):  # the server's fault, said without its path (logged there with it)
+        log.error("asset fault: %s", e)
+        return Error(text=ASSET_FAULT, code="server_error")
     return Error(text=str(e), code="no_audio" if isinstance(e, NoAudio) else type(e).__name__)
 
 

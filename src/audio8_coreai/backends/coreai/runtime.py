@@ -112,7 +112,7 @@ class CoreAIBackend(Backend):
 
     @property
     def description(self) -> str:
-        return f"coreai {self.precision} ({self.folder})"
+        return f"coreai {self.precision} ({self.folder.name})"  # the folder's name: servers answer it
 
     def close(self) -> None:
         """Release the loaded models (the backend cannot be used afterwards)."""
