@@ -22,7 +22,8 @@ from ...settings import DEFAULTS
 from ..base import Backend, FrameResult, StepInputs
 from .codec_worker import CodecWorker, WorkerStream, build_decoder, default_codec_process
 from .cudagraphs import GraphedFrame
-from .quantize import apply_precision, map_embeddings, release_freed_memory
+from .memory import release_freed_memory
+from .quantize import apply_precision
 
 # Frames per push when decoding a whole utterance: pushes this short keep the SEANet activations in cache (faster
 # and smaller than one whole run; README, Speed).
@@ -167,7 +168,6 @@ class TorchBackend(Backend):
                 apply_precision(self.model, self.spec)
             except QuantError as e:
                 raise BackendError(str(e)) from None
-            map_embeddings(self.model, checkpoint.model_state_dict())  # the tables read in place
         self.frame_maths = Frame(self.model)  # the one frame, eager mode
         # Kept for the encoder (built on first use) when it maps the file: nothing is resident until read, and
         # voices are encoded by the codec loaded here even when a new file is moved into place later. A legacy

@@ -43,6 +43,7 @@ from ...checkpoint import Checkpoint
 from ...config import CodecConfig
 from ...errors import BackendError
 from ...model.codec import CodecDecoder, StreamingDecoder
+from .memory import release_mapped_pages
 
 READY, AUDIO, ERROR = b"RDY\0", b"AUD\0", b"ERR\0"  # the tag that opens each message from a child
 STOP_S = 5.0  # how long close() waits for a child to end before killing it
@@ -64,10 +65,14 @@ def default_codec_process(device: torch.device) -> bool:
 
 def build_decoder(checkpoint: Checkpoint, max_frames: int, dtype: torch.dtype) -> CodecDecoder:
     """The codec decoder of ``checkpoint`` on CPU in ``dtype``, sized for ``max_frames`` frames per utterance, built
-    from the mapped codec file (only the tensors it uses are read). Raises CheckpointError for an unreadable file."""
+    from the mapped codec file (only the tensors it uses are read; the pages of those it folded into new weights,
+    weight norm's ``g`` and ``v``, are handed back). Raises CheckpointError for an unreadable file."""
     state = checkpoint.codec_state_dict(mapped=True)
     decoder = CodecDecoder.from_state_dict(checkpoint.codec_config, state, max_frames=max_frames)
-    return decoder.to(dtype=dtype).eval().requires_grad_(False)
+    decoder = decoder.to(dtype=dtype).eval().requires_grad_(False)
+    kept = {t.untyped_storage().data_ptr() for t in (*decoder.parameters(), *decoder.buffers())}
+    release_mapped_pages(t for t in state.values() if t.untyped_storage().data_ptr() not in kept)
+    return decoder
 
 
 def _serve(conn: Connection) -> None:

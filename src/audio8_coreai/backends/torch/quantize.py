@@ -1,5 +1,6 @@
 """Apply a precision to a DualAR in place: block linears and heads to the precision's kernels
-(:mod:`.kernels`), embedding tables kept in their stored dtype and read in place from the mapped checkpoint."""
+(:mod:`.kernels`), converted block by block from the mapped checkpoint (each stored weight's pages handed back once
+its copy is made), embedding tables kept in their stored dtype and read in place from the mapped checkpoint."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ...errors import QuantError
 from ...precision import DEFAULT_BLOCK, Precision
 from .fp16 import Fp16FeedForward, Fp16Linear
 from .kernels import NBits, NBitsFeedForward, NBitsLinear
+from .memory import release_freed_memory, release_mapped_pages
 
 KINDS = ("fp32", "fp16w", "int8", "int4", "int12", "int16")
 _NBITS = {"int8": (8, 1, 8), "int4": (4, 1, 8), "int12": (8, 2, 4), "int16": (8, 2, 8)}  # kind -> (bits, pieces, lo)
@@ -28,7 +30,9 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
     fp32: unchanged. fp16w: Fp16Linear for ``wqkv``/``wo`` and Fp16FeedForward (float16 weights, fp32
     compute). int8 / int4: NBitsLinear for ``wqkv``/``wo`` and NBitsFeedForward for the feed-forward (int8
     compute). int16: the same with two int8 pieces for weights and inputs (16-bit fixed point per block); int12:
-    the weight's residual in 4 bits. Raises QuantError.
+    the weight's residual in 4 bits. After each block, the pages of the weights it replaced are handed back
+    (:func:`.memory.release_mapped_pages`), so converting from a mapped checkpoint holds one block's stored
+    weights at a time beside the converted ones. Raises QuantError.
     """
     if kind not in KINDS:
         raise QuantError(f"unknown weight kind {kind!r}: use one of {', '.join(KINDS)}")
@@ -36,22 +40,26 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
         return
     for blk in blocks:
         att, ff = blk.attention, blk.feed_forward
+        replaced = [att.wqkv.weight, att.wo.weight, ff.w1.weight, ff.w2.weight, ff.w3.weight]
         if kind == "fp16w":
             att.wqkv, att.wo, blk.feed_forward = Fp16Linear(att.wqkv), Fp16Linear(att.wo), Fp16FeedForward(ff)
-            continue
-        fmt = nbits(kind, block)
-        att.wqkv = NBitsLinear(att.wqkv, fmt, threads)
-        att.wo = NBitsLinear(att.wo, fmt, threads)
-        blk.feed_forward = NBitsFeedForward(ff, fmt, threads)
+        else:
+            fmt = nbits(kind, block)
+            att.wqkv = NBitsLinear(att.wqkv, fmt, threads)
+            att.wo = NBitsLinear(att.wo, fmt, threads)
+            blk.feed_forward = NBitsFeedForward(ff, fmt, threads)
+        release_mapped_pages(replaced)
+        release_freed_memory()
 
 
 def quantize_linear(linear: nn.Linear, kind: str, block: int = DEFAULT_BLOCK, threads: int = 1) -> nn.Module:
-    """One ``nn.Linear`` (a head) for ``kind``'s kernels (fp32: itself)."""
+    """One ``nn.Linear`` (a head) for ``kind``'s kernels (fp32: itself); the pages of the weight it replaces are
+    handed back as in :func:`quantize_blocks`."""
     if kind == "fp32":
         return linear
-    if kind == "fp16w":
-        return Fp16Linear(linear)
-    return NBitsLinear(linear, nbits(kind, block), threads)
+    kernel = Fp16Linear(linear) if kind == "fp16w" else NBitsLinear(linear, nbits(kind, block), threads)
+    release_mapped_pages([linear.weight])
+    return kernel
 
 
 class UpcastEmbedding(nn.Module):
@@ -71,8 +79,10 @@ def apply_precision(model, precision: Precision, threads: int | None = None) -> 
     """Swap ``model``'s (dualar.DualAR) block linears and heads for the precision's kernels, in place, then bring
     everything else to ``precision.dtype``, except the embedding tables, which keep their dtype and upcast the
     rows they return (:class:`UpcastEmbedding`). Build the model in the checkpoint's own dtype (bf16 for the
-    release): quantizing from it is exact and the load never holds an fp32 copy of the weights. ONNX Runtime
-    sessions get ``threads`` intra-op threads (default: torch's count)."""
+    release): quantizing from it is exact and the load never holds an fp32 copy of the weights. Built from a mapped
+    checkpoint (``DualAR.from_state_dict`` keeps the stored tensors), the tables stay mapped, so only the pages of the
+    rows a prompt or frame reads become resident, and the linears are converted block by block (see
+    :func:`quantize_blocks`). ONNX Runtime sessions get ``threads`` intra-op threads (default: torch's count)."""
     threads = threads or torch.get_num_threads()
     quantize_blocks(model.slow.layers, precision.slow, precision.block, threads)
     quantize_blocks(model.fast.fast_layers, precision.fast, precision.block, threads)
@@ -93,37 +103,5 @@ def apply_precision(model, precision: Precision, threads: int | None = None) -> 
 
 
 def _embedding_tables(model) -> tuple[tuple[nn.Module, str], ...]:
-    """(owner module, attribute) of a DualAR's embedding tables; the attribute is also the tensor's name in
-    model.safetensors (``NAME.weight``)."""
+    """(owner module, attribute) of a DualAR's embedding tables."""
     return ((model.slow, "embeddings"), (model.slow, "codebook_embeddings"), (model.fast, "fast_embeddings"))
-
-
-def map_embeddings(model, state: dict[str, Tensor]) -> None:
-    """Point ``model``'s (dualar.DualAR) embedding tables (:class:`UpcastEmbedding` or ``nn.Embedding``) at the
-    tensors of ``state`` instead of their own copies, where dtype and shape match. ``state`` is a fresh
-    ``Checkpoint.model_state_dict()``: views of model.safetensors memory-mapped (copy on write), so only the
-    pages of the rows a prompt or frame reads become resident (the 0.6b model's tables are 0.36 GB in bf16) and
-    the values are the stored ones."""
-    for owner, name in _embedding_tables(model):
-        emb, stored = getattr(owner, name), state.get(f"{name}.weight")
-        same = stored is not None and (stored.dtype, stored.shape, stored.device) == (
-            emb.weight.dtype,
-            emb.weight.shape,
-            emb.weight.device,
-        )
-        if isinstance(emb, (UpcastEmbedding, nn.Embedding)) and same:
-            emb.weight = nn.Parameter(stored, requires_grad=False)
-    release_freed_memory()
-
-
-def release_freed_memory() -> None:
-    """Hand freed heap memory back to the OS (glibc's ``malloc_trim``; a no-op elsewhere): the load frees many
-    mid-sized weight copies that would otherwise stay in the process's RSS."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        pass
