@@ -7,9 +7,11 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 import soundfile as sf
 
 ESPEAK = shutil.which("espeak-ng")
+needs_espeak = pytest.mark.skipif(ESPEAK is None, reason="espeak-ng is not installed (apt-get install espeak-ng)")
 
 
 def sweep(rate: int, seconds: float, amplitude: float = 0.5) -> np.ndarray:

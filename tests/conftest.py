@@ -90,3 +90,70 @@ def never_eos_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
     from steered import steer_eos
 
     return steer_eos(tiny_checkpoint, tmp_path_factory.mktemp("steered") / "never_eos", "never", max_seq_len=128)
+
+
+@pytest.fixture(scope="session")
+def oracle(oracle_dir):
+    """The tiny oracle checkpoint loaded (Core AI tests)."""
+    from audio8_coreai.checkpoint import load_checkpoint
+
+    return load_checkpoint(oracle_dir)
+
+
+@pytest.fixture(scope="session")
+def child_conversions(oracle_dir, tmp_path_factory):
+    """fp16, int8-fp16 and greedy Core AI assets converted by a child process (coreai_support.py)."""
+    from coreai_support import _ChildConversions
+
+    conversions = _ChildConversions(oracle_dir, tmp_path_factory.mktemp("coreai_child"))
+    yield conversions
+    conversions.stop()
+
+
+@pytest.fixture(scope="session")
+def fp32_assets(oracle, tmp_path_factory, child_conversions):
+    """fp32 Core AI assets of every part (context 128, decoder pushes of 16 and 1, encoder 16 frames)."""
+    from audio8_coreai.backends.coreai import convert
+
+    return convert(
+        oracle,
+        tmp_path_factory.mktemp("coreai") / "fp32",
+        "fp32",
+        context=128,
+        decoder_frames=16,
+        decoder_first_frames=1,
+        encoder_frames=16,
+        progress=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def fp32_backend(oracle, fp32_assets):
+    """The Core AI backend on the fp32 assets."""
+    from audio8_coreai.backends.coreai import CoreAIBackend
+
+    return CoreAIBackend(oracle, fp32_assets)
+
+
+@pytest.fixture(scope="session")
+def torch_backend(oracle):
+    """The torch backend on the oracle checkpoint in fp32 on the CPU."""
+    from audio8_coreai.backends.torch import TorchBackend
+
+    return TorchBackend(oracle, "cpu", "fp32")
+
+
+@pytest.fixture(scope="session")
+def speakable(oracle_dir, tiny_checkpoint, tmp_path_factory):
+    """The oracle's weights with the tiny tokenizer beside them (the tokenizer is not part of the fingerprint,
+    so the oracle's assets belong to this folder too): a checkpoint the TTS API and the CLI can speak with."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("speakable") / "tiny"
+    path.mkdir()
+    for f in oracle_dir.iterdir():
+        if f.name not in ("fixture.npz", "meta.json"):
+            shutil.copy(f, path / f.name)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_checkpoint / name, path / name)
+    return path
