@@ -1,5 +1,5 @@
 """Helpers shared by the Core AI test files (test_coreai_*.py): the child-process conversions behind the
-``child_conversions`` fixture (conftest.py), the spoken text and the CLI runner."""
+``child_conversions`` fixture (conftest.py), the spoken text and the output reader."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from audio8_coreai.cli import app
 from audio8_coreai.config import SamplingParams
 
 TEXT = "Hello there."  # 76 prompt columns with the tiny byte-level tokenizer: 52 frames fit a context of 128
@@ -53,15 +51,6 @@ class _ChildConversions:
 
 def _params(ckpt) -> SamplingParams:
     return SamplingParams.from_configs(ckpt.config, ckpt.generation)
-
-
-runner = CliRunner()
-
-
-def _run(*args):
-    result = runner.invoke(app, [str(a) for a in args])
-    assert "Traceback" not in result.output
-    return result
 
 
 def _said(result) -> str:

@@ -33,7 +33,8 @@ from audio8_coreai.backends.coreai import CoreAIBackend, read_manifest
 from audio8_coreai.engine.loop import generate
 from audio8_coreai.measure.oracle import load_fixture
 from audio8_coreai.measure.parity import replay_codec, replay_encoder, replay_forced, replay_single
-from coreai_support import TEXT, _params, _run
+from cli_support import run as _run
+from coreai_support import TEXT, _params
 
 # ---------------------------------------------------------------------------------------------------
 # fp32: the oracle exactly

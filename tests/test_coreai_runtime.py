@@ -40,7 +40,8 @@ from audio8_coreai.engine.loop import generate
 from audio8_coreai.errors import AssetError, BackendError, EngineError, PrecisionError
 from audio8_coreai.measure.oracle import load_fixture
 from audio8_coreai.measure.parity import replay_forced, replay_single
-from coreai_support import TEXT, _params, _run, _said
+from cli_support import run as _run
+from coreai_support import TEXT, _params, _said
 
 # ---------------------------------------------------------------------------------------------------
 # Backends, state, codec
