@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_batch import SENTENCE, fill  # the same sentence and filled engine as the CPU batch bench
 
 from audio8_coreai import TTS
 from audio8_coreai.backends.torch import TorchBackend
@@ -41,10 +42,6 @@ from audio8_coreai.engine.batch import BatchEngine
 from audio8_coreai.engine.loop import generate
 from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
 
-SENTENCE = (
-    "The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "
-    "approved the new hiring plan for the engineering team."
-)
 CHUNK = 16  # frames per streamed chunk (DEFAULTS.chunk_frames)
 
 
@@ -63,16 +60,6 @@ def single(eager: TTS, graphed: TTS, frames: int, runs: int) -> dict:
             times[name].append(1e3 * gen.frames_s / gen.codes.shape[1])
     eager_ms, graphed_ms = (statistics.median(times[k][1:]) for k in ("eager", "graphed"))
     return {"eager_ms_per_frame": eager_ms, "graphed_ms_per_frame": graphed_ms, "speedup": eager_ms / graphed_ms}
-
-
-def fill(tts: TTS, batch: int) -> BatchEngine:
-    """An engine with ``batch`` rows of the sentence (seeds 0..batch-1), admitted and stepped once (frame 0)."""
-    prompt = tts.prompts.plain(SENTENCE)
-    engine = BatchEngine(tts.backend, tts.sampling(), batch)
-    for seed in range(batch):
-        engine.admit(prompt, tts.config.max_seq_len - prompt.shape[1], seed=seed)
-    engine.step()
-    return engine
 
 
 def batched(eager: TTS, graphed: TTS, sizes: list[int], frames: int, runs: int, frame_s: float) -> list[dict]:
