@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import Audio8Error
+from ..errors import Audio8Error, ConfigError
 
 app = typer.Typer(
     add_completion=False,
@@ -86,3 +86,24 @@ def print_warnings(warnings) -> None:
     """Print each of ``warnings`` (strings) as one yellow 'warning:' line on stderr."""
     for w in warnings:
         err.print(f"[yellow]warning:[/] {w}", highlight=False)
+
+
+def check_port(host: str, port: int) -> None:
+    """Raise ConfigError unless ``host:port`` can be listened on now (serve and wyoming check before loading)."""
+    import errno
+    import socket
+
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port must be 1 to 65535, got {port}")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            s.bind((host, port))
+    except OSError as e:
+        in_use = e.errno in (errno.EADDRINUSE, errno.EACCES)  # taken, or a port below 1024 without root
+        remedy = (
+            "pick another --port, or stop what uses it"
+            if in_use
+            else "give --host an address of this machine (127.0.0.1 for this machine only, 0.0.0.0 for all)"
+        )
+        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}): {remedy}") from None

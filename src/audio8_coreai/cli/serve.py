@@ -19,6 +19,7 @@ from .app import (
     ModelOpt,
     VoicesOpt,
     app,
+    check_port,
     err,
     friendly,
 )
@@ -122,7 +123,7 @@ def serve(
     voice_names = parse_voice_map(voice_map or "")
     if default_voice is not None:
         default_voice = check_name(default_voice)
-    _check_port(host, port)  # before minutes of loading
+    check_port(host, port)  # before minutes of loading
     if batch and workers != 1:
         raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
     settings = ServerSettings(
@@ -189,24 +190,3 @@ def _serve_on_ray(
 
         gpus = 1.0 if fields["device"] != "cpu" and torch.cuda.is_available() else 0.0
     run_on_ray(RayArgs(replicas=replicas, autoscale=scale, gpus=gpus, **fields), host, port, address)
-
-
-def _check_port(host: str, port: int) -> None:
-    """Raise ConfigError unless ``host:port`` can be listened on now."""
-    import errno
-    import socket
-
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"--port must be 1 to 65535, got {port}")
-    try:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            s.bind((host, port))
-    except OSError as e:
-        in_use = e.errno in (errno.EADDRINUSE, errno.EACCES)  # taken, or a port below 1024 without root
-        remedy = (
-            "pick another --port, or stop what uses it"
-            if in_use
-            else "give --host an address of this machine (127.0.0.1 for this machine only, 0.0.0.0 for all)"
-        )
-        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}): {remedy}") from None

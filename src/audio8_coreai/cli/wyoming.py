@@ -9,8 +9,19 @@ import typer
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import ConfigError
 from ..settings import DEFAULTS
-from .app import AssetsOpt, BackendOpt, CudaGraphsOpt, DeviceOpt, DtypeOpt, ModelOpt, VoicesOpt, app, err, friendly
-from .serve import _check_port
+from .app import (
+    AssetsOpt,
+    BackendOpt,
+    CudaGraphsOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    VoicesOpt,
+    app,
+    check_port,
+    err,
+    friendly,
+)
 
 
 @app.command()
@@ -52,7 +63,7 @@ def wyoming(
         raise ConfigError("--max-input-chars and --max-frames must be >= 1")
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     check_request("a", seed=seed, **sampling)  # the seed and sampling settings, against the publisher's rules
-    _check_port(host, port)  # before minutes of loading
+    check_port(host, port)  # before minutes of loading
     settings = WyomingSettings(seed=seed, max_frames=max_frames, max_input_chars=max_input_chars, **sampling)
     with err.status("loading the model..."):
         options = dict(device=device, dtype=dtype, backend=backend, assets=assets, cuda_graphs=cuda_graphs)
