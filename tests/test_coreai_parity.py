@@ -36,6 +36,17 @@ from audio8_coreai.measure.parity import replay_codec, replay_encoder, replay_fo
 from cli_support import run as _run
 from coreai_support import TEXT, _params
 
+
+def _parity_report(oracle_dir, assets) -> dict:
+    """``audio8 parity --backend coreai --json`` of ``assets`` against the oracle's fixture; exits 0."""
+    result = _run(
+        "parity", "--model", oracle_dir, "--fixture", oracle_dir / "fixture.npz", "--backend", "coreai",
+        "--assets", assets, "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
 # ---------------------------------------------------------------------------------------------------
 # fp32: the oracle exactly
 
@@ -43,20 +54,7 @@ from coreai_support import TEXT, _params
 def test_fp32_assets_reproduce_the_oracle(fp32_assets, oracle_dir):
     """Through ``audio8 parity --backend coreai`` (which runs :func:`run_parity`): teacher-forced logits and
     every draw, free runs frame for frame with eos at the same step, the codec's waveforms, the encoder's codes."""
-    result = _run(
-        "parity",
-        "--model",
-        oracle_dir,
-        "--fixture",
-        oracle_dir / "fixture.npz",
-        "--backend",
-        "coreai",
-        "--assets",
-        fp32_assets,
-        "--json",
-    )
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
+    report = _parity_report(oracle_dir, fp32_assets)
     assert report["passed"] and report["backend"].startswith("coreai fp32")
     # The batch's items alone, each up to its eos: item 0 runs to the 24-frame cap, item 1 stops after 3 frames.
     assert [(s["name"], s["steps"]) for s in report["scenarios"]] == [
@@ -94,20 +92,7 @@ def test_greedy_assets_replay_the_greedy_scenario(oracle_dir, fp32_assets, child
     for part in ("codec_decoder", "codec_encoder"):  # the same checkpoint's fp32 codec: only the DualAR differs
         shutil.copytree(fp32_assets / f"{part}.aimodel", assets / f"{part}.aimodel")
     assert read_manifest(assets / "dualar.aimodel")["sampling"]["do_sample"] is False
-    result = _run(
-        "parity",
-        "--model",
-        oracle_dir,
-        "--fixture",
-        oracle_dir / "fixture.npz",
-        "--backend",
-        "coreai",
-        "--assets",
-        assets,
-        "--json",
-    )
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
+    report = _parity_report(oracle_dir, assets)
     assert report["passed"]
     (greedy,) = report["scenarios"]
     assert greedy["name"] == "greedy" and greedy["steps"] == 7
