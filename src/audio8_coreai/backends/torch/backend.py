@@ -14,16 +14,18 @@ import torch
 from ...checkpoint import Checkpoint, require_finite
 from ...config import ModelConfig, SamplingParams
 from ...errors import BackendError, QuantError
-from ...model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
+from ...model.codec import CodecDecoder, CodecEncoder
 from ...model.dualar import DualAR
 from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
 from ...precision import default_precision, resolve_precision, runtime_of
 from ...settings import DEFAULTS
 from ..base import Backend, FrameResult, StepInputs
-from .codec_worker import CodecWorker, WorkerStream, build_decoder, default_codec_process
+from .codec_streams import MODEL_FILE, FiniteStream, TorchCodecStream
+from .codec_worker import CodecWorker, build_decoder, default_codec_process
 from .cudagraphs import GraphedFrame
 from .memory import release_freed_memory
 from .quantize import apply_precision
+from .threads import CallThreads, running_on
 
 # Frames per push when decoding a whole utterance: pushes this short keep the SEANet activations in cache (faster
 # and smaller than one whole run; README, Speed).
@@ -33,8 +35,6 @@ DECODE_CHUNK_FRAMES = DEFAULTS.decode_chunk_frames
 # head is 14 columns (0.3 MB of fp32 KV on the 0.6b model), a 10 s voice's about 240 (6 MB).
 PREFIX_CACHE = DEFAULTS.prefix_cache
 
-# Named in the error a damaged checkpoint raises (NaN or inf out of the model or the codec).
-MODEL_FILE, CODEC_FILE = "model.safetensors", "the codec file (codec.pth or codec.safetensors)"
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
@@ -111,6 +111,10 @@ class TorchBackend(Backend):
     on when the device is the CPU and the process may use 2+ CPUs. Off, the decoder is built here on first use.
     ``codec_worker`` is the child's handle (None when off); :meth:`close` ends the child (a finalizer does when the
     backend is dropped).
+
+    ``threads`` (:class:`.threads.CallThreads`): prefills and this process's codec run on torch's thread count where
+    the backend was loaded (``torch.set_num_threads``, ``OMP_NUM_THREADS``), frames on one fewer with the codec
+    process on; set on whichever OS thread makes the call.
     """
 
     name = "torch"
@@ -152,6 +156,7 @@ class TorchBackend(Backend):
         if codec_dtype is not None:  # opt-in: bf16 on CPU is about 1.5x faster and not exact (max |diff| ~5e-2)
             self.codec_dtype = resolve_dtype(codec_dtype)
         self.codec_process = default_codec_process(self.device) if codec_process is None else bool(codec_process)
+        self.threads = CallThreads.for_backend(torch.get_num_threads(), self.codec_process)
         # Started first, so the child builds its decoder while the model loads here. Sized for the longest utterance
         # the context allows, as the in-process decoder.
         self.codec_worker = (
@@ -272,11 +277,12 @@ class TorchBackend(Backend):
         """Prefill windows over ``prompt`` columns ``first..`` (slots alike); the last column's logits, hidden."""
         n = prompt.shape[1]
         logits = hidden = None
-        for start in range(first, n, PREFILL_WIDTH):
-            window = np.ascontiguousarray(prompt[:, start : start + PREFILL_WIDTH], dtype=np.int64)
-            codes = torch.from_numpy(window)[None].to(self.device)
-            lg, hd = self.frame_maths.prefill(codes, start, k_cache, v_cache)
-            logits, hidden = lg[0, -1], hd[0, -1]
+        with running_on(self.threads.total):
+            for start in range(first, n, PREFILL_WIDTH):
+                window = np.ascontiguousarray(prompt[:, start : start + PREFILL_WIDTH], dtype=np.int64)
+                codes = torch.from_numpy(window)[None].to(self.device)
+                lg, hd = self.frame_maths.prefill(codes, start, k_cache, v_cache)
+                logits, hidden = lg[0, -1], hd[0, -1]
         self._last = (logits, hidden)
         return require_finite(logits.float().cpu().numpy(), "model", MODEL_FILE), hidden.float().cpu().numpy()
 
@@ -294,15 +300,18 @@ class TorchBackend(Backend):
             forced=torch.as_tensor(forced, device=dev)[None],
             use_forced=torch.tensor([0.0 if step.forced is None else 1.0], device=dev),
         )
-        if step.column is None:
-            logits, hidden = self._last
-            return frame_result(self.frame_maths.sample(params, logits[None], hidden[None], inputs), 0)
-        inputs.column = torch.as_tensor(np.asarray(step.column, dtype=np.int64), device=dev).view(1, -1, 1)
-        if self._graphed is not None:
-            inputs.pos = torch.tensor([step.pos], device=dev)
-            return frame_result(self._graphed(params, inputs), 0)
-        inputs.pos = step.pos
-        return frame_result(self.frame_maths(params, inputs, self.k_cache, self.v_cache), 0)
+        if step.column is not None:
+            inputs.column = torch.as_tensor(np.asarray(step.column, dtype=np.int64), device=dev).view(1, -1, 1)
+            inputs.pos = step.pos if self._graphed is None else torch.tensor([step.pos], device=dev)
+        with running_on(self.threads.frame):
+            if step.column is None:
+                logits, hidden = self._last
+                out = self.frame_maths.sample(params, logits[None], hidden[None], inputs)
+            elif self._graphed is not None:
+                out = self._graphed(params, inputs)
+            else:
+                out = self.frame_maths(params, inputs, self.k_cache, self.v_cache)
+        return frame_result(out, 0)
 
     @torch.inference_mode()
     def decode_window(self, codes: np.ndarray) -> np.ndarray:
@@ -331,7 +340,8 @@ class TorchBackend(Backend):
             batch[i, :, : c.shape[1]] = c
         push = self.codec_stream().push_rows
         starts = range(0, longest, DECODE_CHUNK_FRAMES)
-        wav = np.concatenate([push(batch[..., start : start + DECODE_CHUNK_FRAMES]) for start in starts], axis=-1)
+        with running_on(self.threads.total):  # the codec in this process (the codec process runs one)
+            wav = np.concatenate([push(batch[..., start : start + DECODE_CHUNK_FRAMES]) for start in starts], axis=-1)
         return [wav[i, : c.shape[1] * hop] for i, c in enumerate(codes)]
 
     def codec_stream(self) -> TorchCodecStream | FiniteStream:
@@ -358,38 +368,6 @@ class TorchBackend(Backend):
         """Codec encode of mono 44.1 kHz float32 audio [N] -> codes int64 [C, ceil(N / frame_length)]."""
         frames = -(-len(audio) // self.checkpoint.codec_config.frame_length)
         x = torch.as_tensor(np.asarray(audio, dtype=np.float32), device=self.device)
-        codes, _ = self.codec_encoder(frames).encode(x)
+        with running_on(self.threads.total):
+            codes, _ = self.codec_encoder(frames).encode(x)
         return codes.cpu().numpy()[0]
-
-
-class TorchCodecStream:
-    """One utterance's streaming codec on the backend's decoder: :class:`.model.codec.StreamingDecoder` with
-    NumPy in and out. ``push(codes int [C, n])`` (the next n frames) -> float32 audio [n * frame_length], the
-    samples :meth:`TorchBackend.decode_window` gives for those frames of the whole utterance (to float
-    rounding). Raises ValueError past the decoder's ``max_frames`` (the model's context) in one utterance."""
-
-    def __init__(self, decoder: CodecDecoder):
-        self._stream = StreamingDecoder(decoder)
-        self._device = next(decoder.parameters()).device
-
-    def push(self, codes: np.ndarray) -> np.ndarray:
-        return self.push_rows(np.asarray(codes)[None])[0]
-
-    @torch.inference_mode()
-    def push_rows(self, codes: np.ndarray) -> np.ndarray:
-        """A batch: codes int [B, C, n] -> float32 audio [B, n * frame_length]."""
-        t = torch.as_tensor(np.asarray(codes, dtype=np.int64), device=self._device)
-        return require_finite(self._stream.push(t).cpu().numpy(), "codec", CODEC_FILE)
-
-
-class FiniteStream:
-    """A codec stream whose audio is checked finite (CheckpointError naming the codec file, as in-process)."""
-
-    def __init__(self, stream: WorkerStream):
-        self._stream = stream
-
-    def push(self, codes: np.ndarray) -> np.ndarray:
-        return require_finite(self._stream.push(codes), "codec", CODEC_FILE)
-
-    def push_rows(self, codes: np.ndarray) -> np.ndarray:
-        return require_finite(self._stream.push_rows(codes), "codec", CODEC_FILE)

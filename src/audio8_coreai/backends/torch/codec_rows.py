@@ -24,7 +24,7 @@ from torch import Tensor
 from ...checkpoint import require_finite
 from ...model.codec import CodecDecoder, StreamingDecoder
 from ...settings import DEFAULTS
-from .backend import CODEC_FILE
+from .codec_streams import CODEC_FILE
 
 PIECE = DEFAULTS.decode_chunk_frames  # the longest push one codec call takes (longer ones go as several)
 

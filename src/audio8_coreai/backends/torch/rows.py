@@ -43,6 +43,7 @@ from ..base import Backend, CodecStream, FrameResult, StepInputs
 from .backend import TorchBackend, frame_results
 from .codec_rows import CodecRows
 from .cudagraphs import GraphedRows, bucket_sizes
+from .threads import running_on
 
 GATHER_S = DEFAULTS.gather_s  # how long a ready frame call waits for the other rows' calls (a frame takes 50-500 ms)
 RECENT_S = DEFAULTS.recent_s  # a row that submitted work this recently is expected to submit its next frame soon
@@ -109,11 +110,16 @@ class BatchModel:
         calls with a column, then one sampler pass (semantic draws, the fast AR's rows, codebook draws) for all.
         Returns their results in order;
         each equals the backend's ``frame`` on the same inputs up to float rounding."""
-        n = len(calls)
-        if n == 0:
+        if not calls:
             return []
-        if self.graphed is not None:
-            return frame_results(self.graphed(params, *self._static_inputs(calls)))
+        with running_on(self.backend.threads.frame):
+            if self.graphed is not None:
+                return frame_results(self.graphed(params, *self._static_inputs(calls)))
+            return self._eager_frames(params, calls)
+
+    def _eager_frames(self, params: SamplingParams, calls: Sequence[tuple[int, StepInputs]]) -> list[FrameResult]:
+        """:meth:`frames` in eager mode: the slow rows of the calls with a column, then one sampler pass."""
+        n = len(calls)
         b, c = self.backend, self.cfg.num_codebooks
         dev, frame = b.device, b.frame_maths
         rows = [row for row, _ in calls]

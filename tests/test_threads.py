@@ -1,0 +1,101 @@
+"""CPU threads per kind of call (backends/torch/threads.py): prefills on all of torch's threads, frames on one
+fewer beside the codec process, set on whichever OS thread runs the call and restored after."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from audio8_coreai.backends.torch import TorchBackend
+from audio8_coreai.backends.torch.threads import CallThreads, running_on
+from audio8_coreai.checkpoint import load_checkpoint
+from audio8_coreai.config import SamplingParams
+from audio8_coreai.engine.batch import generate_batch
+from audio8_coreai.engine.loop import generate
+
+
+@pytest.mark.parametrize(
+    "threads, codec_process, total, frame",
+    [(1, True, 1, 1), (2, True, 2, 1), (8, True, 8, 7), (2, False, 2, 2), (0, False, 1, 1)],
+)
+def test_frames_leave_the_codec_process_one_cpu(threads, codec_process, total, frame):
+    assert CallThreads.for_backend(threads, codec_process) == CallThreads(total, frame)
+
+
+def test_running_on_sets_and_restores_this_threads_count():
+    before = torch.get_num_threads()
+    with running_on(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+@pytest.fixture
+def three_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("codec_process, frame_threads", [(True, 2), (False, 3)])
+def test_a_worker_thread_runs_prefill_and_frames_at_the_backends_counts(
+    tiny_checkpoint, three_threads, codec_process, frame_threads
+):
+    """Loaded at 3 torch threads; generate on a fresh OS thread (as a server worker) that asked for 1 itself:
+    every prefill window runs on 3, every frame (frame 0's draw and the slow steps) on ``frame_threads``, and the
+    worker's own count is 1 again after."""
+    backend = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="fp32", codec_process=codec_process)
+    try:
+        assert backend.threads == CallThreads(3, frame_threads)
+        seen: dict[str, list[int]] = {"prefill": [], "sample": [], "forward": []}
+        maths = backend.frame_maths
+        for name in seen:
+            real = getattr(maths, name)
+
+            def spy(*args, real=real, name=name, **kwargs):
+                seen[name].append(torch.get_num_threads())
+                return real(*args, **kwargs)
+
+            setattr(maths, name, spy)  # instance attributes over the methods
+        prompt = np.zeros((1 + backend.cfg.num_codebooks, 40), dtype=np.int64)
+        prompt[0] = np.arange(40) + 3
+        after: list[int] = []
+
+        def worker():
+            torch.set_num_threads(1)
+            gen = generate(backend, prompt, SamplingParams(), seed=2, max_frames=5)
+            after.append(torch.get_num_threads())
+            after.append(gen.codes.shape[1])
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        frames = after[1]
+        # 40 columns: windows of 32 and 8; then each slow step runs the frame's prefill on one column
+        assert seen["prefill"][:2] == [3, 3] and set(seen["prefill"][2:]) == {frame_threads}
+        assert seen["sample"][:1] == [frame_threads]  # frame 0: drawn from the prefill
+        assert len(seen["forward"]) >= min(frames, 4) and set(seen["forward"]) == {frame_threads}
+        assert after[0] == 1
+    finally:
+        backend.close()
+
+
+def test_batched_frames_run_at_the_frame_count(tiny_checkpoint, three_threads):
+    backend = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="fp32", codec_process=True)
+    try:
+        seen: list[int] = []
+        real = backend.frame_maths.slow_rows
+
+        def spy(*args, **kwargs):
+            seen.append(torch.get_num_threads())
+            return real(*args, **kwargs)
+
+        backend.frame_maths.slow_rows = spy
+        prompt = np.zeros((1 + backend.cfg.num_codebooks, 20), dtype=np.int64)
+        generate_batch(backend, [prompt, prompt], SamplingParams(), [1, 2], [3, 3], max_batch=2)
+        assert seen and set(seen) == {2}
+    finally:
+        backend.close()
