@@ -178,3 +178,22 @@ def test_frame_server_rows_from_threads_equal_generate(tts_fp32):
         server.close()
     with pytest.raises(RuntimeError, match="closed"):
         instances[0].generate("Hi", seed=0, max_frames=2)
+
+
+def test_batch_rows_bounded_by_texts_and_memory(tts_fp32):
+    """A max_batch far over the texts allocates one row per text (the same codes as a fitting max_batch); a batch
+    whose KV state is over the machine's memory is refused before it is allocated, naming max_batch."""
+    from audio8_coreai.backends.torch.memory import device_memory_bytes
+    from audio8_coreai.errors import ConfigError
+
+    texts, seeds = list(TEXTS[:2]), [4, 5]
+    fitting = tts_fp32.generate_batch(texts, seeds=seeds, max_frames=6, max_batch=2)
+    huge = tts_fp32.generate_batch(texts, seeds=seeds, max_frames=6, max_batch=10**9)
+    for a, b in zip(fitting, huge):
+        np.testing.assert_array_equal(a.codes, b.codes)
+    cfg = tts_fp32.config
+    row = 2 * cfg.n_layer * cfg.n_local_heads * cfg.max_seq_len * cfg.head_dim * 4  # fp32 k and v
+    rows = device_memory_bytes(tts_fp32.backend.device) // row + 1
+    with pytest.raises(ConfigError, match=r"lower --batch \(max_batch\)") as e:
+        tts_fp32.batched(rows)
+    assert e.value.field == "max_batch"

@@ -91,7 +91,8 @@ def generate_batch(
     max_frames: Sequence[int],
     max_batch: int,
 ) -> list[Generation]:
-    """:func:`.loop.generate` for many prompts, ``max_batch`` at a time through one :class:`BatchEngine`.
+    """:func:`.loop.generate` for many prompts, ``max_batch`` at a time through one :class:`BatchEngine` (of at most
+    one row per prompt).
 
     Utterance i (prompt int [1+C, P_i], ``seeds[i]``, cap ``max_frames[i]``) gives the codes ``generate`` gives
     it alone (to float rounding, see the module docstring); a new prompt takes a row as soon as one frees.
@@ -102,7 +103,7 @@ def generate_batch(
         raise ValueError(f"{len(prompts)} prompts, {len(seeds)} seeds and {len(max_frames)} frame caps: give one each")
     for prompt, cap in zip(prompts, max_frames):
         check_context(backend.cfg, prompt.shape[1], cap)
-    engine = BatchEngine(backend, params, max_batch)
+    engine = BatchEngine(backend, params, min(max_batch, max(len(prompts), 1)))  # no rows beyond the prompts
     items: list[BatchItem | None] = [None] * len(prompts)
     times: list[list[float]] = [[0.0, 0.0, 0.0] for _ in prompts]  # admitted, prefill done, ended
     index: dict[int, int] = {}

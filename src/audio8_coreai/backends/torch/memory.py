@@ -6,9 +6,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import mmap
+import os
 import sys
 from collections.abc import Iterable
 
+import torch
 from torch import Tensor
 
 
@@ -63,3 +65,14 @@ def release_mapped_pages(tensors: Iterable[Tensor]) -> None:
         hi = (storage.data_ptr() + storage.nbytes()) // page * page
         if hi > lo and any(start <= lo and hi <= end for start, end in spans):
             _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), mmap.MADV_DONTNEED)
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The memory of ``device`` in bytes: a CUDA device's total, else this machine's physical memory (``sysconf``);
+    None where it cannot be told."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - no sysconf names (not POSIX)
+        return None

@@ -36,17 +36,34 @@ import numpy as np
 import torch
 
 from ...config import SamplingParams
-from ...errors import EngineError
+from ...errors import ConfigError, EngineError
 from ...model.frame import FrameInputs, RowsInputs
 from ...settings import DEFAULTS
 from ..base import Backend, CodecStream, FrameResult, StepInputs
 from .backend import TorchBackend, frame_results
 from .codec_rows import CodecRows
 from .cudagraphs import GraphedRows, bucket_sizes
+from .memory import device_memory_bytes
 from .threads import running_on
 
 GATHER_S = DEFAULTS.gather_s  # how long a ready frame call waits for the other rows' calls (a frame takes 50-500 ms)
 RECENT_S = DEFAULTS.recent_s  # a row that submitted work this recently is expected to submit its next frame soon
+
+
+def _check_fits(backend: TorchBackend, rows: int) -> None:
+    """ConfigError (field ``max_batch``) when a KV state of ``rows`` rows is larger than the device's memory, before
+    it is allocated (a huge ``--batch`` is refused, not an allocator failure or the OOM killer)."""
+    cfg, dtype = backend.cfg, backend.model.slow.norm.weight.dtype
+    row = 2 * cfg.n_layer * cfg.n_local_heads * cfg.max_seq_len * cfg.head_dim * dtype.itemsize  # k and v
+    have = device_memory_bytes(backend.device)
+    if have is not None and rows * row > have:
+        gb = 2**30
+        raise ConfigError(
+            f"{rows} batch rows of KV state need {rows * row / gb:.1f} GB ({row / 2**20:.1f} MB a row), more than "
+            f"the {have / gb:.1f} GB of {backend.device.type} memory: lower --batch (max_batch); at most "
+            f"{have // row} rows fit in it, the weights aside",
+            "max_batch",
+        )
 
 
 class BatchModel:
@@ -66,6 +83,7 @@ class BatchModel:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.backend, self.max_batch, self.cfg = backend, max_batch, backend.cfg
         graphed = backend.frame_mode == "graph"
+        _check_fits(backend, max_batch + graphed)
         self.k_cache, self.v_cache = backend.model.new_kv_cache(batch=max_batch + graphed)
         self.graphed = None
         if graphed:
