@@ -49,6 +49,9 @@ def base(tiny_checkpoint, tmp_path_factory):
         yield url
 
 
+JSON = {"content-type": "application/json"}
+
+
 def speech(base: str, **body) -> httpx.Response:
     return httpx.post(f"{base}/v1/audio/speech", json={"input": TEXT, "seed": 1, "max_frames": 12, **body}, timeout=120)
 
@@ -297,6 +300,20 @@ def test_a_body_that_is_not_json_is_a_400(base):
         error = r.json()["error"]
         assert r.status_code == 400 and error["code"] == "invalid_json"
         assert f"not valid JSON (at character {at})" in error["message"]
+
+
+def test_a_body_not_a_json_object_says_to_send_one(base):
+    """JSON null, a list, or a JSON object sent as a form (curl -d's default type) is told what to send; a speed of
+    NaN is refused as not finite (not as over 4)."""
+    for body, kind in ((b"null", "application/json"), (b"[1]", "application/json"), (b'{"input": "Hi"}', None)):
+        r = httpx.post(f"{base}/v1/audio/speech", content=body, headers={"content-type": kind or "text/plain"})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["code"] == "invalid_request"
+        assert error["message"].startswith("the body must be a JSON object sent with Content-Type: application/json")
+    r = httpx.post(f"{base}/v1/audio/speech", content=b'{"input": "Hi", "speed": NaN}', headers=JSON)
+    error = r.json()["error"]
+    assert r.status_code == 400 and (error["code"], error["param"]) == ("invalid_speed", "speed")
+    assert error["message"] == "speed: Input should be a finite number"
 
 
 def test_unknown_routes_and_methods_get_the_same_error_shape(base):

@@ -38,6 +38,7 @@ FIELD_CODES = {
     ("stream_format", "literal_error"): "unsupported_stream_format",
     ("speed", "greater_than_equal"): "invalid_speed",
     ("speed", "less_than_equal"): "invalid_speed",
+    ("speed", "finite_number"): "invalid_speed",
     ("sample_rate", "greater_than_equal"): "invalid_sample_rate",
     ("sample_rate", "less_than_equal"): "invalid_sample_rate",
 }
@@ -163,6 +164,14 @@ def schema_error(first: dict[str, Any]) -> ApiError:
             "invalid_json",
         )
     where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+    if where is None and first.get("type") == "model_attributes_type":  # JSON null, a list, or not sent as JSON
+        return ApiError(
+            400,
+            "the body must be a JSON object sent with Content-Type: application/json, such as "
+            '{"model": "tts-1", "input": "Hello", "voice": "alloy"}',
+            None,
+            "invalid_request",
+        )
     own = (first.get("ctx") or {}).get("code")  # a schema validator's message names the field itself
     if own:
         return ApiError(400, first["msg"], where, own)

@@ -43,7 +43,7 @@ class SpeechRequest(BaseModel):
     voice: str | None = None
     stream: StrictBool = False  # before response_format, whose validator reads it
     response_format: SpeechFormat = "mp3"
-    speed: StrictFloat = Field(1.0, ge=0.25, le=4.0)  # OpenAI's range: a time stretch, pitch kept
+    speed: StrictFloat = Field(1.0, ge=0.25, le=4.0, allow_inf_nan=False)  # OpenAI's range: a time stretch
     stream_format: Literal["audio", "sse"] = "audio"
     instructions: str | None = None
     seed: StrictInt | None = Field(None, ge=0)
