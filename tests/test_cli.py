@@ -122,6 +122,28 @@ def test_frame_cap_warning_says_when_the_context_is_full(never_eos_checkpoint, t
     assert "stopped at the frame cap (3 frames)" in said and "raise --max-frames" in said
 
 
+def test_a_long_list_of_capped_pieces_is_cut_short(never_eos_checkpoint, tmp_path):
+    """A text of many pieces, each stopped at its cap: the warning names the first 10 and the count, not them all."""
+    text = " ".join(["Hi."] * 40)
+    model = ("--model", never_eos_checkpoint, "--device", "cpu", "--seed", 1, "--max-frames", 1)
+    result = run("say", text, "-o", tmp_path / "many.wav", *model)
+    said = " ".join(result.output.split())
+    found = re.search(r"in (\d+) piece\(s\)", said)
+    assert result.exit_code == 0 and found, said
+    pieces = int(found.group(1))
+    assert pieces > 10, said
+    listed = ", ".join(str(i) for i in range(1, 11))
+    assert f"piece(s) {listed}... ({pieces} of {pieces}) stopped at the frame cap" in said
+
+
+def test_say_ending_at_once_names_the_seed(eos_first_checkpoint, tmp_path):
+    model = ("--model", eos_first_checkpoint, "--device", "cpu", "--top-k", 1)
+    result = run("say", "Hi.", "-o", tmp_path / "out.wav", *model, "--seed", 3)  # eos on the first frame
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "eos on the first frame, seed 3)" in said and "try another --seed" in said
+    assert not (tmp_path / "out.wav").exists()
+
+
 def test_say_stream_ending_at_once_leaves_an_existing_file_untouched(eos_first_checkpoint, tmp_path):
     out = tmp_path / "out.wav"
     out.write_bytes(b"keep me")
@@ -140,7 +162,7 @@ def test_say_stream_ending_at_once_leaves_an_existing_file_untouched(eos_first_c
         "cpu",
         "--stream",
     )  # top-k 1 on this checkpoint: eos on the first frame
-    assert result.exit_code == 2 and "eos on the first frame" in result.output
+    assert result.exit_code == 2 and re.search(r"eos on the first frame, seed \d+\)", result.output)  # the seed drawn
     assert out.read_bytes() == b"keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.wav"]  # no empty partial file either
 

@@ -162,7 +162,7 @@ def say(
             **req.options(),
         )
     if result.frames == 0:
-        raise _no_audio(output)
+        raise _no_audio(output, result.seed)
     write_audio(output, result.audio, result.sample_rate)
     if not result.reached_eos:
         remedy = _cap_remedy([result.prompt_length], result.max_frames, tts.config.max_seq_len)
@@ -179,10 +179,11 @@ def say(
     )
 
 
-def _no_audio(output: Path) -> EngineError:
-    """The error for an utterance the model ended on its first frame: nothing is written to ``output``."""
+def _no_audio(output: Path, seed: int) -> EngineError:
+    """The error for an utterance the model ended on its first frame with ``seed``: nothing is written to
+    ``output``."""
     return EngineError(
-        f"the model ended the utterance at once (eos on the first frame): nothing written to "
+        f"the model ended the utterance at once (eos on the first frame, seed {seed}): nothing written to "
         f"{output}; try another --seed"
     )
 
@@ -198,7 +199,7 @@ def _write_stdout(speech, output: Path) -> None:
             sink.write(encoder.write(chunk))
             sink.flush()
         if speech.frames == 0:  # nothing was written, not even the header
-            raise _no_audio(output)
+            raise _no_audio(output, speech.seed)
         sink.write(encoder.close())
         sink.flush()
     except BrokenPipeError:
@@ -219,7 +220,7 @@ def _write_stream(speech, output: Path) -> None:
                 f.write(chunk)
                 f.flush()
             if speech.frames == 0:  # raised inside: the writer then leaves an existing file as it was
-                raise _no_audio(output)
+                raise _no_audio(output, speech.seed)
     except KeyboardInterrupt:
         if partial_path(output).exists():
             err.print(
@@ -234,7 +235,7 @@ def _write_stream(speech, output: Path) -> None:
 def _warn_capped(speech) -> None:
     capped = [i for i, eos in enumerate(speech.reached_eos) if not eos]
     if capped:
-        which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {', '.join(str(i + 1) for i in capped)}"
+        which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {_numbers(capped, len(speech.pieces))}"
         cap = max(speech.pieces[i].max_frames for i in capped)
         remedy = _cap_remedy([p.prompt.shape[1] for p in speech.pieces], cap, speech.backend.cfg.max_seq_len)
         err.print(
@@ -242,6 +243,13 @@ def _warn_capped(speech) -> None:
             f"be cut ({remedy})",
             highlight=False,
         )
+
+
+def _numbers(indices: list[int], total: int, shown: int = 10) -> str:
+    """The 1-based numbers of ``indices`` (of ``total`` pieces), the first ``shown`` of them and how many in all when
+    there are more: a warning of a few lines, whatever the text's length."""
+    listed = ", ".join(str(i + 1) for i in indices[:shown])
+    return listed if len(indices) <= shown else f"{listed}... ({len(indices)} of {total})"
 
 
 def _cap_remedy(prompt_lengths: list[int], cap: int, context: int) -> str:
