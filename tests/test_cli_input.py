@@ -69,7 +69,7 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["say", "Hi", "-o", "{tmp}/o.wav", "--stream", "--chunk-frames", "0"], "--chunk-frames must be >= 1"),
+        (["say", "Hi", "-o", "{tmp}/o.wav", "--stream", "--chunk-frames", "0"], "got 0 and the default"),
         (
             ["say", "Hi", "-o", "{tmp}/o.wav", "--stream", "--chunk-frames", "4", "--first-chunk-frames", "5"],
             "--first-chunk-frames 1 to --chunk-frames",

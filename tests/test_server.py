@@ -346,6 +346,15 @@ def test_voices_register_speak_list_and_delete(base, tmp_path):
     assert httpx.delete(f"{base}/v1/voices/ana").status_code == 404
     assert httpx.delete(f"{base}/v1/voices/..").status_code in (400, 404)
     assert httpx.get(f"{base}/v1/voices").json()["data"] == []
+    for form, sent, missing in (
+        ({"name": "bo", "text": "Hi."}, files, "transcript"),  # a field misnamed
+        ({"name": "bo", "transcript": "Hi.", "audio": "clip.wav"}, None, "audio"),  # the clip as text, not a file
+        ({}, None, "name, transcript, audio"),
+    ):
+        r = httpx.post(f"{base}/v1/voices", data=form, files=sent)
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == missing.split(",")[0], r.text
+        assert error["message"].endswith(f"missing: {missing}")
 
 
 @pytest.mark.parametrize(

@@ -124,7 +124,7 @@ def check_chunks(chunk_frames: int, first_chunk_frames: int | None) -> tuple[int
         return int(chunk_frames), None if first_chunk_frames is None else int(first_chunk_frames)
     raise ConfigError(
         f"--chunk-frames must be >= 1 and --first-chunk-frames 1 to --chunk-frames (whole numbers); "
-        f"got {chunk_frames!r} and {first_chunk_frames!r}",
+        f"got {chunk_frames!r} and {'the default' if first_chunk_frames is None else repr(first_chunk_frames)}",
         wrong,
     )
 

@@ -87,9 +87,22 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
         raise storage(e) from None
     name, transcript, upload = form.get("name"), form.get("transcript"), form.get("audio")
     replace = str(form.get("replace", "false")).lower() in ("1", "true", "yes")
-    if not isinstance(name, str) or not isinstance(transcript, str) or upload is None or isinstance(upload, str):
+    wrong = [
+        field
+        for field, ok in (
+            ("name", isinstance(name, str)),
+            ("transcript", isinstance(transcript, str)),
+            ("audio", upload is not None and not isinstance(upload, str)),
+        )
+        if not ok
+    ]
+    if wrong:
         raise ApiError(
-            400, "POST /v1/voices takes multipart fields name, transcript and an audio file", None, "invalid_request"
+            400,
+            "POST /v1/voices takes multipart fields name, transcript and audio (the clip, sent as a file); "
+            f"missing: {', '.join(wrong)}",
+            wrong[0],
+            "invalid_request",
         )
     data = await upload.read(settings.max_upload_bytes + 1)
     if len(data) > settings.max_upload_bytes:
