@@ -73,7 +73,7 @@ def test_stream_and_batch_equal_the_in_process_decoder(backend, one_thread):
     """A worker stream gives the in-process StreamingDecoder's samples for ragged pushes; decode_batch too."""
     assert backend.codec_process and backend.codec_worker is not None
     frames = codes(sum(SPLIT))
-    worker, local = backend.codec_stream(), TorchCodecStream(backend.decoder)
+    worker, local = backend.codec_stream(), TorchCodecStream(backend.decoder, backend.threads.total)
     start = 0
     for n in SPLIT:
         a, b = worker.push(frames[:, start : start + n]), local.push(frames[:, start : start + n])
@@ -82,7 +82,8 @@ def test_stream_and_batch_equal_the_in_process_decoder(backend, one_thread):
         start += n
     batch = [codes(40, 1), codes(7, 2), codes(0, 3)]
     ours = backend.decode_batch(batch)
-    theirs = [TorchCodecStream(backend.decoder).push(c) if c.shape[1] else np.zeros(0, np.float32) for c in batch]
+    n = backend.threads.total
+    theirs = [TorchCodecStream(backend.decoder, n).push(c) if c.shape[1] else np.zeros(0, np.float32) for c in batch]
     assert [len(a) for a in ours] == [40 * 2048, 7 * 2048, 0]
     assert max(float(np.abs(a - b).max()) for a, b in zip(ours[:2], theirs[:2])) <= EXACT
 

@@ -99,3 +99,32 @@ def test_batched_frames_run_at_the_frame_count(tiny_checkpoint, three_threads):
         assert seen and set(seen) == {2}
     finally:
         backend.close()
+
+
+def test_the_codec_in_this_process_runs_at_the_backends_count(tiny_checkpoint, three_threads):
+    """Without the codec process a stream's codec pushes run on the caller's OS thread: at the backend's 3
+    threads whatever the caller set (1 or 3), its own count back after, and the same samples either way."""
+    backend = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="fp32", codec_process=False)
+    seen: list[int] = []
+    for module in backend.decoder.modules():  # the layers the streaming decoder calls
+        module.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
+    codes = np.random.default_rng(0).integers(0, 1024, size=(backend.cfg.num_codebooks, 24))
+    codes[0] %= 4096
+    got: dict[int, tuple[np.ndarray, int]] = {}
+
+    def worker(n: int):
+        torch.set_num_threads(n)
+        stream = backend.codec_stream()
+        audio = np.concatenate([stream.push(codes[:, i : i + 8]) for i in range(0, 24, 8)])
+        got[n] = (audio, torch.get_num_threads())
+
+    try:
+        for n in (1, 3):
+            t = threading.Thread(target=worker, args=(n,))
+            t.start()
+            t.join()
+        assert got[1][1] == 1 and got[3][1] == 3
+        assert got[1][0].shape == (24 * 2048,) and np.array_equal(got[1][0], got[3][0])
+        assert seen and set(seen) == {3}
+    finally:
+        backend.close()

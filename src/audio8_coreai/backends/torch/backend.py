@@ -349,7 +349,7 @@ class TorchBackend(Backend):
         (:class:`.codec_worker.WorkerStream`), else :class:`TorchCodecStream`; both check the audio is finite."""
         if self.codec_worker is not None:
             return FiniteStream(self.codec_worker.stream())
-        return TorchCodecStream(self.decoder)
+        return TorchCodecStream(self.decoder, self.threads.total)
 
     def codec_encoder(self, frames: int) -> CodecEncoder:
         """The fp32 codec encoder on this device, built on first use and rebuilt when a clip needs more

@@ -9,6 +9,7 @@ import torch
 from ...checkpoint import require_finite
 from ...model.codec import CodecDecoder, StreamingDecoder
 from .codec_worker import WorkerStream
+from .threads import running_on
 
 # Named in the error a damaged checkpoint raises (NaN or inf out of the model or the codec).
 MODEL_FILE, CODEC_FILE = "model.safetensors", "the codec file (codec.pth or codec.safetensors)"
@@ -18,11 +19,14 @@ class TorchCodecStream:
     """One utterance's streaming codec on the backend's decoder: :class:`.model.codec.StreamingDecoder` with
     NumPy in and out. ``push(codes int [C, n])`` (the next n frames) -> float32 audio [n * frame_length], the
     samples :meth:`TorchBackend.decode_window` gives for those frames of the whole utterance (to float
-    rounding). Raises ValueError past the decoder's ``max_frames`` (the model's context) in one utterance."""
+    rounding). Raises ValueError past the decoder's ``max_frames`` (the model's context) in one utterance. Each push
+    runs on ``threads`` intra-op threads (:func:`.threads.running_on`), whichever OS thread calls it, so its audio
+    does not depend on the caller's own count."""
 
-    def __init__(self, decoder: CodecDecoder):
+    def __init__(self, decoder: CodecDecoder, threads: int):
         self._stream = StreamingDecoder(decoder)
         self._device = next(decoder.parameters()).device
+        self._threads = threads
 
     def push(self, codes: np.ndarray) -> np.ndarray:
         return self.push_rows(np.asarray(codes)[None])[0]
@@ -31,7 +35,9 @@ class TorchCodecStream:
     def push_rows(self, codes: np.ndarray) -> np.ndarray:
         """A batch: codes int [B, C, n] -> float32 audio [B, n * frame_length]."""
         t = torch.as_tensor(np.asarray(codes, dtype=np.int64), device=self._device)
-        return require_finite(self._stream.push(t).cpu().numpy(), "codec", CODEC_FILE)
+        with running_on(self._threads):
+            audio = self._stream.push(t).cpu().numpy()
+        return require_finite(audio, "codec", CODEC_FILE)
 
 
 class FiniteStream:
