@@ -174,9 +174,16 @@ def test_interrupted_make_leaves_nothing(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match=r"cannot write a checkpoint at .*ck: disk full; choose a folder"):
         make_checkpoint(tmp_path / "ck", "tiny", seed=0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_make_in_a_place_that_cannot_hold_a_folder_is_said(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(CheckpointError, match="cannot write a checkpoint at .*a-file/ck: .*choose a folder you can"):
+        make_checkpoint(tmp_path / "a-file" / "ck", "tiny", seed=0)
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
 
 
 # ----------------------------------------------------------------------------------------------------

