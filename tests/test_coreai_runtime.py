@@ -281,6 +281,13 @@ def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+def test_convert_into_a_place_that_cannot_hold_a_folder_is_said(oracle, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(AssetError, match="cannot write the assets at .*a-file/assets: .*choose a folder you can"):
+        convert(oracle, tmp_path / "a-file" / "assets", progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+
+
 # ---------------------------------------------------------------------------------------------------
 # API and command line
 

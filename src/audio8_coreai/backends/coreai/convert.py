@@ -174,8 +174,8 @@ def convert(
 
     Raises:
         BackendError: the Core AI packages are missing; AssetError: bad ``precision``, ``context``, buckets,
-        ``parts``, or an ``out_dir`` that is a file or a non-empty folder; CheckpointError: as
-        :func:`load_checkpoint`.
+        ``parts``, or an ``out_dir`` that is a file or a non-empty folder or cannot be made or written;
+        CheckpointError: as :func:`load_checkpoint`.
     """
     require_coreai()
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
@@ -200,17 +200,22 @@ def convert(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise AssetError(f"{out} already exists and is not an empty folder; choose a new folder or remove it")
     base = manifest_base(ckpt, precision)
-    out.parent.mkdir(parents=True, exist_ok=True)
     wanted = [p for p in PARTS if p in parts]
     decoder_steps = 3 + len(decoder_pushes(decoder_frames, decoder_first_frames))
     per_part = {"dualar": 1 + len(DUALAR_FUNCTIONS) + 2, "codec_decoder": decoder_steps, "codec_encoder": 4}
-    with staged_folder(out) as tmp, _Steps(sum(per_part[p] for p in wanted), progress) as steps:
-        for part in wanted:
-            path = tmp / f"{part}.aimodel"
-            if part == "dualar":
-                _convert_dualar(ckpt, path, precision, context, params, base, steps)
-            else:
-                frames = decoder_frames if part == "codec_decoder" else encoder_frames
-                _convert_codec(ckpt, path, part, precision, frames, decoder_first_frames, base, steps)
-            gc.collect()  # free this part's weights and programs before the next one
+    try:  # a folder that cannot be made or written (no such place, read-only, a disk full) is said, not a traceback
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with staged_folder(out) as tmp, _Steps(sum(per_part[p] for p in wanted), progress) as steps:
+            for part in wanted:
+                path = tmp / f"{part}.aimodel"
+                if part == "dualar":
+                    _convert_dualar(ckpt, path, precision, context, params, base, steps)
+                else:
+                    frames = decoder_frames if part == "codec_decoder" else encoder_frames
+                    _convert_codec(ckpt, path, part, precision, frames, decoder_first_frames, base, steps)
+                gc.collect()  # free this part's weights and programs before the next one
+    except OSError as e:
+        raise AssetError(
+            f"cannot write the assets at {out}: {e.strerror or e}; choose a folder you can write, with room for them"
+        ) from None
     return out
