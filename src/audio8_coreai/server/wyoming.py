@@ -310,6 +310,8 @@ class WyomingHandler(AsyncEventHandler):
         return True
 
     async def _synthesize(self, request: Synthesize) -> None:
+        if not isinstance(request.text, str):
+            raise ProtocolError(f"synthesize's text must be a string, got {type(request.text).__name__}")
         voice = self.speaker.voice(request.voice.name if request.voice else None)
         checked = self.speaker.check(request.text, voice, self.speaker.seed(voice))
         audio = _Audio(self.write_event, self.speaker.tts.sample_rate)
