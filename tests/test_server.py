@@ -225,6 +225,9 @@ BAD_REQUESTS = [
     ({"sample_rate": 10000, "response_format": "mp3"}, 400, "unsupported_sample_rate"),
     ({"stream_format": "sse", "response_format": "flac"}, 400, "unsupported_format"),
     ({"voice": {"name": "ana"}}, 400, "invalid_request"),
+    ({"voice": {"id": "ana", "extra": 1}}, 400, "invalid_request"),
+    ({"voice": {"id": 5}}, 400, "invalid_request"),
+    ({"voice": ["ana"]}, 400, "invalid_request"),
     ({"voice": "../etc"}, 400, "invalid_voice"),
     ({"voice": "nobody-here"}, 400, "voice_not_found"),
     ({"stream_format": "chunks"}, 400, "unsupported_stream_format"),
@@ -250,6 +253,8 @@ def test_bad_requests_get_clear_json_errors(base, body, status, code):
     assert error["code"] == code and error["type"] == "invalid_request_error" and len(error["message"]) > 10
     if code == "invalid_request" and set(body) <= {"temperature", "top_k", "top_p", "seed"}:
         assert error["param"] == next(iter(body))  # the field to change
+    if set(body) == {"voice"} and code == "invalid_request":  # not a name nor {"id": NAME}: said so
+        assert error["param"] == "voice" and error["message"].startswith('voice must be a name or {"id": NAME}, got ')
 
 
 def test_an_utterance_that_ends_at_once_is_a_422_not_an_empty_file(

@@ -81,7 +81,11 @@ class SpeechRequest(BaseModel):
     @classmethod
     def _voice_id(cls, voice: object) -> object:
         # OpenAI's custom-voice object {"id": NAME} names the voice NAME
-        return voice["id"] if isinstance(voice, dict) and set(voice) == {"id"} else voice
+        if isinstance(voice, dict) and set(voice) == {"id"} and isinstance(voice["id"], str):
+            return voice["id"]
+        if voice is None or isinstance(voice, str):
+            return voice
+        raise refusal("invalid_request", f'voice must be a name or {{"id": NAME}}, got {_json_kind(voice)}')
 
     @field_validator("voice")
     @classmethod
@@ -110,6 +114,15 @@ class SpeechRequest(BaseModel):
             except AudioError as e:
                 raise refusal("unsupported_format", str(e)) from None
         return stream_format
+
+
+def _json_kind(value: object) -> str:
+    """What a JSON value is, in words, for a message: an object names its keys."""
+    if isinstance(value, dict):
+        return f"an object with keys {', '.join(map(str, value)) or '(none)'}" + (
+            " (id not a string)" if set(value) == {"id"} else ""
+        )
+    return {list: "a list", bool: "a boolean", int: "a number", float: "a number"}.get(type(value), "another value")
 
 
 class ErrorDetail(BaseModel):
