@@ -58,21 +58,14 @@ def test_running_on_sets_and_restores_this_threads_count():
     assert torch.get_num_threads() == before
 
 
-@pytest.fixture
-def three_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(3)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("codec_process, frame_threads", [(True, 2), (False, 3)])
 def test_a_worker_thread_runs_prefill_and_frames_at_the_backends_counts(
-    tiny_checkpoint, three_threads, codec_process, frame_threads
+    tiny_checkpoint, torch_threads, codec_process, frame_threads
 ):
     """Loaded at 3 torch threads; generate on a fresh OS thread (as a server worker) that asked for 1 itself:
     every prefill window runs on 3, every frame (frame 0's draw and the slow steps) on ``frame_threads``, and the
     worker's own count is 1 again after."""
+    torch_threads(3)
     backend = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="fp32", codec_process=codec_process)
     try:
         assert backend.threads == CallThreads(3, frame_threads, 1 if codec_process else 0)
@@ -109,7 +102,8 @@ def test_a_worker_thread_runs_prefill_and_frames_at_the_backends_counts(
         backend.close()
 
 
-def test_batched_frames_run_at_the_frame_count(tiny_checkpoint, three_threads):
+def test_batched_frames_run_at_the_frame_count(tiny_checkpoint, torch_threads):
+    torch_threads(3)
     backend = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="fp32", codec_process=True)
     try:
         seen: list[int] = []
