@@ -40,7 +40,6 @@ import numpy as np
 import torch
 
 from ...checkpoint import Checkpoint
-from ...config import CodecConfig
 from ...errors import BackendError
 from ...model.codec import CodecDecoder, StreamingDecoder
 from .memory import release_mapped_pages
@@ -109,8 +108,6 @@ def fork_server(fd: int) -> None:
     (SIGCHLD ignored)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    with torch.device("meta"):  # torch's one-time cost of a first build (seconds), paid here once, not per child
-        CodecDecoder(CodecConfig(), max_frames=1)
     with socket.socket(fileno=fd) as sock:
         while True:
             try:
