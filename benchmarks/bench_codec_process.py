@@ -7,15 +7,15 @@ Two models are loaded from the same checkpoint (the random 0.6b one by default):
 (the codec decoder in a child process on one thread, the default on 2+ CPUs) and one with ``codec_process=False``.
 Each round streams the same 26-word sentence (``--frames`` frames: the random model never stops) in four ways,
 taking turns so load changes hit them alike: **process** (the default: chunks overlapped with the frames through
-the pipe, frames on one thread fewer than prefills), **crowded** (the same with frames on every thread, as before
-frames left the codec process a CPU), **inline** (the in-process codec between frames: frames + codec per frame)
-and **thread** (the in-process codec on a thread beside the frames, the earlier opt-in ``codec_thread``). Printed
-per way, median of ``--runs`` rounds after a warm-up round: the stream's wall time per frame after its first chunk
-and the RTF that makes (steady), the whole stream's RTF (prefill and first chunk included), the frame loop's and
-the codec's own seconds, and this process's CPU use (CPU s / wall s; the codec process's CPU is not counted).
-``--threads`` sets torch's threads here (default: torch's own, every CPU): prefills run on them, frames on one
-fewer beside the codec process (which always runs one). The load average is printed before and after: the ratios
-of one run hold, the absolute figures move with the machine's load.
+the pipe, the CPUs split between frames and codec), **crowded** (the same with frames on every thread, as before
+the split), **inline** (the in-process codec between frames: frames + codec per frame) and **thread** (the
+in-process codec on a thread beside the frames, the earlier opt-in ``codec_thread``). Printed per way, median of
+``--runs`` rounds after a warm-up round: the stream's wall time per frame after its first chunk and the RTF that
+makes (steady), the whole stream's RTF (prefill and first chunk included), the frame loop's and the codec's own
+seconds, and this process's CPU use (CPU s / wall s; the codec process's CPU is not counted). ``--threads`` sets
+torch's threads here (default: torch's own, every CPU): prefills run on them; the codec process takes half (at
+least one), the frames the rest. The load average is printed before and after: the ratios of one run hold, the
+absolute figures move with the machine's load.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def main() -> None:
     apart = TTS.load(model, device="cpu", precision=args.precision, codec_process=True)
     local = TTS.load(model, device="cpu", precision=args.precision, codec_process=False)
     # frames on every thread beside the busy codec process (before frames left it one CPU), for the comparison
-    crowded = CallThreads(apart.backend.threads.total, apart.backend.threads.total)
+    split = apart.backend.threads
+    crowded = CallThreads(split.total, split.total, split.codec)
     ways = {
         "process": (apart, None, apart.backend.threads),
         "crowded": (apart, None, crowded),
@@ -83,7 +84,7 @@ def main() -> None:
             if r:  # the first round warms up
                 rounds[name].append(result)
     table = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in rounds.items()}
-    print(f"{args.frames} frames, {args.precision}, {torch.get_num_threads()} torch thread(s) here, {args.runs} runs (median)")
+    print(f"{args.frames} frames, {args.precision}, {args.runs} runs (median); threads: {split}")
     print(f"{'way':8} {'steady RTF':>10} {'RTF':>6} {'TTFA s':>7} {'frames s':>9} {'codec s':>8} {'CPU use':>8}")
     for name, t in table.items():
         print(

@@ -66,6 +66,16 @@ def bf16_tiny_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture
+def torch_threads():
+    """A setter of torch's thread count on this thread (``torch_threads(n)``), the count restored after the test."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_tts(tiny_checkpoint):
     """The tiny checkpoint loaded on the CPU at the default precision (int16 on the CPU)."""

@@ -50,15 +50,6 @@ def backend(checkpoint):
     b.close()
 
 
-@pytest.fixture
-def one_thread():
-    """Torch at one thread here, as in the codec process: the same float sums on both sides."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def codes(frames: int, seed: int = 0, rows: int | None = None) -> np.ndarray:
     shape = (10, frames) if rows is None else (rows, 10, frames)
     return np.random.default_rng(seed).integers(0, 1024, shape)
@@ -69,8 +60,9 @@ def test_default_follows_usable_cpus_and_device():
     assert not default_codec_process(torch.device("cuda"))
 
 
-def test_stream_and_batch_equal_the_in_process_decoder(backend, one_thread):
+def test_stream_and_batch_equal_the_in_process_decoder(backend, torch_threads):
     """A worker stream gives the in-process StreamingDecoder's samples for ragged pushes; decode_batch too."""
+    torch_threads(1)  # as the codec process on 2 CPUs: the same float sums on both sides
     assert backend.codec_process and backend.codec_worker is not None
     frames = codes(sum(SPLIT))
     worker, local = backend.codec_stream(), TorchCodecStream(backend.decoder, backend.threads.total)

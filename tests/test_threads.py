@@ -1,8 +1,10 @@
-"""CPU threads per kind of call (backends/torch/threads.py): prefills on all of torch's threads, frames on one
-fewer beside the codec process, set on whichever OS thread runs the call and restored after."""
+"""CPU threads per kind of call (backends/torch/threads.py): prefills on all of torch's threads; with the codec in
+a process of its own, half for it and the rest for frames; set on whichever OS thread runs the call and restored
+after."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 from audio8_coreai.backends.torch import TorchBackend
+from audio8_coreai.backends.torch.codec_worker import CodecWorker
 from audio8_coreai.backends.torch.threads import CallThreads, running_on
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
@@ -18,11 +21,34 @@ from audio8_coreai.engine.loop import generate
 
 
 @pytest.mark.parametrize(
-    "threads, codec_process, total, frame",
-    [(1, True, 1, 1), (2, True, 2, 1), (8, True, 8, 7), (2, False, 2, 2), (0, False, 1, 1)],
+    "threads, codec_process, codec_threads, expected",
+    [
+        (1, True, None, (1, 1, 1)),
+        (2, True, None, (2, 1, 1)),
+        (3, True, None, (3, 2, 1)),
+        (8, True, None, (8, 4, 4)),
+        (8, True, 1, (8, 7, 1)),
+        (2, True, 5, (2, 1, 5)),
+        (2, False, None, (2, 2, 0)),
+        (0, False, None, (1, 1, 0)),
+    ],
 )
-def test_frames_leave_the_codec_process_one_cpu(threads, codec_process, total, frame):
-    assert CallThreads.for_backend(threads, codec_process) == CallThreads(total, frame)
+def test_the_codec_process_takes_half_the_cpus_and_frames_the_rest(threads, codec_process, codec_threads, expected):
+    assert CallThreads.for_backend(threads, codec_process, codec_threads) == CallThreads(*expected)
+
+
+def test_the_codec_process_runs_on_its_threads(tiny_checkpoint):
+    """A child told 3 threads decodes on an OpenMP team of 3 (its OS threads: /proc/PID/task), one told 1 on one."""
+    checkpoint = load_checkpoint(tiny_checkpoint)
+    tasks = {}
+    for n in (1, 3):
+        worker = CodecWorker(checkpoint, 64, threads=n)
+        try:
+            worker.stream().push(np.random.default_rng(0).integers(0, 100, (10, 16)))
+            tasks[n] = len(os.listdir(f"/proc/{worker.pid}/task"))
+        finally:
+            worker.close()
+    assert tasks[3] >= 3 and tasks[1] < tasks[3], tasks
 
 
 def test_running_on_sets_and_restores_this_threads_count():
@@ -32,24 +58,17 @@ def test_running_on_sets_and_restores_this_threads_count():
     assert torch.get_num_threads() == before
 
 
-@pytest.fixture
-def three_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(3)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("codec_process, frame_threads", [(True, 2), (False, 3)])
 def test_a_worker_thread_runs_prefill_and_frames_at_the_backends_counts(
-    tiny_checkpoint, three_threads, codec_process, frame_threads
+    tiny_checkpoint, torch_threads, codec_process, frame_threads
 ):
     """Loaded at 3 torch threads; generate on a fresh OS thread (as a server worker) that asked for 1 itself:
     every prefill window runs on 3, every frame (frame 0's draw and the slow steps) on ``frame_threads``, and the
     worker's own count is 1 again after."""
+    torch_threads(3)
     backend = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="fp32", codec_process=codec_process)
     try:
-        assert backend.threads == CallThreads(3, frame_threads)
+        assert backend.threads == CallThreads(3, frame_threads, 1 if codec_process else 0)
         seen: dict[str, list[int]] = {"prefill": [], "sample": [], "forward": []}
         maths = backend.frame_maths
         for name in seen:
@@ -83,7 +102,8 @@ def test_a_worker_thread_runs_prefill_and_frames_at_the_backends_counts(
         backend.close()
 
 
-def test_batched_frames_run_at_the_frame_count(tiny_checkpoint, three_threads):
+def test_batched_frames_run_at_the_frame_count(tiny_checkpoint, torch_threads):
+    torch_threads(3)
     backend = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="fp32", codec_process=True)
     try:
         seen: list[int] = []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -256,3 +259,23 @@ def test_every_error_class_is_an_audio8_error_and_exported(tiny_checkpoint, tiny
         audio8_coreai.TTS.load(tiny_checkpoint, device="cpu", voices_dir=5)
     with pytest.raises(audio8_coreai.AudioError, match="must be a file path .*got ndarray"):
         tiny_tts.voice_from_clip(np.zeros(44100, np.float32), "Hello there.")
+
+
+@pytest.mark.parametrize("codec_process", [True, False])
+def test_loading_and_speaking_never_import_torch_dynamo(tiny_checkpoint, codec_process):
+    """Building the model on the meta device draws no random init (model/layers.py Embedding): torch's Python
+    reference of ``normal_`` would import ``torch._dynamo`` (seconds of every load) for values never used. A fresh
+    process loads, speaks, streams and encodes a clip without importing it."""
+    script = (
+        "import sys, numpy as np\n"
+        "from audio8_coreai import TTS\n"
+        f"tts = TTS.load(sys.argv[1], device='cpu', codec_process={codec_process})\n"
+        "tts.generate('Hello there.', seed=1, max_frames=3)\n"
+        "list(tts.stream('Hello again.', seed=1, max_frames=3))\n"
+        "tts.backend.encode(np.zeros(44100, dtype=np.float32))\n"
+        "tts.close()\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(tiny_checkpoint)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"

@@ -30,6 +30,7 @@ class Settings:
     prefix_cache: int = 8  # prompt heads whose KV state is kept, least recently used dropped first
     cuda_graphs_kept: int = 4  # captured CUDA graphs kept per batch size, one per set of sampling settings, LRU
     codec_process: bool | None = None  # the codec decoder in a process of its own; None: on a CPU with 2+ CPUs usable
+    codec_threads: int | None = None  # the codec process's torch threads; None: half the CPUs (>= 1), frames the rest
     codec_queue: int = 2  # codec chunks in flight beside the frame loop (decoding or waiting); the loop waits beyond
     cuda_graphs: bool | None = None  # frames replayed as CUDA graphs (one launch per frame); None: on when on CUDA
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)  # batched graphs: rows padded up to the next one

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import BlockShape, ModelConfig
-from .layers import Block, KVStep, RMSNorm, SpanKV, rope_rotation, rope_table
+from .layers import Block, Embedding, KVStep, RMSNorm, SpanKV, rope_rotation, rope_table
 
 
 def dualar_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -60,14 +60,16 @@ class SlowAR(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.codebook_embeddings = nn.Embedding(cfg.codebook_size * cfg.num_codebooks, cfg.dim)
+        self.embeddings = Embedding(cfg.vocab_size, cfg.dim)
+        self.codebook_embeddings = Embedding(cfg.codebook_size * cfg.num_codebooks, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg.slow_block) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.num_semantic + 1, bias=False)
         self.register_buffer("rope", rope_table(cfg.max_seq_len, cfg.head_dim, cfg.rope_base), persistent=False)
         self.register_buffer(
-            "codebook_offsets", torch.arange(cfg.num_codebooks, dtype=torch.long) * cfg.codebook_size, persistent=False
+            "codebook_offsets",
+            torch.arange(cfg.num_codebooks, dtype=torch.long, device="cpu") * cfg.codebook_size,  # CPU as rope_table
+            persistent=False,
         )
 
     def embed(self, codes: Tensor) -> Tensor:
@@ -122,7 +124,7 @@ class FastAR(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.fast_embeddings = nn.Embedding(cfg.codebook_size, cfg.fast_dim)
+        self.fast_embeddings = Embedding(cfg.codebook_size, cfg.fast_dim)
         self.fast_layers = nn.ModuleList(Block(cfg.fast_block) for _ in range(cfg.n_fast_layer))
         self.fast_norm = RMSNorm(cfg.fast_dim, cfg.norm_eps)
         self.fast_output = nn.Linear(cfg.fast_dim, cfg.codebook_size, bias=False)

@@ -43,6 +43,15 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+class Embedding(nn.Embedding):
+    """:class:`torch.nn.Embedding` without a random init: its rows always come from a checkpoint (the DualAR's
+    tables, the codec's codebooks). Drawing them on the meta device would run torch's Python reference
+    of ``normal_``, whose first call imports ``torch._dynamo`` (seconds), for values that are never used."""
+
+    def reset_parameters(self) -> None:
+        """Nothing to draw (see the class)."""
+
+
 def rope_table(length: int, head_dim: int, base: float) -> Tensor:
     """RoPE (cos, sin) table float32 [length, head_dim // 2, 2], values rounded to bf16.
 

@@ -113,8 +113,8 @@ class TorchBackend(Backend):
     backend is dropped).
 
     ``threads`` (:class:`.threads.CallThreads`): prefills and this process's codec run on torch's thread count where
-    the backend was loaded (``torch.set_num_threads``, ``OMP_NUM_THREADS``), frames on one fewer with the codec
-    process on; set on whichever OS thread makes the call.
+    the backend was loaded (``torch.set_num_threads``, ``OMP_NUM_THREADS``); with the codec process on, it takes
+    ``DEFAULTS.codec_threads`` of them (None: half) and frames the rest; set on whichever OS thread makes the call.
     """
 
     name = "torch"
@@ -156,11 +156,13 @@ class TorchBackend(Backend):
         if codec_dtype is not None:  # opt-in: bf16 on CPU is about 1.5x faster and not exact (max |diff| ~5e-2)
             self.codec_dtype = resolve_dtype(codec_dtype)
         self.codec_process = default_codec_process(self.device) if codec_process is None else bool(codec_process)
-        self.threads = CallThreads.for_backend(torch.get_num_threads(), self.codec_process)
+        self.threads = CallThreads.for_backend(torch.get_num_threads(), self.codec_process, DEFAULTS.codec_threads)
         # Started first, so the child builds its decoder while the model loads here. Sized for the longest utterance
         # the context allows, as the in-process decoder.
         self.codec_worker = (
-            CodecWorker(checkpoint, self.cfg.max_seq_len, self.codec_dtype) if self.codec_process else None
+            CodecWorker(checkpoint, self.cfg.max_seq_len, self.codec_dtype, self.threads.codec)
+            if self.codec_process
+            else None
         )
         state = checkpoint.model_state_dict()
         # A quantized precision builds in the stored dtype (bf16 in the release: quantizing from it is exact and no

@@ -3,7 +3,7 @@
 On a CPU the frame loop (one thread of many small eager ops, holding the GIL) and the codec do not overlap as
 two threads of one process; as two processes they do (README, Speed). :class:`CodecWorker` runs the exact fp32
 incremental decoder (:class:`...model.codec.StreamingDecoder` over :class:`...model.codec.CodecDecoder`, built
-from the checkpoint's codec file, mapped) in a child process on one torch thread, serving several utterance
+from the checkpoint's codec file, mapped) in a child process on its share of the CPUs, serving several utterance
 streams by id. Codes go in pickled (a few hundred bytes); audio comes back as raw float32 bytes
 (``Connection.send_bytes``: a 16-frame chunk is 128 KiB, well under a millisecond through the pipe against the
 ~0.7 s of its decode, so shared memory would save nothing worth its cleanup).
@@ -40,7 +40,6 @@ import numpy as np
 import torch
 
 from ...checkpoint import Checkpoint
-from ...config import CodecConfig
 from ...errors import BackendError
 from ...model.codec import CodecDecoder, StreamingDecoder
 from .memory import release_mapped_pages
@@ -76,12 +75,14 @@ def build_decoder(checkpoint: Checkpoint, max_frames: int, dtype: torch.dtype) -
 
 
 def _serve(conn: Connection) -> None:
-    """A child: take (checkpoint, max_frames, dtype), build the decoder, say READY and its pid, then answer
+    """A child: take (checkpoint, max_frames, dtype, threads), build the decoder on ``threads`` torch threads, say
+    READY and its pid, then answer
     ``("push", id, codes int [B, C, n])`` with the float32 audio [B, n * frame_length] of that stream's next frames
     and forget a stream on ``("end", id, None)``; return when the parent's end of the pipe closes."""
-    torch.set_num_threads(1)
     try:
-        decoder = build_decoder(*conn.recv())
+        checkpoint, max_frames, dtype, threads = conn.recv()
+        torch.set_num_threads(threads)
+        decoder = build_decoder(checkpoint, max_frames, dtype)
         conn.send_bytes(READY + str(os.getpid()).encode())
         streams: dict[int, StreamingDecoder] = {}
         while True:
@@ -107,8 +108,6 @@ def fork_server(fd: int) -> None:
     (SIGCHLD ignored)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    with torch.device("meta"):  # torch's one-time cost of a first build (seconds), paid here once, not per child
-        CodecDecoder(CodecConfig(), max_frames=1)
     with socket.socket(fileno=fd) as sock:
         while True:
             try:
@@ -194,7 +193,8 @@ def _stop(conn: Connection, pid: list[int | None], wait_s: float) -> None:
 class CodecWorker:
     """The parent's handle on one codec child process (see the module): ``stream()`` -> a :class:`WorkerStream`.
 
-    ``checkpoint``'s codec is decoded in ``dtype`` (fp32: exact), each stream at most ``max_frames`` frames long.
+    ``checkpoint``'s codec is decoded in ``dtype`` (fp32: exact) on ``threads`` torch threads, each stream at most
+    ``max_frames`` frames long.
     The child starts here and builds its decoder while the caller goes on (the first worker of a process also
     starts the fork server: about the time torch takes to import); :meth:`wait_ready` waits for it. Calls from
     several threads are serialized (one request in flight). A child that dies fails the call waiting on it with
@@ -202,8 +202,8 @@ class CodecWorker:
     finalizer, without waiting); a closed worker raises BackendError.
     """
 
-    def __init__(self, checkpoint: Checkpoint, max_frames: int, dtype: torch.dtype = torch.float32):
-        self._args = (checkpoint, max_frames, dtype)
+    def __init__(self, checkpoint: Checkpoint, max_frames: int, dtype: torch.dtype = torch.float32, threads: int = 1):
+        self._args = (checkpoint, max_frames, dtype, threads)
         self.frame_length = checkpoint.codec_config.frame_length
         self._lock = threading.Lock()
         self._ids = itertools.count()

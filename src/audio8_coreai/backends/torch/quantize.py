@@ -4,6 +4,8 @@ its copy is made), embedding tables kept in their stored dtype and read in place
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -30,26 +32,34 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
     fp32: unchanged. fp16w: Fp16Linear for ``wqkv``/``wo`` and Fp16FeedForward (float16 weights, fp32
     compute). int8 / int4: NBitsLinear for ``wqkv``/``wo`` and NBitsFeedForward for the feed-forward (int8
     compute). int16: the same with two int8 pieces for weights and inputs (16-bit fixed point per block); int12:
-    the weight's residual in 4 bits. After each block, the pages of the weights it replaced are handed back
-    (:func:`.memory.release_mapped_pages`), so converting from a mapped checkpoint holds one block's stored
-    weights at a time beside the converted ones. Raises QuantError.
+    the weight's residual in 4 bits. ``threads`` blocks are converted at a time, one per thread (FBGEMM's prepack
+    and ONNX Runtime's session builds run without the GIL); after each such group the pages of the weights it
+    replaced are handed back (:func:`.memory.release_mapped_pages`), so converting from a mapped checkpoint holds
+    ``threads`` blocks' stored weights at a time beside the converted ones. Raises QuantError.
     """
     if kind not in KINDS:
         raise QuantError(f"unknown weight kind {kind!r}: use one of {', '.join(KINDS)}")
     if kind == "fp32":
         return
-    for blk in blocks:
+    fmt = None if kind == "fp16w" else nbits(kind, block)
+
+    def convert(blk) -> list[Tensor]:
         att, ff = blk.attention, blk.feed_forward
         replaced = [att.wqkv.weight, att.wo.weight, ff.w1.weight, ff.w2.weight, ff.w3.weight]
-        if kind == "fp16w":
+        if fmt is None:
             att.wqkv, att.wo, blk.feed_forward = Fp16Linear(att.wqkv), Fp16Linear(att.wo), Fp16FeedForward(ff)
         else:
-            fmt = nbits(kind, block)
             att.wqkv = NBitsLinear(att.wqkv, fmt, threads)
             att.wo = NBitsLinear(att.wo, fmt, threads)
             blk.feed_forward = NBitsFeedForward(ff, fmt, threads)
-        release_mapped_pages(replaced)
-        release_freed_memory()
+        return replaced
+
+    group = max(1, threads)
+    with ThreadPoolExecutor(group, thread_name_prefix="audio8-convert") as pool:
+        for start in range(0, len(blocks), group):
+            replaced = [w for ws in pool.map(convert, blocks[start : start + group]) for w in ws]
+            release_mapped_pages(replaced)
+            release_freed_memory()
 
 
 def quantize_linear(linear: nn.Linear, kind: str, block: int = DEFAULT_BLOCK, threads: int = 1) -> nn.Module:

@@ -1,5 +1,5 @@
-"""How many CPU threads a torch backend's calls run on: all of them for a prefill, one fewer for frames while the
-codec has a process of its own.
+"""How many CPU threads a torch backend's calls run on: all of them for a prefill; with the codec in a process of
+its own, the CPUs split between its decodes and the frames.
 
 torch's intra-op thread count is per OS thread (OpenMP's setting): ``torch.set_num_threads`` on the main thread
 does not reach a server's worker threads, which start at OpenMP's default. So each call sets the count on the
@@ -20,23 +20,29 @@ import torch
 @dataclass(frozen=True)
 class CallThreads:
     """Intra-op threads per kind of call: ``total`` for prefills and this process's codec and encoder calls,
-    ``frame`` for frames.
+    ``frame`` for frames, ``codec`` in the codec process (0: none).
 
-    The codec process decodes on one CPU beside the frames (:mod:`.codec_worker`), so frames leave it one: a
-    frame on every CPU beside a busy codec is slower than on one fewer (the memory-bound frame gains little from
-    the last thread, and OpenMP's workers wait on the one the codec took). A prefill runs while the codec of its
-    utterance has nothing to decode yet (compute-bound: it uses them all).
+    The codec process decodes beside the frames (:mod:`.codec_worker`), so the CPUs are split: the codec takes
+    half (at least one), the frames the rest. A frame on every CPU beside a busy codec is slower than on its share
+    (OpenMP's team waits on the thread the codec took), and a codec on one CPU beside frames on many becomes the
+    slower side of the pipeline (a decode is compute-bound and scales with threads; a frame reads its weights and
+    gains less). A prefill runs while the codec of its utterance has nothing to decode yet: it uses them all.
     """
 
     total: int
     frame: int
+    codec: int
 
     @classmethod
-    def for_backend(cls, threads: int, codec_process: bool) -> CallThreads:
-        """The counts for a backend given ``threads`` (>= 1, torch's count where it was loaded) and whether its
-        codec runs in a process of its own."""
+    def for_backend(cls, threads: int, codec_process: bool, codec_threads: int | None = None) -> CallThreads:
+        """The counts for a backend given ``threads`` (torch's count where it was loaded; at least 1 is used),
+        whether its codec runs in a process of its own, and that process's ``codec_threads`` (None: half of
+        ``threads``, at least 1)."""
         threads = max(1, int(threads))
-        return cls(threads, max(1, threads - 1) if codec_process else threads)
+        if not codec_process:
+            return cls(threads, threads, 0)
+        codec = max(1, threads // 2 if codec_threads is None else int(codec_threads))
+        return cls(threads, max(1, threads - codec), codec)
 
 
 @contextmanager

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...config import CodecConfig
+from ..layers import Embedding
 from .layers import resample_stack
 from .transformer import quantizer_transformer
 
@@ -20,7 +21,7 @@ class _VectorQuantizer(nn.Module):
         if with_in_proj:
             self.in_proj = nn.Conv1d(latent, dim, 1)
         self.out_proj = nn.Conv1d(dim, latent, 1)
-        self.codebook = nn.Embedding(size, dim)
+        self.codebook = Embedding(size, dim)
 
     def decode(self, codes: Tensor) -> Tensor:
         """codes int ``[B, T]`` (in range) -> ``[B, latent, T]``: the codebook rows projected back."""
