@@ -121,9 +121,10 @@ def test_batched_frames_run_at_the_frame_count(tiny_checkpoint, torch_threads):
         backend.close()
 
 
-def test_the_codec_in_this_process_runs_at_the_backends_count(tiny_checkpoint, three_threads):
+def test_the_codec_in_this_process_runs_at_the_backends_count(tiny_checkpoint, torch_threads):
     """Without the codec process a stream's codec pushes run on the caller's OS thread: at the backend's 3
     threads whatever the caller set (1 or 3), its own count back after, and the same samples either way."""
+    torch_threads(3)
     backend = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="fp32", codec_process=False)
     seen: list[int] = []
     for module in backend.decoder.modules():  # the layers the streaming decoder calls
