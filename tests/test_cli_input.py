@@ -259,3 +259,17 @@ def test_voice_mistakes_are_one_clear_line(case, args, needle, tmp_path):
 def test_short_help_flag(args, needle):
     result = run(*args)
     assert result.exit_code == 0 and needle in result.output
+
+
+def test_more_workers_than_memory_holds_is_refused_after_one_load(tiny_checkpoint):
+    """serve --workers N loads one instance, then refuses N of them when N x its checkpoint's bytes are more than
+    the machine's memory (naming how many fit and --batch), instead of loading until the OOM killer comes."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = run("serve", "--model", tiny_checkpoint, "--port", port, "--workers", 10**9)
+    assert result.exit_code == 2, result.output
+    assert "--workers 1000000000" in result.output and "lower --workers (at most" in result.output
+    assert "--batch N" in result.output

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,6 +23,9 @@ from .app import (
     err,
     friendly,
 )
+
+if TYPE_CHECKING:
+    from ..tts import TTS
 
 
 @app.command()
@@ -156,9 +159,17 @@ def serve(
         cuda_graphs=cuda_graphs,
         codec_process=codec_process,
     )
-    instances = 1 if batch else workers
-    with err.status(f"loading {instances} model instance(s)..."):
-        instances = loaded = [TTS.load(model, **load_options) for _ in range(instances)]
+    count = 1 if batch else workers
+    with err.status(f"loading {count} model instance(s)..."):
+        loaded = [TTS.load(model, **load_options)]
+        try:
+            check_instances_fit(loaded[0], count)
+            loaded += [TTS.load(model, **load_options) for _ in range(count - 1)]
+        except BaseException:
+            for tts in loaded:
+                tts.close()
+            raise
+    instances = loaded
     if batch:
         _, instances = instances[0].batched(batch)
     try:
@@ -166,6 +177,27 @@ def serve(
     finally:  # uvicorn returns on Ctrl-C or SIGTERM: end the codec processes with the server
         for tts in loaded:
             tts.close()
+
+
+def check_instances_fit(tts: TTS, count: int) -> None:
+    """ConfigError (``--workers``) when ``count`` instances of ``tts``'s model, each holding about its checkpoint
+    files' bytes, are more than the memory of its device (a CUDA device's, else this machine's), before they load."""
+    import torch
+
+    from ..backends.torch import TorchBackend
+    from ..backends.torch.memory import device_memory_bytes
+
+    ckpt = tts.checkpoint
+    each = ckpt.model_file.stat().st_size + ckpt.codec_file.stat().st_size
+    device = tts.backend.device if isinstance(tts.backend, TorchBackend) else torch.device("cpu")
+    have = device_memory_bytes(device)
+    if have is not None and count * each > have:
+        gb = 2**30
+        raise ConfigError(
+            f"--workers {count}: {count} model instances need about {count * each / gb:.1f} GB ({each / gb:.2f} GB "
+            f"each), more than the {have / gb:.1f} GB of {device.type} memory: lower --workers (at most "
+            f"{max(1, have // each)}), or serve many requests from one model with --batch N"
+        )
 
 
 def _serve_on_ray(
