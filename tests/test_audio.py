@@ -198,3 +198,27 @@ def test_a_failed_write_is_an_audio_error_that_names_a_full_disk(tmp_path, monke
     with pytest.raises(AudioError, match=r"cannot write .*keep\.wav: \[Errno 2\]"):
         write_audio(out, np.zeros(100, np.float32), 44100)
     assert out.read_bytes() == b"old"
+
+
+def test_a_file_system_without_a_size_is_not_called_full(tmp_path, monkeypatch):
+    """A folder whose file system reports no size at all (a pseudo file system such as /proc: total 0, free 0)
+    that refuses the file: the error names the user's file, not a full disk; a write opened for streaming names
+    the user's file too, not the hidden partial one."""
+    import shutil
+    from collections import namedtuple
+
+    from audio8_coreai.audio import open_audio_writer
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(0, 0, 0))
+
+    def refused(*args, **kwargs):
+        raise sf.LibsndfileError(0, "System error.")
+
+    monkeypatch.setattr(sf, "SoundFile", refused)
+    out = tmp_path / "speech.wav"
+    with pytest.raises(AudioError) as caught:
+        with open_audio_writer(out, 44100):
+            pass
+    message = str(caught.value)
+    assert message.startswith(f"cannot write {out}:") and "full" not in message

@@ -53,7 +53,8 @@ def write_audio(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
 def _write_error(path: Path, folder: Path, e: BaseException) -> AudioError:
     """AudioError for a failed write of ``path``; libsndfile says only 'System error.' when the disk is full."""
     try:
-        full = shutil.disk_usage(folder).free < 1 << 20
+        usage = shutil.disk_usage(folder)
+        full = usage.total > 0 and usage.free < 1 << 20  # a pseudo file system (/proc) has no size at all
     except OSError:
         full = False
     return AudioError(
@@ -99,7 +100,7 @@ def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[sf.SoundFi
     try:
         f = sf.SoundFile(str(partial), "w", sample_rate, 1, subtype, format=fmt)
     except (OSError, sf.LibsndfileError) as e:
-        raise _write_error(partial, folder, e) from e
+        raise _write_error(path, folder, e) from e  # the user's file name, not the hidden partial one
     try:
         with f:
             yield _ChunkWriter(f, partial, folder)
