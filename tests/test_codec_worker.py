@@ -60,12 +60,12 @@ def test_default_follows_usable_cpus_and_device():
     assert not default_codec_process(torch.device("cuda"))
 
 
-def test_stream_and_batch_equal_the_in_process_decoder(backend, torch_threads):
-    """A worker stream gives the in-process StreamingDecoder's samples for ragged pushes; decode_batch too."""
-    torch_threads(1)  # as the codec process on 2 CPUs: the same float sums on both sides
+def test_stream_and_batch_equal_the_in_process_decoder(backend):
+    """A worker stream gives the in-process StreamingDecoder's samples for ragged pushes; decode_batch too. The
+    in-process streams run on the codec process's thread count: the same float sums on both sides."""
     assert backend.codec_process and backend.codec_worker is not None
     frames = codes(sum(SPLIT))
-    worker, local = backend.codec_stream(), TorchCodecStream(backend.decoder, backend.threads.total)
+    worker, local = backend.codec_stream(), TorchCodecStream(backend.decoder, backend.threads.codec)
     start = 0
     for n in SPLIT:
         a, b = worker.push(frames[:, start : start + n]), local.push(frames[:, start : start + n])
@@ -74,7 +74,7 @@ def test_stream_and_batch_equal_the_in_process_decoder(backend, torch_threads):
         start += n
     batch = [codes(40, 1), codes(7, 2), codes(0, 3)]
     ours = backend.decode_batch(batch)
-    n = backend.threads.total
+    n = backend.threads.codec
     theirs = [TorchCodecStream(backend.decoder, n).push(c) if c.shape[1] else np.zeros(0, np.float32) for c in batch]
     assert [len(a) for a in ours] == [40 * 2048, 7 * 2048, 0]
     assert max(float(np.abs(a - b).max()) for a, b in zip(ours[:2], theirs[:2])) <= EXACT
