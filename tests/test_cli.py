@@ -120,6 +120,7 @@ def test_frame_cap_warning_says_when_the_context_is_full(never_eos_checkpoint, t
     result = run("say", "Hi.", "-o", tmp_path / "cap.wav", *model, "--max-frames", 3)
     said = " ".join(result.output.split())
     assert "stopped at the frame cap (3 frames)" in said and "raise --max-frames" in said
+    assert result.output.startswith("warning:")  # off a terminal, no blank line where the progress bar was
 
 
 def test_a_long_list_of_capped_pieces_is_cut_short(never_eos_checkpoint, tmp_path):

@@ -129,7 +129,13 @@ def say(
     with err.status("loading the model..."):
         tts = TTS.load(model, **load_options)
     progress = Progress(
-        TextColumn("frames"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True
+        TextColumn("frames"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,  # off a terminal rich would leave a blank line where the bar was
     )
     spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
     chosen = req.voice if ref_audio is None else tts.voice_from_clip(ref_audio, req.ref_text)  # encoded once

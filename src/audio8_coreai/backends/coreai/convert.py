@@ -41,13 +41,15 @@ class _Steps:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+            console = Console(stderr=True)
             self._progress = Progress(
                 TextColumn("{task.description:<32}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                console=Console(stderr=True),
+                console=console,
                 transient=True,
+                disable=not console.is_terminal,  # off a terminal rich would leave a blank line
             )
             self._task = self._progress.add_task("converting", total=total)
 
