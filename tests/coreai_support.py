@@ -1,8 +1,18 @@
-"""Helpers shared by the Core AI test files (test_coreai_*.py): the child-process conversions behind the
-``child_conversions`` fixture (conftest.py), the spoken text and the output reader."""
+"""Helpers shared by the Core AI test files (test_coreai_*.py): why they skip without Core AI, the
+child-process conversions behind the ``child_conversions`` fixture (conftest.py), the spoken text and the output
+reader.
+
+Core AI assets on Linux: converted from the tiny oracle checkpoint and run by the coreai.runtime CPU interpreter.
+Conversions run once per session: fp32 with every part in this process; in a child process alongside, fp16
+with the DualAR and the decoder, int8-fp16 with the DualAR and the encoder (its decoder recipe is fp16's), and a
+greedy fp32 DualAR (``audio8 convert --greedy``). The buckets and contexts are small so the interpreter stays
+quick: context 128 (fp32) / 96 (fp16, int8-fp16) / 64 (greedy), decoder pushes of 16 (and the opt-in 1-frame
+``first``) / 8 frames, encoder 16 frames.
+"""
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +22,15 @@ import pytest
 from audio8_coreai.config import SamplingParams
 
 TEXT = "Hello there."  # 76 prompt columns with the tiny byte-level tokenizer: 52 frames fit a context of 128
+
+
+def coreai_missing() -> str:
+    """Why the Core AI tests skip when ``coreai.runtime`` does not import (``pytest.importorskip``'s reason):
+    coreai-core publishes wheels for macOS and Linux x86_64, where .ci/run installs the coreai extra (so the tests
+    run there)."""
+    if sys.platform == "darwin" or (sys.platform == "linux" and platform.machine() == "x86_64"):
+        return "the coreai extra is not installed (pip install -e '.[coreai]')"
+    return "coreai-core has no wheel for this platform"
 
 
 class _ChildConversions:

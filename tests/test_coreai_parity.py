@@ -1,12 +1,7 @@
 """Core AI assets against the oracle recordings: fp32 exactly, fp16 and int8-fp16 agreement floors.
 
-Core AI assets on Linux: converted from the tiny oracle checkpoint and run by the coreai.runtime CPU interpreter.
-
-Conversions run once per session: fp32 with every part in this process; in a child process alongside, fp16
-with the DualAR and the decoder, int8-fp16 with the DualAR and the encoder (its decoder recipe is fp16's), and a
-greedy fp32 DualAR (``audio8 convert --greedy``). The buckets and contexts are small so the interpreter stays
-quick: context 128 (fp32) / 96 (fp16, int8-fp16) / 64 (greedy), decoder pushes of 16 (and the opt-in 1-frame
-``first``) / 8 frames, encoder 16 frames. The fixtures are in conftest.py, the shared helpers in coreai_support.py.
+The assets (converted from the tiny oracle checkpoint, run by the coreai.runtime CPU interpreter) and how they
+are made: coreai_support.py; the fixtures: conftest.py.
 """
 
 from __future__ import annotations
@@ -14,27 +9,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import platform
 import shutil
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-# coreai-core publishes wheels for macOS and Linux x86_64, where .ci/run installs the coreai extra (so the tests
-# run there); without the extra, or elsewhere, they skip.
-if sys.platform == "darwin" or (sys.platform == "linux" and platform.machine() == "x86_64"):
-    pytest.importorskip("coreai.runtime", reason="the coreai extra is not installed (pip install -e '.[coreai]')")
-else:
-    pytest.importorskip("coreai.runtime", reason="coreai-core has no wheel for this platform")
+from coreai_support import TEXT, _params, coreai_missing
+
+pytest.importorskip("coreai.runtime", reason=coreai_missing())
 
 from audio8_coreai.backends.coreai import CoreAIBackend, read_manifest
 from audio8_coreai.engine.loop import generate
 from audio8_coreai.measure.oracle import load_fixture
 from audio8_coreai.measure.parity import replay_codec, replay_encoder, replay_forced, replay_single
 from cli_support import run as _run
-from coreai_support import TEXT, _params
 
 
 def _parity_report(oracle_dir, assets) -> dict:

@@ -8,15 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
-from audio8_coreai.cli import app
 from audio8_coreai.errors import GateError
 from audio8_coreai.measure.gate import DEFAULT_FIXTURES, miss_margins, run_gate
 from audio8_coreai.measure.oracle import _params, load_fixture
 from audio8_coreai.measure.parity import replay_forced
+from cli_support import run
 from clips import needs_espeak
 
 
@@ -44,23 +43,15 @@ def test_misses_carry_the_reference_margin(oracle_dir, fixture):
     assert all(0.0 <= m["margin"] < 0.2 and m["want"] != m["got"] for m in misses)
 
 
+def gate_oracle(oracle_dir: Path, *args):
+    """``audio8 gate --model ORACLE --against ORACLE/fixture.npz ARGS`` through the shared CLI runner."""
+    return run("gate", "--model", oracle_dir, "--against", oracle_dir / "fixture.npz", *args)
+
+
 def test_gate_against_the_oracle_cli(oracle_dir, tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "report"
-    result = CliRunner().invoke(
-        app,
-        [
-            "gate",
-            "--model",
-            str(oracle_dir),
-            "--against",
-            str(oracle_dir / "fixture.npz"),
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-        ],
-    )
+    result = gate_oracle(oracle_dir, "--device", "cpu", "--out", out)
     assert result.exit_code == 0, result.output
     assert "gate PASS" in result.output
     report = json.loads((out / "report.json").read_text())
@@ -169,24 +160,10 @@ def test_gate_with_a_plugged_recognizer(tiny_checkpoint, tmp_path, monkeypatch):
             ]
         )
     )
-    result = CliRunner().invoke(
-        app,
-        [
-            "gate",
-            "--model",
-            str(tiny_checkpoint),
-            "--fixtures",
-            str(fixtures),
-            "--max-frames",
-            "4",
-            "--device",
-            "cpu",
-            "--out",
-            "report",
-            "--recognizer",
-            "audio8_fake_asr:hear",
-        ],
-    )
+    result = run(
+        "gate", "--model", tiny_checkpoint, "--fixtures", fixtures, "--max-frames", 4, "--device", "cpu",
+        "--out", "report", "--recognizer", "audio8_fake_asr:hear",
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     import audio8_fake_asr
 
@@ -226,26 +203,10 @@ def test_load_recognizer(tmp_path, monkeypatch):
 def test_gate_cli_bad_input(oracle_dir, tmp_path):
     """One clear line each (rich wraps it at the terminal width: the checks join the wrapped lines)."""
     pytest.importorskip("matplotlib")  # checked first: a missing extra is reported before anything else
-    runner = CliRunner()
-    result = runner.invoke(
-        app, ["gate", "--model", str(oracle_dir), "--against", str(tmp_path / "nope.npz"), "--out", str(tmp_path / "r")]
-    )
+    result = run("gate", "--model", oracle_dir, "--against", tmp_path / "nope.npz", "--out", tmp_path / "r")
     assert result.exit_code == 2 and "must be fp32 or an oracle fixture.npz" in " ".join(result.output.split())
-    result = runner.invoke(
-        app,
-        [
-            "gate",
-            "--model",
-            str(oracle_dir),
-            "--against",
-            str(oracle_dir / "fixture.npz"),
-            "--fixtures",
-            str(DEFAULT_FIXTURES),
-            "--out",
-            str(tmp_path / "r"),
-        ],
-    )
+    result = gate_oracle(oracle_dir, "--fixtures", DEFAULT_FIXTURES, "--out", tmp_path / "r")
     assert result.exit_code == 2 and "fixtures apply to --against fp32" in " ".join(result.output.split())
     (tmp_path / "file").write_text("x")
-    result = runner.invoke(app, ["gate", "--model", str(oracle_dir), "--out", str(tmp_path / "file")])
+    result = run("gate", "--model", oracle_dir, "--out", tmp_path / "file")
     assert result.exit_code == 2 and "is a file" in " ".join(result.output.split())

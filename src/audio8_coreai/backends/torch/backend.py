@@ -342,8 +342,7 @@ class TorchBackend(Backend):
             batch[i, :, : c.shape[1]] = c
         push = self.codec_stream().push_rows
         starts = range(0, longest, DECODE_CHUNK_FRAMES)
-        with running_on(self.threads.total):  # the codec in this process (the codec process runs one)
-            wav = np.concatenate([push(batch[..., start : start + DECODE_CHUNK_FRAMES]) for start in starts], axis=-1)
+        wav = np.concatenate([push(batch[..., start : start + DECODE_CHUNK_FRAMES]) for start in starts], axis=-1)
         return [wav[i, : c.shape[1] * hop] for i, c in enumerate(codes)]
 
     def codec_stream(self) -> TorchCodecStream | FiniteStream:
