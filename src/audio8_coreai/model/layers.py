@@ -70,7 +70,10 @@ def rope_rotation(table: Tensor) -> tuple[Tensor, Tensor]:
     (-sin, sin), each fp32 [B or 1, 1, S, D/2, 2] (the 1 broadcasts over heads). Made once per forward pass and
     shared by every layer."""
     t = table.unsqueeze(1)
-    return t[..., :1].expand(t.shape), t[..., 1:] * torch.tensor([-1.0, 1.0], device=t.device)
+    sin = t[..., 1:]
+    # (-sin, sin) by a negation, not a product with a constant tensor: a tensor made from Python values inside the
+    # frame is a host-to-device copy, which a CUDA graph capture refuses (tests/test_capture_safety.py)
+    return t[..., :1].expand(t.shape), torch.cat([-sin, sin], dim=-1)
 
 
 def rotate(x: Tensor, rotation: tuple[Tensor, Tensor]) -> Tensor:

@@ -191,10 +191,10 @@ class GraphedRows:
         _copy_into(static, inputs, n)
         _copy_into(static_rows, rows, n)
         if n < size:  # padding: the scratch row at the last slot, drawn from nothing kept
-            static_rows.rows[n:] = self.scratch
-            static_rows.first[n:] = False
-            static.pos[n:] = self.last_slot
-            static.use_forced[n:] = 0.0
+            static_rows.rows[n:].fill_(self.scratch)
+            static_rows.first[n:].fill_(False)
+            static.pos[n:].fill_(self.last_slot)
+            static.use_forced[n:].fill_(0.0)
 
         def run() -> FrameOutputs:
             return self.frame.rows(params, static, static_rows, self.k_cache, self.v_cache)

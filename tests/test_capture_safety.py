@@ -1,0 +1,135 @@
+"""The graph-mode frame holds nothing a CUDA graph capture refuses, proved on the CPU.
+
+A capture records kernels; it refuses a host tensor made inside the captured region (``lift_fresh``: a
+``torch.tensor(...)`` of Python values, copied to the device) and any op that reads a device value on the host
+or whose output size depends on values (a sync: ``item``, ``nonzero``, boolean indexing...). The CPU tests run
+the same graph-mode frame uncaptured, so they cannot see either: here it runs under a dispatch mode that fails on
+every such op, batch 1 (:class:`GraphedFrame`) and batched rows (:class:`GraphedRows`), fp32 and bf16, sampled
+and greedy, with and without teacher forcing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from audio8_coreai.backends.torch import TorchBackend
+from audio8_coreai.backends.torch.cudagraphs import GraphedFrame, GraphedRows
+from audio8_coreai.checkpoint import load_checkpoint
+from audio8_coreai.config import SamplingParams
+from audio8_coreai.model.frame import FrameInputs, RowsInputs
+from audio8_coreai.model.layers import rope_rotation
+
+aten = torch.ops.aten
+
+# What a CUDA graph capture refuses: a host tensor lifted onto the device, a device value read on the host, an
+# output whose size depends on values.
+REFUSED = {
+    aten.lift_fresh,
+    aten.lift_fresh_copy,
+    aten._local_scalar_dense,
+    aten.item,
+    aten.is_nonzero,
+    aten.equal,
+    aten.nonzero,
+    aten.nonzero_static,
+    aten.masked_select,
+    aten._assert_async,
+    aten.unique_dim,
+    aten._unique2,
+}
+INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
+
+
+class RefuseUncapturable(TorchDispatchMode):
+    """Raises AssertionError on every op a CUDA graph capture refuses (see :data:`REFUSED`), and on indexing by a
+    boolean tensor (a hidden ``nonzero``); ``ops`` counts the ops seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        if func.overloadpacket in REFUSED:
+            raise AssertionError(f"{func} inside the captured frame: a CUDA graph capture refuses it")
+        if func.overloadpacket in INDEXING:
+            indices = args[1] if len(args) > 1 else ()
+            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ()):
+                raise AssertionError(f"{func} by a boolean mask inside the captured frame (a hidden nonzero)")
+        return func(*args, **(kwargs or {}))
+
+
+SETTINGS = {"sampled": SamplingParams(temperature=0.7, top_k=20, top_p=0.8), "greedy": SamplingParams(do_sample=False)}
+
+
+def test_the_mode_refuses_what_a_capture_refuses():
+    """The detector fails on the ops it exists for (a test that cannot fail is a defect): the old RoPE sign
+    factor, a host read, boolean indexing, and passes the frame's own kinds of op."""
+    x = torch.rand(2, 3)
+    for bad in (
+        lambda: x * torch.tensor([-1.0, 1.0, 1.0]),
+        lambda: x.sum().item(),
+        lambda: bool((x > 0).all()),
+        lambda: x[x > 0.5],
+        lambda: torch.nonzero(x),
+    ):
+        with pytest.raises(AssertionError, match="capture refuses|hidden nonzero"), RefuseUncapturable():
+            bad()
+    with RefuseUncapturable() as mode:
+        cos, sin = rope_rotation(torch.rand(1, 3, 4, 2))
+        torch.topk(x, 2).indices.gather(-1, torch.zeros(2, 1, dtype=torch.long))
+    assert cos.shape == sin.shape == (1, 1, 3, 4, 2) and mode.ops > 3
+
+
+def _inputs(cfg, batch: int, pos: torch.Tensor, forced: bool) -> FrameInputs:
+    """Inputs for ``batch`` utterances at ``pos``, made outside the mode (as the runners copy them in)."""
+    gen = torch.Generator().manual_seed(0)
+    c = cfg.num_codebooks
+    return FrameInputs(
+        noise_slow=torch.rand(batch, 2, cfg.num_semantic + 1, generator=gen).clamp(min=1e-6),
+        window=torch.full((batch, cfg.ras_window_size), cfg.semantic_begin_id, dtype=torch.long),
+        noise_fast=torch.rand(batch, c - 1, cfg.codebook_size, generator=gen).clamp(min=1e-6),
+        forced=torch.ones(batch, 1 + c, dtype=torch.long),
+        use_forced=torch.full((batch,), float(forced)),
+        column=torch.ones(batch, 1 + c, 1, dtype=torch.long),
+        pos=pos,
+    )
+
+
+@pytest.fixture(scope="module", params=["fp32", "bf16"])
+def backend(request, oracle_dir) -> TorchBackend:
+    return TorchBackend(load_checkpoint(oracle_dir), "cpu", request.param, codec_process=False)
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+@pytest.mark.parametrize("forced", [False, True])
+def test_graph_frame_batch_1_is_capture_safe(backend, settings, forced):
+    k, v = backend.model.new_kv_cache()
+    graphed = GraphedFrame(backend.model, k, v, capture=False)
+    inputs = _inputs(backend.cfg, 1, torch.tensor([5]), forced)
+    with torch.inference_mode(), RefuseUncapturable() as mode:
+        out = graphed(SETTINGS[settings], inputs)
+    assert out.codes.shape == (1, backend.cfg.num_codebooks) and mode.ops > 100
+    assert bool((k[:, :, :, 5] != 0).any())  # the frame ran: it wrote its slot
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_graph_rows_are_capture_safe(backend, settings):
+    """Three utterances in the 4 bucket (one padding entry), one of them a frame 0, rows out of order."""
+    cfg = backend.cfg
+    k, v = backend.model.new_kv_cache(batch=5)
+    graphed = GraphedRows(backend.model, k, v, (1, 2, 4), capture=False)
+    dtype = k.dtype
+    rows = RowsInputs(
+        rows=torch.tensor([2, 0, 4]),
+        first=torch.tensor([False, False, True]),
+        logits=torch.rand(3, cfg.num_semantic + 1).to(dtype),
+        hidden=torch.rand(3, cfg.dim).to(dtype),
+    )
+    inputs = _inputs(cfg, 3, torch.tensor([7, 9, cfg.max_seq_len - 1]), forced=False)
+    with torch.inference_mode(), RefuseUncapturable() as mode:
+        out = graphed(SETTINGS[settings], inputs, rows)
+    assert out.codes.shape == (3, cfg.num_codebooks) and mode.ops > 100
+    assert bool((k[:, 2, :, 7] != 0).any()) and bool((k[:, 0, :, 9] != 0).any())
