@@ -121,10 +121,18 @@ class Attention(nn.Module):
 
         ``mask`` bool [B or 1, 1, S, L], True = attend (None: every key). A query row with no visible key gives
         zeros (as torch's SDPA does for the publisher's left-padded rows), never NaN.
+
+        One query (S = 1, every frame's slow step) with GQA is folded: the ``n_head / n_kv`` query heads that share
+        a KV head become that head's queries, q [B, n_kv, group, D], so plain attention reads each K/V once. The
+        same products and sums as ``enable_gqa``, which takes the math kernel for a masked call (its K/V repeated
+        per query head, in fp32) where the fold takes the memory-efficient one.
         """
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_head != self.n_kv
-        )
+        group = self.n_head // self.n_kv
+        b, _, s, d = q.shape
+        if group > 1 and s == 1 and not causal:
+            out = F.scaled_dot_product_attention(q.reshape(b, self.n_kv, group, d), k, v, attn_mask=mask)
+            return out.reshape(b, self.n_head, 1, d)  # [B, n_kv, group, D] is [B, H, 1, D]: head h = kv h // group
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=group > 1)
 
     def out(self, heads: Tensor) -> Tensor:
         """``wo`` over the attention output [B, H, S, D] -> [B, S, dim]."""
