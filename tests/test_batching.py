@@ -89,7 +89,7 @@ def test_batched_int16_logits_within_bound(tts_int16):
     engine = BatchEngine(backend, params, 2)
     runs = {}
     for i, prompt in enumerate(prompts):
-        runs[id(engine.admit(prompt, 10, seed=i))] = (i, [])
+        runs[id(engine.admit(prompt, 10, seed=i, logits=True))] = (i, [])
     while engine.items:
         for item, res in engine.step():
             runs[id(item)][1].append(res)

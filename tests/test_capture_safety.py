@@ -14,11 +14,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from audio8_coreai.backends.base import StepInputs
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.backends.torch.cudagraphs import GraphedFrame, GraphedRows
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
-from audio8_coreai.model.frame import FrameInputs, RowsInputs
+from audio8_coreai.model.frame import FrameInputs
 from audio8_coreai.model.layers import rope_rotation
 
 aten = torch.ops.aten
@@ -110,26 +111,38 @@ def test_graph_frame_batch_1_is_capture_safe(backend, settings, forced):
     graphed = GraphedFrame(backend.model, k, v, capture=False)
     inputs = _inputs(backend.cfg, 1, torch.tensor([5]), forced)
     with torch.inference_mode(), RefuseUncapturable() as mode:
-        out = graphed(SETTINGS[settings], inputs)
+        out, ids = graphed(SETTINGS[settings], inputs)
     assert out.codes.shape == (1, backend.cfg.num_codebooks) and mode.ops > 100
+    assert ids[0, 1 : 1 + backend.cfg.num_codebooks].tolist() == out.codes[0].tolist() and bool(ids[0, -1])
     assert bool((k[:, :, :, 5] != 0).any())  # the frame ran: it wrote its slot
 
 
 @pytest.mark.parametrize("settings", SETTINGS)
 def test_graph_rows_are_capture_safe(backend, settings):
-    """Three utterances in the 4 bucket (one padding entry), one of them a frame 0, rows out of order."""
+    """Rows 2 and 0 stepping and row 3 at its frame 0 in the 4 bucket (row 1 padding): what a graph captures (the
+    replay of the staged bucket) under the mode."""
     cfg = backend.cfg
-    k, v = backend.model.new_kv_cache(batch=5)
+    k, v = backend.model.new_kv_cache(batch=4)
     graphed = GraphedRows(backend.model, k, v, (1, 2, 4), capture=False)
-    dtype = k.dtype
-    rows = RowsInputs(
-        rows=torch.tensor([2, 0, 4]),
-        first=torch.tensor([False, False, True]),
-        logits=torch.rand(3, cfg.num_semantic + 1).to(dtype),
-        hidden=torch.rand(3, cfg.dim).to(dtype),
-    )
-    inputs = _inputs(cfg, 3, torch.tensor([7, 9, cfg.max_seq_len - 1]), forced=False)
+    inputs = _inputs(cfg, 3, torch.tensor([7, 9, 0]), forced=False)
+    calls = [
+        (
+            row,
+            StepInputs(
+                None if first else inputs.column[i, :, 0].numpy(),
+                int(inputs.pos[i]),
+                inputs.noise_slow[i].numpy(),
+                inputs.window[i].numpy(),
+                inputs.noise_fast[i].numpy(),
+            ),
+        )
+        for i, (row, first) in enumerate([(2, False), (0, False), (3, True)])
+    ]
+    prefilled = {3: (torch.rand(cfg.num_semantic + 1).to(k.dtype), torch.rand(cfg.dim).to(k.dtype))}
+    graphed.staging(4).load(calls, prefilled)
     with torch.inference_mode(), RefuseUncapturable() as mode:
-        out = graphed(SETTINGS[settings], inputs, rows)
-    assert out.codes.shape == (3, cfg.num_codebooks) and mode.ops > 100
+        out, ids = graphed.replay(SETTINGS[settings], 4)
+    assert out.codes.shape == (4, cfg.num_codebooks) and ids.shape == (4, 3 + 2 * cfg.num_codebooks)
+    assert mode.ops > 100 and bool(ids[:, -1].all())  # every entry's logits finite
     assert bool((k[:, 2, :, 7] != 0).any()) and bool((k[:, 0, :, 9] != 0).any())
+    assert not bool((k[:, 1, :, : cfg.max_seq_len - 1] != 0).any())  # padding wrote only the last slot

@@ -45,7 +45,7 @@ def test_static_frame_equals_the_eager_frame(oracle_dir):
         noise_fast = rng.random((cfg.num_codebooks - 1, cfg.codebook_size), dtype=np.float32).clip(1e-6)
         graphed.prefill(prompt)
         eager.prefill(prompt)
-        step = StepInputs(prompt[:, -1], 7, noise_slow, window, noise_fast)
+        step = StepInputs(prompt[:, -1], 7, noise_slow, window, noise_fast, logits=True)
         got, want = graphed.frame(params, step), eager.frame(params, step)
         assert got.semantic == want.semantic and np.array_equal(got.codes, want.codes)
         np.testing.assert_allclose(got.logits, want.logits, rtol=0, atol=1e-5)

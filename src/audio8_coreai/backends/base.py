@@ -26,24 +26,26 @@ from ..settings import DEFAULTS
 
 @dataclass
 class FrameResult:
-    """One frame as NumPy: ``semantic`` id, ``codes`` int64 [C], the slow ``logits`` [V+1] and ``hidden``
-    [dim] it was drawn from (float32), ``fast_logits`` [C-1, codebook_size] and the sampler's own draws
-    ``sampled_semantic``/``sampled_codes`` (differ from the kept ones only under teacher forcing)."""
+    """One frame as NumPy: ``semantic`` id, ``codes`` int64 [C], the sampler's own draws ``sampled_semantic`` and
+    ``sampled_codes`` [C] (differ from the kept ones only under teacher forcing) and, when the step asked for them
+    (:attr:`StepInputs.logits`; a backend may give them anyway), the slow ``logits`` [V+1] and ``hidden`` [dim] it
+    was drawn from and ``fast_logits`` [C-1, codebook_size] (float32), else None."""
 
     semantic: int
     codes: np.ndarray
-    logits: np.ndarray
-    hidden: np.ndarray
-    fast_logits: np.ndarray
     sampled_semantic: int
     sampled_codes: np.ndarray
+    logits: np.ndarray | None = None
+    hidden: np.ndarray | None = None
+    fast_logits: np.ndarray | None = None
 
 
 @dataclass
 class StepInputs:
     """One step's inputs to a backend: the previous ``column`` int64 [1+C] at slot ``pos`` (None: frame 0, drawn
-    from the prefill), ``noise_slow`` [2, V+1], RAS ``window`` [W], ``noise_fast`` [C-1, codebook_size], and
-    ``forced`` [1+C] (teacher forcing) or None."""
+    from the prefill), ``noise_slow`` [2, V+1], RAS ``window`` [W], ``noise_fast`` [C-1, codebook_size], ``forced``
+    [1+C] (teacher forcing) or None, and ``logits``: whether the result carries the logits and hidden (tools:
+    parity, agreement, the gate; the frame loop needs only the ids, a few bytes a row off the device)."""
 
     column: np.ndarray | None
     pos: int
@@ -51,6 +53,7 @@ class StepInputs:
     window: np.ndarray
     noise_fast: np.ndarray
     forced: np.ndarray | None = None
+    logits: bool = False
 
 
 class CodecStream(Protocol):

@@ -6,7 +6,7 @@ from .layout import CODEC_SPEC_FILE, CONFIG_FILE, DEFAULT_MODEL, GENERATION_FILE
 from .load import Checkpoint, load_checkpoint
 from .locate import resolve_checkpoint
 from .random import make_checkpoint
-from .validate import derive_codec_config, require_finite
+from .validate import damaged, derive_codec_config, require_finite
 
 __all__ = [
     "CODEC_SPEC_FILE",
@@ -16,6 +16,7 @@ __all__ = [
     "MODEL_FILE",
     "Checkpoint",
     "CheckpointError",
+    "damaged",
     "derive_codec_config",
     "load_checkpoint",
     "make_checkpoint",

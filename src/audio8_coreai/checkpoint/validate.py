@@ -25,11 +25,16 @@ def require_finite(values, part: str, file: str):
     import numpy as np
 
     if not np.isfinite(values).all():
-        raise CheckpointError(
-            f"the {part} produced NaN or infinite values: {file} is damaged (a bad download or "
-            f"disk); download the checkpoint again"
-        )
+        raise damaged(part, file)
     return values
+
+
+def damaged(part: str, file: str) -> CheckpointError:
+    """The error for NaN or inf out of the ``part`` (model, codec): ``file`` is damaged (see :func:`require_finite`)."""
+    return CheckpointError(
+        f"the {part} produced NaN or infinite values: {file} is damaged (a bad download or disk); download the "
+        "checkpoint again"
+    )
 
 
 def check_tensors(

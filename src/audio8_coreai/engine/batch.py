@@ -54,10 +54,16 @@ class BatchEngine:
         return self.model.free
 
     def admit(
-        self, prompt: np.ndarray, max_frames: int, seed: int | None = None, noise: NoiseLike | None = None
+        self,
+        prompt: np.ndarray,
+        max_frames: int,
+        seed: int | None = None,
+        noise: NoiseLike | None = None,
+        logits: bool = False,
     ) -> BatchItem:
         """Start an utterance: prefill ``prompt`` int [1+C, P] into a free row; its frame 0 comes with the next
-        :meth:`step`. Noise from ``NoiseSource(seed)`` unless ``noise`` is given (as :func:`.loop.generate`).
+        :meth:`step`. Noise from ``NoiseSource(seed)`` unless ``noise`` is given (as :func:`.loop.generate`);
+        ``logits``: its results carry the logits and hidden (tools).
         Raises EngineError when no row is free or the prompt and ``max_frames`` do not fit the context."""
         check_context(self.cfg, prompt.shape[1], max_frames)
         if noise is None:
@@ -66,7 +72,7 @@ class BatchEngine:
             noise = noise_source(self.cfg, seed)
         row = self.model.acquire()
         self.model.prefill(row, prompt)
-        item = BatchItem(row, Utterance(self.cfg, prompt.shape[1], max_frames, noise))
+        item = BatchItem(row, Utterance(self.cfg, prompt.shape[1], max_frames, noise, logits=logits))
         self.items.append(item)
         return item
 

@@ -35,13 +35,14 @@ class Utterance:
     """The host side of one utterance's frame loop: ``prompt_length`` (columns), frame cap ``max_frames``, its
     noise stream and RAS window, the frames made so far (``codes``: int64 [C] each) and, once ``done``,
     ``reached_eos`` (False: the cap). ``forced`` (teacher forcing): the column int64 [1+C] kept at each step
-    instead of the draws."""
+    instead of the draws; ``logits``: each step's result carries the logits and hidden (tools)."""
 
     cfg: ModelConfig
     prompt_length: int
     max_frames: int
     noise: NoiseLike
     forced: Sequence[np.ndarray] | None = None
+    logits: bool = False
     window: RasWindow = field(init=False)
     codes: list[np.ndarray] = field(default_factory=list)
     column: np.ndarray | None = None
@@ -60,9 +61,8 @@ class Utterance:
         """The inputs of this utterance's next step (draws its noise)."""
         noise_slow, noise_fast = self.noise.next_frame()
         forced = None if self.forced is None else self.forced[self.steps]
-        return StepInputs(
-            self.column, self.prompt_length + self.steps - 1, noise_slow, self.window.current()[0], noise_fast, forced
-        )
+        pos = self.prompt_length + self.steps - 1
+        return StepInputs(self.column, pos, noise_slow, self.window.current()[0], noise_fast, forced, self.logits)
 
     def record(self, res: FrameResult) -> None:
         """Apply one step's result: the publisher's stop rule, RAS push and next column."""
@@ -88,17 +88,19 @@ def frame_steps(
     max_frames: int,
     noise: NoiseLike,
     forced: Sequence[np.ndarray] | None = None,
+    logits: bool = False,
 ) -> Iterator[FrameResult]:
     """The frame loop after ``backend.prefill`` of a prompt of ``prompt_length`` columns, one step at a time.
 
     Yields each step's :class:`FrameResult` as soon as the backend returns it: frames 0, 1, ... and, when the
     model ends the utterance, the eos step last (its ``semantic`` is ``cfg.eos_token_id`` and its codes are not
     a frame); stops after ``max_frames`` steps otherwise. Takes one ``noise.next_frame()`` per step; ``forced``
-    keeps those columns instead of the draws (teacher forcing). The caller owns the pace (streaming decodes
+    keeps those columns instead of the draws (teacher forcing); ``logits``: results carry the logits and hidden.
+    The caller owns the pace (streaming decodes
     between steps) and may stop early by closing the generator; the backend's KV state is then left
     mid-utterance until its next prefill.
     """
-    utterance = Utterance(backend.cfg, prompt_length, max_frames, noise, forced)
+    utterance = Utterance(backend.cfg, prompt_length, max_frames, noise, forced, logits)
     while not utterance.done:
         res = backend.frame(params, utterance.next_inputs())
         utterance.record(res)
@@ -142,7 +144,7 @@ def generate(
 
     Noise comes from ``NoiseSource(seed)`` (one [2, V+1] and one [C-1, codebook_size] uniform draw per
     step, eos step included), so the same seed gives the same codes. ``on_frame(t)`` is called after
-    every step (progress bars). ``keep_results`` keeps every :class:`FrameResult` (parity, gate).
+    every step (progress bars). ``keep_results`` keeps every :class:`FrameResult`, with its logits (parity, gate).
     ``noise`` replaces the seeded source (parity replays recorded uniforms); ``forced`` as :func:`frame_steps`.
     ``on_codes(codes)`` gets each frame's codes int64 [C] as it is made (a decode beside the loop).
     Holds the backend's lease for the whole call. Raises EngineError when the prompt and frames do not fit.
@@ -159,7 +161,7 @@ def generate(
         t0 = time.perf_counter()
         backend.prefill(prompt)
         t1 = time.perf_counter()
-        for n, res in enumerate(frame_steps(backend, p_len, params, max_frames, noise, forced)):
+        for n, res in enumerate(frame_steps(backend, p_len, params, max_frames, noise, forced, keep_results)):
             if keep_results:
                 results.append(res)
             if on_frame is not None:

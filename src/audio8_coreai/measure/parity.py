@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from ..backends.base import FrameResult
-from ..backends.torch import TorchBackend, frame_result
+from ..backends.torch import TorchBackend, frame_results
 from ..config import SamplingParams
 from ..engine.loop import generate
 from ..errors import ParityError
-from ..model.frame import FrameInputs
+from ..model.frame import FrameInputs, packed
 from ..model.layers import IndexKV, causal_cache_mask
 from ..settings import DEFAULTS
 from .oracle import _forced, _item_prompt, _params, _step_noise, load_fixture, recorded_noise
@@ -271,8 +271,8 @@ def replay_batch(backend: TorchBackend, fx: dict, meta: dict, sc: str = "batch")
             use_forced=torch.ones(b, device=dev),
         )
         out = backend.frame_maths.sample(params, logits, hidden, inputs)
-        for i in range(b):
-            _compare_frame(rep, fx, sc, s, i, frame_result(out, i), params.do_sample)
+        for i, res in enumerate(frame_results(out, packed(out), range(b), [True] * b)):
+            _compare_frame(rep, fx, sc, s, i, res, params.do_sample)
     return rep
 
 

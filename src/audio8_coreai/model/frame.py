@@ -11,7 +11,8 @@ Written once (DESIGN.md "Speed is a mode, never a copy"); how the work is issued
   the host (:mod:`..backends.torch.cudagraphs`);
 * batched rows (continuous batching): :meth:`Frame.slow_rows` steps several utterances, each at its own slot, and
   :meth:`Frame.sample` draws for all of them at once; in ``graph`` mode :meth:`Frame.rows` is the whole batched
-  frame in static shapes (rows and slots as tensors, frame-0 rows blended in), as CUDA graphs capture it.
+  frame in static shapes (the batch's rows of the KV state in place, slots as a tensor, frame-0 rows blended in),
+  as CUDA graphs capture it.
 
 The fast AR has one form in every mode: rows 0 (the slow hidden) and 1 (the semantic code's embedding) in one
 pass, then rows 2..C-1, over a per-frame KV buffer. Randomness is an input (uniform noise), the RAS window is
@@ -25,13 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..config import SamplingParams
 from ..sampling import greedy, greedy_semantic, sample_semantic, sample_top_k_top_p
 from .dualar import DualAR
-from .layers import IndexKV, IndexRowsKV, KVStep, RowsKV, SpanKV, causal_cache_mask
+from .layers import IndexKV, KVStep, RowsKV, RowSlotsKV, SpanKV, causal_cache_mask
 
 PREFILL_WIDTH = 32
 """Columns per prefill window (the Core AI prefill asset's static width; eager runs a shorter last window)."""
@@ -63,11 +65,10 @@ class FrameInputs:
 @dataclass
 class RowsInputs:
     """What the batched frame in static shapes (:meth:`Frame.rows`) takes besides :class:`FrameInputs`, for B
-    utterances: ``rows`` int64 [B] each one's batch row of the KV state, ``first`` bool [B] True for a frame 0 (drawn
-    from its prefill's last ``logits`` [B, V+1] and ``hidden`` [B, dim], model dtype; its slow step is computed
-    and dropped, so its row must be one nobody reads, a scratch row)."""
+    utterances: ``first`` bool [B] True for a frame 0, drawn from its prefill's last ``logits`` [B, V+1] and
+    ``hidden`` [B, dim] (model dtype); its slow step is computed and dropped, at a slot no row attends before
+    writing it (see :meth:`Frame.rows`)."""
 
-    rows: Tensor
     first: Tensor
     logits: Tensor
     hidden: Tensor
@@ -86,6 +87,23 @@ class FrameOutputs(NamedTuple):
     sampled_codes: Tensor
     logits: Tensor
     hidden: Tensor
+
+
+def packed(out: FrameOutputs) -> Tensor:
+    """What the frame loop reads of a frame, int64 [B, 3 + 2C]: the semantic id, the C codes kept, the sampler's
+    own semantic id and C codes, then 1 where the row's slow and fast logits are all finite, else 0 (NaN or inf
+    mean damaged weights). One small copy to the host a frame, where the outputs are megabytes
+    (:func:`unpacked` reads it)."""
+    finite = torch.isfinite(out.logits).all(-1) & torch.isfinite(out.fast_logits).flatten(1).all(-1)
+    ids = (out.semantic[:, None], out.codes, out.sampled_semantic[:, None], out.sampled_codes, finite[:, None])
+    return torch.cat([t.to(torch.int64) for t in ids], dim=1)
+
+
+def unpacked(row: np.ndarray) -> tuple[int, np.ndarray, int, np.ndarray, bool]:
+    """One row of :func:`packed` (int64 [3 + 2C], on the host) as (semantic id, codes [C], sampled semantic id,
+    sampled codes [C], finite)."""
+    c = (row.shape[0] - 3) // 2
+    return int(row[0]), row[1 : 1 + c], int(row[1 + c]), row[2 + c : 2 + 2 * c], bool(row[-1])
 
 
 class Frame(nn.Module):
@@ -145,24 +163,19 @@ class Frame(nn.Module):
     def slow_rows(
         self,
         column: Tensor,
-        rows: list[int] | Tensor,
-        positions: list[int] | Tensor,
+        rows: list[int],
+        positions: list[int],
         k_cache: Tensor,
         v_cache: Tensor,
         gather: bool | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """:meth:`slow_step` for n utterances at their own points (batched rows): column int64
+        """:meth:`slow_step` for n utterances at their own points (batched rows, ``eager`` mode): column int64
         [n, 1+C, 1], utterance j in batch row ``rows[j]`` of ``k_cache``/``v_cache`` [n_layer, max_batch, n_kv,
         L, D] at slot and RoPE position ``positions[j]``. Returns logits [n, V+1] and hidden [n, dim], each row
-        equal to its batch-1 step's up to the rounding of the batched matmuls. ``gather`` (eager): attention in one
+        equal to its batch-1 step's up to the rounding of the batched matmuls. ``gather``: attention in one
         call over the gathered rows (see :class:`.layers.RowsKV`); None gathers on CUDA, where each call is a
-        launch. In ``graph`` mode ``rows`` and ``positions`` are int64 tensors [n] (:class:`.layers.IndexRowsKV`)."""
+        launch. The static form is :meth:`rows`."""
         dev = column.device
-        if self.mode == "graph":
-            visible = torch.arange(k_cache.shape[3], device=dev)[None, :] <= positions[:, None]  # [n, L]
-            kv = IndexRowsKV(rows, positions, visible[:, None, None])
-            logits, hidden = self.model.slow(column, positions[:, None], k_cache, v_cache, kv)
-            return logits[:, 0], hidden[:, 0]
         gathered = None
         if dev.type == "cuda" if gather is None else gather:
             pos_t = torch.tensor(positions, device=dev)
@@ -240,11 +253,20 @@ class Frame(nn.Module):
         self, params: SamplingParams, inputs: FrameInputs, rows: RowsInputs, k_cache: Tensor, v_cache: Tensor
     ) -> FrameOutputs:
         """One frame for B utterances at their own slots in static shapes (``graph`` mode, batched CUDA graphs):
-        the slow step of every one (``inputs.column`` at ``inputs.pos`` [B] in KV row ``rows.rows``), frame-0 rows
-        taking their prefill's logits and hidden instead, then :meth:`sample` for all."""
-        logits, hidden = self.slow_rows(inputs.column, rows.rows, inputs.pos, k_cache, v_cache)
+        utterance j is batch row j of ``k_cache``/``v_cache`` [n_layer, B, n_kv, L, D] (the caller passes a view of
+        its rows, so attention reads the state in place), its slow step on ``inputs.column`` at slot and RoPE
+        position ``inputs.pos[j]`` (int64 [B]); frame-0 rows take their prefill's logits and hidden instead; then
+        :meth:`sample` for all.
+
+        A row whose step is dropped (a frame 0, a row not in the call) steps at the last slot L-1: harmless, as a
+        row at slot p attends slots [0, p] only after writing slot p itself."""
+        positions = inputs.pos
+        visible = torch.arange(k_cache.shape[3], device=positions.device)[None, :] <= positions[:, None]  # [B, L]
+        kv = RowSlotsKV(positions, visible[:, None, None])
+        logits, hidden = self.model.slow(inputs.column, positions[:, None], k_cache, v_cache, kv)
         first = rows.first[:, None]
-        logits, hidden = torch.where(first, rows.logits, logits), torch.where(first, rows.hidden, hidden)
+        logits = torch.where(first, rows.logits, logits[:, 0])
+        hidden = torch.where(first, rows.hidden, hidden[:, 0])
         return self.sample(params, logits, hidden, inputs)
 
     def forward(self, params: SamplingParams, inputs: FrameInputs, k_cache: Tensor, v_cache: Tensor) -> FrameOutputs:

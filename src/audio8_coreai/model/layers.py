@@ -146,7 +146,7 @@ class KVStep(Protocol):
     The modes of the one attention step (:meth:`Block.forward`): :class:`SpanKV` (slots by slice: eager and
     exported graphs), :class:`IndexKV` (slots by an index tensor: CUDA graphs, recorded batches),
     :class:`RowsKV` (one column per batch row, each at its own slot: continuous batching) and
-    :class:`IndexRowsKV` (the same with rows and slots as tensors: batched CUDA graphs).
+    :class:`RowSlotsKV` (the same in static shapes, each batch row its own: batched CUDA graphs).
     """
 
     def attend(self, att: Attention, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
@@ -226,21 +226,20 @@ class RowsKV:
 
 
 @dataclass(frozen=True)
-class IndexRowsKV:
-    """:class:`RowsKV` in static shapes (batched CUDA graphs: nothing read on the host): utterance j writes batch
-    row ``rows[j]`` of the cache at slot ``slots[j]`` (both int64 [n]) and attends all L slots of that row under
-    ``mask`` (bool [n, 1, 1, L]). Its rows are gathered (a copy of n rows' L slots per layer), so rows may repeat
-    only where what they write is never read (padding aimed at a scratch row)."""
+class RowSlotsKV:
+    """:class:`RowsKV` in static shapes (batched CUDA graphs: nothing read on the host): batch row j writes its
+    slot ``slots[j]`` (int64 [B]; a scatter along the slot axis) and attends all L slots of its own row of the KV
+    state under ``mask`` (bool [B, 1, 1, L]), read in place: no row is gathered or copied."""
 
-    rows: Tensor
     slots: Tensor
     mask: Tensor
 
     def attend(self, att: Attention, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        kc, vc = k_cache[0], v_cache[0]
-        kc[self.rows, :, self.slots] = k[:, :, 0].to(kc.dtype)
-        vc[self.rows, :, self.slots] = v[:, :, 0].to(vc.dtype)
-        return att.sdpa(q, kc.index_select(0, self.rows), vc.index_select(0, self.rows), self.mask)
+        kc, vc = k_cache[0], v_cache[0]  # [B, n_kv, L, D]
+        index = self.slots.view(-1, 1, 1, 1).expand(k.shape)  # [B, n_kv, 1, D]: row j's slot
+        kc.scatter_(2, index, k.to(kc.dtype))
+        vc.scatter_(2, index, v.to(vc.dtype))
+        return att.sdpa(q, kc, vc, self.mask)
 
 
 class FeedForward(nn.Module):

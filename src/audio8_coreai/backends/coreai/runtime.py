@@ -205,11 +205,11 @@ class CoreAIBackend(Backend):
         return FrameResult(
             int(out["semantic"][0]),
             out["codes"].astype(np.int64),
-            out["logits"].astype(np.float32),
-            out["hidden"].astype(np.float32),
-            out["fast_logits"].astype(np.float32),
             int(out["sampled_semantic"][0]),
             out["sampled_codes"].astype(np.int64),
+            logits=out["logits"].astype(np.float32),
+            hidden=out["hidden"].astype(np.float32),
+            fast_logits=out["fast_logits"].astype(np.float32),
         )
 
     def frame(self, params: SamplingParams, step: StepInputs) -> FrameResult:

@@ -1,6 +1,6 @@
 """The torch backend: PyTorch on CPU or CUDA, eager frames or CUDA graphs, low-precision CPU kernels."""
 
-from .backend import TorchBackend, frame_result, resolve_device, resolve_dtype
+from .backend import TorchBackend, frame_results, resolve_device, resolve_dtype
 from .codec_streams import CODEC_FILE, MODEL_FILE, TorchCodecStream
 
 __all__ = [
@@ -8,7 +8,7 @@ __all__ = [
     "MODEL_FILE",
     "TorchBackend",
     "TorchCodecStream",
-    "frame_result",
+    "frame_results",
     "resolve_device",
     "resolve_dtype",
 ]

@@ -6,17 +6,17 @@ It implements :class:`..base.Backend`; tensors stay on the device between the ca
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
-from ...checkpoint import Checkpoint, require_finite
+from ...checkpoint import Checkpoint, damaged, require_finite
 from ...config import ModelConfig, SamplingParams
 from ...errors import BackendError, QuantError
 from ...model.codec import CodecDecoder, CodecEncoder
 from ...model.dualar import DualAR
-from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
+from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs, packed, unpacked
 from ...precision import default_precision, resolve_precision, runtime_of
 from ...settings import DEFAULTS
 from ..base import Backend, FrameResult, StepInputs
@@ -64,28 +64,29 @@ def resolve_dtype(dtype: str) -> torch.dtype:
         raise BackendError(f"unknown dtype {dtype!r}: use fp32 or bf16") from None
 
 
-def frame_results(out: FrameOutputs) -> list[FrameResult]:
-    """Every utterance of a frame's outputs as a :class:`FrameResult` (NumPy on the host; one copy per output,
-    whatever the batch).
+def frame_results(
+    out: FrameOutputs, ids: torch.Tensor, rows: Sequence[int], logits: Sequence[bool]
+) -> list[FrameResult]:
+    """Entries ``rows`` of a frame's outputs as :class:`FrameResult` s (NumPy on the host): their ids from
+    ``ids`` (:func:`...model.frame.packed` of ``out``, one copy), and the logits and hidden (one copy each, whatever
+    the batch) for the entries whose ``logits`` is True.
 
-    Raises CheckpointError naming the model file when its logits are not finite (damaged weights).
+    Raises CheckpointError naming the model file when an entry's logits are not finite (damaged weights).
     """
-    semantic, codes, fast_logits, sampled_semantic, sampled_codes, logits, hidden = (
-        t.float().cpu().numpy() if t.is_floating_point() else t.cpu().numpy() for t in out
-    )
-    require_finite(logits, "model", MODEL_FILE)
-    require_finite(fast_logits, "model", MODEL_FILE)
-    return [
-        FrameResult(
-            int(semantic[i]), codes[i], logits[i], hidden[i], fast_logits[i], int(sampled_semantic[i]), sampled_codes[i]
-        )
-        for i in range(len(semantic))
-    ]
-
-
-def frame_result(out: FrameOutputs, i: int) -> FrameResult:
-    """Utterance ``i`` of a frame's outputs as a :class:`FrameResult` (see :func:`frame_results`)."""
-    return frame_results(FrameOutputs(*(t[i : i + 1] for t in out)))[0]
+    host = ids.cpu().numpy()
+    full = None
+    if any(logits):
+        full = [t.float().cpu().numpy() for t in (out.logits, out.hidden, out.fast_logits)]
+    results = []
+    for row, want in zip(rows, logits):
+        semantic, codes, sampled_semantic, sampled_codes, finite = unpacked(host[row])
+        if not finite:
+            raise damaged("model", MODEL_FILE)
+        extra = {}
+        if want and full is not None:
+            extra = {"logits": full[0][row], "hidden": full[1][row], "fast_logits": full[2][row]}
+        results.append(FrameResult(semantic, codes, sampled_semantic, sampled_codes, **extra))
+    return results
 
 
 class TorchBackend(Backend):
@@ -309,11 +310,13 @@ class TorchBackend(Backend):
             if step.column is None:
                 logits, hidden = self._last
                 out = self.frame_maths.sample(params, logits[None], hidden[None], inputs)
+                ids = packed(out)
             elif self._graphed is not None:
-                out = self._graphed(params, inputs)
+                out, ids = self._graphed(params, inputs)
             else:
                 out = self.frame_maths(params, inputs, self.k_cache, self.v_cache)
-        return frame_result(out, 0)
+                ids = packed(out)
+        return frame_results(out, ids, [0], [step.logits])[0]
 
     @torch.inference_mode()
     def decode_window(self, codes: np.ndarray) -> np.ndarray:

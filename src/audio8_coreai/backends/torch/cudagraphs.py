@@ -12,7 +12,7 @@ constants in the graph) and replayed with one launch per frame:
 * attention reads all ``L`` slots under a mask (no ``[:pos]`` slice, whose shape would change every frame).
 
 :class:`GraphedFrame` is one utterance's frame (batch 1); :class:`GraphedRows` the batched frame of continuous
-batching (:meth:`.model.frame.Frame.rows`), one graph per bucketed batch size, the rows padded up to it.
+batching (:meth:`.model.frame.Frame.rows`), one graph per bucketed batch size over a view of the KV state's rows.
 With ``capture`` False (the CPU, the tests) the same buffers feed the module eagerly: same maths, no graph.
 """
 
@@ -21,18 +21,23 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from ...config import SamplingParams
 from ...model.dualar import DualAR
-from ...model.frame import Frame, FrameInputs, FrameOutputs, RowsInputs
+from ...model.frame import Frame, FrameInputs, FrameOutputs, packed
 from ...settings import DEFAULTS
+from ..base import StepInputs
+from .staging import Staging
 
 GRAPHS_KEPT = DEFAULTS.cuda_graphs_kept
 """Captured graphs kept per batch size, one per set of sampling settings, least recently used dropped first."""
+
+Outputs = tuple[FrameOutputs, Tensor]
+"""What a graphed frame returns: its outputs and :func:`.model.frame.packed` of them."""
 
 _CAPTURE = threading.Lock()  # one capture at a time in this process (several model instances serve in threads)
 
@@ -44,13 +49,13 @@ class Graphs:
 
     def __init__(self, kept: int, device: torch.device):
         self.kept, self.device = kept, device
-        self._graphs: OrderedDict[Hashable, tuple[torch.cuda.CUDAGraph, FrameOutputs]] = OrderedDict()
+        self._graphs: OrderedDict[Hashable, tuple[torch.cuda.CUDAGraph, Outputs]] = OrderedDict()
         self._pool = None  # one memory pool shared by every captured graph
 
     def __len__(self) -> int:
         return len(self._graphs)
 
-    def run(self, key: Hashable, fn: Callable[[], FrameOutputs]) -> FrameOutputs:
+    def run(self, key: Hashable, fn: Callable[[], Outputs]) -> Outputs:
         """Replay the graph of ``key``, captured from ``fn`` on first use; returns its outputs."""
         entry = self._graphs.get(key)
         if entry is None:
@@ -63,7 +68,7 @@ class Graphs:
         graph.replay()
         return outputs
 
-    def _capture(self, fn: Callable[[], FrameOutputs]) -> tuple[torch.cuda.CUDAGraph, FrameOutputs]:
+    def _capture(self, fn: Callable[[], Outputs]) -> tuple[torch.cuda.CUDAGraph, Outputs]:
         """``fn`` captured as a CUDA graph. The warm-up runs on the inputs already in the buffers (this call's own),
         so the KV slots it writes hold the values the replay writes again."""
         side = torch.cuda.Stream(self.device)
@@ -111,8 +116,8 @@ class GraphedFrame:
     [n_layer, 1, n_kv, L, D], batch 1, replayed as a CUDA graph when ``capture`` (needs a CUDA device).
 
     Call with the sampling settings and a batch-1 :class:`.model.frame.FrameInputs` (``pos`` an int64 tensor
-    [1]); returns the frame's :class:`.model.frame.FrameOutputs`, which the next call overwrites, whatever its
-    settings (see :class:`Graphs`): read them first.
+    [1]); returns the frame's :class:`.model.frame.FrameOutputs` and :func:`.model.frame.packed` of them, which the
+    next call overwrites, whatever its settings (see :class:`Graphs`): read them first.
     Raises ValueError for ``capture`` off a CUDA device.
     """
 
@@ -124,80 +129,88 @@ class GraphedFrame:
         self.graphs = Graphs(GRAPHS_KEPT, k_cache.device) if capture else None
 
     @torch.inference_mode()
-    def __call__(self, params: SamplingParams, inputs: FrameInputs) -> FrameOutputs:
+    def __call__(self, params: SamplingParams, inputs: FrameInputs) -> Outputs:
         _copy_into(self.inputs, inputs, 1)
 
-        def run() -> FrameOutputs:
-            return self.frame(params, self.inputs, self.k_cache, self.v_cache)
+        def run() -> Outputs:
+            out = self.frame(params, self.inputs, self.k_cache, self.v_cache)
+            return out, packed(out)
 
         return run() if self.graphs is None else self.graphs.run(params, run)
 
 
 def bucket_sizes(max_batch: int, buckets: Sequence[int] = DEFAULTS.batch_buckets) -> tuple[int, ...]:
-    """The batch sizes batched graphs are made at for up to ``max_batch`` rows: the ``buckets`` below it and the
-    first at or above it (``max_batch`` itself when it is past the largest)."""
-    ordered = sorted(set(buckets))
-    above = [b for b in ordered if b >= max_batch]
-    return (*(b for b in ordered if b < max_batch), above[0] if above else max_batch)
+    """The batch sizes batched graphs are made at for ``max_batch`` rows: the ``buckets`` below it, and ``max_batch``
+    itself (a bucket is a view of the KV state's first rows, so none is larger)."""
+    return (*sorted(b for b in set(buckets) if b < max_batch), max_batch)
 
 
 class GraphedRows:
     """The batched frame (:meth:`.model.frame.Frame.rows`, ``graph`` mode) on ``model`` over the KV state
-    ``k_cache``/``v_cache`` [n_layer, R + 1, n_kv, L, D], whose last row is scratch (never lent: the padding and
-    frame-0 rows write there), replayed as CUDA graphs when ``capture`` (needs a CUDA device).
+    ``k_cache``/``v_cache`` [n_layer, R, n_kv, L, D], replayed as CUDA graphs when ``capture`` (needs a CUDA device).
 
-    A call with n utterances runs at the smallest of ``buckets`` (ascending batch sizes) holding n: its fixed
-    buffers take the n utterances' inputs and padding after them (aimed at the scratch row, so no utterance's KV
-    state is touched), and one graph per (bucket, sampling settings) is captured, kept as :class:`Graphs` says
-    (``GRAPHS_KEPT`` per bucket). Returns the n utterances' :class:`.model.frame.FrameOutputs` (views of the fixed
-    outputs: read them before the next call). Raises ValueError for n past the largest bucket, or ``capture``
-    off a CUDA device.
+    A call runs at the smallest of ``buckets`` (ascending batch sizes, the largest R) above its highest row, over the
+    view of the KV state's first rows: entry r is row r, so attention reads the state in place (no row gathered or
+    copied; keep the rows in use low, as :meth:`.rows.BatchModel.acquire` does). Its inputs go through the bucket's
+    :class:`.staging.Staging`; rows not in the call are padding (see :meth:`.model.frame.Frame.rows`). One graph per
+    (bucket, sampling settings) is captured on first use or by :meth:`capture_all`, kept as :class:`Graphs` says
+    (``GRAPHS_KEPT`` per bucket). Raises ValueError for ``capture`` off a CUDA device, or buckets past R.
     """
 
     def __init__(self, model: DualAR, k_cache: Tensor, v_cache: Tensor, buckets: Sequence[int], capture: bool):
         _check_capture(capture, k_cache.device)
         self.model, self.frame = model, Frame(model, mode="graph")
         self.k_cache, self.v_cache, self.capture = k_cache, v_cache, capture
-        self.scratch, self.last_slot = k_cache.shape[1] - 1, k_cache.shape[3] - 1
         self.buckets = tuple(sorted(set(buckets)))
-        self._buffers: dict[int, tuple[FrameInputs, RowsInputs]] = {}
+        if self.buckets[-1] > k_cache.shape[1]:
+            raise ValueError(f"bucket {self.buckets[-1]} is larger than the KV state's {k_cache.shape[1]} rows")
+        self._staging: dict[int, Staging] = {}
         self.graphs = Graphs(GRAPHS_KEPT * len(self.buckets), k_cache.device) if capture else None
 
-    def bucket(self, n: int) -> int:
-        """The batch size a call with ``n`` utterances runs at; ValueError past the largest bucket."""
+    def bucket(self, rows: int) -> int:
+        """The batch size a call over rows ``[0, rows)`` runs at; ValueError past the largest bucket."""
         for b in self.buckets:
-            if b >= n:
+            if b >= rows:
                 return b
-        raise ValueError(f"{n} rows in one batched frame: the largest bucket is {self.buckets[-1]}")
+        raise ValueError(f"row {rows - 1} in a batched frame: the largest bucket is {self.buckets[-1]}")
 
-    def _static(self, size: int) -> tuple[FrameInputs, RowsInputs]:
-        """The fixed buffers of one bucket, made on first use: every entry padding (scratch row, last slot)."""
-        if size not in self._buffers:
-            cfg, dev, dtype = self.model.cfg, self.k_cache.device, self.k_cache.dtype
-            rows = RowsInputs(
-                rows=torch.full((size,), self.scratch, dtype=torch.long, device=dev),
-                first=torch.zeros(size, dtype=torch.bool, device=dev),
-                logits=torch.zeros(size, cfg.num_semantic + 1, dtype=dtype, device=dev),
-                hidden=torch.zeros(size, cfg.dim, dtype=dtype, device=dev),
-            )
-            self._buffers[size] = (_frame_inputs(self.model, size, dev, self.last_slot), rows)
-        return self._buffers[size]
+    def staging(self, size: int) -> Staging:
+        """The fixed inputs of bucket ``size``, made on first use (every entry padding)."""
+        if size not in self._staging:
+            self._staging[size] = Staging(self.model.cfg, size, self.k_cache.device, self.k_cache.dtype)
+        return self._staging[size]
 
     @torch.inference_mode()
-    def __call__(self, params: SamplingParams, inputs: FrameInputs, rows: RowsInputs) -> FrameOutputs:
-        n = rows.rows.shape[0]
-        size = self.bucket(n)
-        static, static_rows = self._static(size)
-        _copy_into(static, inputs, n)
-        _copy_into(static_rows, rows, n)
-        if n < size:  # padding: the scratch row at the last slot, drawn from nothing kept
-            static_rows.rows[n:].fill_(self.scratch)
-            static_rows.first[n:].fill_(False)
-            static.pos[n:].fill_(self.last_slot)
-            static.use_forced[n:].fill_(0.0)
+    def __call__(
+        self,
+        params: SamplingParams,
+        calls: Sequence[tuple[int, StepInputs]],
+        prefilled: Mapping[int, tuple[Tensor, Tensor]],
+    ) -> Outputs:
+        """One frame for ``calls`` (KV row, step inputs; rows distinct), frame-0 calls drawn from ``prefilled[row]``
+        (logits [V+1], hidden [dim] on the device). Returns the bucket's outputs and :func:`.model.frame.packed`,
+        entry r for row r (fixed tensors: read them before the next call)."""
+        size = self.bucket(max(row for row, _ in calls) + 1)
+        self.staging(size).load(calls, prefilled)
+        return self.replay(params, size)
 
-        def run() -> FrameOutputs:
-            return self.frame.rows(params, static, static_rows, self.k_cache, self.v_cache)
+    @torch.inference_mode()
+    def replay(self, params: SamplingParams, size: int) -> Outputs:
+        """The captured region: bucket ``size``'s frame on its staged inputs, as a graph when capturing (captured
+        on first use), eagerly otherwise. Returns (outputs, packed ids) of every entry."""
+        staging = self.staging(size)
+        k, v = self.k_cache[:, :size], self.v_cache[:, :size]
 
-        out = run() if self.graphs is None else self.graphs.run((size, params), run)
-        return FrameOutputs(*(t[:n] for t in out))
+        def run() -> Outputs:
+            out = self.frame.rows(params, staging.inputs, staging.rows, k, v)
+            return out, packed(out)
+
+        return run() if self.graphs is None else self.graphs.run((size, params), run)
+
+    def capture_all(self, params: SamplingParams) -> None:
+        """Capture every bucket's graph for ``params`` now (at start-up: a capture mid-serving stalls every stream),
+        on all-padding inputs, which write only the last slot of each row. Nothing to do without capture."""
+        if self.graphs is not None:
+            for size in self.buckets:
+                self.staging(size).load([], {})
+                self.replay(params, size)

@@ -37,7 +37,7 @@ import torch
 
 from ...config import SamplingParams
 from ...errors import ConfigError, EngineError
-from ...model.frame import FrameInputs, RowsInputs
+from ...model.frame import FrameInputs, packed
 from ...settings import DEFAULTS
 from ..base import Backend, CodecStream, FrameResult, StepInputs
 from .backend import TorchBackend, frame_results
@@ -75,18 +75,18 @@ class BatchModel:
 
     When the backend's ``frame_mode`` is ``graph`` (CUDA graphs), frames run the frame's static batched form
     through :class:`.cudagraphs.GraphedRows` (captured on CUDA, eager elsewhere) at the batch sizes of
-    :func:`.cudagraphs.bucket_sizes`, and the KV state has one scratch row more (never lent).
+    :func:`.cudagraphs.bucket_sizes`, over the KV state's first rows in place: :meth:`acquire` lends the lowest
+    free row, so the rows in use stay low and a call's bucket small.
     """
 
     def __init__(self, backend: TorchBackend, max_batch: int):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.backend, self.max_batch, self.cfg = backend, max_batch, backend.cfg
-        graphed = backend.frame_mode == "graph"
-        _check_fits(backend, max_batch + graphed)
-        self.k_cache, self.v_cache = backend.model.new_kv_cache(batch=max_batch + graphed)
+        _check_fits(backend, max_batch)
+        self.k_cache, self.v_cache = backend.model.new_kv_cache(batch=max_batch)
         self.graphed = None
-        if graphed:
+        if backend.frame_mode == "graph":
             capture = backend.device.type == "cuda"
             self.graphed = GraphedRows(backend.model, self.k_cache, self.v_cache, bucket_sizes(max_batch), capture)
         self._free = list(range(max_batch))
@@ -132,7 +132,8 @@ class BatchModel:
             return []
         with running_on(self.backend.threads.frame):
             if self.graphed is not None:
-                return frame_results(self.graphed(params, *self._static_inputs(calls)))
+                out, ids = self.graphed(params, calls, self._prefilled)
+                return frame_results(out, ids, [row for row, _ in calls], [x.logits for _, x in calls])
             return self._eager_frames(params, calls)
 
     def _eager_frames(self, params: SamplingParams, calls: Sequence[tuple[int, StepInputs]]) -> list[FrameResult]:
@@ -168,46 +169,7 @@ class BatchModel:
             use_forced=use_forced,
         )
         out = frame.sample(params, torch.stack(logits), torch.stack(hidden), inputs)
-        return frame_results(out)
-
-    def _static_inputs(self, calls: Sequence[tuple[int, StepInputs]]) -> tuple[FrameInputs, RowsInputs]:
-        """The inputs of :meth:`.model.frame.Frame.rows` for ``calls``: a frame-0 call (no column) steps the
-        scratch row at the last slot, and takes its prefill's logits and hidden instead."""
-        n, c, dev = len(calls), self.cfg.num_codebooks, self.backend.device
-        scratch, last = self.max_batch, self.cfg.max_seq_len - 1
-        first = [x.column is None for _, x in calls]
-        column = np.zeros((n, 1 + c), dtype=np.int64)
-        forced = np.zeros((n, 1 + c), dtype=np.int64)
-        for i, (_, x) in enumerate(calls):
-            if x.column is not None:
-                column[i] = x.column
-            if x.forced is not None:
-                forced[i] = x.forced
-        logits = torch.zeros(n, self.cfg.num_semantic + 1, dtype=self.k_cache.dtype, device=dev)
-        hidden = torch.zeros(n, self.cfg.dim, dtype=self.k_cache.dtype, device=dev)
-        for i, (row, _) in enumerate(calls):
-            if first[i]:
-                logits[i], hidden[i] = self._prefilled[row]
-
-        def tensor(values, dtype=None) -> torch.Tensor:
-            return torch.as_tensor(np.asarray(values, dtype=dtype), device=dev)
-
-        inputs = FrameInputs(
-            noise_slow=tensor([x.noise_slow for _, x in calls], np.float32),
-            window=tensor([x.window for _, x in calls], np.int64),
-            noise_fast=tensor([x.noise_fast for _, x in calls], np.float32),
-            forced=tensor(forced),
-            use_forced=tensor([float(x.forced is not None) for _, x in calls], np.float32),
-            column=tensor(column).view(n, 1 + c, 1),
-            pos=tensor([last if f else x.pos for f, (_, x) in zip(first, calls)], np.int64),
-        )
-        rows = RowsInputs(
-            rows=tensor([scratch if f else row for f, (row, _) in zip(first, calls)], np.int64),
-            first=tensor(first, np.bool_),
-            logits=logits,
-            hidden=hidden,
-        )
-        return inputs, rows
+        return frame_results(out, packed(out), range(n), [x.logits for x in steps])
 
 
 @dataclass
