@@ -14,7 +14,7 @@ from .encode import (
 )
 from .files import check_writable, open_audio_writer, partial_path, publish, write_audio
 from .reference import REFERENCE_RATE, ReferenceInfo, read_reference
-from .stretch import StreamStretcher, time_stretch
+from .stretch import StreamStretcher, check_speed, time_stretch
 
 __all__ = [
     "MEDIA_TYPES",
@@ -28,6 +28,7 @@ __all__ = [
     "ReferenceInfo",
     "SpeechEncoder",
     "check_speech_format",
+    "check_speed",
     "check_writable",
     "encode_speech",
     "open_audio_writer",

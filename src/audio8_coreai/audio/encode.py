@@ -10,13 +10,14 @@ import soxr
 
 from ..errors import AudioError
 from ..settings import DEFAULTS
-from .aac import AAC_RATES, AacWriter
+from .aac import AAC_RATES, AacWriter, pyav
 from .mp3tag import gapless_tag, tag_span
 
 # Encoded speech for the HTTP API (OpenAI's response_format names). libsndfile (through soundfile) encodes all but
 # aac: MP3 with LAME since libsndfile 1.1, Opus in Ogg since 1.0.29; a build without them gets a clear error; aac
-# is PyAV's (aac.py). The model speaks at 44.1 kHz; a body at another rate is resampled (soxr, very high quality):
-# Opus is defined at 48 kHz, pcm is 24 kHz unless asked otherwise (OpenAI's, :func:`output_rate`).
+# is PyAV's (aac.py; where av cannot be imported, an error naming its install). The model speaks at 44.1 kHz; a
+# body at another rate is resampled (soxr, very high quality): Opus is defined at 48 kHz, pcm is 24 kHz unless
+# asked otherwise (OpenAI's, :func:`output_rate`).
 # wav and pcm are 16-bit signed little-endian samples (as OpenAI's), pcm without any header.
 SPEECH_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
 MEDIA_TYPES = {
@@ -57,8 +58,9 @@ def output_rate(fmt: str, model_rate: int, asked: int | None = None) -> int:
 
 
 def check_speech_format(fmt: str, stream: bool = False) -> None:
-    """Raise AudioError unless ``fmt`` is one of SPEECH_FORMATS that this libsndfile encodes (and, when
-    ``stream``, one of STREAMABLE_FORMATS); the message names what to use instead."""
+    """Raise AudioError unless ``fmt`` is one of SPEECH_FORMATS that this install encodes (libsndfile's formats;
+    aac where av can be imported) and, when ``stream``, one of STREAMABLE_FORMATS; the message names what to use
+    instead (or to install)."""
     if fmt not in SPEECH_FORMATS:
         raise AudioError(f"unknown response_format {fmt!r}: use one of {', '.join(SPEECH_FORMATS)}")
     if stream and fmt not in STREAMABLE_FORMATS:
@@ -66,6 +68,8 @@ def check_speech_format(fmt: str, stream: bool = False) -> None:
             f"{fmt} cannot be streamed (its header must give the length); use one of "
             f"{', '.join(STREAMABLE_FORMATS)} to stream, or {fmt} without streaming"
         )
+    if fmt == "aac":
+        pyav()
     if fmt in _SOUNDFILE:
         container, subtype = _SOUNDFILE[fmt]
         if container not in sf.available_formats() or subtype not in sf.available_subtypes(container):

@@ -1,13 +1,16 @@
 """Speech at another speed, pitch kept: Rubber Band's time stretch through pedalboard (OpenAI's ``speed``).
 
 pedalboard (0.9) offers Rubber Band's offline stretcher only, no streaming one; :class:`StreamStretcher` stretches
-a stream chunk by chunk, each chunk with the input before it as context, joined by short crossfades.
+a stream chunk by chunk, each chunk with the input before it as context, joined by short crossfades. pedalboard is
+imported when a speed other than 1.0 is asked for (:func:`check_speed`), not with this module.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import pedalboard
+
+from ..errors import AudioError
+from ..packages import require
 
 # StreamStretcher: input samples before each chunk stretched with it (186 ms at 44.1 kHz: several of Rubber Band's
 # analysis windows, so a chunk's start is stretched as mid-signal), and output samples crossfaded at each join.
@@ -15,14 +18,26 @@ CONTEXT_SAMPLES = 8192
 CROSSFADE_SAMPLES = 1024
 
 
+def check_speed(speed: float) -> None:
+    """Raise AudioError naming pedalboard's install when ``speed`` needs the time stretch (any but 1.0) and
+    pedalboard cannot be imported."""
+    if speed != 1.0:
+        require("pedalboard", AudioError)
+
+
+def _stretch(audio: np.ndarray, sample_rate: int, speed: float) -> np.ndarray:
+    """Rubber Band's offline stretch of float32 ``audio`` [N]: float32 [about N / speed]."""
+    return require("pedalboard", AudioError).time_stretch(audio[None], float(sample_rate), float(speed))[0]
+
+
 def time_stretch(audio: np.ndarray, sample_rate: int, speed: float) -> np.ndarray:
     """Mono float32 ``audio`` [N] at ``sample_rate`` Hz spoken ``speed`` times as fast, pitch and formants kept:
-    float32 [round(N / speed)]. ``speed`` 1.0 returns ``audio`` as it is."""
+    float32 [round(N / speed)]. ``speed`` 1.0 returns ``audio`` as it is. Raises AudioError as :func:`check_speed`."""
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    check_speed(speed)
     if speed == 1.0 or audio.size == 0:
         return audio
-    out = pedalboard.time_stretch(audio[None], float(sample_rate), float(speed))[0]
-    return _fit(out, round(audio.size / speed))
+    return _fit(_stretch(audio, sample_rate, speed), round(audio.size / speed))
 
 
 def _fit(audio: np.ndarray, n: int) -> np.ndarray:
@@ -38,9 +53,10 @@ class StreamStretcher:
     the CONTEXT_SAMPLES of input before it, and the last CROSSFADE_SAMPLES of each output are held back and
     crossfaded into the next chunk's version of them (so output lags input by 23 ms at 44.1 kHz). Not sample-equal
     to the whole-utterance stretch (Rubber Band's phase runs on across a whole input): the same length, rate and
-    pitch, with a join every chunk."""
+    pitch, with a join every chunk. Raises AudioError as :func:`check_speed`."""
 
     def __init__(self, sample_rate: int, speed: float):
+        check_speed(speed)
         self.sample_rate, self.speed = sample_rate, speed
         self._history = np.zeros(0, np.float32)  # the input's last CONTEXT_SAMPLES
         self._pending = np.zeros(0, np.float32)  # output held back for the next join's crossfade
@@ -54,7 +70,7 @@ class StreamStretcher:
         self._taken += chunk.size
         segment = np.concatenate([self._history, chunk])
         self._history = segment[-CONTEXT_SAMPLES:]
-        stretched = pedalboard.time_stretch(segment[None], float(self.sample_rate), float(self.speed))[0]
+        stretched = _stretch(segment, self.sample_rate, self.speed)
         part = _fit(stretched, round(self._taken / self.speed) - self._sent)  # pending's span, then the new one
         n = self._pending.size
         fade = np.linspace(0.0, 1.0, n, endpoint=False, dtype=np.float32)

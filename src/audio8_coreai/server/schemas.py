@@ -9,8 +9,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from ..audio import RATE_RANGE, SPEECH_FORMATS, check_speech_format
+from ..audio import RATE_RANGE, SPEECH_FORMATS, check_speech_format, check_speed
 from ..errors import AudioError, PromptError, VoiceError
+from ..packages import require
 from ..text import check_text, check_unicode
 from ..voices import check_name
 
@@ -98,17 +99,32 @@ class SpeechRequest(BaseModel):
     @field_validator("response_format")
     @classmethod
     def _encodable(cls, fmt: str, info: ValidationInfo) -> str:
-        try:  # streamable when streamed, and encoded by this server's libsndfile
+        try:  # streamable when streamed, and encoded by this server (its libsndfile; av for aac)
             check_speech_format(fmt, info.data.get("stream", False))
         except AudioError as e:
             raise refusal("unsupported_format", str(e)) from None
         return fmt
 
+    @field_validator("speed")
+    @classmethod
+    def _stretchable(cls, speed: float) -> float:
+        try:  # any speed but 1.0 is a time stretch: pedalboard's
+            check_speed(speed)
+        except AudioError as e:
+            raise refusal("unsupported_speed", str(e)) from None
+        return speed
+
     @field_validator("stream_format")
     @classmethod
     def _sse_streams(cls, stream_format: str, info: ValidationInfo) -> str:
+        if stream_format != "sse":
+            return stream_format
+        try:  # the events are sse-starlette's
+            require("sse_starlette", AudioError)
+        except AudioError as e:
+            raise refusal("unsupported_stream_format", str(e)) from None
         fmt = info.data.get("response_format")
-        if stream_format == "sse" and fmt is not None:  # sent as it is made: the format must stream
+        if fmt is not None:  # sent as it is made: the format must stream
             try:
                 check_speech_format(fmt, True)
             except AudioError as e:

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
-from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from ...audio import MEDIA_TYPES, output_rate
 from ...errors import AudioError, DamagedVoice, VoiceError
@@ -126,6 +125,8 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
             headers["X-Audio8-Warning"] = note
         media = MEDIA_TYPES[req.response_format]
         if req.stream_format == "sse":  # from here the body's generator tells the synthesizer when to stop
+            from sse_starlette import EventSourceResponse  # imported by the schema's check (stream_format)
+
             return EventSourceResponse(_events(speech, metrics), headers=headers)
         if req.stream:
             return StreamingResponse(_sent(speech.body, metrics), media_type=media, headers=headers)
@@ -191,15 +192,16 @@ async def _sent(body: AsyncGenerator[bytes, None], metrics: Metrics) -> AsyncIte
         await body.aclose()
 
 
-async def _events(speech: Speech, metrics: Metrics) -> AsyncIterator[ServerSentEvent]:
-    """OpenAI's speech events: ``speech.audio.delta`` with base64 ``audio`` per encoded chunk, then
-    ``speech.audio.done`` with ``usage`` (input tokens: the text's; output tokens: the frames made)."""
+async def _events(speech: Speech, metrics: Metrics) -> AsyncIterator[dict[str, str]]:
+    """OpenAI's speech events, each an sse-starlette event's fields: ``speech.audio.delta`` with base64 ``audio``
+    per encoded chunk, then ``speech.audio.done`` with ``usage`` (input tokens: the text's; output tokens: the
+    frames made)."""
     async for data in _sent(speech.body, metrics):
-        yield ServerSentEvent(data=json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}))
+        yield {"data": json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})}
     if speech.frames is not None:  # the body ran to its end
         usage = {
             "input_tokens": speech.tokens,
             "output_tokens": speech.frames,
             "total_tokens": speech.tokens + speech.frames,
         }
-        yield ServerSentEvent(data=json.dumps({"type": "speech.audio.done", "usage": usage}))
+        yield {"data": json.dumps({"type": "speech.audio.done", "usage": usage})}
