@@ -10,6 +10,7 @@ import torch
 
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.sampling import (
+    CANDIDATES,
     NoiseSource,
     greedy_semantic,
     np_sample_semantic,
@@ -163,7 +164,10 @@ def _random_logits(rng: np.random.Generator, kind: str, shape: tuple[int, ...]) 
 
 @pytest.mark.parametrize("shape", [(7,), (3, 64), (2, 3, 257), (2, 4097)])
 @pytest.mark.parametrize("kind", ["peaked", "flat", "ties", "normal"])
-def test_torch_matches_numpy_reference(shape, kind):
+@pytest.mark.parametrize("candidates", CANDIDATES)
+def test_torch_matches_numpy_reference(shape, kind, candidates):
+    """Every way of finding the candidates (eager, CUDA graphs' stable sort, export's rank count) draws the
+    reference's index, ties at the cuts and in the race included."""
     rng = np.random.default_rng(sum(shape) * 10 + len(kind))
     for k, p, t in SETTINGS:
         logits = _random_logits(rng, kind, shape)
@@ -171,7 +175,7 @@ def test_torch_matches_numpy_reference(shape, kind):
             u = rng.choice([0.25, 0.5, 0.75], shape).astype(np.float32)
         else:
             u = rng.random(shape, dtype=np.float32) + np.float32(2**-25)
-        got = sample_top_k_top_p(torch.from_numpy(logits), torch.from_numpy(u), k, p, t)
+        got = sample_top_k_top_p(torch.from_numpy(logits), torch.from_numpy(u), k, p, t, candidates=candidates)
         assert got.shape == shape[:-1] and got.dtype == torch.int64
         np.testing.assert_array_equal(got.numpy(), np_sample_top_k_top_p(logits, u, k, p, t), err_msg=f"{k} {p} {t}")
 

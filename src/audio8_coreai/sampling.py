@@ -106,11 +106,24 @@ def _top_k_candidates_eager(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return _top_k_candidates(x, k)
 
 
-def _candidates(logits: Tensor, top_k: int, eager: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _top_k_candidates_sorted(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """:func:`_top_k_candidates`'s exact result by one stable descending sort: equal values keep their order, the
+    lower index first, which is the canonical order. Static shapes and no host read (CUDA graphs), in a couple of
+    kernels where the rank count takes dozens; not for Core AI export, whose delegate has no stable sort."""
+    vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
+    return vals[..., :k], idx[..., :k]
+
+
+CANDIDATES = {"eager": _top_k_candidates_eager, "sorted": _top_k_candidates_sorted, "static": _top_k_candidates}
+"""How the sampler finds its top-k candidates, one exact result: ``eager`` (a host check first; eager PyTorch),
+``sorted`` (a stable sort; CUDA graphs), ``static`` (a rank count; exported graphs)."""
+
+
+def _candidates(logits: Tensor, top_k: int, how: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(fp32 scores [..., N], candidate values [..., k], their indices, their full-softmax probabilities)."""
     x = logits.float()
     k = min(top_k, x.shape[-1])
-    vals, cand = (_top_k_candidates_eager if eager else _top_k_candidates)(x, k)
+    vals, cand = CANDIDATES[how](x, k)
     return x, vals, cand, torch.softmax(x, dim=-1).gather(-1, cand)
 
 
@@ -132,7 +145,7 @@ def _draw(
 
 
 def sample_top_k_top_p(
-    logits: Tensor, uniforms: Tensor, top_k: int, top_p: float, temperature: float, *, eager: bool = False
+    logits: Tensor, uniforms: Tensor, top_k: int, top_p: float, temperature: float, *, candidates: str = "static"
 ) -> Tensor:
     """One draw per row, exactly the publisher's legacy top-k/top-p processor followed by ``_sample``.
 
@@ -153,10 +166,10 @@ def sample_top_k_top_p(
     0, and equal race values go to the lowest index (the publisher's ``argmax`` over the vocabulary).
     If ``u`` is 0 at every kept candidate (impossible with :class:`NoiseSource`), every race value is 0 and the
     publisher would return index 0 of its whole vocabulary; this returns the lowest candidate.
-    ``eager`` True finds the candidates with a host-side check (same result, faster; not for export).
+    ``candidates``: how the top-k candidates are found (a name of :data:`CANDIDATES`; the same result).
     """
     _check_params(top_k, top_p, temperature)
-    return _draw(_candidates(logits, top_k, eager), uniforms, top_p, temperature)
+    return _draw(_candidates(logits, top_k, candidates), uniforms, top_p, temperature)
 
 
 def greedy(logits: Tensor) -> Tensor:
@@ -204,7 +217,7 @@ def sample_semantic(
     semantic_begin_id: int,
     eos_id: int,
     *,
-    eager: bool = False,
+    candidates: str = "static",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The semantic draw with repetition-aware sampling (the publisher's ``_sample_semantic``).
 
@@ -223,7 +236,7 @@ def sample_semantic(
     Both draws are always made (the publisher draws both at every step, step 0 included). The result is the
     high draw when the normal draw is a semantic id present in the window, else the normal draw; eos is never
     replaced (the high draw may itself be eos). With an all ``-1`` window (step 0) the normal draw is returned.
-    ``eager`` as :func:`sample_top_k_top_p`.
+    ``candidates`` as :func:`sample_top_k_top_p`.
     """
     v = logits.shape[-1] - 1
     eos_first = _eos_first(semantic_begin_id, eos_id)
@@ -232,7 +245,7 @@ def sample_semantic(
     p = params
     _check_params(p.top_k, p.top_p, p.temperature)
     _check_params(p.top_k, p.ras_top_p, p.ras_temperature)
-    prepared = _candidates(x, p.top_k, eager)  # both draws rank the same scores with the same top_k
+    prepared = _candidates(x, p.top_k, candidates)  # both draws rank the same scores with the same top_k
     normal_j = _draw(prepared, u[..., 0, :], p.top_p, p.temperature)
     high_j = _draw(prepared, u[..., 1, :], p.ras_top_p, p.ras_temperature)
     normal = _vocab_index_to_id(normal_j, v, semantic_begin_id, eos_id)

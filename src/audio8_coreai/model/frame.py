@@ -7,8 +7,8 @@ Written once (DESIGN.md "Speed is a mode, never a copy"); how the work is issued
   slots, with no mask for the one query of a slow step; the sampler finds its candidates with a host check;
 * ``export`` (Core AI assets): static shapes, the slot a traced input written as one slice, attention over all L
   slots under a mask, the in-graph sampler (:mod:`..backends.coreai`);
-* ``graph`` (CUDA graphs): as ``export`` but the slot is written by index, so a captured graph reads nothing on
-  the host (:mod:`..backends.torch.cudagraphs`);
+* ``graph`` (CUDA graphs): as ``export`` but the slot is written by index and the sampler's candidates come from
+  a stable sort, so a captured graph reads nothing on the host (:mod:`..backends.torch.cudagraphs`);
 * batched rows (continuous batching): :meth:`Frame.slow_rows` steps several utterances, each at its own slot, and
   :meth:`Frame.sample` draws for all of them at once; in ``graph`` mode :meth:`Frame.rows` is the whole batched
   frame in static shapes (the batch's rows of the KV state in place, slots as a tensor, frame-0 rows blended in),
@@ -200,10 +200,10 @@ class Frame(nn.Module):
         the fast AR's rows, each fed the code kept for the row before. Frame 0 is this on the prefill's last
         column; every later frame is :meth:`forward`."""
         cfg, p = self.model.cfg, params
-        eager = self.mode == "eager"
+        how = {"eager": "eager", "graph": "sorted", "export": "static"}[self.mode]  # the candidates (sampling.py)
         if p.do_sample:
             sampled_sem, _, _ = sample_semantic(
-                logits, inputs.noise_slow, inputs.window, p, cfg.semantic_begin_id, cfg.eos_token_id, eager=eager
+                logits, inputs.noise_slow, inputs.window, p, cfg.semantic_begin_id, cfg.eos_token_id, candidates=how
             )
         else:
             sampled_sem = greedy_semantic(logits, semantic_begin_id=cfg.semantic_begin_id, eos_id=cfg.eos_token_id)
@@ -215,7 +215,7 @@ class Frame(nn.Module):
         def draw(row: int, lg: Tensor) -> Tensor:
             if p.do_sample:
                 drawn = sample_top_k_top_p(
-                    lg, inputs.noise_fast[:, row - 1], p.top_k, p.top_p, p.temperature, eager=eager
+                    lg, inputs.noise_fast[:, row - 1], p.top_k, p.top_p, p.temperature, candidates=how
                 )
             else:
                 drawn = greedy(lg)

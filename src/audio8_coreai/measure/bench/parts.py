@@ -111,9 +111,9 @@ def frame_parts(backend, params, pos: int) -> dict[str, Callable[[], object]]:
 
     @torch.inference_mode()
     def sampler():
-        sample_semantic(logits, noise, window, params, cfg.semantic_begin_id, cfg.eos_token_id, eager=True)
+        sample_semantic(logits, noise, window, params, cfg.semantic_begin_id, cfg.eos_token_id, candidates="eager")
         for _ in range(cfg.num_codebooks - 1):
-            sample_top_k_top_p(fast_logits, noise_fast, params.top_k, params.top_p, params.temperature, eager=True)
+            sample_top_k_top_p(fast_logits, noise_fast, params.top_k, params.top_p, params.temperature, candidates="eager")
         _sync(dev)
 
     return {"slow": slow, "fast": fast, "sampler": sampler}
