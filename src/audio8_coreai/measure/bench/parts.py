@@ -113,7 +113,8 @@ def frame_parts(backend, params, pos: int) -> dict[str, Callable[[], object]]:
     def sampler():
         sample_semantic(logits, noise, window, params, cfg.semantic_begin_id, cfg.eos_token_id, candidates="eager")
         for _ in range(cfg.num_codebooks - 1):
-            sample_top_k_top_p(fast_logits, noise_fast, params.top_k, params.top_p, params.temperature, candidates="eager")
+            p = params
+            sample_top_k_top_p(fast_logits, noise_fast, p.top_k, p.top_p, p.temperature, candidates="eager")
         _sync(dev)
 
     return {"slow": slow, "fast": fast, "sampler": sampler}
