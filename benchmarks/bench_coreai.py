@@ -33,7 +33,8 @@ from audio8_coreai.backends.coreai import CoreAIBackend, read_manifest
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
-from audio8_coreai.engine.loop import frame_steps, noise_source
+from audio8_coreai.engine.loop import frame_steps
+from audio8_coreai.engine.noise import noise_source
 from audio8_coreai.model.frame import PREFILL_WIDTH
 from audio8_coreai.precision import names
 from audio8_coreai.settings import DEFAULTS

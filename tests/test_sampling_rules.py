@@ -240,3 +240,15 @@ def test_noise_source_is_deterministic_per_seed_and_never_zero():
     assert first[0].shape == (2, 4097) and first[1].shape == (9, 4096)
     assert not np.array_equal(first[0], second[0])
     assert 0.49 < first[1].mean() < 0.51
+
+
+def test_noise_drawn_ahead_is_the_same_stream():
+    """The stream drawn one step ahead on the noise threads gives the seeded stream's values in order."""
+    from audio8_coreai.engine.noise import NoiseAhead
+
+    plain, ahead = NoiseSource(7, V, 64, 3), NoiseAhead(NoiseSource(7, V, 64, 3))
+    for _ in range(5):
+        (a_slow, a_fast), (b_slow, b_fast) = plain.next_frame(), ahead.next_frame()
+        assert a_slow.shape == (2, V + 1) and a_fast.shape == (3, 64)
+        np.testing.assert_array_equal(a_slow, b_slow)
+        np.testing.assert_array_equal(a_fast, b_fast)

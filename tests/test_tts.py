@@ -279,3 +279,22 @@ def test_loading_and_speaking_never_import_torch_dynamo(tiny_checkpoint, codec_p
     out = subprocess.run([sys.executable, "-c", script, str(tiny_checkpoint)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_noise_drawn_ahead_gives_the_same_audio(tiny_checkpoint):
+    """A backend whose frames leave the host idle (CUDA) draws each step's noise during the step before: the same
+    seed gives the same codes, and the same audio for a stream of several pieces (one noise stream across them)."""
+    from audio8_coreai import TTS
+
+    plain = TTS.load(tiny_checkpoint, device="cpu", codec_process=False)
+    ahead = TTS.load(tiny_checkpoint, device="cpu", codec_process=False)
+    assert not plain.backend.noise_ahead
+    ahead.backend.noise_ahead = True
+    want, got = (tts.generate(TEXT, seed=5, max_frames=20).codes for tts in (plain, ahead))
+    np.testing.assert_array_equal(got, want)
+    text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(3))
+    streams = [tts.stream(text, seed=2, max_frames=5, chunk_frames=4) for tts in (plain, ahead)]
+    assert [len(s.pieces) for s in streams] == [3, 3]
+    want, got = (np.concatenate(list(s)) for s in streams)
+    assert want.size > 0
+    np.testing.assert_array_equal(got, want)

@@ -33,7 +33,8 @@ class Settings:
     codec_threads: int | None = None  # the codec process's torch threads; None: half the CPUs (>= 1), frames the rest
     codec_queue: int = 2  # codec chunks in flight beside the frame loop (decoding or waiting); the loop waits beyond
     cuda_graphs: bool | None = None  # frames replayed as CUDA graphs (one launch per frame); None: on when on CUDA
-    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)  # batched graphs: rows padded up to the next one
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # batched graphs: rows padded up to the next
+    noise_threads: int = 4  # threads drawing each stream's next noise while a step runs (frames on a GPU)
     batch_codec: bool | None = None  # batched serving: the streams' codec pushes stacked in one call; None: on CUDA
 
     # Server (server/, backends/torch/rows.py; `audio8 serve`)

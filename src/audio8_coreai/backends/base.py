@@ -114,6 +114,9 @@ class Backend(ABC):
     codec_process: bool = False
     """Whether its codec runs in a process of its own (on another core): streaming and whole-utterance decodes then
     overlap it with the frames by default."""
+    noise_ahead: bool = False
+    """Whether its frames leave the host idle (a GPU's), so the loop draws each step's noise during the step before
+    (:mod:`..engine.noise`)."""
 
     def __init__(self) -> None:
         self.lease = Lease()

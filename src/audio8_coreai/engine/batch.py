@@ -20,7 +20,8 @@ from ..backends.base import FrameResult
 from ..backends.torch import TorchBackend
 from ..backends.torch.rows import BatchModel
 from ..config import SamplingParams
-from .loop import Generation, NoiseLike, Utterance, check_context, noise_source
+from .loop import Generation, Utterance, check_context
+from .noise import NoiseLike, seeded_noise
 
 
 @dataclass
@@ -69,7 +70,7 @@ class BatchEngine:
         if noise is None:
             if seed is None:
                 raise ValueError("admit needs a seed or a noise source")
-            noise = noise_source(self.cfg, seed)
+            noise = seeded_noise(self.model.backend, seed)
         row = self.model.acquire()
         self.model.prefill(row, prompt)
         item = BatchItem(row, Utterance(self.cfg, prompt.shape[1], max_frames, noise, logits=logits))

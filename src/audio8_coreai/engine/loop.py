@@ -13,21 +13,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from ..backends.base import Backend, FrameResult, StepInputs
 from ..config import ModelConfig, SamplingParams, check_int
 from ..errors import EngineError
-from ..sampling import NoiseSource, RasWindow
+from ..sampling import RasWindow
 from ..settings import DEFAULTS
-
-
-class NoiseLike(Protocol):
-    """A noise stream: one (noise_slow float32 [2, V+1], noise_fast float32 [C-1, codebook_size]) per step."""
-
-    def next_frame(self) -> tuple[np.ndarray, np.ndarray]: ...
+from .noise import NoiseLike, seeded_noise
 
 
 @dataclass
@@ -142,9 +136,10 @@ def generate(
 ) -> Generation:
     """Prefill ``prompt`` int64 [1+C, P], then run the frame loop until eos or ``max_frames`` frames.
 
-    Noise comes from ``NoiseSource(seed)`` (one [2, V+1] and one [C-1, codebook_size] uniform draw per
-    step, eos step included), so the same seed gives the same codes. ``on_frame(t)`` is called after
-    every step (progress bars). ``keep_results`` keeps every :class:`FrameResult`, with its logits (parity, gate).
+    Noise comes from ``NoiseSource(seed)`` (one [2, V+1] and one [C-1, codebook_size] uniform draw per step, eos
+    step included; drawn ahead where the backend says, :mod:`.noise`), so the same seed gives the same codes.
+    ``on_frame(t)`` is called after every step (progress bars). ``keep_results`` keeps every :class:`FrameResult`,
+    with its logits (parity, gate).
     ``noise`` replaces the seeded source (parity replays recorded uniforms); ``forced`` as :func:`frame_steps`.
     ``on_codes(codes)`` gets each frame's codes int64 [C] as it is made (a decode beside the loop).
     Holds the backend's lease for the whole call. Raises EngineError when the prompt and frames do not fit.
@@ -152,7 +147,7 @@ def generate(
     cfg = backend.cfg
     check_context(cfg, prompt.shape[1], max_frames)
     if noise is None:
-        noise = noise_source(cfg, seed)
+        noise = seeded_noise(backend, seed)
     p_len = prompt.shape[1]
     frames: list[np.ndarray] = []
     results: list[FrameResult] = []
@@ -217,8 +212,3 @@ def check_context(cfg: ModelConfig, prompt_length: int, max_frames: int) -> None
     """Raise EngineError unless a prompt of ``prompt_length`` columns and ``max_frames`` frames fit the context."""
     if prompt_length + max_frames > cfg.max_seq_len:
         raise EngineError(f"prompt {prompt_length} + {max_frames} frames exceeds the context {cfg.max_seq_len}")
-
-
-def noise_source(cfg: ModelConfig, seed: int) -> NoiseSource:
-    """The seeded noise stream of an utterance (see :func:`generate`); several utterances may share one."""
-    return NoiseSource(seed, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)

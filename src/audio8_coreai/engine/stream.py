@@ -21,7 +21,8 @@ import numpy as np
 from ..backends.base import Backend, CodecStream
 from ..config import SamplingParams, check_int
 from ..settings import DEFAULTS
-from .loop import frame_steps, noise_source
+from .loop import frame_steps
+from .noise import seeded_noise
 from .overlap import CodecQueue
 
 DEFAULT_CHUNK_FRAMES = DEFAULTS.chunk_frames  # 16 x 2048 samples = 0.74 s of audio per chunk
@@ -127,7 +128,7 @@ class SpeechStream:
     def __iter__(self) -> Iterator[np.ndarray]:
         self._reset_stats()
         cfg = self.backend.cfg
-        noise = noise_source(cfg, self.seed)
+        noise = seeded_noise(self.backend, self.seed)  # one stream across the pieces
         pause = np.zeros(round(self.pause_s * self.sample_rate), dtype=np.float32)
         start = time.perf_counter()
         step = 0

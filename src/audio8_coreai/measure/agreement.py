@@ -20,7 +20,7 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..config import SamplingParams
-from ..engine.loop import noise_source
+from ..engine.noise import noise_source
 from .replay import Recording, replay_recording
 from .replay import record as replay_record
 from .stats import cosine

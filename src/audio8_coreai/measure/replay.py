@@ -15,7 +15,8 @@ import numpy as np
 
 from ..backends.base import Backend, FrameResult
 from ..config import SamplingParams
-from ..engine.loop import Generation, NoiseLike, generate
+from ..engine.loop import Generation, generate
+from ..engine.noise import NoiseLike
 
 
 class RecordedNoise:

@@ -132,6 +132,7 @@ class TorchBackend(Backend):
         codec_process: bool | None = DEFAULTS.codec_process,
     ):
         self.device = resolve_device(device)
+        self.noise_ahead = self.device.type == "cuda"  # a GPU's frames leave the host idle
         if frame_mode not in ("eager", "graph"):
             raise BackendError(f"unknown frame mode {frame_mode!r}: eager or graph")
         if codec_process and self.device.type != "cpu":

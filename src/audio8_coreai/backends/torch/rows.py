@@ -316,6 +316,7 @@ class RowBackend(Backend):
         self.device = self.shared.device
         self.precision = self.shared.precision
         self.codec_process = self.shared.codec_process
+        self.noise_ahead = self.shared.noise_ahead
 
     @property
     def description(self) -> str:

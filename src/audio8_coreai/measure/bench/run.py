@@ -66,7 +66,8 @@ class _Run:
     def _frame_loop(self) -> tuple[float, float]:
         """(wall ms, CPU ms) per frame of one run of up to ``frames`` frames after a prefill: the product's frame
         loop (:func:`...engine.loop.frame_steps`, which stops at eos), or the baseline's frames."""
-        from ...engine.loop import frame_steps, noise_source
+        from ...engine.loop import frame_steps
+        from ...engine.noise import noise_source
 
         b, mc, p_len = self.backend, self.mc, self.prompt.shape[1]
         b.prefill(self.prompt)

@@ -13,7 +13,8 @@ import numpy as np
 from ...audio import REFERENCE_RATE, read_reference, write_audio
 from ...backends.base import open_backend
 from ...config import SamplingParams
-from ...engine.loop import frame_budget, generate, noise_source
+from ...engine.loop import frame_budget, generate
+from ...engine.noise import noise_source
 from ...errors import BackendError
 from ..oracle import _params, load_fixture
 from ..parity import ParityReport, compare_free_run, replay_forced, run_parity

@@ -1,0 +1,66 @@
+"""An utterance's noise drawn one step ahead, on a worker thread, while the step before runs.
+
+A frame's noise (two semantic draws and nine codebooks: 45,058 uniforms on the 0.6b model) does not depend on the
+frame before, so where a step leaves the host idle (frames on a GPU) the next step's noise is drawn during it, off
+the critical path. The values and their order are the wrapped stream's: the same seed gives the same audio.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
+
+import numpy as np
+
+from ..backends.base import Backend
+from ..config import ModelConfig
+from ..sampling import NoiseSource
+from ..settings import DEFAULTS
+
+
+class NoiseLike(Protocol):
+    """A noise stream: one (noise_slow float32 [2, V+1], noise_fast float32 [C-1, codebook_size]) per step."""
+
+    def next_frame(self) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def noise_source(cfg: ModelConfig, seed: int) -> NoiseSource:
+    """The seeded noise stream of an utterance (see :func:`.loop.generate`); several utterances may share one."""
+    return NoiseSource(seed, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The process's noise threads (``DEFAULTS.noise_threads``), started on first use."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(DEFAULTS.noise_threads, thread_name_prefix="audio8-noise")
+        return _POOL
+
+
+class NoiseAhead:
+    """``noise`` (a :class:`NoiseLike`) one step ahead: :meth:`next_frame` returns the step drawn while the
+    last one ran and starts drawing the next on the noise threads. One wrapper per stream, kept across its pieces
+    (the step drawn ahead is the next piece's first)."""
+
+    def __init__(self, noise: NoiseLike):
+        self._noise = noise
+        self._next: Future = _pool().submit(noise.next_frame)
+
+    def next_frame(self) -> tuple[np.ndarray, np.ndarray]:
+        """(noise_slow float32 [2, V+1], noise_fast float32 [C-1, codebook_size]), as the wrapped stream's."""
+        frame = self._next.result()
+        self._next = _pool().submit(self._noise.next_frame)
+        return frame
+
+
+def seeded_noise(backend: Backend, seed: int) -> NoiseLike:
+    """An utterance's seeded noise stream (:func:`noise_source`), drawn ahead where ``backend.noise_ahead``
+    says its frames leave the host idle."""
+    noise = noise_source(backend.cfg, seed)
+    return NoiseAhead(noise) if backend.noise_ahead else noise
