@@ -2,7 +2,8 @@
 # The CUDA check (issues 6 and 14) as one run on a lent GPU machine (the `device` tool; 7-9 minutes there).
 #
 #   bash benchmarks/device_check.sh --prepare   # here: the packages the machine lacks (as wheels, for its
-#                                               # Python 3.12) and the tiny oracle, into .gpucheck/ (ignored)
+#                                               # Python 3.12), into .gpucheck/ (ignored); the tiny oracle
+#                                               # (tests/oracle) travels with the tree
 #   then the device tool's run, carrying .gpucheck, with the command: bash benchmarks/device_check.sh
 #
 # There it runs, with its own PyTorch and this tree on PYTHONPATH: the CUDA tests (the oracle replayed on the GPU,
@@ -19,8 +20,7 @@ WHEELS=(soundfile==0.14.0 cffi==2.0.0 pycparser==3.0 soxr==1.1.0 platformdirs==4
 
 if [ "${1:-}" = --prepare ]; then
     set -e
-    rm -rf .gpucheck && mkdir -p .gpucheck/whl .gpucheck/oracle
-    cp -r ../shared/oracle/tiny .gpucheck/oracle/ && chmod -R u+w .gpucheck/oracle
+    rm -rf .gpucheck && mkdir -p .gpucheck/whl
     plats=()
     for n in 2_17 2_27 2_28 2_31 2_34 2_35; do plats+=(--platform "manylinux_${n}_x86_64"); done
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -36,7 +36,7 @@ exec > >(tee "$OUT/log.txt") 2>&1
                               "and carry .gpucheck"; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .gpucheck/whl/*.whl || exit 2
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 AUDIO8_ORACLE=$PWD/.gpucheck/oracle
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 A8=(python3 -m audio8_coreai.cli)  # no console script there: the package runs from the tree
 fail=0
 step() { echo "== $1"; shift; "$@" || { echo "!! failed ($?): $*"; fail=1; }; }
@@ -51,8 +51,8 @@ step "CUDA tests: the oracle through the captured frame; graphed and eager give 
     tests/test_graph_rows.py::test_captured_rows_equal_the_eager_cuda_rows \
     tests/test_graph_rows.py::test_graphs_are_the_default_on_cuda \
     "tests/test_codec_rows.py::test_stacked_pushes_equal_each_streams_own_decode[cuda]"
-step "oracle parity, eager frame on CUDA" timeout 40 "${A8[@]}" parity --model .gpucheck/oracle/tiny \
-    --fixture .gpucheck/oracle/tiny/fixture.npz --device cuda --no-cuda-graphs
+step "oracle parity, eager frame on CUDA" timeout 40 "${A8[@]}" parity --model tests/oracle/tiny \
+    --fixture tests/oracle/tiny/fixture.npz --device cuda --no-cuda-graphs
 ckpt=/tmp/bench-0.6b
 step "0.6b random checkpoint" timeout 60 "${A8[@]}" make-checkpoint "$ckpt" --size 0.6b --seed 0
 step "graphs vs eager at batch 1, batched graphs at 1/8/32/128, real-time streams with the codec" \

@@ -1,31 +1,51 @@
-"""Shared test fixtures: where the oracle recordings live (../shared/oracle beside the project, or the folder
-AUDIO8_ORACLE names: the device check carries a copy)."""
+"""Shared test fixtures. The oracle recordings (tests/oracle, recorded from the publisher's code; see its README.md)
+are read from temporary copies in the publisher's layout, so no test writes into the repository's copy."""
 
 from __future__ import annotations
 
-import os
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-ORACLE = Path(os.environ.get("AUDIO8_ORACLE") or SHARED / "oracle")
+ORACLE = Path(__file__).resolve().parent / "oracle"
+
+
+def write_codec_pth(folder: Path) -> None:
+    """Write ``folder/codec.pth`` (the publisher's format: ``torch.save`` of a plain dict of tensors) from
+    ``folder/codec.safetensors``, its keys in the publisher's file order: the released 0.6b codec's
+    (``param_shapes_0.6b.json``), of which the tiny codec's names are a subset (safetensors sorts its keys)."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(folder / "codec.safetensors")
+    order = [name for name, _ in json.loads((ORACLE / "param_shapes_0.6b.json").read_text())["codec"]]
+    ordered = {name: tensors[name] for name in order if name in tensors}
+    assert ordered.keys() == tensors.keys(), "codec.safetensors holds names the 0.6b codec does not"
+    torch.save(ordered, folder / "codec.pth")
 
 
 @pytest.fixture(scope="session")
-def oracle_dir() -> Path:
-    """The fp32 tiny oracle checkpoint folder (publisher layout, random weights)."""
-    path = ORACLE / "tiny"
-    if not path.is_dir():
-        pytest.fail(f"oracle fixtures not found at {path}: the project expects ../shared/oracle beside it")
+def oracle_dir(tmp_path_factory) -> Path:
+    """The fp32 tiny oracle checkpoint folder (publisher layout, random weights): a copy of oracle/tiny with its
+    ``codec.pth`` written from ``codec.safetensors`` (the repository leaves that duplicate out)."""
+    path = tmp_path_factory.mktemp("oracle") / "tiny"
+    shutil.copytree(ORACLE / "tiny", path)
+    write_codec_pth(path)
     return path
 
 
 @pytest.fixture(scope="session")
-def oracle_bf16_dir() -> Path:
-    """The same tiny weights, recorded running in bfloat16."""
-    return ORACLE / "tiny_bf16"
+def oracle_bf16_dir(oracle_dir, tmp_path_factory) -> Path:
+    """The same tiny weights with the recording made running them in bfloat16: oracle_dir's checkpoint files and
+    oracle/tiny_bf16's ``fixture.npz`` and ``meta.json`` (all the repository keeps of it)."""
+    path = tmp_path_factory.mktemp("oracle") / "tiny_bf16"
+    shutil.copytree(oracle_dir, path, ignore=shutil.ignore_patterns("fixture.npz", "meta.json"))
+    for name in ("fixture.npz", "meta.json"):
+        shutil.copyfile(ORACLE / "tiny_bf16" / name, path / name)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 
 from audio8_coreai.config import CodecConfig
 from audio8_coreai.model.codec import CodecDecoder, CodecEncoder, codec_param_shapes, normalize_codec_state_dict
+from conftest import ORACLE
 
-SHAPES_0_6B = Path(__file__).resolve().parents[2] / "shared" / "reference" / "param_shapes_0.6b.json"
+SHAPES_0_6B = ORACLE / "param_shapes_0.6b.json"
 DECODE_ITEMS = [("plain", 0), ("greedy", 0), ("batch", 0), ("batch", 1), ("clone", 0), ("codec_clamp", 0)]
 TOL = 1e-4  # oracle README: waveform and intermediates within 1e-4 absolute at fp32
 

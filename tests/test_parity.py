@@ -1,4 +1,4 @@
-"""The port against the publisher's recordings (../shared/oracle): logits, draws, free runs, codec."""
+"""The port against the publisher's recordings (tests/oracle): logits, draws, free runs, codec."""
 
 from __future__ import annotations
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,9 +18,9 @@ from audio8_coreai.text import (
     clean_text,
     split_text,
 )
+from conftest import ORACLE
 
-# The same place conftest.py serves the oracle from; needed at import time for the parametrisation.
-ORACLE = Path(__file__).resolve().parents[2] / "shared" / "oracle"
+# Read at import time for the parametrisation.
 PROMPTS = json.loads((ORACLE / "prompts.json").read_text(encoding="utf-8"))["prompts"]
 
 # Audio8-TTS-Preview-0.6b's config.json (SPEC.md section 1).

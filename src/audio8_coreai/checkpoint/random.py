@@ -1,7 +1,7 @@
 """Write a checkpoint with random weights in the publisher's exact layout, for tests and benchmarks.
 
 The configs written are package data in ``presets/``, key for key as the files they copy:
-``tiny/config.json`` the oracle's tiny checkpoint config (../shared/oracle/tiny/config.json);
+``tiny/config.json`` the oracle's tiny checkpoint config (tests/oracle/tiny/config.json);
 ``tiny/codec_spec.json`` the oracle's tiny codec (the publisher's blocks, fewer channels);
 ``0.6b/config.json`` the release's config.json (Audio8-AI/Audio8_TTS model/audio8_tts_0_6B_preview/config.json),
 which unlike the tiny one carries dtype and tie_word_embeddings and none of the HF alias keys;

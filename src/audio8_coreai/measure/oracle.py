@@ -1,4 +1,4 @@
-"""The oracle's ``fixture.npz`` (recorded from the publisher's code, see ``shared/oracle/README.md``): reading it, and
+"""The oracle's ``fixture.npz`` (recorded from the publisher's code, see ``tests/oracle/README.md``): reading it, and
 the recorded uniforms, sampling settings, forced columns and prompts its scenarios are replayed with.
 
 Arrays are keyed ``SCENARIO__NAME`` (the oracle's layout); :func:`.gate.tensors.record_run` writes a reference run

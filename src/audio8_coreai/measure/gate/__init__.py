@@ -28,7 +28,7 @@ Two references (``against``):
 - ``"fp32"``: the same checkpoint in fp32 through the torch backend (on ``reference_device``), over a fixtures
   file (:func:`load_fixtures`; the default set ships with the package). Its run is recorded in the oracle's
   fixture layout, so the teacher-forced replay is parity's own.
-- an oracle ``fixture.npz`` (recorded from the publisher's code, see ``shared/oracle/README.md``): the whole
+- an oracle ``fixture.npz`` (recorded from the publisher's code, see ``tests/oracle/README.md``): the whole
   :func:`..parity.run_parity` replay, with the recorded uniforms. Oracle checkpoints have random weights and the
   recording holds no text, so stages 4 and 5 are skipped.
 
