@@ -71,14 +71,27 @@ def centroid(audio: np.ndarray, rate: int) -> float:
 # The OpenAI SDK
 
 
-def test_sdk_default_call_decodes_as_mp3(client):
-    r = client.audio.speech.with_raw_response.create(model="tts-1-hd", voice="alloy", input=TEXT, extra_body=EXTRAS)
-    audio, rate = sf.read(io.BytesIO(r.content), dtype="float32")
-    assert r.headers["content-type"] == "audio/mpeg" and r.headers["x-model"] == "tts-1-hd"
-    assert rate == 44100 and r.headers["x-sample-rate"] == "44100"
+def test_sdk_default_call_streams_mp3_and_stream_false_sends_the_whole_file(client):
+    """The SDK's plain call gets mp3 sent as it is made (chunked: no length is known when it starts, as OpenAI's);
+    ``stream: false`` the whole file, its length in Content-Length and in LAME's gapless tag. The streamed mp3 has
+    the same audio with up to two mp3 frames more at its end (its tag cannot give the length: see the README)."""
+    streamed = client.audio.speech.with_raw_response.create(
+        model="tts-1-hd", voice="alloy", input=TEXT, extra_body=EXTRAS
+    )
+    whole = client.audio.speech.with_raw_response.create(
+        model="tts-1-hd", voice="alloy", input=TEXT, extra_body={**EXTRAS, "stream": False}
+    )
+    assert streamed.headers["transfer-encoding"] == "chunked" and "content-length" not in streamed.headers
+    assert int(whole.headers["content-length"]) == len(whole.content) and "transfer-encoding" not in whole.headers
+    for r in (streamed, whole):
+        assert r.headers["content-type"] == "audio/mpeg" and r.headers["x-model"] == "tts-1-hd"
+        assert r.headers["x-sample-rate"] == "44100"
+    audio, rate = sf.read(io.BytesIO(whole.content), dtype="float32")
     # at most 12 frames of 2048 samples; LAME's gapless tag gives the length back to within one mp3 frame
     frames = round(len(audio) / 2048)
-    assert 1 <= frames <= FRAMES and abs(len(audio) - frames * 2048) <= 1152
+    assert rate == 44100 and 1 <= frames <= FRAMES and abs(len(audio) - frames * 2048) <= 1152
+    played, rate = sf.read(io.BytesIO(streamed.content), dtype="float32")
+    assert rate == 44100 and 0 <= len(played) - len(audio) <= 2 * 1152
 
 
 def test_requests_without_voice_or_seed_get_one_steady_voice(base):
@@ -93,7 +106,8 @@ def test_requests_without_voice_or_seed_get_one_steady_voice(base):
 
 
 def test_sdk_speed_stretches_the_audio(client):
-    """speed 1.25 is the speed-1 audio time-stretched by Rubber Band: round(N / 1.25) samples, the library's
+    """speed 1.25 (whole: the streamed stretch is test_time_stretch_keeps_pitch's) is the speed-1 audio
+    time-stretched by Rubber Band: round(N / 1.25) samples, the library's
     stretch of the 16-bit speed-1 body to within 1% RMS (the server stretches the float audio; the 16-bit
     rounding of that input, 1.5e-5, moves a few of Rubber Band's transient decisions, by up to 0.03 there, so
     no sample-wise bound holds). Pitch is kept: see test_time_stretch_keeps_pitch."""
@@ -101,7 +115,7 @@ def test_sdk_speed_stretches_the_audio(client):
     def speak(speed: float) -> np.ndarray:
         out = client.audio.speech.create(
             model="tts-1", voice="alloy", input=TEXT, response_format="pcm", speed=speed,
-            extra_body={**EXTRAS, "sample_rate": 44100},
+            extra_body={**EXTRAS, "sample_rate": 44100, "stream": False},
         )  # fmt: skip
         return pcm(out.content)
 
