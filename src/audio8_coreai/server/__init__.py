@@ -32,6 +32,8 @@ Errors found before an answer's first byte are JSON ``{"error": {"message", "typ
 shape; a failure after it cuts the stream, counted as 500 ``stream_cut``) with 400 (bad
 request), 404 (no such voice), 409 (voice name taken), 413 (upload too large), 422 (no audio), 503 (queue full,
 with ``Retry-After``), 507 (the server's disk full) or 500; none carries a server path or a traceback.
+Every answer has an ``x-request-id`` (the client's own when sane, else a fresh one), also in the server's log lines
+for that request (:mod:`.requestid`).
 Slow clients are bounded: a deadline for a whole request and uvicorn's limits (:mod:`.connections`), at most
 ``stream_buffer_chunks`` unread chunks per stream (:mod:`.relay`).
 
