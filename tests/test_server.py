@@ -260,12 +260,14 @@ def test_bad_requests_get_clear_json_errors(base, body, status, code):
 def test_an_utterance_that_ends_at_once_is_a_422_not_an_empty_file(
     eos_first_checkpoint, never_eos_checkpoint, tmp_path
 ):
-    """With top-k 1 the first checkpoint draws eos on the first frame (steered.py): no audio, said so; the same
-    request to one that never draws eos is speech."""
+    """With top-k 1 the first checkpoint draws eos on the first frame (steered.py): no audio, said so, streamed (the
+    default: nothing was sent before the first frame) or whole; the same request to one that never draws eos is
+    speech."""
     with serving(eos_first_checkpoint, tmp_path / "a", ServerSettings(workers=1)) as url:
-        r = speech(url, input="Hi.", top_k=1)
-    error = r.json()["error"]
-    assert r.status_code == 422 and error["code"] == "no_audio" and error["param"] == "seed"
+        answers = [speech(url, input="Hi.", top_k=1, **body) for body in ({}, {"stream": False})]
+    for r in answers:
+        error = r.json()["error"]
+        assert r.status_code == 422 and error["code"] == "no_audio" and error["param"] == "seed"
     with serving(never_eos_checkpoint, tmp_path / "b", ServerSettings(workers=1)) as url:
         assert speech(url, input="Hi.", top_k=1).status_code == 200
 

@@ -144,6 +144,28 @@ def test_describe_lists_the_own_voice_and_this_checkpoints_stored_voices(never_e
     assert set(LANGUAGES) == {"en", "zh", "ja", "ko", "de", "fr", "es"}
 
 
+def test_home_assistants_voice_picker_shows_each_voice_by_its_name(never_eos_tts):
+    """Home Assistant (its wyoming tts entity) lists each voice under its description, per language, sorted: each
+    starts with the voice's name, then what it is, so two voices cloned from clips of one length stay distinct."""
+    never_eos_tts.voices.save(make_voice("bo", never_eos_tts.checkpoint.fingerprint()))  # ana's clip length
+    try:
+        (events,) = talk(never_eos_tts, [Describe().event(), None])
+    finally:
+        never_eos_tts.voices.remove("bo")
+    (program,) = Info.from_event(events[0]).tts
+    picker: dict[str, list[tuple[str, str]]] = {}  # language -> (voice_id, name), as Home Assistant builds it
+    for voice in program.voices:
+        for language in voice.languages if voice.installed else ():
+            picker.setdefault(language, []).append((voice.name, voice.description or voice.name))
+    expected = [
+        ("ana", "ana: cloned from a 1.5 s clip"),
+        (DEFAULTS.wyoming_voice, f"{DEFAULTS.wyoming_voice}: the model's own voice"),
+        ("bo", "bo: cloned from a 1.5 s clip"),
+    ]
+    assert set(picker) == set(LANGUAGES)
+    assert all(sorted(shown, key=lambda v: v[1]) == expected for shown in picker.values())
+
+
 def test_synthesize_streams_the_samples_tts_gives_as_they_are_made(never_eos_tts):
     text = "Hello there."
     plain, own, ana = talk(  # three clients at once: the model speaks for one at a time, each gets its own audio

@@ -12,8 +12,9 @@ Endpoints:
   ``sse``: OpenAI's ``speech.audio.delta`` events with base64 audio, then ``speech.audio.done`` with ``usage``),
   ``instructions`` (accepted and ignored: the model takes no style prompt; the response has the header
   ``X-Audio8-Instructions: ignored``). Our extras: ``sample_rate`` (8000-48000 Hz, resampled by soxr; mp3 and aac
-  take the MPEG rates only; default the server's ``--sample-rate``), ``stream`` (true: send the audio as it is
-  made, chunked, every ``chunk_frames`` frames; wav, pcm, mp3, opus and aac), ``seed`` (the same request and seed
+  take the MPEG rates only; default the server's ``--sample-rate``), ``stream`` (absent, as OpenAI's: the audio is
+  sent as it is made, chunked, every ``chunk_frames`` frames, in wav, pcm, mp3, opus and aac, flac whole; false: the
+  whole file with its lengths; true: streamed, refused for flac), ``seed`` (the same request and seed
   give the same bytes; the seed used is in ``X-Seed``), ``temperature``, ``top_p``, ``top_k`` and ``max_frames``
   (a frame cap per piece, at most the server's). Long input is split into pieces (``TTS.stream``).
   With the OpenAI SDK: ``client.audio.speech.create(model=..., voice=..., input=..., extra_body={"seed": 1})``.
@@ -27,9 +28,12 @@ Endpoints:
 * ``GET /``: a web page on these endpoints (type text, pick or upload a voice, hear it as it streams, download
   it): plain HTML/JS shipped in ``server/static`` (:mod:`.routers.page`).
 
-Errors are JSON ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape) with 400 (bad
+Errors found before an answer's first byte are JSON ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's
+shape; a failure after it cuts the stream, counted as 500 ``stream_cut``) with 400 (bad
 request), 404 (no such voice), 409 (voice name taken), 413 (upload too large), 422 (no audio), 503 (queue full,
 with ``Retry-After``), 507 (the server's disk full) or 500; none carries a server path or a traceback.
+Every answer has an ``x-request-id`` (the client's own when sane, else a fresh one), also in the server's log lines
+for that request (:mod:`.requestid`).
 Slow clients are bounded: a deadline for a whole request and uvicorn's limits (:mod:`.connections`), at most
 ``stream_buffer_chunks`` unread chunks per stream (:mod:`.relay`).
 

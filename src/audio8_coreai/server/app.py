@@ -1,5 +1,5 @@
-"""The FastAPI app: its shared state, the error handlers, the body limit and a router per endpoint group; the model
-side is a synthesizer (:mod:`.synth`): model instances of this process, or a cluster's."""
+"""The FastAPI app: its shared state, the error handlers, the body limit, the request ids and a router per endpoint
+group; the model side is a synthesizer (:mod:`.synth`): model instances of this process, or a cluster's."""
 
 from __future__ import annotations
 
@@ -9,16 +9,26 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from ..tts import TTS
 from . import errors
 from .connections import uvicorn_config
 from .limits import SpeechBodyLimit
 from .metrics import Metrics
+from .requestid import RequestIds
 from .routers import health, models, page, speech, voices
 from .state import ServerSettings, State
 from .synth import LocalSynthesizer, Synthesizer
 from .voicenames import check_voices
+
+
+class _App(FastAPI):
+    """FastAPI with :class:`.requestid.RequestIds` outside all of its middleware: starlette's last-resort 500,
+    sent by its outermost middleware, carries the request's id too."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return RequestIds(super().build_middleware_stack())
 
 
 def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings | None = None) -> FastAPI:
@@ -27,7 +37,7 @@ def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings 
     for a ``voice_map`` target or ``default_voice`` that is no usable stored voice (``voicenames.check_voices``).
     Text outside the model's languages is told to each client in an ``X-Audio8-Warning`` header, not as the API's
     UnsupportedLanguageWarning (the workers call it under :func:`..text.language_told`); the process's warning
-    filters are left as they are."""
+    filters are left as they are. Every answer has an ``x-request-id`` (:mod:`.requestid`)."""
     settings = settings or ServerSettings()
     metrics = Metrics()
     synth = instances if isinstance(instances, Synthesizer) else LocalSynthesizer(instances, settings, metrics)
@@ -39,7 +49,7 @@ def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings 
         yield
         server.synth.close()
 
-    app = FastAPI(title="audio8-coreai", version="0.1.0", lifespan=lifespan)
+    app = _App(title="audio8-coreai", version="0.1.0", lifespan=lifespan)
     app.state.server = server
     routers = (speech.router, voices.router, health.router, models.router, page.router)  # page: GET /, the web page
     errors.install(app, server.metrics.count, [route for router in routers for route in router.routes])
@@ -50,10 +60,13 @@ def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings 
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0):
-    """Run ``app`` with uvicorn on a thread of this process (tests, benchmarks, embedding); yields its base URL
-    ``http://HOST:PORT`` once it accepts connections and stops it on exit. ``port`` 0: a free port.
-    Raises RuntimeError when it does not start within ``start_timeout_s`` seconds."""
+def serve_in_thread(
+    app: FastAPI, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0, log_level: str = "warning"
+):
+    """Run ``app`` with uvicorn on a thread of this process (tests, benchmarks, embedding), logging from
+    ``log_level`` up (``info``: uvicorn's access lines too); yields its base URL ``http://HOST:PORT`` once it
+    accepts connections and stops it on exit. ``port`` 0: a free port. Raises RuntimeError when it does not start
+    within ``start_timeout_s`` seconds."""
     import socket
 
     import uvicorn
@@ -62,7 +75,7 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, start_
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn_config(app, app.state.server.settings, host, port, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app, app.state.server.settings, host, port, log_level=log_level))
     thread = threading.Thread(target=server.run, name="audio8-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from ..audio import RATE_RANGE, SPEECH_FORMATS, check_speech_format, check_speed
+from ..audio import RATE_RANGE, SPEECH_FORMATS, STREAMABLE_FORMATS, check_speech_format, check_speed
 from ..errors import AudioError, PromptError, VoiceError
 from ..packages import require
 from ..text import check_text, check_unicode
@@ -35,14 +35,16 @@ class SpeechRequest(BaseModel):
     As OpenAI's: ``voice`` a name or ``{"id": NAME}``; ``speed`` 0.25-4.0 (a time stretch, pitch kept);
     ``stream_format`` ``sse`` (events ``speech.audio.delta`` then ``speech.audio.done``, a streamable format);
     ``instructions`` accepted and ignored (the model takes no style prompt; the response says so in a header).
-    Our extra ``sample_rate`` (Hz): the body's rate (default: pcm 24 kHz as OpenAI's, the others 44.1 kHz)."""
+    Our extras: ``sample_rate`` (Hz), the body's rate (default: pcm 24 kHz as OpenAI's, the others 44.1 kHz);
+    ``stream`` (absent: as OpenAI's, the audio is sent as it is made in every format that can be, whole in flac;
+    true: streamed, refused for flac; false: the whole file with its lengths), see :attr:`streamed`."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: str = "audio8-tts"
     input: str
     voice: str | None = None
-    stream: StrictBool = False  # before response_format, whose validator reads it
+    stream: StrictBool | None = None  # before response_format, whose validator reads it
     response_format: SpeechFormat = "mp3"
     speed: StrictFloat = Field(1.0, ge=0.25, le=4.0, allow_inf_nan=False)  # OpenAI's range: a time stretch
     stream_format: Literal["audio", "sse"] = "audio"
@@ -99,8 +101,9 @@ class SpeechRequest(BaseModel):
     @field_validator("response_format")
     @classmethod
     def _encodable(cls, fmt: str, info: ValidationInfo) -> str:
-        try:  # streamable when streamed, and encoded by this server (its libsndfile; av for aac)
-            check_speech_format(fmt, info.data.get("stream", False))
+        try:  # streamable when stream is asked (absent: a flac is sent whole), encoded by this server (its
+            # libsndfile; av for aac)
+            check_speech_format(fmt, info.data.get("stream") is True)
         except AudioError as e:
             raise refusal("unsupported_format", str(e)) from None
         return fmt
@@ -130,6 +133,15 @@ class SpeechRequest(BaseModel):
             except AudioError as e:
                 raise refusal("unsupported_format", str(e)) from None
         return stream_format
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the answer is sent as it is made: always with ``stream_format`` sse; else as ``stream`` says,
+        and without it in every format that can be (:data:`...audio.STREAMABLE_FORMATS`: a streamed flac's header
+        gives no length, which libsndfile's readers refuse, so flac stays whole)."""
+        if self.stream_format == "sse":
+            return True
+        return self.response_format in STREAMABLE_FORMATS if self.stream is None else self.stream
 
 
 def _json_kind(value: object) -> str:

@@ -59,10 +59,10 @@ class Speech:
     """An utterance whose stream is built (the route can still refuse it: no byte is sent yet).
 
     ``body``: the response's bytes, encoded chunks as they are made (streamed) or the whole file as one item; it
-    raises :class:`.Audio8Error` when the synthesis fails (an :class:`ApiError` 422 when a whole file would hold no
-    audio), and closing it early stops the synthesis at its next frame and frees its place. ``replica``: who makes
-    it (:data:`LOCAL`, or a cluster replica's id); ``tokens``: the text's token count; ``frames``: the frames made,
-    set when the body has ended whole."""
+    raises :class:`.Audio8Error` when the synthesis fails (an :class:`ApiError` 422, before any byte, when the
+    utterance holds no audio), and closing it early stops the synthesis at its next frame and frees its place.
+    ``replica``: who makes it (:data:`LOCAL`, or a cluster replica's id); ``tokens``: the text's token count;
+    ``frames``: the frames made, set when the body has ended whole."""
 
     replica: str
     tokens: int
@@ -232,28 +232,21 @@ class LocalSynthesizer(Synthesizer):
 
 
 async def _body(relay: Relay, output: Output, sample_rate: int, speech: Speech) -> AsyncGenerator[bytes, None]:
-    """A job's chunks (float32 at ``sample_rate``) made as ``output`` says: as they come, or as one file at the end;
-    ``speech.frames`` set at the end. Raises Stalled when the stream was dropped for a client that read nothing for
-    ``stall_s`` (:mod:`.relay`). ``finally`` tells the worker to stop at its next frame when the body is closed
-    early."""
-    encoder = None
+    """A job's chunks (float32 at ``sample_rate``) made as ``output`` says: encoded as they come, or as one file at
+    the end; ``speech.frames`` set at the end. Raises ApiError 422 no_audio when the utterance ended on its first
+    frame (streamed or not: nothing has been sent then), Stalled when the stream was dropped for a client that read
+    nothing for ``stall_s`` (:mod:`.relay`). ``finally`` tells the worker to stop at its next frame when the body is
+    closed early."""
+    encoder = _ChunkEncoder(output, sample_rate) if output.stream else None
     try:
-        if output.stream:
-            encoder = _ChunkEncoder(output, sample_rate)
-            while not isinstance(item := await relay.get(), _End):
-                if data := encoder.write(item):
-                    yield data
-            if isinstance(item.error, Stalled):
-                raise item.error
-            if item.error is not None:
-                raise failed(item.error)
-            if data := encoder.close():
-                yield data
-            speech.frames = item.stream.frames
-            return
         chunks = []
         while not isinstance(item := await relay.get(), _End):
-            chunks.append(item)
+            if encoder is None:
+                chunks.append(item)
+            elif data := encoder.write(item):
+                yield data
+        if isinstance(item.error, Stalled):
+            raise item.error
         if item.error is not None:
             raise failed(item.error)
         if item.stream.frames == 0:  # not an empty file: a client would play silence and not know why
@@ -264,11 +257,14 @@ async def _body(relay: Relay, output: Output, sample_rate: int, speech: Speech) 
                 "seed",
                 "no_audio",
             )
-        audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-        # Off the event loop: a long mp3 or opus takes a noticeable time to encode (and a stretch to compute).
-        data = await asyncio.to_thread(_encode_whole, audio, sample_rate, output)
+        if encoder is not None:
+            data = encoder.close()
+        else:  # off the event loop: a long mp3 or opus takes a noticeable time to encode (and a stretch to compute)
+            audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+            data = await asyncio.to_thread(_encode_whole, audio, sample_rate, output)
         speech.frames = item.stream.frames
-        yield data
+        if data:
+            yield data
     finally:
         relay.stop()
         if encoder is not None:

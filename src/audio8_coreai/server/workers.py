@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import queue
 import threading
@@ -49,7 +50,8 @@ class Workers:
             self.admitted += 1
 
     def submit(self, job: Callable[[TTS], Any]) -> asyncio.Future[Any]:
-        """Run ``job(tts)`` on a worker (after :meth:`admit`); the place is freed when it returns."""
+        """Run ``job(tts)`` on a worker (after :meth:`admit`), in the caller's context (its log lines carry the
+        request's id, :mod:`.requestid`); the place is freed when it returns."""
 
         def run() -> Any:
             tts = self._free.get()
@@ -65,7 +67,7 @@ class Workers:
                     self.admitted -= 1
                     self._job_s = 0.8 * self._job_s + 0.2 * (time.perf_counter() - t0)
 
-        return asyncio.wrap_future(self._pool.submit(run))
+        return asyncio.wrap_future(self._pool.submit(contextvars.copy_context().run, run))
 
     def shutdown(self) -> None:
         """Drop waiting jobs; running ones end with their requests (a closed stream stops at its next frame)."""

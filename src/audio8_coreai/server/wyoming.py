@@ -3,7 +3,9 @@
 Events served (the ``wyoming`` package's own classes, its :class:`AsyncServer` and :class:`AsyncEventHandler`):
 
 * ``describe`` -> ``info``: one TTS program whose voices are the model's own voice (listed as
-  ``DEFAULTS.wyoming_voice``) and the stored voices made with this checkpoint, each speaking :data:`LANGUAGES`.
+  ``DEFAULTS.wyoming_voice``) and the stored voices made with this checkpoint, each speaking :data:`LANGUAGES`; a
+  voice's description, which Home Assistant shows as its name, is its name and then what it is
+  (``ana: cloned from a 3.3 s clip``).
 * ``synthesize`` -> ``audio-start`` (44.1 kHz, 16-bit, mono: the model's rate), ``audio-chunk`` as the audio is
   made (chunks of :meth:`.tts.TTS.stream`), ``audio-stop``.
 * ``synthesize-start``, ``synthesize-chunk``..., ``synthesize-stop`` -> one ``audio-start``, the audio of each
@@ -99,14 +101,14 @@ class Speaker:
     def info(self) -> Info:
         """The ``info`` answer: the model's own voice, then the stored voices this checkpoint can speak in."""
         store, fingerprint = self.tts.voices, self.tts.checkpoint.fingerprint()
-        voices = [self._voice(self.settings.own_voice, "the model's own voice")]
+        voices = [_voice(self.settings.own_voice, "the model's own voice")]
         for name in store.names():
             try:
                 stored = store.load(name, fingerprint)
             except VoiceError:  # damaged, or made with another checkpoint: it could not speak
                 continue
             if name != self.settings.own_voice:  # the own voice's name means the model's own voice
-                voices.append(self._voice(name, f"cloned from a {stored.duration_s:.1f} s clip"))
+                voices.append(_voice(name, f"cloned from a {stored.duration_s:.1f} s clip"))
         program = TtsProgram(
             name="audio8",
             attribution=_ATTRIBUTION,
@@ -117,16 +119,6 @@ class Speaker:
             supports_synthesize_streaming=True,
         )
         return Info(tts=[program])
-
-    def _voice(self, name: str, description: str) -> TtsVoice:
-        return TtsVoice(
-            name=name,
-            attribution=_ATTRIBUTION,
-            installed=True,
-            description=description,
-            version=None,
-            languages=list(LANGUAGES),  # ISO 639-1 codes
-        )
 
     def voice(self, name: str | None) -> Voice | None:
         """The voice a request names: None for no name or the own voice's name, else the stored voice (raises
@@ -246,6 +238,19 @@ class _Stream:
     audio: _Audio
     pending: str = ""
     tried: int = 0
+
+
+def _voice(name: str, what: str) -> TtsVoice:
+    """The voice ``name`` as ``info`` lists it: described as ``NAME: WHAT`` (Home Assistant shows the description as
+    the voice's name, so each stays distinct), speaking :data:`LANGUAGES` (ISO 639-1 codes)."""
+    return TtsVoice(
+        name=name,
+        attribution=_ATTRIBUTION,
+        installed=True,
+        description=f"{name}: {what}",
+        version=None,
+        languages=list(LANGUAGES),
+    )
 
 
 def _parse(event: Event, kind: type[T]) -> T:

@@ -1,10 +1,12 @@
-"""``POST /v1/audio/speech``: speech for a text, whole or streamed as it is made (OpenAI's endpoint)."""
+"""``POST /v1/audio/speech``: speech for a text, streamed as it is made (as OpenAI's) or whole (OpenAI's endpoint)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Annotated, Any
 
@@ -25,6 +27,7 @@ from ..synth import Output, Speech
 from ..voicenames import resolve
 
 router = APIRouter()
+log = logging.getLogger("audio8_coreai.server")
 
 _GONE = object()
 
@@ -91,7 +94,7 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
     response_class=Response,
     responses={
         200: {
-            "description": "The speech, whole or streamed (sse: events)",
+            "description": "The speech, streamed as it is made (sse: events) or whole (stream: false; flac)",
             "content": {t: {} for t in (*MEDIA_TYPES.values(), "text/event-stream")},
         },
         **documented(400, 413, 422, 503),
@@ -99,48 +102,43 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
 )
 async def speech(req: SpeechRequest, request: Request, server: Annotated[State, Depends(state)]) -> Response:
     """Have the synthesizer (:mod:`..synth`) make the speech; stream its chunks (audio, or OpenAI's speech events
-    with ``stream_format`` sse) or answer the whole file. The request is checked before a place is taken, the rest
-    (the prompt's fit in the context, the voice's checkpoint) when its stream is built, before the status line is
-    sent: a refusal is a 400 or 500 (see :mod:`..errors`). A client that leaves before the response is handed over
-    (while its request waits, or a whole file is made) is noticed as it happens: 499, the synthesis stopped."""
+    with ``stream_format`` sse) or answer the whole file (:attr:`..schemas.SpeechRequest.streamed`). The request is
+    checked before a place is taken, the rest (the prompt's fit in the context, the voice's checkpoint) when its
+    stream is built, and the status line goes out with the first bytes: a refusal or failure before them is a JSON
+    400, 422 or 500 (see :mod:`..errors`); one after them cuts the stream (:func:`_sent`). A client that leaves
+    before the response is handed over (while its request waits, before the first bytes, or while a whole file is
+    made) is noticed as it happens: 499, the synthesis stopped."""
     metrics = server.metrics
     checked = _check(req, server)
     rate = _rate(req, server)
-    output = Output(req.response_format, rate, req.speed, req.stream or req.stream_format == "sse")
+    output = Output(req.response_format, rate, req.speed, req.streamed)
     gone = asyncio.ensure_future(disconnected(request))  # watched until the response is handed over
     try:
         speech = await _or_gone(server.synth.open(checked, output), gone)
-        if speech is _GONE:  # the client left while its request waited or its stream was built
-            metrics.count(499, "client_closed")  # nginx's 'client closed request'
-            return Response(status_code=499)
-        headers = {
-            "X-Model": req.model,
-            "X-Seed": str(checked.seed),
-            "X-Sample-Rate": str(rate),
-            "X-Replica": speech.replica,
-        }
-        if req.instructions:  # accepted as OpenAI's clients send them; the model takes no style prompt
-            headers["X-Audio8-Instructions"] = "ignored"
-        if note := language_warning(checked.text):  # not in the model's languages: ASCII, no text of the request
-            headers["X-Audio8-Warning"] = note
-        media = MEDIA_TYPES[req.response_format]
-        if req.stream_format == "sse":  # from here the body's generator tells the synthesizer when to stop
+        parts = _GONE if speech is _GONE else await _read(speech.body, gone, whole=not output.stream)
+    finally:
+        gone.cancel()
+    if parts is _GONE:  # the client left while its request waited, or before it had any byte
+        metrics.count(499, "client_closed")  # nginx's 'client closed request'
+        return Response(status_code=499)
+    headers = {
+        "X-Model": req.model,
+        "X-Seed": str(checked.seed),
+        "X-Sample-Rate": str(rate),
+        "X-Replica": speech.replica,
+    }
+    if req.instructions:  # accepted as OpenAI's clients send them; the model takes no style prompt
+        headers["X-Audio8-Instructions"] = "ignored"
+    if note := language_warning(checked.text):  # not in the model's languages: ASCII, no text of the request
+        headers["X-Audio8-Warning"] = note
+    media = MEDIA_TYPES[req.response_format]
+    if output.stream:  # from here the body's generator tells the synthesizer when to stop
+        speech.body = _resumed(parts, speech.body)
+        if req.stream_format == "sse":
             from sse_starlette import EventSourceResponse  # imported by the schema's check (stream_format)
 
             return EventSourceResponse(_events(speech, metrics), headers=headers)
-        if req.stream:
-            return StreamingResponse(_sent(speech.body, metrics), media_type=media, headers=headers)
-        parts = []
-        try:
-            while (data := await _or_gone(anext(speech.body, None), gone)) is not None:
-                if data is _GONE:  # nothing is sent until the end: the client left while it waited
-                    metrics.count(499, "client_closed")
-                    return Response(status_code=499)
-                parts.append(data)
-        finally:
-            await speech.body.aclose()  # also when this handler is cancelled: the synthesis stops at its next frame
-    finally:
-        gone.cancel()
+        return _Cuttable(_sent(speech.body, metrics), media_type=media, headers=headers)
     metrics.count(200)
     return Response(b"".join(parts), media_type=media, headers=headers)
 
@@ -169,11 +167,57 @@ async def _or_gone(step: Awaitable[Any], gone: asyncio.Future) -> Any:
             await asyncio.wait({task})
 
 
+async def _read(body: AsyncGenerator[bytes, None], gone: asyncio.Future, whole: bool) -> list[bytes] | object:
+    """The bytes of ``body`` up to its end when ``whole``, else its first bytes (a list of one item, none if it
+    ended empty), or ``_GONE`` once the client has left. Raises what ``body`` raises before them (the request's
+    JSON error). ``body`` is closed unless a stream's first bytes were read (its rest is the response's to send),
+    also when this is cancelled: the synthesis stops at its next frame."""
+    parts, handed = [], False
+    try:
+        while (data := await _or_gone(anext(body, None), gone)) is not None:
+            if data is _GONE:
+                return _GONE
+            parts.append(data)
+            if not whole:
+                handed = True
+                return parts
+        return parts
+    finally:
+        if not handed:
+            await body.aclose()
+
+
+async def _resumed(first: list[bytes], body: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """``first`` (already read from ``body``), then the rest of ``body``; closing this closes ``body``."""
+    try:
+        for data in first:
+            yield data
+        async for data in body:
+            yield data
+    finally:
+        await body.aclose()
+
+
+class _Cut(Exception):
+    """A streamed body that failed after its first bytes: the response is cut, not ended."""
+
+
+class _Cuttable(StreamingResponse):
+    """A streamed answer whose body may end with :class:`_Cut`: its last, empty chunk is then not sent, so the
+    server closes the connection (uvicorn logs that the response was not completed) and the client sees the body
+    cut (httpx: an incomplete chunked read), not a short file that looks whole."""
+
+    async def stream_response(self, send) -> None:
+        with contextlib.suppress(_Cut):
+            await super().stream_response(send)
+
+
 async def _sent(body: AsyncGenerator[bytes, None], metrics: Metrics) -> AsyncIterator[bytes]:
-    """A streamed body as sent, counted in ``/metrics``: 200 when whole; 500 when the synthesis failed (the status
-    line is sent: the body ends short, the client sees it cut); 499 when the client left (the server then cancels
-    or closes this generator, which closes ``body``: the synthesis stops at its next frame) or stopped reading for
-    ``stall_s`` (the stream dropped, :mod:`..relay`)."""
+    """A streamed body as sent, counted in ``/metrics``: 200 when whole; 500 stream_cut when the synthesis failed
+    after the first bytes (logged; raises :class:`_Cut`: the status line is sent, only cutting the stream tells the
+    client); 499 when the client left (the server then cancels or closes this generator, which closes ``body``: the
+    synthesis stops at its next frame) or stopped reading for ``stall_s`` (the stream dropped and cut,
+    :mod:`..relay`)."""
     try:
         async for data in body:
             yield data
@@ -182,10 +226,11 @@ async def _sent(body: AsyncGenerator[bytes, None], metrics: Metrics) -> AsyncIte
         raise
     except Stalled:
         metrics.count(499, "client_stalled")
-        return
-    except Exception:  # whatever stopped the synthesis, the response can only end short now
-        metrics.count(500, "server_error")
-        return
+        raise _Cut from None
+    except Exception as e:  # whatever stopped the synthesis, the response can only be cut now
+        log.error("a stream failed after its first bytes and was cut: %s", e)
+        metrics.count(500, "stream_cut")
+        raise _Cut from None
     else:
         metrics.count(200)
     finally:
@@ -193,11 +238,13 @@ async def _sent(body: AsyncGenerator[bytes, None], metrics: Metrics) -> AsyncIte
 
 
 async def _events(speech: Speech, metrics: Metrics) -> AsyncIterator[dict[str, str]]:
-    """OpenAI's speech events, each an sse-starlette event's fields: ``speech.audio.delta`` with base64 ``audio``
-    per encoded chunk, then ``speech.audio.done`` with ``usage`` (input tokens: the text's; output tokens: the
-    frames made)."""
-    async for data in _sent(speech.body, metrics):
-        yield {"data": json.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})}
+    """OpenAI's speech events, each an sse-starlette event's fields: ``speech.audio.delta`` with base64 ``audio`` per encoded chunk, then
+    ``speech.audio.done`` with ``usage`` (input tokens: the text's; output tokens: the frames made). A stream cut
+    after its first event ends without ``speech.audio.done``."""
+    with contextlib.suppress(_Cut):
+        async for data in _sent(speech.body, metrics):
+            event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+            yield {"data": json.dumps(event)}
     if speech.frames is not None:  # the body ran to its end
         usage = {
             "input_tokens": speech.tokens,

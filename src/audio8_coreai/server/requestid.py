@@ -1,0 +1,60 @@
+"""Every HTTP answer's ``x-request-id``, and the same id in the server's log lines for that request.
+
+The id is the client's own ``x-request-id`` when it sent a sane one (1 to :data:`MAX_LENGTH` printable ASCII
+characters), else a fresh one: OpenAI's clients read it (the SDK's ``request_id``; LiveKit warns without one).
+While a request is handled the id is in :data:`REQUEST_ID`, which the model's worker threads see too (their jobs
+run in the request's context, :mod:`.workers`), and :class:`RequestIdFilter` puts it in each log record that the
+server's log handlers write (:func:`.connections.log_config`).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from contextvars import ContextVar
+
+MAX_LENGTH = 128  # characters of a client's x-request-id kept as the request's id
+REQUEST_ID: ContextVar[str | None] = ContextVar("audio8_request_id", default=None)
+
+
+def request_id(sent: bytes | None) -> str:
+    """The id of a request whose ``x-request-id`` header is ``sent`` (None: none sent): ``sent`` itself when it is
+    1 to MAX_LENGTH printable ASCII characters, else a fresh ``req_`` and 32 hex digits."""
+    text = (sent or b"").decode("latin-1")
+    if 0 < len(text) <= MAX_LENGTH and text.isascii() and text.isprintable():
+        return text
+    return f"req_{uuid.uuid4().hex}"
+
+
+class RequestIds:
+    """ASGI middleware giving every HTTP answer an ``x-request-id`` (:func:`request_id`) and setting
+    :data:`REQUEST_ID` for the request. Outermost (:func:`.app.create_app`), so starlette's last-resort 500 and
+    the body limit's 413 carry it too. The id is set in the request's own task (servers run each request in a
+    task of its own) and left there, so the server's own lines after the app returns carry it as well."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = request_id(dict(scope["headers"]).get(b"x-request-id"))
+        REQUEST_ID.set(rid)
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", rid.encode())]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class RequestIdFilter(logging.Filter):
+    """Sets ``record.request_id`` to ``"[ID] "`` for a record logged while a request is handled, else ``""``, for
+    formats that write ``%(request_id)s`` (a handler's filter: every record that handler writes has it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        rid = REQUEST_ID.get()
+        record.request_id = f"[{rid}] " if rid else ""
+        return True
