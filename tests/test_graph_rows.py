@@ -141,6 +141,8 @@ def test_captured_rows_equal_the_eager_cuda_rows(never_eos_checkpoint):
 def test_graphs_are_the_default_on_cuda(tiny_checkpoint):
     assert TTS.load(tiny_checkpoint, device="cuda").backend.description.endswith("cuda-graphs")
     assert TTS.load(tiny_checkpoint, device="cuda", cuda_graphs=False).backend.frame_mode == "eager"
-    server, _ = TTS.load(tiny_checkpoint, device="cuda").batched(2)
-    assert server.model.graphed.capture
+    tts = TTS.load(tiny_checkpoint, device="cuda")
+    server, _ = tts.batched(3)
+    assert server.model.graphed.capture and server.model.graphed.buckets == (1, 2, 3)
+    assert len(server.model.graphed.graphs) == 3  # every bucket captured at start-up for the default settings
     server.close()

@@ -92,3 +92,37 @@ def test_a_damaged_stored_voice_is_a_500_with_the_http_remedy(tiny_checkpoint, t
         (listed,) = httpx.get(f"{url}/v1/voices").json()["data"]
         assert listed["name"] == "cut" and str(tmp_path) not in listed["error"]
         assert httpx.delete(f"{url}/v1/voices/cut").status_code == 200
+
+
+def test_the_free_instance_listed_first_takes_the_job():
+    """Batched rows stay low: an idle server hands each job to its first free instance (row 0 again and again), a
+    busy one to the next free one, never round-robin."""
+    import asyncio
+
+    from audio8_coreai.server.workers import Workers
+
+    instances = [f"row{i}" for i in range(4)]  # stand-ins: the jobs only say which instance ran them
+    workers = Workers(instances, max_queue=4)
+    release = threading.Event()
+
+    async def run() -> list[str]:
+        seen = []
+        for _ in range(3):  # one at a time: always the first
+            workers.admit()
+            seen.append(await workers.submit(lambda tts: tts))
+        workers.admit()
+        held = workers.submit(lambda tts: (release.wait(10), tts)[1])  # row0 busy
+        while workers.running < 1:
+            await asyncio.sleep(0.01)
+        workers.admit()
+        seen.append(await workers.submit(lambda tts: tts))
+        release.set()
+        seen.append(await held)
+        workers.admit()
+        seen.append(await workers.submit(lambda tts: tts))
+        return seen
+
+    try:
+        assert asyncio.run(run()) == ["row0", "row0", "row0", "row1", "row0", "row0"]
+    finally:
+        workers.shutdown()

@@ -232,7 +232,7 @@ class TTS(VoiceCloning):
         Raises BackendError on a backend other than torch, ConfigError for ``max_batch`` < 1."""
         if not isinstance(self.backend, TorchBackend):
             raise BackendError(f"batching runs on the torch backend, not {self.backend.name}: drop --batch")
-        server = FrameServer(self.backend, check_int(max_batch, "max_batch"))
+        server = FrameServer(self.backend, check_int(max_batch, "max_batch"), warm=[self.sampling()])
         return server, [TTS(self.checkpoint, row, self.prompts, self.voices) for row in server.rows()]
 
     def synthesize(

@@ -18,14 +18,16 @@ from .errors import ApiError
 
 class Workers:
     """``instances`` (TTS instances, one model each) behind a bounded queue: a job runs on a worker thread with a
-    TTS instance of its own; at most ``len(instances) + max_queue`` jobs are admitted at once."""
+    TTS instance of its own, the free one listed first (batched rows: the rows in use stay the lowest, so a batched
+    frame's bucket stays small, :class:`..backends.torch.cudagraphs.GraphedRows`); at most ``len(instances) +
+    max_queue`` jobs are admitted at once."""
 
     def __init__(self, instances: Sequence[TTS], max_queue: int):
         self.instances = list(instances)
         self.max_queue = max_queue
-        self._free: queue.Queue[TTS] = queue.Queue()
-        for e in self.instances:
-            self._free.put(e)
+        self._free: queue.PriorityQueue[tuple[int, TTS]] = queue.PriorityQueue()  # (index, instance)
+        for i, e in enumerate(self.instances):
+            self._free.put((i, e))
         self._pool = ThreadPoolExecutor(len(self.instances), thread_name_prefix="audio8-worker")
         self._lock = threading.Lock()
         self.admitted = 0
@@ -54,14 +56,14 @@ class Workers:
         request's id, :mod:`.requestid`); the place is freed when it returns."""
 
         def run() -> Any:
-            tts = self._free.get()
+            index, tts = self._free.get()
             t0 = time.perf_counter()
             with self._lock:
                 self.running += 1
             try:
                 return job(tts)
             finally:
-                self._free.put(tts)
+                self._free.put((index, tts))
                 with self._lock:
                     self.running -= 1
                     self.admitted -= 1

@@ -214,3 +214,4 @@ class GraphedRows:
             for size in self.buckets:
                 self.staging(size).load([], {})
                 self.replay(params, size)
+            torch.cuda.synchronize(self.k_cache.device)  # its copies done before another stream stages a call

@@ -26,6 +26,7 @@ settings go in separate batched calls.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -193,6 +194,9 @@ class FrameServer:
 
     ``batch_codec`` (None: on CUDA): the rows' codec streams share one codec thread that stacks their pushes into
     one call (:class:`.codec_rows.CodecRows`, on its own CUDA stream); off, each row decodes on its request thread.
+    ``warm``: sampling settings whose batched graphs are captured now, every bucket (a capture mid-serving stalls
+    every stream); others are captured on first use. On CUDA the frame thread issues its work on a stream of the
+    highest priority, so the codec's kernels (on a stream of the default, low priority) wait behind the frames.
     Raises ValueError for ``batch_codec`` with the backend's codec in a process of its own.
     """
 
@@ -202,6 +206,7 @@ class FrameServer:
         max_batch: int,
         gather_s: float = GATHER_S,
         batch_codec: bool | None = DEFAULTS.batch_codec,
+        warm: Sequence[SamplingParams] = (),
     ):
         if batch_codec is None:
             batch_codec = backend.device.type == "cuda" and backend.codec_worker is None
@@ -209,6 +214,9 @@ class FrameServer:
             raise ValueError("the batched codec runs the decoder in this process: load with codec_process off")
         self.backend = backend
         self.model = BatchModel(backend, max_batch)
+        if self.model.graphed is not None:
+            for params in warm:
+                self.model.graphed.capture_all(params)
         self.codec = CodecRows(backend.decoder, gather_s) if batch_codec else None
         self.gather_s = gather_s
         self._cond = threading.Condition()
@@ -270,6 +278,12 @@ class FrameServer:
             return jobs
 
     def _loop(self) -> None:
+        dev = self.backend.device
+        stream = torch.cuda.Stream(dev, priority=-1) if dev.type == "cuda" else None  # -1: the highest
+        with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
+            self._serve()
+
+    def _serve(self) -> None:
         while (jobs := self._take()) is not None:
             if jobs[0].run is not None:
                 self._finish(jobs, lambda: [jobs[0].run()])
