@@ -139,7 +139,7 @@ def test_graph_rows_are_capture_safe(backend, settings):
         for i, (row, first) in enumerate([(2, False), (0, False), (3, True)])
     ]
     prefilled = {3: (torch.rand(cfg.num_semantic + 1).to(k.dtype), torch.rand(cfg.dim).to(k.dtype))}
-    graphed.staging(4).load(calls, prefilled)
+    assert graphed.stage(calls, prefilled) == 4
     with torch.inference_mode(), RefuseUncapturable() as mode:
         out, ids = graphed.replay(SETTINGS[settings], 4)
     assert out.codes.shape == (4, cfg.num_codebooks) and ids.shape == (4, 3 + 2 * cfg.num_codebooks)

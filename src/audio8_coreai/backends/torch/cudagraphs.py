@@ -22,6 +22,7 @@ import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -145,6 +146,29 @@ def bucket_sizes(max_batch: int, buckets: Sequence[int] = DEFAULTS.batch_buckets
     return (*sorted(b for b in set(buckets) if b < max_batch), max_batch)
 
 
+@dataclass
+class StepTimes:
+    """Seconds of the batched graphs' steps, summed over ``steps``: ``host_s`` staging the inputs (host buffers,
+    the copies issued), ``replay_s`` the graph's replay until the device is done, ``results_s`` the ids' copy to the
+    host and the results made of them."""
+
+    steps: int = 0
+    host_s: float = 0.0
+    replay_s: float = 0.0
+    results_s: float = 0.0
+
+    def add(self, host_s: float, replay_s: float, results_s: float) -> None:
+        self.steps += 1
+        self.host_s += host_s
+        self.replay_s += replay_s
+        self.results_s += results_s
+
+    def ms(self) -> dict[str, float]:
+        """Each part in ms per step (0 before any step)."""
+        n = max(self.steps, 1)
+        return {k: 1e3 * getattr(self, f"{k}_s") / n for k in ("host", "replay", "results")}
+
+
 class GraphedRows:
     """The batched frame (:meth:`.model.frame.Frame.rows`, ``graph`` mode) on ``model`` over the KV state
     ``k_cache``/``v_cache`` [n_layer, R, n_kv, L, D], replayed as CUDA graphs when ``capture`` (needs a CUDA device).
@@ -180,24 +204,18 @@ class GraphedRows:
             self._staging[size] = Staging(self.model.cfg, size, self.k_cache.device, self.k_cache.dtype)
         return self._staging[size]
 
-    @torch.inference_mode()
-    def __call__(
-        self,
-        params: SamplingParams,
-        calls: Sequence[tuple[int, StepInputs]],
-        prefilled: Mapping[int, tuple[Tensor, Tensor]],
-    ) -> Outputs:
-        """One frame for ``calls`` (KV row, step inputs; rows distinct), frame-0 calls drawn from ``prefilled[row]``
-        (logits [V+1], hidden [dim] on the device). Returns the bucket's outputs and :func:`.model.frame.packed`,
-        entry r for row r (fixed tensors: read them before the next call)."""
+    def stage(self, calls: Sequence[tuple[int, StepInputs]], prefilled: Mapping[int, tuple[Tensor, Tensor]]) -> int:
+        """Stage ``calls`` (KV row, step inputs; rows distinct) for :meth:`replay`, frame-0 calls drawn from
+        ``prefilled[row]`` (logits [V+1], hidden [dim] on the device); returns the bucket they run at."""
         size = self.bucket(max(row for row, _ in calls) + 1)
         self.staging(size).load(calls, prefilled)
-        return self.replay(params, size)
+        return size
 
     @torch.inference_mode()
     def replay(self, params: SamplingParams, size: int) -> Outputs:
-        """The captured region: bucket ``size``'s frame on its staged inputs, as a graph when capturing (captured
-        on first use), eagerly otherwise. Returns (outputs, packed ids) of every entry."""
+        """The captured region: bucket ``size``'s frame on its staged inputs (:meth:`stage`), as a graph when
+        capturing (captured on first use), eagerly otherwise. Returns the outputs and :func:`.model.frame.packed` of
+        every entry, entry r for row r (fixed tensors: read them before the next call)."""
         staging = self.staging(size)
         k, v = self.k_cache[:, :size], self.v_cache[:, :size]
 
@@ -212,6 +230,6 @@ class GraphedRows:
         on all-padding inputs, which write only the last slot of each row. Nothing to do without capture."""
         if self.graphs is not None:
             for size in self.buckets:
-                self.staging(size).load([], {})
+                self.staging(size).load([], {})  # all padding
                 self.replay(params, size)
             torch.cuda.synchronize(self.k_cache.device)  # its copies done before another stream stages a call

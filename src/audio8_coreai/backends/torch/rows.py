@@ -43,7 +43,7 @@ from ...settings import DEFAULTS
 from ..base import Backend, CodecStream, FrameResult, StepInputs
 from .backend import TorchBackend, frame_results
 from .codec_rows import CodecRows
-from .cudagraphs import GraphedRows, bucket_sizes
+from .cudagraphs import GraphedRows, StepTimes, bucket_sizes
 from .memory import device_memory_bytes
 from .threads import running_on
 
@@ -91,6 +91,7 @@ class BatchModel:
             capture = backend.device.type == "cuda"
             self.graphed = GraphedRows(backend.model, self.k_cache, self.v_cache, bucket_sizes(max_batch), capture)
         self._free = list(range(max_batch))
+        self.times: StepTimes | None = None  # set one to time the batched graphs' steps (benchmarks)
         self._prefilled: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # row -> its prefill's logits, hidden
 
     @property
@@ -133,9 +134,23 @@ class BatchModel:
             return []
         with running_on(self.backend.threads.frame):
             if self.graphed is not None:
-                out, ids = self.graphed(params, calls, self._prefilled)
-                return frame_results(out, ids, [row for row, _ in calls], [x.logits for _, x in calls])
+                return self._graphed_frames(params, calls)
             return self._eager_frames(params, calls)
+
+    def _graphed_frames(self, params: SamplingParams, calls: Sequence[tuple[int, StepInputs]]) -> list[FrameResult]:
+        """:meth:`frames` through the batched graphs: stage, replay, results (each timed into :attr:`times` when
+        it is set, the replay then waited for)."""
+        t0 = time.perf_counter()
+        size = self.graphed.stage(calls, self._prefilled)
+        t1 = time.perf_counter()
+        out, ids = self.graphed.replay(params, size)
+        if self.times is not None and self.backend.device.type == "cuda":
+            torch.cuda.synchronize(self.backend.device)
+        t2 = time.perf_counter()
+        results = frame_results(out, ids, [row for row, _ in calls], [x.logits for _, x in calls])
+        if self.times is not None:
+            self.times.add(t1 - t0, t2 - t1, time.perf_counter() - t2)
+        return results
 
     def _eager_frames(self, params: SamplingParams, calls: Sequence[tuple[int, StepInputs]]) -> list[FrameResult]:
         """:meth:`frames` in eager mode: the slow rows of the calls with a column, then one sampler pass."""
