@@ -9,7 +9,7 @@
 #   DEVICE=cpu bash benchmarks/device_check.sh  # here: every part with small sizes on the CPU (a script check)
 #
 # Parts, most valuable first: gate, tests (the capture tests), attention (which SDPA kernel runs the decode
-# attention), single (batch 1 eager vs graphed, fp32 and bf16), agreement (CUDA fp32 and bf16 draws against the
+# attention), single (batch 1 eager vs graphed, fp32, bf16, bf16w), agreement (CUDA fp32, bf16, bf16w draws against the
 # CPU's fp32, teacher-forced), batched (ms/step at 1/8/32/128), streams (real-time streams with the codec at
 # 8/32/128). $OUT/<part>.json each (benchmarks/README.md says what they hold) and log.txt: 8 files, the most the
 # device tool brings back. Environment: OUT, BUDGET
@@ -53,8 +53,9 @@ if [ "$DEVICE" = cpu ]; then  # the script check here: small sizes; the venv's p
     STREAMS=(--streams 2 --rounds 1)
 else
     ATTENTION=(--batch 1 --batch 128 --cache 2048 --reps 50)
-    SINGLE=(--frames 32 --runs 3)
-    AGREEMENT=(--prompts 2 --frames 24 --threads "$(nproc)")
+    # bf16w (bf16 weights, fp32 maths: a Triton kernel) runs on CUDA only
+    SINGLE=(--frames 32 --runs 3 --precision fp32 --precision bf16 --precision bf16w)
+    AGREEMENT=(--prompts 2 --frames 24 --threads "$(nproc)" --precision bf16w)
     BATCHED=(--batch 1 --batch 8 --batch 32 --batch 128 --frames 16 --runs 3)
     STREAMS=(--streams 8 --streams 32 --streams 128 --rounds 2)
 fi

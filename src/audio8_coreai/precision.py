@@ -23,7 +23,8 @@ DEFAULT_BLOCK = 32
 class Precision:
     """One precision. ``dtype``: the model's float dtype; ``slow``/``fast``/``heads``: the kernels of the slow
     AR's and the fast AR's block linears and of both heads (``fp32`` = the dtype's own kernels; ``fp16`` = weights
-    stored in float16, Core AI; ``fp16w`` = float16 weights under fp32 activations, torch CPU); ``runtimes``:
+    stored in float16, Core AI; ``fp16w`` = float16 weights under fp32 activations, torch CPU; ``bf16w`` = bfloat16
+    weights under fp32 activations, torch CUDA); ``runtimes``:
     which of ``torch-cpu``, ``torch-cuda``, ``coreai`` run it; ``exact``: reproduces the publisher's fp32 draws
     on the oracle."""
 
@@ -39,12 +40,13 @@ class Precision:
 
     @property
     def quantized(self) -> bool:
-        """Whether a torch linear leaves the model dtype's own kernels (ONNX Runtime kernels, CPU only)."""
+        """Whether a torch linear leaves the model dtype's own kernels (FBGEMM, ONNX Runtime, Triton)."""
         return (self.slow, self.fast, self.heads) != ("fp32", "fp32", "fp32")
 
 
 _TORCH = frozenset({"torch-cpu", "torch-cuda"})
 _CPU = frozenset({"torch-cpu"})
+_CUDA = frozenset({"torch-cuda"})
 _COREAI = frozenset({"coreai"})
 
 PRECISIONS: dict[str, Precision] = {
@@ -73,6 +75,16 @@ PRECISIONS: dict[str, Precision] = {
             _CPU,
             "float16 weights (FBGEMM), fp32 activations in every block linear and both heads, fp32 elsewhere "
             "(the draws of fp32 on a bf16 checkpoint)",
+        ),
+        Precision(
+            "bf16w",
+            torch.float32,
+            "bf16w",
+            "bf16w",
+            "bf16w",
+            _CUDA,
+            "bfloat16 weights as stored (a Triton kernel), fp32 activations and sums in every block linear and both "
+            "heads, fp32 elsewhere (the draws of fp32 on a bf16 checkpoint at bf16's bytes)",
         ),
         Precision(
             "int16",

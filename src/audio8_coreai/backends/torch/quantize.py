@@ -11,13 +11,29 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...errors import QuantError
+from ...packages import require
 from ...precision import DEFAULT_BLOCK, Precision
 from .fp16 import Fp16FeedForward, Fp16Linear
 from .kernels import NBits, NBitsFeedForward, NBitsLinear
 from .memory import release_freed_memory, release_mapped_pages
 
-KINDS = ("fp32", "fp16w", "int8", "int4", "int12", "int16")
+KINDS = ("fp32", "fp16w", "bf16w", "int8", "int4", "int12", "int16")
 _NBITS = {"int8": (8, 1, 8), "int4": (4, 1, 8), "int12": (8, 2, 4), "int16": (8, 2, 8)}  # kind -> (bits, pieces, lo)
+
+
+WIDENED = ("fp16w", "bf16w")
+"""Kinds whose weights are stored 16-bit and widened to fp32 for fp32 products (:func:`widened`)."""
+
+
+def widened(kind: str) -> tuple[type[nn.Module], type[nn.Module]]:
+    """The (linear, feed-forward) kernels of a :data:`WIDENED` kind: FBGEMM's float16 ones (CPU) or the bfloat16
+    Triton kernel's (CUDA; raises QuantError naming the install without triton)."""
+    if kind == "fp16w":
+        return Fp16Linear, Fp16FeedForward
+    require("triton", QuantError)
+    from .bf16w import Bf16wFeedForward, Bf16wLinear
+
+    return Bf16wLinear, Bf16wFeedForward
 
 
 def nbits(kind: str, block: int = DEFAULT_BLOCK) -> NBits:
@@ -30,8 +46,9 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
     """Swap the linears of transformer ``blocks`` (layers.Block) in place for ``kind``'s kernels.
 
     fp32: unchanged. fp16w: Fp16Linear for ``wqkv``/``wo`` and Fp16FeedForward (float16 weights, fp32
-    compute). int8 / int4: NBitsLinear for ``wqkv``/``wo`` and NBitsFeedForward for the feed-forward (int8
-    compute). int16: the same with two int8 pieces for weights and inputs (16-bit fixed point per block); int12:
+    compute; CPU); bf16w: the same with bfloat16 weights (:mod:`.bf16w`; CUDA). int8 / int4: NBitsLinear for
+    ``wqkv``/``wo`` and NBitsFeedForward for the feed-forward (int8 compute). int16: the same with two int8 pieces
+    for weights and inputs (16-bit fixed point per block); int12:
     the weight's residual in 4 bits. ``threads`` blocks are converted at a time, one per thread (FBGEMM's prepack
     and ONNX Runtime's session builds run without the GIL); after each such group the pages of the weights it
     replaced are handed back (:func:`.memory.release_mapped_pages`), so converting from a mapped checkpoint holds
@@ -41,13 +58,14 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
         raise QuantError(f"unknown weight kind {kind!r}: use one of {', '.join(KINDS)}")
     if kind == "fp32":
         return
-    fmt = None if kind == "fp16w" else nbits(kind, block)
+    fmt = None if kind in WIDENED else nbits(kind, block)
 
     def convert(blk) -> list[Tensor]:
         att, ff = blk.attention, blk.feed_forward
         replaced = [att.wqkv.weight, att.wo.weight, ff.w1.weight, ff.w2.weight, ff.w3.weight]
         if fmt is None:
-            att.wqkv, att.wo, blk.feed_forward = Fp16Linear(att.wqkv), Fp16Linear(att.wo), Fp16FeedForward(ff)
+            linear, feed_forward = widened(kind)
+            att.wqkv, att.wo, blk.feed_forward = linear(att.wqkv), linear(att.wo), feed_forward(ff)
         else:
             att.wqkv = NBitsLinear(att.wqkv, fmt, threads)
             att.wo = NBitsLinear(att.wo, fmt, threads)
@@ -67,7 +85,7 @@ def quantize_linear(linear: nn.Linear, kind: str, block: int = DEFAULT_BLOCK, th
     handed back as in :func:`quantize_blocks`."""
     if kind == "fp32":
         return linear
-    kernel = Fp16Linear(linear) if kind == "fp16w" else NBitsLinear(linear, nbits(kind, block), threads)
+    kernel = widened(kind)[0](linear) if kind in WIDENED else NBitsLinear(linear, nbits(kind, block), threads)
     release_mapped_pages([linear.weight])
     return kernel
 
