@@ -187,7 +187,7 @@ def test_precision_names(oracle_dir):
         TorchBackend(load_checkpoint(oracle_dir), "cpu", precision="int3")
     with pytest.raises(PrecisionError, match="'mixed' is now int8-int16 on torch and int8-fp16 on coreai"):
         resolve_precision("mixed")
-    with pytest.raises(PrecisionError, match="precision int16 does not run on torch-cuda: use one of fp32, bf16, bf16w$"):
+    with pytest.raises(PrecisionError, match="int16 does not run on torch-cuda: use one of fp32, bf16, bf16w$"):
         resolve_precision("int16", runtime_of("torch", "cuda"))
     with pytest.raises(
         PrecisionError,
