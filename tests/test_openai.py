@@ -78,7 +78,7 @@ def centroid(audio: np.ndarray, rate: int) -> float:
 def test_sdk_default_call_streams_mp3_and_stream_false_sends_the_whole_file(client):
     """The SDK's plain call gets mp3 sent as it is made (chunked: no length is known when it starts, as OpenAI's);
     ``stream: false`` the whole file, its length in Content-Length and in LAME's gapless tag. The streamed mp3 has
-    the same audio with up to two mp3 frames more at its end (its tag cannot give the length: see the README)."""
+    the same audio with up to two mp3 frames more at its end (its tag cannot give the length: docs/server.md)."""
     streamed = client.audio.speech.with_raw_response.create(
         model="tts-1-hd", voice="alloy", input=TEXT, extra_body=EXTRAS
     )

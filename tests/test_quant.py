@@ -266,7 +266,7 @@ def test_int16_keeps_every_oracle_draw(oracle_dir):
 
 @pytest.mark.parametrize("precision", ["int8", "int8-int16", "int8-fp16w", "int8-int8", "fp16w"])
 def test_lossy_precisions_run_and_report_agreement(oracle_dir, precision):
-    """int8 weights (int8 and the fast tier) are counted, not held to the bar (see README: they fall short); so are
+    """int8 weights (int8 and the fast tier) are counted, not held to the bar (docs/speed.md: they fall short); so are
     float16 weights on the oracle's fp32 weights, which float16 rounds (on bf16 weights they keep the bar:
     test_fp16w_keeps_the_fp32_draws_on_bf16_weights)."""
     backend = TorchBackend(load_checkpoint(oracle_dir), "cpu", precision=precision)

@@ -160,7 +160,7 @@ _RENAMED = {"mixed": "'mixed' is now int8-int16 on torch and int8-fp16 on coreai
 
 DEFAULT_CPU = {torch.bfloat16: "fp16w", torch.float16: "fp16w", torch.float32: "int16"}
 """The CPU default per stored weight dtype: the fastest precision that keeps the agreement bar against fp32 on
-such weights (README, Speed). float16 weights hold bf16 ones (the release's) exactly but round fp32 ones."""
+such weights (docs/speed.md). float16 weights hold bf16 ones (the release's) exactly but round fp32 ones."""
 
 
 def runtime_of(backend: str, device_type: str = "cpu") -> str:

@@ -71,7 +71,7 @@ class Settings:
     bench_frames: int = 32  # bench: frames per timed frame loop (fewer when the model draws eos)
     bench_runs: int = 3  # bench: timed runs after one warm-up (medians reported)
     decoder_frames: int = 16  # Core AI codec decoder push: frames per call (its state carries the utterance)
-    decoder_first_frames: int = 0  # Core AI codec decoder's opt-in 1-frame function `first` (0: none; README, Core AI)
+    decoder_first_frames: int = 0  # Core AI codec decoder's opt-in 1-frame function `first` (0: none; docs/coreai.md)
     encoder_frames: int = 216  # Core AI codec encoder bucket: 10.0 s, the voice-registration clip
     checkpoint_seed: int = 0  # make-checkpoint: the seed of the random weights (same seed, same files)
 

@@ -26,7 +26,7 @@ from .noise import seeded_noise
 from .overlap import CodecQueue
 
 DEFAULT_CHUNK_FRAMES = DEFAULTS.chunk_frames  # 16 x 2048 samples = 0.74 s of audio per chunk
-# The stream's first chunk, whose frames TTFA waits for (README, Streaming: TTFA by first-chunk size). Chunks then
+# The stream's first chunk, whose frames TTFA waits for (docs/speed.md: TTFA by first-chunk size). Chunks then
 # double (1, 2, 4, 8, 16 frames), so the 46 ms of the first is followed by ever longer ones.
 DEFAULT_FIRST_CHUNK_FRAMES = DEFAULTS.first_chunk_frames
 PAUSE_S = DEFAULTS.pause_s  # silence between the pieces of a split text: a sentence break's pause in read speech

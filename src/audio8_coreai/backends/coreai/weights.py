@@ -6,7 +6,7 @@ with the slow AR's linear weights in int8, symmetric, one scale per block of 32 
 the fast AR stays fp16 because int8 there costs draws). The encoder computes in fp32 in every precision
 (fp16 arithmetic flips its nearest-neighbour code choices); in ``fp16`` and ``int8-fp16`` its weights are stored
 fp16 and cast to fp32 in the graph, except the vector quantizers' (:func:`encoder_module`). coreai-torch keeps
-that cast only for large weights and folds it into an fp32 constant for small ones (README, Core AI).
+that cast only for large weights and folds it into an fp32 constant for small ones (docs/coreai.md).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from .quantize import apply_precision
 from .threads import CallThreads, running_on
 
 # Frames per push when decoding a whole utterance: pushes this short keep the SEANet activations in cache (faster
-# and smaller than one whole run; README, Speed).
+# and smaller than one whole run; docs/speed.md).
 DECODE_CHUNK_FRAMES = DEFAULTS.decode_chunk_frames
 
 # Prompt heads (TorchBackend.prefix_length) whose KV state is kept, least recently used dropped first: a plain

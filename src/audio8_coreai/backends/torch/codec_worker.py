@@ -1,7 +1,7 @@
 """The codec decoder in a process of its own, so that it runs on another core beside the frame loop.
 
 On a CPU the frame loop (one thread of many small eager ops, holding the GIL) and the codec do not overlap as
-two threads of one process; as two processes they do (README, Speed). :class:`CodecWorker` runs the exact fp32
+two threads of one process; as two processes they do (docs/speed.md). :class:`CodecWorker` runs the exact fp32
 incremental decoder (:class:`...model.codec.StreamingDecoder` over :class:`...model.codec.CodecDecoder`, built
 from the checkpoint's codec file, mapped) in a child process on its share of the CPUs, serving several utterance
 streams by id. Codes go in pickled (a few hundred bytes); audio comes back as raw float32 bytes

@@ -1,5 +1,5 @@
 """Low-precision linears for the torch backend on CPU: ONNX Runtime's ``MatMulNBits``, the fastest well-kept
-kernel measured for them (the README's Speed section has the side-by-side figures).
+kernel measured for them (docs/speed.md, Kernels, has the side-by-side figures).
 
 * :class:`NBitsLinear` and :class:`NBitsFeedForward`: weights quantized symmetric per block of ``block``
   input channels (one fp32 scale per block, int8 range [-127, 127] or int4 [-7, 7]), run by an ONNX Runtime
