@@ -78,6 +78,8 @@ class Settings:
     # Wyoming server for Home Assistant (server/wyoming.py; `audio8 wyoming`)
     wyoming_port: int = 10200  # TCP port: the Wyoming convention for text to speech (Home Assistant's default)
     wyoming_voice: str = "audio8"  # the name the model's own voice is listed under (describe, synthesize)
+    wyoming_max_event_bytes: int = 65536  # one event's line, data and payload each: a synthesize of the longest text
+    wyoming_idle_s: float = 60.0  # a client silent this long (between events or within one) is closed
 
 
 DEFAULTS = Settings()

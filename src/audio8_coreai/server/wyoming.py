@@ -14,7 +14,8 @@ Events served (the ``wyoming`` package's own classes, its :class:`AsyncServer` a
   client also sends (for servers that do not stream) is ignored while a stream is open.
 
 A voice is chosen by name (``voice.name``); a language asks for nothing (the model reads the text it is given).
-Every refusal is an ``error`` event whose text says what to change and whose code is the error's class
+Events are read bounded in bytes and time (:mod:`.wyoming_events`). Every refusal is an ``error`` event whose
+text says what to change and whose code is the error's class
 (:mod:`..errors`; ``no_audio`` when the model ends the utterance on its first frame), never a traceback; the
 connection is then closed, as wyoming-piper does, so a client that waits for ``audio-stop`` without reading
 ``error`` events (as Home Assistant's non-streaming one has) sees the end instead of waiting for ever. The model runs
@@ -25,12 +26,12 @@ stops its utterance at the next frame.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
@@ -43,17 +44,16 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from .. import __version__
 from ..audio import encode_speech
 from ..checkpoint import DEFAULT_MODEL
-from ..errors import AssetError, Audio8Error, ConfigError, DamagedVoice, NoAudio, PromptError, ProtocolError, VoiceError
+from ..errors import Audio8Error, ConfigError, NoAudio, PromptError, ProtocolError, VoiceError
 from ..request import CheckedRequest, check_request, check_seed
 from ..settings import DEFAULTS
 from ..text import LANGUAGES, check_text
 from ..text.split import complete_sentences
 from ..tts import TTS
 from ..voices import Voice
-from .errors import ASSET_FAULT
+from .wyoming_events import parse, read_event, refusal
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 SAMPLE_WIDTH = 2  # bytes: 16-bit signed little-endian PCM
 CHANNELS = 1
@@ -253,31 +253,6 @@ def _voice(name: str, what: str) -> TtsVoice:
     )
 
 
-def _parse(event: Event, kind: type[T]) -> T:
-    """``kind.from_event(event)``, or ProtocolError naming the event when a field is missing or malformed."""
-    try:
-        return kind.from_event(event)
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
-        raise ProtocolError(
-            f"malformed {event.type} event ({type(e).__name__}: {e}): see the Wyoming protocol"
-        ) from None
-
-
-def _refusal(e: Audio8Error) -> Error:
-    """``e`` as the ``error`` event a client gets: its message, the error's class as the code (``no_audio`` for
-    :class:`NoAudio`); a damaged stored voice and an asset fault said without the server's path."""
-    if isinstance(e, DamagedVoice):
-        text = (
-            f"the stored voice {e.name!r} is damaged or from a newer version on this server: remove it "
-            f"(audio8 voice rm) and add it again"
-        )
-        return Error(text=text, code="DamagedVoice")
-    if isinstance(e, AssetError):  # the server's fault, said without its path (logged there with it)
-        log.error("asset fault: %s", e)
-        return Error(text=ASSET_FAULT, code="server_error")
-    return Error(text=str(e), code="no_audio" if isinstance(e, NoAudio) else type(e).__name__)
-
-
 class WyomingHandler(AsyncEventHandler):
     """One client connection: answers its events in order (see the module's docstring)."""
 
@@ -286,26 +261,46 @@ class WyomingHandler(AsyncEventHandler):
         self.speaker = speaker
         self.stream: _Stream | None = None
 
+    async def run(self) -> None:
+        """Answer the client's events until it closes, one refuses, or :meth:`stop`: the package's loop, with each
+        event read under the byte and idle bounds (:func:`.wyoming_events.read_event`); an event that breaks them
+        or the format is answered with an ``error`` event and logged in one line, and the connection closed."""
+        self._is_running = True
+        try:
+            while self._is_running:
+                try:
+                    event = await read_event(self.reader, DEFAULTS.wyoming_max_event_bytes, DEFAULTS.wyoming_idle_s)
+                except ProtocolError as e:
+                    log.warning("wyoming client refused: %s", e)
+                    with contextlib.suppress(ConnectionError):
+                        await self.write_event(refusal(e).event())
+                    break
+                if event is None or not await self.handle_event(event):
+                    break
+        finally:
+            await self.disconnect()
+            self.writer.close()
+
     async def handle_event(self, event: Event) -> bool:
         try:
             if Describe.is_type(event.type):
                 await self.write_event(self.speaker.info().event())
             elif Synthesize.is_type(event.type):
                 if self.stream is None:  # else the copy a streaming client sends for servers that do not stream
-                    await self._synthesize(_parse(event, Synthesize))
+                    await self._synthesize(parse(event, Synthesize))
             elif SynthesizeStart.is_type(event.type):
-                start = _parse(event, SynthesizeStart)
+                start = parse(event, SynthesizeStart)
                 voice = self.speaker.voice(start.voice.name if start.voice else None)
                 audio = _Audio(self.write_event, self.speaker.tts.sample_rate)
                 self.stream = _Stream(voice, check_seed(self.speaker.seed(voice)), audio)
             elif SynthesizeChunk.is_type(event.type):
-                await self._add(_parse(event, SynthesizeChunk).text)
+                await self._add(parse(event, SynthesizeChunk).text)
             elif SynthesizeStop.is_type(event.type):
                 await self._finish()
         except ConnectionError:  # the client has gone: nothing to tell it
             return False
         except Audio8Error as e:
-            await self.write_event(_refusal(e).event())
+            await self.write_event(refusal(e).event())
             return False
         except Exception as e:  # a bug: its traceback goes to the server's log, not to the client
             log.exception("synthesis failed")
