@@ -166,7 +166,8 @@ def test_espeak_speech_reads_without_warnings(tmp_path):
 
 def test_a_failed_write_is_an_audio_error_that_names_a_full_disk(tmp_path, monkeypatch):
     """A full disk mid-stream (libsndfile says only 'System error.') and a folder that refuses new files: one
-    clear AudioError, the target left as it was, never a traceback."""
+    clear AudioError naming the user's file, the target left as it was, the partial file that filled the disk
+    removed, never a traceback."""
     import shutil
     from collections import namedtuple
 
@@ -180,14 +181,15 @@ def test_a_failed_write_is_an_audio_error_that_names_a_full_disk(tmp_path, monke
     def full(self, data):
         raise sf.LibsndfileError(0, "System error.")
 
-    with pytest.raises(AudioError, match=r"keep\.partial\.wav: .*the disk is full"):
+    with pytest.raises(AudioError, match=r"cannot write .*/keep\.wav: .*the disk is full") as caught:
         with open_audio_writer(out, 44100) as f:
             f.write(np.zeros(4096, np.float32))
             f.flush()
             assert f.frames == 4096
             monkeypatch.setattr(sf.SoundFile, "write", full)
             f.write(np.zeros(4096, np.float32))
-    assert out.read_bytes() == b"old" and partial_path(out).exists()  # what was made so far is kept
+    assert "partial" not in str(caught.value)
+    assert out.read_bytes() == b"old" and not partial_path(out).exists()  # its space given back
 
     def no_temp_file(**kwargs):
         raise FileNotFoundError(2, "No such file or directory")

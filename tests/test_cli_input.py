@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -149,6 +150,43 @@ def test_an_interrupted_stream_leaves_an_existing_file_alone(tiny_checkpoint, tm
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_say_stream_over_a_file_size_limit_removes_its_partial_file_and_names_the_output(
+    never_eos_checkpoint, tmp_path
+):
+    """``say --stream`` in a process whose files may not grow past 64 KB (RLIMIT_FSIZE; SIGXFSZ ignored, so a
+    write past it fails with EFBIG, as a full disk fails one with ENOSPC) through libsndfile's real writes: one
+    error line naming the user's file and the cause, the old file as it was, no partial file left."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "keep.wav"
+    sf.write(out, np.zeros(4410, dtype=np.float32), 44100)
+    before = out.read_bytes()
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # ignored across exec: the write fails instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.RLIM_INFINITY))
+
+    args = ["say", "Hello.", "-o", out, "--model", never_eos_checkpoint, "--device", "cpu", "--seed", 1]
+    args += ["--stream", "--chunk-frames", 4, "--max-frames", 50, "--no-codec-process"]  # 50 frames: 400 KB
+    code = "from audio8_coreai.cli import app; app()"
+    result = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        preexec_fn=limited,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "500"},
+    )
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2, result.stderr
+    assert f"error: cannot write {out}: System error. (the disk or a quota is full, a file size limit" in said
+    assert "partial" not in said and "Traceback" not in said
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["keep.wav"]
 
 
 def test_error_line_is_one_line_and_not_markup(tmp_path):

@@ -133,6 +133,33 @@ def test_a_replica_failure_is_a_json_500_without_details(local, monkeypatch):
     assert speech(local, response_format="pcm").status_code == 200
 
 
+@pytest.mark.parametrize("lost", ["ActorDiedError", "ReplicaUnavailableError"])
+def test_a_replica_lost_before_the_first_byte_is_a_503_with_retry_after(local, monkeypatch, lost):
+    """The replica's call ends as Ray's handle reports a replica that died (or cannot be reached) before it gave
+    anything: nothing was spoken, so the answer is a 503 replica_unavailable with Retry-After (the client may send
+    it again), not a 500; the next request is served."""
+    import ray.exceptions
+    import ray.serve.exceptions
+
+    from audio8_coreai.server.synth import LocalSynthesizer
+
+    error = {
+        "ActorDiedError": ray.exceptions.ActorDiedError(),
+        "ReplicaUnavailableError": ray.serve.exceptions.ReplicaUnavailableError("replica gone"),
+    }[lost]
+
+    async def dying(self, checked, output):  # in the replica's Synth.speak, before its first item
+        raise error
+
+    monkeypatch.setattr(LocalSynthesizer, "open", dying)
+    r = speech(local, response_format="wav")
+    error_body = r.json()["error"]
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, r.text
+    assert error_body["code"] == "replica_unavailable" and "send the request again" in error_body["message"]
+    monkeypatch.undo()
+    assert speech(local, response_format="pcm").status_code == 200
+
+
 def test_a_replaced_voice_gets_a_new_key_and_errors_cross_processes_whole(tiny_tts, tmp_path):
     def voice(seconds: float, transcript: str):
         clip = clips.write(tmp_path / f"{seconds}.wav", clips.sweep(22050, seconds), 22050)

@@ -117,11 +117,15 @@ def test_a_latin1_model_name_is_echoed(base):
     assert r.status_code == 200 and r.headers["x-model"] == "tts-1-hd-\u00e9"
 
 
-def multipart(fields: dict[str, str], filename: bytes, data: bytes) -> tuple[bytes, str]:
-    """A multipart body written by hand: clients escape what a hostile one sends raw (a NUL in a file name)."""
+def multipart(fields: dict[str, str | bytes], filename: bytes, data: bytes) -> tuple[bytes, str]:
+    """A multipart body written by hand: clients escape what a hostile one sends raw (a NUL in a file name, a field
+    that is not UTF-8: bytes)."""
     boundary = "hostile-boundary"
     parts = [
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in fields.items()
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n'.encode()
+        + (v if isinstance(v, bytes) else v.encode())
+        + b"\r\n"
+        for k, v in fields.items()
     ]
     parts.append(
         f'--{boundary}\r\nContent-Disposition: form-data; name="audio"; filename="'.encode()
@@ -141,6 +145,41 @@ def test_an_upload_name_with_a_nul_in_its_suffix_registers(base):
     error = clean(httpx.post(f"{base}/v1/voices", content=body, headers={"content-type": kind}), 400, "invalid_voice")
     assert "\x00" not in error["message"]
     assert httpx.delete(f"{base}/v1/voices/zero").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "body, code, remedy",
+    [
+        (b'{"input": "caf\xe9", "seed": 1}', "invalid_utf8", "encoded in UTF-8"),
+        (b'{"input": "Hi", "voice": ' + b"[" * 1200 + b"]" * 1200 + b"}", "json_too_deep", "one flat JSON object"),
+        (b'{"input": "Hi", "seed": ' + b"9" * 5000 + b"}", "number_too_long", "a few digits"),
+    ],
+)
+def test_a_body_the_json_parser_cannot_read_has_a_code_and_a_remedy(base, body, code, remedy):
+    error = clean(raw_speech(base, body), 400, code)
+    assert remedy in error["message"] and metric(base, f'audio8_errors_total{{code="{code}"}}') >= 1
+
+
+def test_a_form_that_cannot_be_read_has_a_code_and_a_remedy(base):
+    kind = {"content-type": "multipart/form-data"}  # no boundary
+    r = httpx.post(f"{base}/v1/voices", content=b"--x\r\nname=a\r\n", headers=kind)
+    assert "the boundary in its Content-Type" in clean(r, 400, "invalid_multipart")["message"]
+    r = add_voice(base, "longname", filename="a" * 5000 + ".wav")
+    assert "short file name" in clean(r, 400, "part_header_too_long")["message"]
+    assert "longname" not in httpx.get(f"{base}/v1/voices").text
+
+
+def test_a_transcript_that_is_not_utf8_is_refused_naming_it_and_utf8_is_kept(base):
+    body, kind = multipart(
+        {"name": "latin", "transcript": "Caf\u00e9 au lait.".encode("latin-1")}, b"c.wav", clip_bytes()
+    )
+    error = clean(httpx.post(f"{base}/v1/voices", content=body, headers={"content-type": kind}), 400, "invalid_utf8")
+    assert error["param"] == "transcript" and "'transcript' is not UTF-8" in error["message"]
+    assert "latin" not in httpx.get(f"{base}/v1/voices").text
+    body, kind = multipart({"name": "latin", "transcript": "Caf\u00e9 au lait."}, b"c.wav", clip_bytes())
+    r = httpx.post(f"{base}/v1/voices", content=body, headers={"content-type": kind}, timeout=60)
+    assert r.status_code == 201 and r.json()["transcript"] == "Caf\u00e9 au lait."
+    assert httpx.delete(f"{base}/v1/voices/latin").status_code == 200
 
 
 class FullSpool:

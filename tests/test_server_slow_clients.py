@@ -8,10 +8,13 @@ import socket
 import time
 from urllib.parse import urlsplit
 
+import httpx
+import numpy as np
+
 from audio8_coreai import TTS
-from audio8_coreai.server import ServerSettings, create_app
+from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
 from audio8_coreai.settings import DEFAULTS
-from test_server import TEXT, serving, speech
+from test_server import TEXT, metric, serving, speech
 
 
 def test_a_connection_that_never_finishes_its_request_is_closed(tiny_checkpoint, tmp_path):
@@ -94,3 +97,56 @@ def test_a_stream_whose_client_stops_reading_buffers_a_bounded_amount_then_is_dr
     bound = (4 + (DEFAULTS.codec_queue if server.synth.instances[0].backend.codec_process else 0)) * 4 + 3
     assert 4 <= frames <= bound
     assert any("not reading" in r.getMessage() for r in caplog.records)
+
+
+class _Endless:
+    """A stand-in for a SpeechStream: a second of tone per chunk (float32 [44100]), ``on_frame`` called before each,
+    until the server stops it."""
+
+    prefill_s = frames_s = codec_s = duration_s = 0.0
+    first_audio_s = None
+    frames = 0
+
+    def __init__(self, on_frame):
+        self.on_frame = on_frame
+
+    def __iter__(self):
+        for step in range(10_000):
+            self.on_frame(step)
+            yield (0.3 * np.sin(np.arange(44100) / 7)).astype(np.float32)
+
+
+def test_a_stream_dropped_for_a_client_that_stopped_reading_is_cut_and_counted_as_it_is_dropped(tiny_checkpoint):
+    """Over a real socket, a client that reads the head and then nothing (its receive window full): after ``stall_s``
+    the server drops the stream, counts the 499 client_stalled while the client still reads nothing, frees the
+    worker, and closes the connection without the last chunk: the client that reads on gets what the sockets held
+    and then the end of the connection, a body it can tell was cut."""
+    instance = TTS.load(tiny_checkpoint, device="cpu")
+    instance.stream = lambda *args, on_frame, **kwargs: _Endless(on_frame)
+    settings = ServerSettings(workers=1, stream_buffer_chunks=2, stall_s=1.0)
+    with serve_in_thread(create_app([instance], settings)) as url:
+        before = metric(url, 'audio8_errors_total{code="client_stalled"}')
+        body = json.dumps({"input": "Hello.", "response_format": "pcm", "stream": True}).encode()
+        head = (
+            "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server's sends back up
+            s.settimeout(30)
+            s.connect((urlsplit(url).hostname, urlsplit(url).port))
+            s.sendall(head + body)
+            received = b""
+            while b"\r\n\r\n" not in received:
+                received += s.recv(256)
+            assert received.startswith(b"HTTP/1.1 200")
+            deadline = time.monotonic() + 30
+            while metric(url, 'audio8_errors_total{code="client_stalled"}') < before + 1:
+                assert time.monotonic() < deadline, "the stalled stream was not dropped"
+                time.sleep(0.1)
+            assert httpx.get(f"{url}/health").json()["running"] == 0
+            while data := s.recv(65536):  # reading on: what the sockets held, then the connection's end
+                received += data
+        assert b"transfer-encoding: chunked" in received.lower()
+        assert len(received) > 44100 and not received.endswith(b"0\r\n\r\n")  # no last chunk: cut, not ended
+        assert metric(url, 'audio8_errors_total{code="client_stalled"}') == before + 1

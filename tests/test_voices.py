@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 import clips
-from audio8_coreai.errors import AudioError, PromptError, VoiceError, VoiceExists, VoiceStorageError
+from audio8_coreai.errors import AudioError, DamagedVoice, PromptError, VoiceError, VoiceExists, VoiceStorageError
 from audio8_coreai.settings import DEFAULTS
 from audio8_coreai.voices import Voice, VoiceStore, check_name, default_voices_dir
 
@@ -240,6 +241,49 @@ def test_damaged_and_newer_files_are_refused_clearly(tmp_path):
         store.load("newer")
 
 
+def rewrite_codes(path, codes: np.ndarray) -> None:
+    """Replace the codes of the voice file ``path``, its meta kept (a damaged or hand-edited file)."""
+    with np.load(path) as f:
+        meta = f["meta"]
+    np.savez(path, codes=codes.astype(np.int16), meta=meta)
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda c: np.where(np.arange(c.size).reshape(c.shape) == 12, 200, c), "code 200 at codebook 2, frame 2 is "),
+        (lambda c: c[:9], "codes of 9 codebooks, where the codec that made them gives 10"),
+        (lambda c: c - 200, "is outside \\[0, 128\\) of the codec"),
+    ],
+)
+def test_codes_out_of_range_or_of_the_wrong_codebook_count_are_a_damaged_voice_when_read(tmp_path, damage, why):
+    """The codes' shape and range are checked as the store reads the file (no model loaded), against what the codec
+    that made them gives (recorded in the file): a damaged voice with its remedy, listed as damaged by the CLI."""
+    from cli_support import run
+
+    store = VoiceStore(tmp_path)
+    voice = make_voice("edited")
+    store.save(dataclasses.replace(voice, codebooks=10, codebook_size=128))
+    assert store.load("edited").codebook_size == 128
+    rewrite_codes(tmp_path / "edited.npz", damage(voice.codes))
+    with pytest.raises(
+        DamagedVoice, match=f"edited.npz is damaged \\(.*{why}.*remove it \\(`audio8 voice rm edited`\\)"
+    ):
+        store.load("edited")
+    listed = run("voice", "list", "--voices", tmp_path)
+    said = " ".join(listed.output.split())
+    assert listed.exit_code == 0 and "damaged:" in said and "audio8 voice rm edited" in said
+
+
+def test_codes_outside_their_codec_s_range_are_not_stored(tmp_path):
+    voice = make_voice("wide")
+    with pytest.raises(VoiceError, match="code 127 at codebook 0, frame 0 is outside \\[0, 100\\)"):
+        codes = voice.codes.copy()
+        codes[0, 0] = 127
+        VoiceStore(tmp_path).save(dataclasses.replace(voice, codes=codes, codebook_size=100))
+    assert VoiceStore(tmp_path).names() == []
+
+
 def test_voice_from_another_checkpoint_is_refused(tmp_path):
     store = VoiceStore(tmp_path)
     store.save(make_voice(fingerprint="a" * 64))
@@ -281,6 +325,8 @@ def test_register_then_speak_by_name_equals_the_clip_inline(tts, ref_clip):
     assert voice.codes.shape == (10, 17)  # ceil(0.75 * 44100 / 2048)
     assert (voice.sample_rate, voice.duration_s, voice.name) == (48000, 0.75, "alice")
     assert voice.fingerprint == tts.checkpoint.fingerprint() and voice.source == str(ref_clip)
+    assert (voice.codebooks, voice.codebook_size) == (10, tts.config.codebook_size)
+    assert tts.voices.load("alice").codebook_size == tts.config.codebook_size  # recorded in the file
     assert tts.voices.names() == ["alice"]
     by_name = tts.generate(TEXT, voice="alice", seed=5, max_frames=8)
     inline = tts.generate(TEXT, ref_audio=ref_clip, ref_text="Hello there, how are you?", seed=5, max_frames=8)

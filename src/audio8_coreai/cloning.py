@@ -54,6 +54,8 @@ class VoiceCloning:
             name,
             str(info.path.resolve()),
             tuple(info.warnings),
+            self.config.num_codebooks,
+            self.config.codebook_size,
         )
 
     def register_voice(

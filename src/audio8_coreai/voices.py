@@ -6,7 +6,10 @@ and duration, the file), the fingerprint of the checkpoint whose codec made the 
 
 On disk, one file per voice: ``<folder>/<NAME>.npz``, a NumPy zip read without pickles, holding ``codes``
 (int16 [num_codebooks, T]; codes are < 4096) and ``meta`` (one JSON string: ``format``, ``name``,
-``transcript``, ``sample_rate``, ``duration_s``, ``fingerprint``, ``created``, ``source``, ``warnings``).
+``transcript``, ``sample_rate``, ``duration_s``, ``fingerprint``, ``created``, ``source``, ``warnings``, and
+``codebooks`` and ``codebook_size``, the codes' shape and range as the codec that made them gives them: a file
+whose codes break them is damaged, found when it is read, not after a model has loaded; 0 in a file stored before
+they were recorded).
 One file per voice makes a write atomic: it is written under a temporary name that starts with a dot, flushed
 to disk, then renamed over ``NAME.npz`` (``os.replace``); a new voice without ``replace`` is linked into place only
 if its name is still free, so of two writers racing for one new name exactly one wins. A crash at any point leaves
@@ -113,7 +116,9 @@ class Voice:
     clip's ``transcript``; the source clip's ``sample_rate`` (Hz) and ``duration_s`` (seconds); the
     ``fingerprint`` of the checkpoint whose codec made the codes (:meth:`Checkpoint.fingerprint`);
     ``created`` (ISO 8601, UTC); ``source`` (the clip's path) and the reader's ``warnings``. ``name`` is
-    empty for a one-off voice that is not stored."""
+    empty for a one-off voice that is not stored. ``codebooks`` and ``codebook_size``: the codes' rows and range
+    [0, codebook_size) as that checkpoint's codec makes them (0: not known), checked when the voice is stored and
+    read."""
 
     codes: np.ndarray
     transcript: str
@@ -124,6 +129,8 @@ class Voice:
     name: str = ""
     source: str = ""
     warnings: tuple[str, ...] = ()
+    codebooks: int = 0
+    codebook_size: int = 0
 
     @property
     def frames(self) -> int:
@@ -250,17 +257,11 @@ class VoiceStore:
             message = f"cannot create the voices folder {self.root}: {e}; give another with --voices DIR"
             raise _storage_error(message, e) from e
         codes = np.asarray(voice.codes)
-        if (
-            codes.ndim != 2
-            or codes.shape[1] == 0
-            or not np.issubdtype(codes.dtype, np.integer)
-            or codes.min() < 0
-            or codes.max() > 32767
-        ):
-            raise VoiceError(
-                f"voice {voice.name!r}: codes must be integers in [0, 32767] shaped [codebooks, "
-                f"frames], got {codes.dtype} {list(codes.shape)}"
-            )
+        problem = codes_problem(codes, voice.codebooks, voice.codebook_size)
+        if problem is None and codes.max() >= 1 << 15:
+            problem = f"code {int(codes.max())} is over 32767, which a voice file (int16) cannot hold"
+        if problem:
+            raise VoiceError(f"voice {voice.name!r}: {problem}")
         tmp = None
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{voice.name}.", suffix=TEMP_SUFFIX, dir=self.root)
@@ -309,8 +310,6 @@ class VoiceStore:
                 f"upgrade audio8-coreai, or{damaged.removeprefix(';')}",
                 name,
             )
-        if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer) or codes.shape[1] == 0:
-            raise DamagedVoice(f"voice file {path} is damaged (codes {codes.dtype} {list(codes.shape)}){damaged}", name)
         try:
             voice = Voice(
                 codes=codes.astype(np.int64),
@@ -322,9 +321,13 @@ class VoiceStore:
                 name=name,
                 source=str(meta.get("source", "")),
                 warnings=tuple(meta.get("warnings", ())),
+                codebooks=int(meta.get("codebooks", 0)),
+                codebook_size=int(meta.get("codebook_size", 0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise DamagedVoice(f"voice file {path} is damaged (meta: {type(e).__name__}: {e}){damaged}", name) from e
+        if problem := codes_problem(codes, voice.codebooks, voice.codebook_size):
+            raise DamagedVoice(f"voice file {path} is damaged ({problem}){damaged}", name)
         if fingerprint is not None:
             voice.check_checkpoint(fingerprint)
         return voice
@@ -342,6 +345,21 @@ class VoiceStore:
         except OSError as e:
             raise _storage_error(f"cannot remove voice {name!r} ({path}): {e}", e) from e
         return path
+
+
+def codes_problem(codes: np.ndarray, codebooks: int = 0, codebook_size: int = 0) -> str | None:
+    """What is wrong with a voice's ``codes`` (integers [codebooks, frames] in [0, codebook_size); a 0 bound is not
+    checked), or None."""
+    if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer) or codes.shape[1] == 0:
+        return f"codes {codes.dtype} {list(codes.shape)}, not integers [codebooks, frames]"
+    if codebooks and codes.shape[0] != codebooks:
+        return f"codes of {codes.shape[0]} codebooks, where the codec that made them gives {codebooks}"
+    bad = (codes < 0) | (codes >= codebook_size) if codebook_size else codes < 0
+    if bad.any():
+        row, col = (int(i[0]) for i in np.nonzero(bad))
+        bound = f"outside [0, {codebook_size}) of the codec that made them" if codebook_size else "negative"
+        return f"code {int(codes[row, col])} at codebook {row}, frame {col} is {bound}"
+    return None
 
 
 def _storage_error(message: str, e: OSError | AudioError) -> VoiceStorageError:

@@ -50,16 +50,29 @@ def write_audio(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
     return path
 
 
-def _write_error(path: Path, folder: Path, e: BaseException) -> AudioError:
-    """AudioError for a failed write of ``path``; libsndfile says only 'System error.' when the disk is full."""
+def _write_error(path: Path, folder: Path, e: BaseException, midway: bool = False) -> AudioError:
+    """AudioError for a failed write of ``path``, saying why where it can: a full disk (libsndfile says only
+    'System error.' then: the folder's free space tells), a file size limit (EFBIG: ``ulimit -f``, a FAT disk's
+    4 GB); ``midway``: a write that failed after others succeeded (a stream's), whose 'System error.' is one of
+    those or a failing disk."""
     try:
         usage = shutil.disk_usage(folder)
         full = usage.total > 0 and usage.free < 1 << 20  # a pseudo file system (/proc) has no size at all
     except OSError:
         full = False
-    return AudioError(
-        f"cannot write {path}: {e}" + (" (the disk is full: free some space or write elsewhere)" if full else "")
-    )
+    code = e.errno if isinstance(e, OSError) else None
+    if full or code in (errno.ENOSPC, errno.EDQUOT):
+        why = " (the disk is full: free some space or write elsewhere)"
+    elif code == errno.EFBIG:
+        why = " (the file is over the size limit for a file here: write elsewhere, or speak less at once)"
+    elif midway and code is None:
+        why = (
+            " (the disk or a quota is full, a file size limit was reached, or the disk failed: free some space or "
+            "write elsewhere)"
+        )
+    else:
+        why = ""
+    return AudioError(f"cannot write {path}: {e}{why}")
 
 
 def check_writable(path: str | Path) -> tuple[Path, Path]:
@@ -84,14 +97,15 @@ def partial_path(path: str | Path) -> Path:
 
 
 @contextlib.contextmanager
-def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[sf.SoundFile]:
+def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[_ChunkWriter]:
     """Write mono audio at ``sample_rate`` Hz to ``path`` chunk by chunk, as it is made (``say --stream``).
 
     Formats as :func:`write_audio`. The audio grows in ``.NAME.partial.EXT`` beside ``path`` with every
     ``write(chunk float32 [n])`` (call ``flush()`` after each to keep a wav's header sizes current, so the file so
     far plays) and becomes ``path`` when the block ends without an error; an interrupted run (an exception in the
     block) leaves ``path`` as it was (an existing file is never clobbered) and the audio made until then in the
-    partial file, which is removed when it holds none.
+    partial file, which is removed when it holds none. A write that fails (a full disk, a file size limit) removes
+    the partial file too, the space it took given back, and raises AudioError naming ``path``.
     Raises AudioError as :func:`write_audio`.
     """
     path, folder = check_writable(path)
@@ -101,11 +115,14 @@ def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[sf.SoundFi
         f = sf.SoundFile(str(partial), "w", sample_rate, 1, subtype, format=fmt)
     except (OSError, sf.LibsndfileError) as e:
         raise _write_error(path, folder, e) from e  # the user's file name, not the hidden partial one
+    writer = _ChunkWriter(f, path, folder)
     try:
-        with f:
-            yield _ChunkWriter(f, partial, folder)
+        try:
+            yield writer
+        finally:
+            writer.close()
     except BaseException:
-        if f.frames == 0:  # nothing was made: no partial file to keep
+        if writer.failed or f.frames == 0:  # a file the disk did not take, or nothing made: none to keep
             partial.unlink(missing_ok=True)
         raise
     publish(partial, path)
@@ -113,10 +130,11 @@ def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[sf.SoundFi
 
 class _ChunkWriter:
     """:func:`open_audio_writer`'s file: ``write(chunk)``, ``flush()`` and ``frames`` of a ``soundfile.SoundFile``,
-    whose failures (a full disk mid-stream) raise AudioError naming the partial file."""
+    whose failures (a full disk mid-stream) raise AudioError naming ``path``, the user's file, and set ``failed``."""
 
-    def __init__(self, f: sf.SoundFile, partial: Path, folder: Path):
-        self._f, self._partial, self._folder = f, partial, folder
+    def __init__(self, f: sf.SoundFile, path: Path, folder: Path):
+        self._f, self._path, self._folder = f, path, folder
+        self.failed = False
 
     @property
     def frames(self) -> int:
@@ -128,11 +146,21 @@ class _ChunkWriter:
     def flush(self) -> None:
         self._call(self._f.flush)
 
+    def close(self) -> None:
+        """Close the file (its header's sizes written); after a failed write quietly: that error is the one to
+        tell."""
+        if self.failed:
+            with contextlib.suppress(OSError, sf.LibsndfileError):
+                self._f.close()
+        else:
+            self._call(self._f.close)
+
     def _call(self, fn, *args) -> None:
         try:
             fn(*args)
         except (OSError, sf.LibsndfileError) as e:
-            raise _write_error(self._partial, self._folder, e) from e
+            self.failed = True
+            raise _write_error(self._path, self._folder, e, midway=True) from e
 
 
 def _read_umask() -> int:

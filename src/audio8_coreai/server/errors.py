@@ -4,14 +4,17 @@ One handler set (:func:`install`) maps what a request can raise to that body and
 ``/metrics``: a schema violation (pydantic) is a 400, an :class:`ApiError` says its own status, any other
 :class:`.Audio8Error` is a 400 whose message says what to change (a damaged stored voice, the server's own file, is
 a 500 with the API's remedy; a voice name taken a 409; a voice store that cannot be written a 500, or 507 when its
-disk is full), an unknown route or method a 404 or 405 (its Allow header every method of the path), and anything
-else a 500 that says nothing of the server (logged there with its traceback). No answer carries a server path.
+disk is full), a body the framework cannot parse (not UTF-8, JSON nested too deep, a number too long, a multipart
+form it cannot read: :func:`unparsed`, :func:`form_error`) a 400 with its code, an unknown route or method a 404 or
+405 (its Allow header every method of the path), and anything else a 500 that says nothing of the server (logged
+there with its traceback). No answer carries a server path.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,15 +22,22 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match, Route
 
 from ..errors import AssetError, Audio8Error, ConfigError, DamagedVoice, VoiceExists, VoiceStorageError
+from .forms import FieldNotText
 from .schemas import ErrorBody
 
 log = logging.getLogger("audio8_coreai.server")
 # What a client is told of an AssetError (HTTP and Wyoming): the operator's to fix; the path stays in the log.
 ASSET_FAULT = "the server's model assets cannot do this (a part is missing or stale; logged there): tell its operator"
+
+# A speech request's body, as the remedy of a body that cannot be read.
+EXAMPLE = '{"model": "tts-1", "input": "Hello", "voice": "alloy"}'
+# A voice upload as curl sends it, as the remedy of a form that cannot be read.
+UPLOAD = "curl -F name=ana -F transcript='The words of the clip.' -F audio=@clip.wav"
 
 ROUTES = "POST /v1/audio/speech, GET and POST /v1/voices, DELETE /v1/voices/NAME, GET /health, GET /metrics"
 
@@ -51,7 +61,7 @@ STATUSES = {
     413: "The body or the upload is over this server's limit.",
     422: "The model ended the utterance at once: no audio (another seed speaks).",
     500: "The server failed (its storage, a stored voice, or a bug, logged there).",
-    503: "The queue is full: retry after Retry-After seconds.",
+    503: "The queue is full (or, on Ray, the replica was lost): retry after Retry-After seconds.",
     507: "The server's disk is full.",
 }
 
@@ -158,8 +168,7 @@ def schema_error(first: dict[str, Any]) -> ApiError:
         at = first.get("loc", ("body", "?"))[-1]
         return ApiError(
             400,
-            f"the body is not valid JSON (at character {at}): send a JSON object such as "
-            '{"model": "tts-1", "input": "Hello", "voice": "alloy"}',
+            f"the body is not valid JSON (at character {at}): send a JSON object such as {EXAMPLE}",
             None,
             "invalid_json",
         )
@@ -167,8 +176,7 @@ def schema_error(first: dict[str, Any]) -> ApiError:
     if where is None and first.get("type") == "model_attributes_type":  # JSON null, a list, or not sent as JSON
         return ApiError(
             400,
-            "the body must be a JSON object sent with Content-Type: application/json, such as "
-            '{"model": "tts-1", "input": "Hello", "voice": "alloy"}',
+            f"the body must be a JSON object sent with Content-Type: application/json, such as {EXAMPLE}",
             None,
             "invalid_request",
         )
@@ -177,6 +185,78 @@ def schema_error(first: dict[str, Any]) -> ApiError:
         return ApiError(400, first["msg"], where, own)
     code = FIELD_CODES.get((where, first.get("type")), "invalid_request")
     return ApiError(400, f"{where or 'body'}: {first.get('msg')}", where, code)
+
+
+def unparsed(exc: HTTPException) -> ApiError:
+    """The framework's own 400 for a body it could not parse (FastAPI reading JSON, starlette a form; the parser's
+    error is its cause or context) with a code and what to send instead: invalid_utf8, json_too_deep,
+    number_too_long, a form's (:func:`form_error`), else invalid_request."""
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, UnicodeDecodeError):
+        return ApiError(
+            400,
+            f"the body is not UTF-8 (byte {cause.start} is {cause.object[cause.start : cause.start + 1]!r}): send "
+            f"the JSON encoded in UTF-8, such as {EXAMPLE}",
+            None,
+            "invalid_utf8",
+        )
+    if isinstance(cause, RecursionError):
+        return ApiError(
+            400,
+            f"the body's JSON is nested too deep to read: a request is one flat JSON object, such as {EXAMPLE}",
+            None,
+            "json_too_deep",
+        )
+    if isinstance(cause, ValueError) and "digits" in str(cause):  # Python's cap on an integer's digits
+        return ApiError(
+            400,
+            f"the body holds a number of over {sys.get_int_max_str_digits()} digits: the whole numbers a request "
+            "takes (seed, top_k, max_frames, sample_rate) have a few digits",
+            None,
+            "number_too_long",
+        )
+    if isinstance(cause, MultiPartException):
+        return form_error(cause)
+    return ApiError(
+        400,
+        f"the body cannot be read ({exc.detail}): send a JSON object such as {EXAMPLE}, or to POST /v1/voices a "
+        f"multipart form ({UPLOAD})",
+        None,
+        "invalid_request",
+    )
+
+
+def form_error(e: MultiPartException) -> ApiError:
+    """A multipart form (``POST /v1/voices``) that starlette cannot read, or a field of it that is not text
+    (:class:`.forms.FieldNotText`), with a code and what to send instead: invalid_utf8, part_header_too_long,
+    413 upload_too_large for a field over the upload limit, else invalid_multipart."""
+    if isinstance(e, FieldNotText):
+        return ApiError(
+            400, f"{e.message}: send it encoded in {e.charset} (the form's charset)", e.field, "invalid_utf8"
+        )
+    if "header size" in str(e.__cause__):  # python-multipart's cap on a part's header line (4 KB)
+        return ApiError(
+            400,
+            "a part of the form has a header line over 4 KB (a file name that long?): send the clip under a "
+            "short file name",
+            None,
+            "part_header_too_long",
+        )
+    if e.message.startswith("Part exceeded"):
+        return ApiError(
+            413,
+            f"a field of the form is over this server's upload limit ({e.message}): the transcript is the "
+            "clip's words, a few sentences",
+            None,
+            "upload_too_large",
+        )
+    hint = "with the boundary in its Content-Type" if e.message.startswith("Missing boundary") else "whole"
+    return ApiError(
+        400,
+        f"the multipart form cannot be read ({e.message}): send it {hint}, as an HTTP client makes it ({UPLOAD})",
+        None,
+        "invalid_multipart",
+    )
 
 
 def install(app: FastAPI, count, routes: Sequence[BaseRoute] = ()) -> None:
@@ -197,7 +277,10 @@ def install(app: FastAPI, count, routes: Sequence[BaseRoute] = ()) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        # Unknown routes (404) and wrong methods (405) in the same error shape as every other refusal.
+        # Unknown routes (404), wrong methods (405) and bodies the framework cannot parse (400) in the same error
+        # shape as every other refusal.
+        if exc.status_code == 400:
+            return await refuse(unparsed(exc))
         message = {
             404: f"no such endpoint: {request.method} {request.url.path}; this server has {ROUTES}",
             405: f"{request.method} is not allowed on {request.url.path}; this server has {ROUTES}",

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import logging
 import math
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
@@ -34,8 +35,13 @@ from typing import Any, TypeVar
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
-from ray.exceptions import RayError, RayTaskError
-from ray.serve.exceptions import BackPressureError, RayServeException
+from ray.exceptions import NodeDiedError, RayActorError, RayError, RayTaskError, WorkerCrashedError
+from ray.serve.exceptions import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    RayServeException,
+    ReplicaUnavailableError,
+)
 from ray.serve.handle import DeploymentHandle
 
 from ..checkpoint import DEFAULT_MODEL
@@ -51,6 +57,11 @@ from .state import ServerSettings
 from .synth import LOCAL, LocalSynthesizer, Output, Speech, Synthesizer, failed
 
 T = TypeVar("T")
+log = logging.getLogger("audio8_coreai.server")
+
+# A replica that died (its worker or node too) or cannot be reached: what it was asked was not done there, and
+# another replica, or this one restarted, may do it.
+LOST = (RayActorError, WorkerCrashedError, NodeDiedError, ReplicaUnavailableError, DeploymentUnavailableError)
 
 
 class RayArgs(BaseModel):
@@ -185,8 +196,9 @@ class Synth:
 
 
 async def _remote(step: Awaitable[T]) -> T:
-    """What a Synth call gives, its errors as the app says them: a full queue a 503 with Retry-After, the replica's
-    ApiError as it is, anything else a 500."""
+    """What a Synth call gives, its errors as the app says them: a full queue a 503 with Retry-After, a replica
+    lost (:data:`LOST`; before a stream's first byte nothing was sent, so the client may send it again) a 503
+    replica_unavailable with Retry-After, the replica's ApiError as it is, anything else a 500."""
     try:
         return await step
     except BackPressureError as e:
@@ -197,9 +209,18 @@ async def _remote(step: Awaitable[T]) -> T:
             code="queue_full",
             headers={"Retry-After": str(wait)},
         ) from None
+    except LOST as e:
+        log.warning("a replica was lost during a request: %s: %s", type(e).__name__, e)
+        raise ApiError(
+            503,
+            "the cluster lost the replica serving this request (it stopped or cannot be reached; logged there): "
+            "send the request again",
+            code="replica_unavailable",
+            headers={"Retry-After": str(math.ceil(DEFAULTS.ray_retry_after_s))},
+        ) from None
     except RayTaskError as e:  # raised in a replica: its cause is what it raised
         raise failed(e.cause) from None
-    except RayError as e:  # a replica died or the request could not be placed
+    except RayError as e:  # the request could not be placed, or Ray failed otherwise
         raise failed(e) from None
 
 

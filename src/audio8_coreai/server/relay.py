@@ -3,7 +3,8 @@
 A worker makes chunks as fast as the model runs; a client may read slower, or stop reading while keeping its
 connection. :class:`Relay` holds at most ``bound`` unread chunks: the worker's frame loop then waits for room
 (back-pressure), and gives up after ``stall_s`` seconds (:class:`Stalled`), which frees the worker. So the audio a
-stream buffers is bounded by ``bound`` chunks (plus what the sockets hold), whoever is on the other end.
+stream buffers is bounded by ``bound`` chunks (plus what the sockets hold), whoever is on the other end. The
+request is told at once (:attr:`Relay.dropped`): its response may be waiting on a socket that takes nothing.
 """
 
 from __future__ import annotations
@@ -27,17 +28,19 @@ class Stalled(Exception):
 class Relay:
     """Items (float32 chunks [n] and markers) from one worker thread to one request on the event loop ``loop``:
     at most ``bound`` chunks wait unread; :meth:`put` blocks the worker until there is room, raising Stalled after
-    ``stall_s`` seconds and Cancelled once :meth:`stop` was called."""
+    ``stall_s`` seconds (and setting :attr:`dropped` on the loop) and Cancelled once :meth:`stop` was called."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, bound: int, stall_s: float):
         self._loop, self.bound, self.stall_s = loop, bound, stall_s
         self._items: asyncio.Queue[Any] = asyncio.Queue()
         self._room = threading.Semaphore(bound)
         self.stopped = threading.Event()
+        self.dropped = asyncio.Event()  # set when put gave up on a client that read nothing for stall_s
 
     def put(self, item: Any) -> None:
         """Hand ``item`` to the request (worker thread); a chunk waits for room first."""
         if isinstance(item, np.ndarray) and not self._room.acquire(timeout=self.stall_s):
+            self._loop.call_soon_threadsafe(self.dropped.set)
             raise Stalled
         if self.stopped.is_set():
             raise Cancelled

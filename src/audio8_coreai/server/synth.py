@@ -62,11 +62,14 @@ class Speech:
     raises :class:`.Audio8Error` when the synthesis fails (an :class:`ApiError` 422, before any byte, when the
     utterance holds no audio), and closing it early stops the synthesis at its next frame and frees its place.
     ``replica``: who makes it (:data:`LOCAL`, or a cluster replica's id); ``tokens``: the text's token count;
-    ``frames``: the frames made, set when the body has ended whole."""
+    ``frames``: the frames made, set when the body has ended whole; ``dropped``: set when the synthesizer dropped
+    the stream for a client that read nothing for ``stall_s`` (:mod:`.relay`), while its response may still wait on
+    a socket that takes nothing: the response is cut then."""
 
     replica: str
     tokens: int
     frames: int | None = None
+    dropped: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     body: AsyncGenerator[bytes, None] = dataclasses.field(init=False)
 
 
@@ -181,7 +184,7 @@ class LocalSynthesizer(Synthesizer):
             raise
         if item is not _STARTED:  # the stream could not be built
             raise failed(item.error)
-        speech = Speech(LOCAL, len(self.instances[0].prompts.encode(checked.text)))
+        speech = Speech(LOCAL, len(self.instances[0].prompts.encode(checked.text)), dropped=relay.dropped)
         speech.body = _body(relay, output, self.sample_rate, speech)
         return speech
 

@@ -138,7 +138,7 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
             from sse_starlette import EventSourceResponse  # imported by the schema's check (stream_format)
 
             return EventSourceResponse(_events(speech, metrics), headers=headers)
-        return _Cuttable(_sent(speech.body, metrics), media_type=media, headers=headers)
+        return _Cuttable(_sent(speech.body, metrics, speech.dropped), speech.dropped, media_type=media, headers=headers)
     metrics.count(200)
     return Response(b"".join(parts), media_type=media, headers=headers)
 
@@ -203,26 +203,45 @@ class _Cut(Exception):
 
 
 class _Cuttable(StreamingResponse):
-    """A streamed answer whose body may end with :class:`_Cut`: its last, empty chunk is then not sent, so the
-    server closes the connection (uvicorn logs that the response was not completed) and the client sees the body
-    cut (httpx: an incomplete chunked read), not a short file that looks whole."""
+    """A streamed answer whose body may end with :class:`_Cut`, or be cut once ``dropped`` is set (the synthesizer
+    dropped the stream for a client that stopped reading: its ``send`` may wait on a full socket for ever). Its last,
+    empty chunk is then not sent, so the server closes the connection (uvicorn logs that the response was not
+    completed) and the client sees the body cut (httpx: an incomplete chunked read), not a short file that looks
+    whole."""
+
+    def __init__(self, content: AsyncGenerator[bytes, None], dropped: asyncio.Event, **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self.body, self.dropped = content, dropped
 
     async def stream_response(self, send) -> None:
-        with contextlib.suppress(_Cut):
-            await super().stream_response(send)
+        streaming = asyncio.ensure_future(super().stream_response(send))
+        dropped = asyncio.ensure_future(self.dropped.wait())
+        try:
+            await asyncio.wait({streaming, dropped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            dropped.cancel()
+            if not streaming.done():  # dropped (or the client left): stop sending now, the body closed and counted
+                streaming.cancel()
+                await asyncio.wait({streaming})
+                await self.body.aclose()
+        if not streaming.cancelled():
+            with contextlib.suppress(_Cut):
+                streaming.result()
 
 
-async def _sent(body: AsyncGenerator[bytes, None], metrics: Metrics) -> AsyncIterator[bytes]:
+async def _sent(
+    body: AsyncGenerator[bytes, None], metrics: Metrics, dropped: asyncio.Event
+) -> AsyncGenerator[bytes, None]:
     """A streamed body as sent, counted in ``/metrics``: 200 when whole; 500 stream_cut when the synthesis failed
     after the first bytes (logged; raises :class:`_Cut`: the status line is sent, only cutting the stream tells the
-    client); 499 when the client left (the server then cancels or closes this generator, which closes ``body``: the
-    synthesis stops at its next frame) or stopped reading for ``stall_s`` (the stream dropped and cut,
-    :mod:`..relay`)."""
+    client); 499 client_closed when the client left (the server then cancels or closes this generator, which closes
+    ``body``: the synthesis stops at its next frame); 499 client_stalled when it stopped reading for ``stall_s``
+    (the stream dropped, ``dropped`` set, :mod:`..relay`): counted as the server drops it, the response cut."""
     try:
         async for data in body:
             yield data
     except (GeneratorExit, asyncio.CancelledError):
-        metrics.count(499, "client_closed")
+        metrics.count(499, "client_stalled" if dropped.is_set() else "client_closed")
         raise
     except Stalled:
         metrics.count(499, "client_stalled")
@@ -242,7 +261,7 @@ async def _events(speech: Speech, metrics: Metrics) -> AsyncIterator[dict[str, s
     per encoded chunk, then ``speech.audio.done`` with ``usage`` (input tokens: the text's; output tokens: the frames
     made). A stream cut after its first event ends without ``speech.audio.done``."""
     with contextlib.suppress(_Cut):
-        async for data in _sent(speech.body, metrics):
+        async for data in _sent(speech.body, metrics, speech.dropped):
             event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
             yield {"data": json.dumps(event)}
     if speech.frames is not None:  # the body ran to its end

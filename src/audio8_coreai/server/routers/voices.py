@@ -7,10 +7,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
+from starlette.datastructures import FormData
+from starlette.formparsers import MultiPartException
 
 from ...errors import DamagedVoice, VoiceError, VoiceExists, VoiceStorageError
 from ...voices import check_name
-from ..errors import ApiError, api_error, damaged, documented, storage
+from ..errors import ApiError, api_error, damaged, documented, form_error, storage
+from ..forms import read_form
 from ..state import State, state
 from ..voicenames import DEFAULT_VOICE
 
@@ -76,15 +79,27 @@ UPLOAD_FORM = {
 async def add_voice(request: Request, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Register a voice from multipart fields ``name``, ``transcript``, ``audio`` (a file of at most
     ``max_upload_bytes``: else 413) and ``replace``; the clip is encoded by the synthesizer. Messages name the client's
-    file, never the server's temporary one."""
+    file, never the server's temporary one. A form that cannot be read, or a field that is not UTF-8 text, is a 400
+    with its code (:func:`..errors.form_error`)."""
     settings = server.settings
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > settings.max_upload_bytes:
         raise _too_large(settings.max_upload_bytes, int(size))
     try:  # the parts are spooled to temporary files: the server's disk can be full
-        form = await request.form(max_part_size=settings.max_upload_bytes)
+        form = await read_form(request, settings.max_upload_bytes)
     except OSError as e:
         raise storage(e) from None
+    except MultiPartException as e:
+        raise form_error(e) from None
+    try:
+        return await _register(form, server)
+    finally:
+        await form.close()
+
+
+async def _register(form: FormData, server: State) -> dict[str, Any]:
+    """The voice of ``form``'s fields, registered (see :func:`add_voice`)."""
+    settings = server.settings
     name, transcript, upload = form.get("name"), form.get("transcript"), form.get("audio")
     replace = str(form.get("replace", "false")).lower() in ("1", "true", "yes")
     wrong = [
