@@ -54,6 +54,7 @@ class Settings:
     request_timeout_s: float = 60.0  # a connection must send a whole request within this of opening or its last answer
     keep_alive_s: int = 5  # uvicorn's timeout_keep_alive: an idle connection is closed this long after an answer
     max_connections: int = 256  # uvicorn's limit_concurrency: connections at once; a request on one more gets 503
+    max_head_bytes: int = 64 * 1024  # a request head (request line, headers): past it 431, the connection closed
     stream_buffer_chunks: int = 4  # chunks a stream holds for a client that is not reading; then its frames wait
     stall_s: float = 30.0  # a stream whose client reads nothing this long is dropped (its worker freed, logged)
     stale_temp_s: float = 3600.0  # voice store: temporary files older than this are a crashed write's, swept at open

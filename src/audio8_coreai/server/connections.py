@@ -1,9 +1,9 @@
-"""uvicorn for this server: its limits on connections, a deadline for a whole request that uvicorn lacks, and its
-log lines (each with its request's id).
+"""uvicorn for this server: its limits on connections, the bounds uvicorn lacks (a deadline for a whole request, a
+cap on a request's head), the API's JSON for its own refusals, and its log lines (each with its request's id).
 
 uvicorn closes an idle connection ``timeout_keep_alive`` seconds after an answer and answers 503 beyond
 ``limit_concurrency`` connections, but times out nothing before a request's head is whole nor while its body
-comes: a client that sends half a request holds its connection for ever (slowloris). :func:`deadline_protocol`
+comes: a client that sends half a request holds its connection for ever (slowloris). :func:`bounded_protocol`
 adds that: a connection must send a whole request within ``request_timeout_s`` of opening or of its last answer.
 :func:`log_config` is uvicorn's logging with the request's id in every line written while it is handled
 (:mod:`.requestid`), the server's own lines (the ``audio8_coreai`` loggers) included.
@@ -13,27 +13,57 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from .errors import ApiError
 from .requestid import RequestIdFilter
 from .state import ServerSettings
 
+log = logging.getLogger(__name__)
 
-def deadline_protocol(base: type[asyncio.Protocol], request_timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol ``base`` (httptools or h11) closing a connection whose request is not whole (head
-    and body) ``request_timeout_s`` seconds after the connection opened or its last answer was sent. A request
-    whose body has come whole is left to run (a long synthesis is no slow client)."""
 
-    class RequestDeadline(base):  # type: ignore[misc, valid-type]
+def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol ``base`` (httptools or h11) with the bounds uvicorn lacks:
+
+    * a connection whose request is not whole (head and body) ``request_timeout_s`` seconds after the connection
+      opened or its last answer was sent is closed (a request whose body has come whole is left to run: a long
+      synthesis is no slow client);
+    * a request head past ``max_head_bytes`` (bytes received while no head is whole) is answered 431 and the
+      connection closed, before the rest is read;
+    * past ``max_connections`` a request is answered the API's JSON 503 (``too_many_connections``, Retry-After),
+      where uvicorn's own is plain text.
+    """
+
+    class Bounded(base):  # type: ignore[misc, valid-type]
         _deadline: asyncio.TimerHandle | None = None
+        _head_bytes = 0
+        _refused = False
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.app = _connection_limited(self.app, self.connections, self.tasks, self.limit_concurrency)
+            self.limit_concurrency = None  # checked by the app above instead, so that its 503 is the API's JSON
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            cycle = self.cycle
+            super().data_received(data)
+            if self.cycle is not cycle:  # a head came whole in this data
+                self._head_bytes = 0
+            elif cycle is None or cycle.response_complete:  # still reading a head
+                self._head_bytes += len(data)
+                if self._head_bytes > settings.max_head_bytes:
+                    self._refuse_head()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -47,14 +77,50 @@ def deadline_protocol(base: type[asyncio.Protocol], request_timeout_s: float) ->
         def _arm(self) -> None:
             if self._deadline is not None:
                 self._deadline.cancel()
-            self._deadline = self.loop.call_later(request_timeout_s, self._expire)
+            self._deadline = self.loop.call_later(settings.request_timeout_s, self._expire)
 
         def _expire(self) -> None:
             cycle = self.cycle  # None before the first request's head is whole; then the latest request
             if cycle is None or cycle.response_complete or cycle.more_body:
                 self.transport.close()  # a request still reading its body sees a disconnect
 
-    return RequestDeadline
+        def _refuse_head(self) -> None:
+            self._refused = True
+            log.warning("a request head over %d bytes: 431, connection closed", settings.max_head_bytes)
+            refusal = ApiError(
+                431,
+                f"the request's head (request line and headers) is over {settings.max_head_bytes} bytes: send "
+                "shorter headers",
+                code="head_too_large",
+            ).response()
+            head = (
+                f"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(refusal.body)}\r\nconnection: close\r\n\r\n"
+            )
+            self.transport.write(head.encode("ascii") + refusal.body)
+            self.transport.close()
+
+    return Bounded
+
+
+def _connection_limited(app: Any, connections: set, tasks: set, limit: int | None) -> Any:
+    """``app`` (ASGI) answering the API's JSON 503 while ``connections`` reach ``limit`` or ``tasks`` (this
+    request's included) pass it: uvicorn's own concurrency check, made where the answer is ours."""
+
+    async def limited(scope, receive, send) -> None:
+        if scope["type"] == "http" and limit is not None and (len(connections) >= limit or len(tasks) > limit):
+            log.warning("over %d connections: 503", limit)
+            busy = ApiError(
+                503,
+                f"the server holds its limit of {limit} connections; retry later",
+                code="too_many_connections",
+                headers={"Retry-After": "1"},
+            )
+            await busy.response()(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return limited
 
 
 def log_config() -> dict[str, Any]:
@@ -83,7 +149,7 @@ def uvicorn_config(
         port=port,
         log_level=log_level,
         log_config=log_config(),
-        http=deadline_protocol(AutoHTTPProtocol, settings.request_timeout_s),
+        http=bounded_protocol(AutoHTTPProtocol, settings),
         timeout_keep_alive=settings.keep_alive_s,
         limit_concurrency=settings.max_connections,
     )

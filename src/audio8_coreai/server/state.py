@@ -22,7 +22,7 @@ class ServerSettings:
     asks another (None: pcm 24 kHz, the others the model's). ``voice_map``: OpenAI voice names (lower case) onto
     stored voices; ``default_voice``: the stored voice of requests naming none (None: the model's own voice with
     the seed DEFAULTS.default_voice_seed when the request gives none); see :mod:`.voicenames`. Slow clients:
-    ``request_timeout_s``, ``keep_alive_s`` and ``max_connections`` (:mod:`.connections`),
+    ``request_timeout_s``, ``keep_alive_s``, ``max_connections`` and ``max_head_bytes`` (:mod:`.connections`),
     ``stream_buffer_chunks`` and ``stall_s`` (:mod:`.relay`)."""
 
     workers: int = DEFAULTS.workers
@@ -38,6 +38,7 @@ class ServerSettings:
     request_timeout_s: float = DEFAULTS.request_timeout_s
     keep_alive_s: int = DEFAULTS.keep_alive_s
     max_connections: int = DEFAULTS.max_connections
+    max_head_bytes: int = DEFAULTS.max_head_bytes
     stream_buffer_chunks: int = DEFAULTS.stream_buffer_chunks
     stall_s: float = DEFAULTS.stall_s
 

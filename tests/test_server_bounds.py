@@ -1,0 +1,99 @@
+"""The HTTP layer's bounds in bytes: a request head past its limit is a JSON 431 before the rest is read, and past
+the connection limit a request gets the API's JSON 503 (a real uvicorn on 127.0.0.1, tiny checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from audio8_coreai.server import ServerSettings
+from test_server import serving
+
+LIMIT = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def url(tiny_checkpoint, tmp_path_factory):
+    settings = ServerSettings(workers=1, max_head_bytes=LIMIT, max_connections=3)
+    with serving(tiny_checkpoint, tmp_path_factory.mktemp("voices"), settings) as base:
+        yield base
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname, parts.port
+
+
+def _answer(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (or resets) the connection."""
+    got = b""
+    try:
+        while data := sock.recv(65536):
+            got += data
+    except ConnectionResetError:
+        pass
+    return got
+
+
+def _json_answer(raw: bytes) -> tuple[int, dict[str, str], dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, json.loads(body)
+
+
+def test_a_head_past_the_limit_is_431_json_and_the_rest_is_never_read(url):
+    """A 16 MB header sent in one go: the server answers 431 once 64 KB are in and closes, never reading the rest
+    (the client's send fails: the server stopped taking bytes long before 16 MB)."""
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (16 << 20)
+    outcome: list[str] = []
+    with socket.create_connection(_address(url), timeout=30) as sock:
+        sent = threading.Thread(target=lambda: outcome.append(_try(sock.sendall, head)))
+        t0 = time.monotonic()
+        sent.start()
+        raw = _answer(sock)
+        sent.join(30)
+    status, headers, body = _json_answer(raw)
+    assert status == 431 and headers["content-type"] == "application/json" and time.monotonic() - t0 < 15
+    assert body["error"]["code"] == "head_too_large" and f"over {LIMIT} bytes" in body["error"]["message"]
+    assert outcome == ["refused"]
+    assert httpx.get(f"{url}/health").status_code == 200  # the server serves on
+
+
+def _try(call, *args) -> str:
+    """``call(*args)``: "sent", or "refused" when the server closed the connection first."""
+    try:
+        call(*args)
+    except OSError:
+        return "refused"
+    return "sent"
+
+
+def test_heads_under_the_limit_and_big_bodies_are_served(url):
+    """A 30 KB header is served; so is a 900 KB JSON body that arrives in the same reads as its head."""
+    assert httpx.get(f"{url}/health", headers={"X-Pad": "a" * 30_000}).status_code == 200
+    body = b'{"input": "Hi.", "max_frames": 2, "seed": 1' + b" " * 900_000 + b', "response_format": "pcm"}'
+    answer = httpx.post(f"{url}/v1/audio/speech", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 200 and len(answer.content) > 0
+
+
+def test_past_the_connection_limit_a_request_gets_the_apis_json_503(url):
+    """Three connections at most: with two held open and silent, a third's request is refused as the API refuses
+    (JSON, a code, Retry-After); with them gone it is served."""
+    held = [socket.create_connection(_address(url), timeout=10) for _ in range(2)]
+    try:
+        time.sleep(0.2)
+        answer = httpx.get(f"{url}/health")
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+        assert answer.json()["error"]["code"] == "too_many_connections"
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.2)
+    assert httpx.get(f"{url}/health").status_code == 200
