@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
+import pytest
 
 from audio8_coreai import TTS
 from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
@@ -116,17 +117,21 @@ class _Endless:
             yield (0.3 * np.sin(np.arange(44100) / 7)).astype(np.float32)
 
 
-def test_a_stream_dropped_for_a_client_that_stopped_reading_is_cut_and_counted_as_it_is_dropped(tiny_checkpoint):
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+def test_a_stream_dropped_for_a_client_that_stopped_reading_is_cut_and_counted_as_it_is_dropped(
+    tiny_checkpoint, stream_format
+):
     """Over a real socket, a client that reads the head and then nothing (its receive window full): after ``stall_s``
     the server drops the stream, counts the 499 client_stalled while the client still reads nothing, frees the
     worker, and closes the connection without the last chunk: the client that reads on gets what the sockets held
-    and then the end of the connection, a body it can tell was cut."""
+    and then the end of the connection, a body it can tell was cut; audio or OpenAI's events alike."""
     instance = TTS.load(tiny_checkpoint, device="cpu")
     instance.stream = lambda *args, on_frame, **kwargs: _Endless(on_frame)
     settings = ServerSettings(workers=1, stream_buffer_chunks=2, stall_s=1.0)
     with serve_in_thread(create_app([instance], settings)) as url:
         before = metric(url, 'audio8_errors_total{code="client_stalled"}')
-        body = json.dumps({"input": "Hello.", "response_format": "pcm", "stream": True}).encode()
+        request = {"input": "Hello.", "response_format": "pcm", "stream": True, "stream_format": stream_format}
+        body = json.dumps(request).encode()
         head = (
             "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
@@ -149,4 +154,5 @@ def test_a_stream_dropped_for_a_client_that_stopped_reading_is_cut_and_counted_a
                 received += data
         assert b"transfer-encoding: chunked" in received.lower()
         assert len(received) > 44100 and not received.endswith(b"0\r\n\r\n")  # no last chunk: cut, not ended
+        assert b"speech.audio.done" not in received  # events: no last event either
         assert metric(url, 'audio8_errors_total{code="client_stalled"}') == before + 1

@@ -137,8 +137,10 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
         if req.stream_format == "sse":
             from sse_starlette import EventSourceResponse  # imported by the schema's check (stream_format)
 
-            return EventSourceResponse(_events(speech, metrics), headers=headers)
-        return _Cuttable(_sent(speech.body, metrics, speech.dropped), speech.dropped, media_type=media, headers=headers)
+            events = _events(speech, metrics)
+            return _Droppable(EventSourceResponse(events, headers=headers), events, speech.dropped)
+        body = _sent(speech.body, metrics, speech.dropped)
+        return _Droppable(_Cuttable(body, media_type=media, headers=headers), body, speech.dropped)
     metrics.count(200)
     return Response(b"".join(parts), media_type=media, headers=headers)
 
@@ -203,30 +205,38 @@ class _Cut(Exception):
 
 
 class _Cuttable(StreamingResponse):
-    """A streamed answer whose body may end with :class:`_Cut`, or be cut once ``dropped`` is set (the synthesizer
-    dropped the stream for a client that stopped reading: its ``send`` may wait on a full socket for ever). Its last,
-    empty chunk is then not sent, so the server closes the connection (uvicorn logs that the response was not
-    completed) and the client sees the body cut (httpx: an incomplete chunked read), not a short file that looks
-    whole."""
-
-    def __init__(self, content: AsyncGenerator[bytes, None], dropped: asyncio.Event, **kwargs: Any):
-        super().__init__(content, **kwargs)
-        self.body, self.dropped = content, dropped
+    """A streamed answer whose body may end with :class:`_Cut`: its last, empty chunk is then not sent, so the
+    server closes the connection (uvicorn logs that the response was not completed) and the client sees the body
+    cut (httpx: an incomplete chunked read), not a short file that looks whole."""
 
     async def stream_response(self, send) -> None:
-        streaming = asyncio.ensure_future(super().stream_response(send))
+        with contextlib.suppress(_Cut):
+            await super().stream_response(send)
+
+
+class _Droppable(Response):
+    """A streamed answer ``inner`` (audio or events) sent until it ends, or until ``dropped`` is set (the synthesizer
+    dropped the stream for a client that stopped reading, while ``inner``'s ``send`` may wait on a full socket for
+    ever): ``inner`` is then stopped at once, its last chunk not sent (the response cut, as :class:`_Cuttable`'s),
+    and its ``body`` closed, which counts the 499 client_stalled (:func:`_sent`)."""
+
+    def __init__(self, inner: Response, body: AsyncGenerator[Any, None], dropped: asyncio.Event):
+        self.inner, self.body, self.dropped = inner, body, dropped
+        self.background = None  # FastAPI's background tasks (none here) would be set on this
+
+    async def __call__(self, scope, receive, send) -> None:
+        sending = asyncio.ensure_future(self.inner(scope, receive, send))
         dropped = asyncio.ensure_future(self.dropped.wait())
         try:
-            await asyncio.wait({streaming, dropped}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({sending, dropped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             dropped.cancel()
-            if not streaming.done():  # dropped (or the client left): stop sending now, the body closed and counted
-                streaming.cancel()
-                await asyncio.wait({streaming})
+            if not sending.done():  # dropped (or the client left): stop sending now, the body closed and counted
+                sending.cancel()
+                await asyncio.wait({sending})
                 await self.body.aclose()
-        if not streaming.cancelled():
-            with contextlib.suppress(_Cut):
-                streaming.result()
+        if not sending.cancelled():
+            sending.result()
 
 
 async def _sent(
@@ -260,10 +270,12 @@ async def _events(speech: Speech, metrics: Metrics) -> AsyncIterator[dict[str, s
     """OpenAI's speech events, each an sse-starlette event's fields: ``speech.audio.delta`` with base64 ``audio``
     per encoded chunk, then ``speech.audio.done`` with ``usage`` (input tokens: the text's; output tokens: the frames
     made). A stream cut after its first event ends without ``speech.audio.done``."""
-    with contextlib.suppress(_Cut):
-        async for data in _sent(speech.body, metrics, speech.dropped):
-            event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
-            yield {"data": json.dumps(event)}
+    sent = _sent(speech.body, metrics, speech.dropped)
+    async with contextlib.aclosing(sent):  # closing these events (a dropped stream) closes and counts the body
+        with contextlib.suppress(_Cut):
+            async for data in sent:
+                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+                yield {"data": json.dumps(event)}
     if speech.frames is not None:  # the body ran to its end
         usage = {
             "input_tokens": speech.tokens,
