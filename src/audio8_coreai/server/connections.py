@@ -12,8 +12,11 @@ adds that: a connection must send a whole request within ``request_timeout_s`` o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
+import socket
+import struct
 from typing import Any
 
 import uvicorn
@@ -36,7 +39,10 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
     * a request head past ``max_head_bytes`` (bytes received while no head is whole) is answered 431 and the
       connection closed, before the rest is read;
     * past ``max_connections`` a request is answered the API's JSON 503 (``too_many_connections``, Retry-After),
-      where uvicorn's own is plain text.
+      where uvicorn's own is plain text;
+    * a response the app leaves incomplete (a stream cut: failed, or dropped for a client that stopped reading)
+      aborts its connection: what the server still buffers is discarded and the client sees a reset, where uvicorn's
+      graceful close would keep the connection open until a client that reads no more has read it all.
     """
 
     class Bounded(base):  # type: ignore[misc, valid-type]
@@ -46,7 +52,9 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.app = _connection_limited(self.app, self.connections, self.tasks, self.limit_concurrency)
+            self.app = _connection_limited(
+                self._aborting(self.app), self.connections, self.tasks, self.limit_concurrency
+            )
             self.limit_concurrency = None  # checked by the app above instead, so that its 503 is the API's JSON
 
         def connection_made(self, transport) -> None:
@@ -73,6 +81,18 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
             if self._deadline is not None:
                 self._deadline.cancel()
             super().connection_lost(exc)
+
+        def _aborting(self, app: Any) -> Any:
+            async def aborting(scope, receive, send) -> None:
+                try:
+                    await app(scope, receive, send)
+                finally:
+                    cycle = self.cycle
+                    if cycle is not None and cycle.scope is scope and cycle.response_started:
+                        if not cycle.response_complete:
+                            _reset(self.transport)
+
+            return aborting
 
         def _arm(self) -> None:
             if self._deadline is not None:
@@ -101,6 +121,16 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
             self.transport.close()
 
     return Bounded
+
+
+def _reset(transport: asyncio.Transport) -> None:
+    """Close ``transport``'s connection with a reset: what it buffers is discarded, this process's and the kernel's
+    (``SO_LINGER`` 0; a plain close would keep sending the kernel's to a client that may never read it)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def _connection_limited(app: Any, connections: set, tasks: set, limit: int | None) -> Any:

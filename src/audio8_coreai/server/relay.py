@@ -38,12 +38,16 @@ class Relay:
         self.dropped = asyncio.Event()  # set when put gave up on a client that read nothing for stall_s
 
     def put(self, item: Any) -> None:
-        """Hand ``item`` to the request (worker thread); a chunk waits for room first."""
-        if isinstance(item, np.ndarray) and not self._room.acquire(timeout=self.stall_s):
+        """Hand ``item`` to the request (worker thread); a chunk waits for room first. Once the request has stopped,
+        a chunk raises Cancelled and a marker (the stream's start or end) is dropped: nobody reads it."""
+        chunk = isinstance(item, np.ndarray)
+        if chunk and not self._room.acquire(timeout=self.stall_s):
             self._loop.call_soon_threadsafe(self.dropped.set)
             raise Stalled
         if self.stopped.is_set():
-            raise Cancelled
+            if chunk:
+                raise Cancelled
+            return
         self._loop.call_soon_threadsafe(self._items.put_nowait, item)
 
     def check(self) -> None:

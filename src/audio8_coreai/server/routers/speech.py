@@ -206,8 +206,8 @@ class _Cut(Exception):
 
 class _Cuttable(StreamingResponse):
     """A streamed answer whose body may end with :class:`_Cut`: its last, empty chunk is then not sent, so the
-    server closes the connection (uvicorn logs that the response was not completed) and the client sees the body
-    cut (httpx: an incomplete chunked read), not a short file that looks whole."""
+    server resets the connection (uvicorn logs that the response was not completed; :mod:`..connections`) and the
+    client sees the body cut (httpx: a ReadError, connection reset), not a short file that looks whole."""
 
     async def stream_response(self, send) -> None:
         with contextlib.suppress(_Cut):
