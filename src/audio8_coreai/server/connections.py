@@ -90,7 +90,7 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
                     cycle = self.cycle
                     if cycle is not None and cycle.scope is scope and cycle.response_started:
                         if not cycle.response_complete:
-                            _reset(self.transport)
+                            reset(self.transport)
 
             return aborting
 
@@ -123,7 +123,7 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
     return Bounded
 
 
-def _reset(transport: asyncio.Transport) -> None:
+def reset(transport: asyncio.Transport) -> None:
     """Close ``transport``'s connection with a reset: what it buffers is discarded, this process's and the kernel's
     (``SO_LINGER`` 0; a plain close would keep sending the kernel's to a client that may never read it)."""
     sock = transport.get_extra_info("socket")

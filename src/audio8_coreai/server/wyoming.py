@@ -20,7 +20,9 @@ text says what to change and whose code is the error's class
 connection is then closed, as wyoming-piper does, so a client that waits for ``audio-stop`` without reading
 ``error`` events (as Home Assistant's non-streaming one has) sees the end instead of waiting for ever. The model runs
 on one thread of its own, one utterance at a time, so the event loop keeps serving; a client that disconnects
-stops its utterance at the next frame.
+stops its utterance at the next frame. Its frames run at most ``DEFAULTS.stream_buffer_chunks`` chunks ahead of what
+the client reads, and a client that reads nothing for ``DEFAULTS.stall_s`` seconds is dropped: its utterance
+stopped, its connection reset, one line logged.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ from ..text import LANGUAGES, check_text
 from ..text.split import complete_sentences
 from ..tts import TTS
 from ..voices import Voice
+from .connections import reset
+from .relay import Cancelled, Relay, Stalled
 from .wyoming_events import parse, read_event, refusal
 
 log = logging.getLogger(__name__)
@@ -77,8 +80,8 @@ class WyomingSettings:
     own_voice: str = DEFAULTS.wyoming_voice
 
 
-class _Cancelled(Exception):
-    """Raised in the model's frame loop when the utterance's client has gone."""
+class _NotReading(Exception):
+    """The client read nothing for ``DEFAULTS.stall_s`` seconds: its connection is reset (its utterance stopped)."""
 
 
 @dataclass
@@ -96,7 +99,7 @@ class Speaker:
         self.tts = tts
         self.settings = settings
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="audio8-wyoming")
-        self._live: set[threading.Event] = set()  # the cancel flags of utterances given to the model thread
+        self._live: set[Relay] = set()  # the relays of utterances given to the model thread
 
     def info(self) -> Info:
         """The ``info`` answer: the model's own voice, then the stored voices this checkpoint can speak in."""
@@ -158,52 +161,48 @@ class Speaker:
 
     async def speak(self, checked: CheckedRequest, send: Callable[[np.ndarray], Awaitable[None]]) -> int:
         """Speak ``checked`` on the model thread, awaiting ``send(chunk)`` (float32 [n], 44.1 kHz) for each chunk as
-        it is made; returns the frames made. Raises what :meth:`.tts.TTS.stream` raises; leaving early (an error
-        in ``send``, a cancelled task) stops the utterance at its next frame."""
-        loop = asyncio.get_running_loop()
-        items: asyncio.Queue[np.ndarray | _End] = asyncio.Queue()
-        cancel = threading.Event()
-        put = loop.call_soon_threadsafe
-
-        def on_frame(step: int) -> None:
-            if cancel.is_set():
-                raise _Cancelled
+        it is made, at most ``DEFAULTS.stream_buffer_chunks`` chunks ahead of it (:class:`.relay.Relay`: the frames
+        wait for a client that reads slowly); returns the frames made. Raises what :meth:`.tts.TTS.stream` raises;
+        leaving early (an error in ``send``, a cancelled task) stops the utterance at its next frame."""
+        relay = Relay(asyncio.get_running_loop(), DEFAULTS.stream_buffer_chunks, DEFAULTS.stall_s)
 
         def job() -> None:
             try:
-                if cancel.is_set():
+                if relay.stopped.is_set():
                     return
                 stream = self.tts.stream(
                     checked.text,
                     voice=checked.voice,
-                    on_frame=on_frame,
+                    on_frame=lambda step: relay.check(),
                     frame_cap=self.settings.max_frames,
                     **checked.stream_options(),
                 )
                 for chunk in stream:
-                    put(items.put_nowait, chunk)
-                put(items.put_nowait, _End(stream.frames))
-            except _Cancelled:
-                pass
-            except BaseException as e:  # handed to the connection, which says it as an error event
-                put(items.put_nowait, _End(error=e))
+                    relay.put(chunk)
+                relay.put(_End(stream.frames))
+            except Cancelled:
+                pass  # the connection has stopped reading the utterance: nobody reads on
+            except BaseException as e:  # Stalled included:  # handed to the connection, which says it as an error event
+                relay.put(_End(error=e))
 
-        self._live.add(cancel)
-        loop.run_in_executor(self._pool, job)
+        self._live.add(relay)
+        asyncio.get_running_loop().run_in_executor(self._pool, job)
         try:
-            while not isinstance(item := await items.get(), _End):
+            while not isinstance(item := await relay.get(), _End):
                 await send(item)
         finally:
-            cancel.set()
-            self._live.discard(cancel)
+            relay.stop()
+            self._live.discard(relay)
+        if isinstance(item.error, Stalled):
+            raise _NotReading from None
         if item.error is not None:
             raise item.error
         return item.frames
 
     async def close(self) -> None:
         """Drop queued utterances, stop the running one at its next frame and wait for the model thread to end."""
-        for cancel in self._live:
-            cancel.set()
+        for relay in self._live:
+            relay.stop()
         await asyncio.get_running_loop().run_in_executor(None, lambda: self._pool.shutdown(cancel_futures=True))
 
 
@@ -277,9 +276,20 @@ class WyomingHandler(AsyncEventHandler):
                     break
                 if event is None or not await self.handle_event(event):
                     break
+        except _NotReading:
+            log.warning("dropped a wyoming client: it read nothing for %g s", DEFAULTS.stall_s)
+            reset(self.writer.transport)  # what it was not reading is discarded, not held for it
         finally:
             await self.disconnect()
             self.writer.close()
+
+    async def write_event(self, event: Event) -> None:
+        """Send ``event``, waiting while the client reads slowly; raises _NotReading when it takes nothing for
+        ``DEFAULTS.stall_s`` seconds (a full socket would otherwise hold the connection and its audio for ever)."""
+        try:
+            await asyncio.wait_for(super().write_event(event), DEFAULTS.stall_s)
+        except TimeoutError:
+            raise _NotReading from None
 
     async def handle_event(self, event: Event) -> bool:
         try:
@@ -297,6 +307,8 @@ class WyomingHandler(AsyncEventHandler):
                 await self._add(parse(event, SynthesizeChunk).text)
             elif SynthesizeStop.is_type(event.type):
                 await self._finish()
+        except _NotReading:
+            raise
         except ConnectionError:  # the client has gone: nothing to tell it
             return False
         except Audio8Error as e:
