@@ -337,6 +337,28 @@ def test_the_upload_limit_says_bytes_and_the_setting(base):
     assert "1.0 MB" in error["message"] and "--max-upload-mb" in error["message"]
 
 
+def test_a_chunked_upload_past_the_limit_is_refused_as_it_is_read(base):
+    """No content-length to refuse by: the form is read up to the limit (and a field's worth more), never to the
+    disk or memory a client would fill, and refused there; the server serves on."""
+    sent = []
+
+    def body():  # a file part of 64 MB, in 64 KB chunks, unless the server stops taking them
+        yield b'--b\r\nContent-Disposition: form-data; name="audio"; filename="big.wav"\r\n\r\n'
+        for _ in range(1024):
+            sent.append(65536)
+            yield b"\0" * 65536
+
+    kind = "multipart/form-data; boundary=b"
+    try:
+        r = httpx.post(f"{base}/v1/voices", content=body(), headers={"content-type": kind}, timeout=60)
+    except httpx.WriteError:  # the server answered and closed while the client was still sending
+        pass
+    else:
+        assert "1.0 MB" in clean(r, 413, "upload_too_large")["message"]
+    assert sum(sent) < 16 * 2**20  # what the sockets took beyond the limit, not the 64 MB
+    assert httpx.get(f"{base}/v1/voices").status_code == 200
+
+
 def test_serve_checks_its_upload_limit_before_loading():
     from typer.testing import CliRunner
 

@@ -13,7 +13,7 @@ from starlette.formparsers import MultiPartException
 from ...errors import DamagedVoice, VoiceError, VoiceExists, VoiceStorageError
 from ...voices import check_name
 from ..errors import ApiError, api_error, damaged, documented, form_error, storage
-from ..forms import read_form
+from ..forms import FormTooLarge, read_form
 from ..state import State, state
 from ..voicenames import DEFAULT_VOICE
 
@@ -89,6 +89,8 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
         form = await read_form(request, settings.max_upload_bytes)
     except OSError as e:
         raise storage(e) from None
+    except FormTooLarge:
+        raise _too_large(settings.max_upload_bytes) from None
     except MultiPartException as e:
         raise form_error(e) from None
     try:
