@@ -3,8 +3,11 @@ the connection limit a request gets the API's JSON 503 (a real uvicorn on 127.0.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
+import struct
 import threading
 import time
 from urllib.parse import urlsplit
@@ -13,6 +16,7 @@ import httpx
 import pytest
 
 from audio8_coreai.server import ServerSettings
+from audio8_coreai.server.connections import reset
 from test_server import serving
 
 LIMIT = 64 * 1024
@@ -97,3 +101,47 @@ def test_past_the_connection_limit_a_request_gets_the_apis_json_503(url):
             sock.close()
     time.sleep(0.2)
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_cut_response_resets_its_connection_and_one_already_closed_is_left_alone(loop):
+    """``reset``, as a cut stream ends (uvicorn runs on uvloop where it is installed): the peer of a live connection
+    sees a reset, not an end; a connection the client already reset is left alone, without an error."""
+    new_loop = pytest.importorskip("uvloop").new_event_loop if loop == "uvloop" else asyncio.new_event_loop
+    accepted: asyncio.Queue = asyncio.Queue()
+
+    async def main() -> type[BaseException] | None:
+        server = await asyncio.start_server(lambda r, w: accepted.put_nowait(w), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        live = await accepted.get()
+        live.write(b"partial")
+        await live.drain()
+        reset(live.transport)
+        try:
+            while await asyncio.wait_for(reader.read(65536), 10):
+                pass
+            seen = None
+        except ConnectionResetError as e:
+            seen = type(e)
+        writer.close()
+        _, leaving = await asyncio.open_connection("127.0.0.1", port)
+        gone = await accepted.get()
+        leaving.transport.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+        )
+        leaving.transport.abort()  # the client leaves with a reset
+        with contextlib.suppress(ConnectionError):
+            while not gone.transport.is_closing():  # until the server's side has seen it go
+                gone.write(b"x")
+                await gone.drain()
+                await asyncio.sleep(0.01)
+        reset(gone.transport)  # no error
+        server.close()
+        return seen
+
+    event_loop = new_loop()
+    try:
+        assert event_loop.run_until_complete(main()) is ConnectionResetError
+    finally:
+        event_loop.close()

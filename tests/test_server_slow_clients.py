@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import socket
+import struct
 import time
 from urllib.parse import urlsplit
 
@@ -162,3 +163,31 @@ def test_a_stream_dropped_for_a_client_that_stopped_reading_is_cut_and_counted_a
         assert metric(url, 'audio8_errors_total{code="client_stalled"}') == before + 1
     gc.collect()  # a worker's failure nobody retrieved would be logged as its future is collected
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_client_that_leaves_mid_stream_is_counted_without_an_error_in_the_log(tiny_checkpoint, capfd):
+    """Over a real socket (uvloop where it is installed, as ``audio8 serve``): clients that read a stream's first
+    bytes and leave (closing, or with a reset) are counted 499 client_closed, and the server logs no error."""
+    instance = TTS.load(tiny_checkpoint, device="cpu")
+    instance.stream = lambda *args, on_frame, **kwargs: _Endless(on_frame)
+    with serve_in_thread(create_app([instance], ServerSettings(workers=1))) as url:
+        before = metric(url, 'audio8_errors_total{code="client_closed"}')
+        body = json.dumps({"input": "Hello.", "response_format": "pcm", "stream": True}).encode()
+        head = (
+            "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        for leaving in range(6):
+            with socket.create_connection((urlsplit(url).hostname, urlsplit(url).port), timeout=30) as s:
+                s.sendall(head + body)
+                received = b""
+                while len(received) < 100_000:
+                    received += s.recv(65536)
+                if leaving % 2:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        deadline = time.monotonic() + 30
+        while metric(url, 'audio8_errors_total{code="client_closed"}') < before + 6:
+            assert time.monotonic() < deadline, "the streams were not counted as left"
+            time.sleep(0.1)
+        assert httpx.get(f"{url}/health").json()["running"] == 0
+    assert "Exception in ASGI" not in capfd.readouterr().err

@@ -181,6 +181,23 @@ def test_first_chunk_frames_changes_when_audio_comes_not_what_it_is(endless_tts,
     assert float(np.abs(np.concatenate(chunks) - whole.audio).max()) <= EXACT
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_timeline_times_each_chunk_made_decoded_and_sent_in_order(tiny_tts, overlap):
+    """One entry a chunk (pauses are none), its frames those of the chunk handed on, each chunk made before its
+    decode begins, decoded before it is sent, and the chunks decoded and sent in order."""
+    text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(2))
+    speech = tiny_tts.stream(text, seed=2, max_frames=7, chunk_frames=4, first_chunk_frames=2, overlap_codec=overlap)
+    sizes = [len(c) // 2048 for c in speech if c.any()]
+    timeline = speech.timeline
+    assert [c.frames for c in timeline] == sizes == [2, 4, 1, 4, 3] and sum(sizes) == speech.frames
+    for c in timeline:
+        assert c.made_s <= c.decode_start_s <= c.decoded_s <= c.sent_s
+    for before, after in zip(timeline, timeline[1:]):
+        assert before.made_s <= after.made_s and before.decoded_s <= after.decode_start_s
+        assert before.sent_s <= after.sent_s
+    assert timeline[0].sent_s == speech.first_audio_s
+
+
 def test_only_the_streams_first_chunk_is_short(tiny_tts):
     text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(3))
     speech = tiny_tts.stream(text, seed=2, max_frames=7, chunk_frames=4, first_chunk_frames=2)

@@ -35,6 +35,19 @@ PAUSE_S = DEFAULTS.pause_s  # silence between the pieces of a split text: a sent
 FRAMES_PER_TOKEN = DEFAULTS.frames_per_token
 
 
+@dataclass
+class ChunkTimes:
+    """One chunk of a stream, timed in seconds from the start of iteration: its ``frames``, when its last frame was
+    made (``made_s``: its codes handed to the codec), when its decode began and ended (``decode_start_s``,
+    ``decoded_s``) and when its audio was handed to the reader (``sent_s``); None until it happens."""
+
+    frames: int
+    made_s: float
+    decode_start_s: float | None = None
+    decoded_s: float | None = None
+    sent_s: float | None = None
+
+
 @dataclass(frozen=True)
 class Piece:
     """One utterance of a stream: its ``text``, the ``prompt`` int64 [1+C, P] and its frame cap."""
@@ -60,7 +73,8 @@ class SpeechStream:
 
     Filled in while iterating: ``frames`` (frames made), ``reached_eos`` (one bool per finished piece),
     ``first_audio_s`` (time to first audio: seconds from the start of iteration to the first chunk, prefill
-    included), ``prefill_s``, ``frames_s``, ``codec_s`` (seconds). It drives the backend's single KV state: a
+    included), ``prefill_s``, ``frames_s``, ``codec_s`` (seconds), ``timeline`` (a :class:`ChunkTimes` per chunk, in
+    order: how frames and codec overlapped). It drives the backend's single KV state: a
     stream paused while another utterance runs on the same backend (another stream, a generate, from any thread)
     raises EngineError when resumed, instead of continuing from the other's state. ``overlap_codec``: decode chunk k
     beside the frames of chunk k+1 (:class:`.overlap.CodecQueue`, at most ``DEFAULTS.codec_queue`` chunks in
@@ -113,6 +127,8 @@ class SpeechStream:
         self.reached_eos: list[bool] = []
         self.first_audio_s: float | None = None
         self.prefill_s = self.frames_s = self.codec_s = 0.0
+        self.timeline: list[ChunkTimes] = []
+        self._decodes = self._sent = 0  # chunks decoded and handed on so far (both in order)
 
     @property
     def max_frames(self) -> int:
@@ -130,7 +146,7 @@ class SpeechStream:
         cfg = self.backend.cfg
         noise = seeded_noise(self.backend, self.seed)  # one stream across the pieces
         pause = np.zeros(round(self.pause_s * self.sample_rate), dtype=np.float32)
-        start = time.perf_counter()
+        self._start = time.perf_counter()
         step = 0
         size = self.first_chunk_frames
         for index, piece in enumerate(self.pieces):
@@ -155,22 +171,30 @@ class SpeechStream:
                     pending.append(res.codes)
                     self.frames += 1
                     if len(pending) == size:
-                        codec.put(np.stack(pending, axis=1))
+                        self._put(codec, pending)
                         pending = []
                         size = min(self.chunk_frames, 2 * size)
                     # the stream's first chunk at once (the earliest first audio), later ones as they are done
                     for audio in codec.drain() if self.first_audio_s is None else codec.ready():
-                        yield self._first_audio(audio, start)
+                        yield self._sending(audio)
                 if pending:
-                    codec.put(np.stack(pending, axis=1))
+                    self._put(codec, pending)
                 for audio in codec.drain():
-                    yield self._first_audio(audio, start)
+                    yield self._sending(audio)
             self.reached_eos.append(eos)
 
-    def _first_audio(self, audio: np.ndarray, start: float) -> np.ndarray:
-        """``audio``, noting the time to first audio when it is the stream's first chunk."""
+    def _put(self, codec: CodecQueue, frames: list[np.ndarray]) -> None:
+        """Hand the chunk of ``frames`` (codes int [C] each) to the codec, timed."""
+        self.timeline.append(ChunkTimes(len(frames), time.perf_counter() - self._start))
+        codec.put(np.stack(frames, axis=1))
+
+    def _sending(self, audio: np.ndarray) -> np.ndarray:
+        """The next chunk's ``audio``, timed as handed on (the time to first audio for the stream's first)."""
+        sent = time.perf_counter() - self._start
+        self.timeline[self._sent].sent_s = sent
+        self._sent += 1
         if self.first_audio_s is None:
-            self.first_audio_s = time.perf_counter() - start
+            self.first_audio_s = sent
         return audio
 
     def _timed(self, steps: Iterator, token: int) -> Iterator:
@@ -190,5 +214,9 @@ class SpeechStream:
         """The audio float32 [n * frame_length] of ``codes`` int [C, n], timed (``codec_s``)."""
         t0 = time.perf_counter()
         audio = np.asarray(decoder.push(codes), dtype=np.float32)
-        self.codec_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.codec_s += t1 - t0
+        chunk = self.timeline[self._decodes]  # decodes run in order, one at a time
+        chunk.decode_start_s, chunk.decoded_s = t0 - self._start, t1 - self._start
+        self._decodes += 1
         return audio

@@ -126,9 +126,11 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
 def reset(transport: asyncio.Transport) -> None:
     """Close ``transport``'s connection with a reset: what it buffers is discarded, this process's and the kernel's
     (``SO_LINGER`` 0; a plain close would keep sending the kernel's to a client that may never read it)."""
+    if transport.is_closing():  # closed already (the client left): nothing is held for it
+        return
     sock = transport.get_extra_info("socket")
     if sock is not None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):  # uvloop's socket stand-in: ValueError once it is closed
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     transport.abort()
 
