@@ -264,7 +264,8 @@ def main() -> int:
     print(f"requests  {done} ok, {len(tally.failures)} failed")
     print(f"latency   {percentiles(tally.latency_s)}")
     print(f"TTFA      {percentiles(tally.ttfa_s)}")
-    print(f"audio     {tally.audio_s:.1f} s in {wall:.1f} s: {tally.audio_s / wall:.2f} s of audio per second")
+    if not args.mix:  # mixed formats: the bytes do not tell the seconds
+        print(f"audio     {tally.audio_s:.1f} s in {wall:.1f} s: {tally.audio_s / wall:.2f} s of audio per second")
     if args.mix:
         print(
             f"mix       {tally.refused} refused (clean 503), {tally.dropped} left early, {tally.hangs} hangs, "
