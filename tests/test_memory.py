@@ -4,6 +4,7 @@ untimed; Linux only."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import struct
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from audio8_coreai.backends.torch.memory import release_mapped_pages
+from audio8_coreai.backends.torch.memory import HUGE_PAGE, back_with_huge_pages, release_mapped_pages
 from audio8_coreai.backends.torch.quantize import apply_precision
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.model.dualar import DualAR
@@ -74,3 +75,38 @@ def test_release_leaves_memory_not_mapped_from_a_file_alone():
     release_mapped_pages([t])
     assert before > 0 and _resident(_interior(t)) == before
     assert torch.equal(t, torch.arange(4 * PAGE, dtype=torch.float32))
+
+
+def _smaps_of(address: int) -> dict[str, int]:
+    """The kB fields (Rss, AnonHugePages, ...) of the mapping holding ``address`` (``/proc/self/smaps``)."""
+    fields, inside = {}, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            parts = line.split()
+            if "-" in parts[0] and not parts[0].endswith(":"):
+                lo, hi = (int(a, 16) for a in parts[0].split("-"))
+                inside = lo <= address < hi
+            elif inside and len(parts) == 3 and parts[2] == "kB":
+                fields[parts[0].rstrip(":")] = int(parts[1])
+    return fields
+
+
+def test_huge_pages_back_the_wholly_resident_spans_and_nothing_else():
+    """An 18 MiB private anonymous mapping whose 4 aligned 2 MiB spans are written: those become huge pages where
+    the kernel can (MADV_COLLAPSE, transparent huge pages not off), no page of the rest is populated (RSS
+    unchanged), and every value stays."""
+    region = mmap.mmap(-1, 9 * HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view = memoryview(region)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    offset = -(-base // HUGE_PAGE) * HUGE_PAGE - base  # the first aligned span
+    written = bytes(range(256)) * (4 * HUGE_PAGE // 256)  # 4 spans of 2 MiB
+    view[offset : offset + len(written)] = written
+    pages = range(base // PAGE, (base + 9 * HUGE_PAGE) // PAGE)
+    resident, huge = _resident(pages), _smaps_of(base)["AnonHugePages"]
+    collapsed = back_with_huge_pages()
+    assert bytes(view[offset : offset + len(written)]) == written
+    assert resident == len(written) // PAGE and _resident(pages) == resident  # nothing populated that was not
+    if collapsed:  # a kernel with MADV_COLLAPSE and huge pages on (the mapping may have merged with a neighbour)
+        assert _smaps_of(base)["AnonHugePages"] - huge >= 4 * HUGE_PAGE // 1024
+    view.release()
+    region.close()

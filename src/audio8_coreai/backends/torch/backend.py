@@ -23,7 +23,7 @@ from ..base import Backend, FrameResult, StepInputs
 from .codec_streams import MODEL_FILE, FiniteStream, TorchCodecStream
 from .codec_worker import CodecWorker, build_decoder, default_codec_process
 from .cudagraphs import GraphedFrame
-from .memory import release_freed_memory
+from .memory import back_with_huge_pages_soon, release_freed_memory
 from .quantize import apply_precision
 from .threads import CallThreads, running_on
 
@@ -194,6 +194,8 @@ class TorchBackend(Backend):
             self._graphed = GraphedFrame(self.model, self.k_cache, self.v_cache, capture=self.device.type == "cuda")
         self.prefix_length = prefix_length
         self._heads: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        if self.device.type == "cpu" and checkpoint.model_file.stat().st_size >= DEFAULTS.huge_pages_min_bytes:
+            back_with_huge_pages_soon()  # the weights the frames stream, in 2 MiB pages
         if self.codec_worker is not None:
             self.codec_worker.wait_ready()
 

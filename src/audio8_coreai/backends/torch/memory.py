@@ -1,5 +1,6 @@
-"""Hand memory back to the OS while weights load: freed heap, and the resident pages of a mapped checkpoint's
-tensors once they have been converted (so a load never holds the stored weights beside their converted copies)."""
+"""The memory of a load: freed heap and the resident pages of a mapped checkpoint's tensors handed back once they have
+been converted (so a load never holds the stored weights beside their converted copies), and the converted weights
+backed by huge pages (a frame streams them all: with 4 KiB pages it also walks about 200,000 page-table entries)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import ctypes.util
 import mmap
 import os
 import sys
+import threading
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -31,6 +34,62 @@ def release_freed_memory() -> None:
         _LIBC.malloc_trim(0)
     except AttributeError:  # pragma: no cover - not glibc
         pass
+
+
+HUGE_PAGE = 2**21  # x86-64's and arm64's transparent huge page: 2 MiB
+_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25  # Linux's advice numbers (MADV_COLLAPSE: Linux 6.1)
+
+
+def back_with_huge_pages() -> int:
+    """Back this process's anonymous memory whose pages are all resident, 2 MiB span by span (the weights a load has
+    converted, the KV cache), with transparent huge pages, now: ``madvise(MADV_HUGEPAGE)`` then ``MADV_COLLAPSE``
+    on each such span. Values and RSS are unchanged (a span with a page not present, per ``/proc/self/pagemap``, is
+    left alone); the frame's weight reads walk 512x fewer page-table entries (docs/speed.md: a few % to 10 % a frame
+    on the CPU). Returns the bytes collapsed; 0 where the kernel lacks ``MADV_COLLAPSE`` or transparent huge pages
+    are off (``never``), and off Linux."""
+    if not sys.platform.startswith("linux") or _LIBC is None:
+        return 0
+    collapsed = 0
+    try:
+        pagemap = open("/proc/self/pagemap", "rb", buffering=0)
+    except OSError:
+        return 0
+    with pagemap:
+        for start, end in _huge_page_spans():
+            pagemap.seek(start // mmap.PAGESIZE * 8)
+            entries = np.frombuffer(pagemap.read((end - start) // mmap.PAGESIZE * 8), np.uint64)
+            present = (entries >> np.uint64(63)).astype(bool)  # bit 63: the page is in memory
+            for first in range(0, len(present), HUGE_PAGE // mmap.PAGESIZE):
+                if present[first : first + HUGE_PAGE // mmap.PAGESIZE].all():
+                    addr = ctypes.c_void_p(start + first * mmap.PAGESIZE)
+                    length = ctypes.c_size_t(HUGE_PAGE)
+                    if _LIBC.madvise(addr, length, _MADV_HUGEPAGE) or _LIBC.madvise(addr, length, _MADV_COLLAPSE):
+                        continue
+                    collapsed += HUGE_PAGE
+    return collapsed
+
+
+def back_with_huge_pages_soon() -> threading.Thread:
+    """:func:`back_with_huge_pages` on a thread of its own (the madvise calls release the GIL), so a load returns
+    at once and frames speed up when it ends (about 2.5 s for the 0.6b's weights); the thread is returned."""
+    thread = threading.Thread(target=back_with_huge_pages, name="audio8-huge-pages", daemon=True)
+    thread.start()
+    return thread
+
+
+def _huge_page_spans() -> list[tuple[int, int]]:
+    """(start, end) of the whole 2 MiB spans of this process's private anonymous read-write mappings and its
+    ``[heap]`` (``/proc/self/maps``; not files, not the ``[stack]``)."""
+    spans = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            if fields[1] == "rw-p" and (len(fields) == 5 or fields[5] == "[heap]"):
+                lo, hi = (int(a, 16) for a in fields[0].split("-"))
+                start, end = -(-lo // HUGE_PAGE) * HUGE_PAGE, hi // HUGE_PAGE * HUGE_PAGE
+                if end > start:
+                    spans.append((start, end))
+    return spans
 
 
 def _private_file_mappings() -> list[tuple[int, int]]:
