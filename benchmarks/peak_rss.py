@@ -44,9 +44,9 @@ def _child(model: str, precision: str, frames: int, codec_process: bool | None) 
 
     def report(step: str, tts=None) -> None:
         row = {"step": step, "s": round(time.perf_counter() - t0, 1), **_status()}
-        worker = None if tts is None else tts.backend.codec_worker
-        if worker is not None:
-            codec = _status(worker.pid)
+        pid = None if tts is None else tts.backend.codec_process_pid
+        if pid is not None:
+            codec = _status(pid)
             row.update(codec_rss=codec.get("VmRSS"), codec_hwm=codec.get("VmHWM"))
         print(json.dumps(row), flush=True)
 
@@ -96,7 +96,10 @@ def main() -> None:
             codec_part = (
                 ""
                 if r.get("codec_hwm") is None
-                else (f"   codec process: now {r['codec_rss']:.2f} GB, peak {r['codec_hwm']:.2f} GB")
+                else (
+                    f"   codec process: now {r['codec_rss']:.2f} GB, peak {r['codec_hwm']:.2f} GB; whole: now "
+                    f"{r['VmRSS'] + r['codec_rss']:.2f} GB, peaks summed {r['VmHWM'] + r['codec_hwm']:.2f} GB"
+                )
             )
             step = f"after {r['step']:<9} ({r['s']:6.1f} s)"
             print(f"  {step} now {r['VmRSS']:.2f} GB, peak {r['VmHWM']:.2f} GB{codec_part}")

@@ -72,6 +72,9 @@ def test_the_floor_counts_every_weight_of_a_low_precision(tiny_tts):
     floor = weight_floor(tiny_tts.backend, 1)
     assert tiny_tts.backend.precision == "int16"
     assert floor["weights_per_frame_m"] == pytest.approx(weights_per_frame(tiny_tts.config) / 1e6)
+    # int16: two 8-bit codes a weight and two fp32 scales a block of 32: 2.25 bytes a weight
+    per_weight = floor["weight_gb_per_frame"] * 1e9 / (floor["weights_per_frame_m"] * 1e6)
+    assert per_weight == pytest.approx(2 + 8 / tiny_tts.backend.spec.block)
 
 
 def test_measure_reports_every_figure(tiny_checkpoint, tiny_tts):
@@ -104,6 +107,12 @@ def test_side_by_side_group_and_rss(tiny_checkpoint):
     assert 0 < row["cpu_use"] == base["cpu_use"]  # one process's CPU time over its wall time, for the whole group
     rss = measure_rss(cfgs[1])
     assert rss["peak_rss_gb"] > 0.1 and rss["load_s_alone"] > 0  # torch alone takes more than 100 MB
+    # the bench loads its codec in its own process (timed at the configuration's threads): counted in its peak,
+    # no codec process to add
+    assert rss["codec_process_rss_gb"] == row["codec_process_rss_gb"] == 0.0
+    assert row["weight_gb_per_frame"] > 0 and row["read_gbps"] > 0.5
+    assert row["physical_floor_ms"] == pytest.approx(1e3 * row["weight_gb_per_frame"] / row["read_gbps"])
+    assert row["frame_physical_ratio"] == pytest.approx(row["ms_per_frame"] / row["physical_floor_ms"])
 
 
 def test_bench_command_without_rss_writes_the_json(tiny_checkpoint, tmp_path):

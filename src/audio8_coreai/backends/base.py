@@ -132,6 +132,12 @@ class Backend(ABC):
         its description)."""
         return self.description
 
+    @property
+    def codec_process_pid(self) -> int | None:
+        """The pid of the process its codec runs in, when one of its own (``codec_process``); else None: what a
+        tool adds to count this backend's memory whole."""
+        return None
+
     def draws_like(self, params: SamplingParams) -> bool:
         """Whether this backend draws with ``params``: any settings, unless its graphs bake some in (then the same
         settings, or both greedy)."""

@@ -209,6 +209,10 @@ class TorchBackend(Backend):
             release_freed_memory()  # a legacy pickle is read whole, then dropped
         return self._decoder
 
+    @property
+    def codec_process_pid(self) -> int | None:
+        return None if self.codec_worker is None else self.codec_worker.pid
+
     def close(self) -> None:
         """End the codec process, if any (see :class:`.codec_worker.CodecWorker`); the model's other calls still
         work, its codec calls then raise BackendError. Idempotent."""

@@ -73,6 +73,8 @@ def _stored(t: Tensor) -> Tensor:
 class Bf16wLinear(LinearKernel):
     """``nn.Linear`` with bfloat16 weights: float32 [..., in_features] -> float32 [..., out_features]."""
 
+    bytes_per_weight = 2.0
+
     def __init__(self, linear: nn.Linear):
         super().__init__(linear.in_features, linear.out_features)
         # buffers, not parameters: apply_precision brings parameters to fp32, these stay as stored
@@ -86,6 +88,8 @@ class Bf16wLinear(LinearKernel):
 class Bf16wFeedForward(LinearKernel):
     """The SwiGLU feed-forward ``w2(silu(w1 x) * w3 x)`` with bfloat16 weights; ``w1`` and ``w3`` run as one
     product (their rows stacked: one pass over the input, one launch). ``weights`` counts all three matrices."""
+
+    bytes_per_weight = 2.0
 
     def __init__(self, ff: nn.Module):
         dim, hidden = ff.w1.in_features, ff.w1.out_features

@@ -24,6 +24,8 @@ def _pack(weight: Tensor, bias: Tensor | None) -> Tensor:
 class Fp16Linear(LinearKernel):
     """``nn.Linear`` with float16 weights: float32 [..., in_features] -> float32 [..., out_features]."""
 
+    bytes_per_weight = 2.0
+
     def __init__(self, linear: nn.Linear):
         super().__init__(linear.in_features, linear.out_features)
         self._packed = _pack(linear.weight, linear.bias)
@@ -35,6 +37,8 @@ class Fp16Linear(LinearKernel):
 class Fp16FeedForward(LinearKernel):
     """The SwiGLU feed-forward ``w2(silu(w1 x) * w3 x)`` with float16 weights; ``w1`` and ``w3`` run as one
     product (one pass over the input, one call). ``weights`` counts all three matrices."""
+
+    bytes_per_weight = 2.0
 
     def __init__(self, ff: nn.Module):
         dim, hidden = ff.w1.in_features, ff.w1.out_features

@@ -227,9 +227,11 @@ class _Graph:
 class LinearKernel(nn.Module):
     """A low-precision linear (or a whole feed-forward) swapped into a block: float32 [..., in_features] ->
     [..., out_features]. Declares what the benchmark's weight-streaming floor needs to call it alone and count
-    what it reads: ``input_dtype`` and ``weights`` (weights one call reads)."""
+    what it reads: ``input_dtype``, ``weights`` (weights one call reads) and ``bytes_per_weight`` (of its stored
+    form, scales included)."""
 
     input_dtype = torch.float32
+    bytes_per_weight = 4.0
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -247,6 +249,13 @@ class OrtModule(LinearKernel):
     def __init__(self, in_features: int, out_features: int, fmt: NBits):
         super().__init__(in_features, out_features)
         self.fmt = fmt
+
+    @property
+    def bytes_per_weight(self) -> float:
+        """Codes and one fp32 scale per block; two pieces add the residual's codes and scales."""
+        fmt = self.fmt
+        per = fmt.bits / 8 + 4 / fmt.block
+        return per + (fmt.lo_bits / 8 + 4 / fmt.block if fmt.pieces == 2 else 0.0)
 
     def _run(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]

@@ -126,6 +126,53 @@ def release_mapped_pages(tensors: Iterable[Tensor]) -> None:
             _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), mmap.MADV_DONTNEED)
 
 
+_PROT_RW, _MAP_FIXED_ANONYMOUS = 0x3, 0x02 | 0x20 | 0x10  # PROT_READ|WRITE; MAP_PRIVATE|MAP_ANONYMOUS|MAP_FIXED
+
+
+def make_resident(t: Tensor, first_row: int = 0, end_row: int | None = None) -> int:
+    """Move rows ``first_row:end_row`` of a 2-D tensor read in place from a memory-mapped file (an embedding table
+    of a mapped checkpoint) into anonymous memory at the same addresses, values and tensor unchanged: the pages
+    holding them are copied out, replaced by anonymous pages (``mmap`` ``MAP_FIXED``) and filled again, so they
+    are never dropped and faulted in from disk again under memory pressure (a frame's lookups would then wait on
+    the disk). Edge pages shared with neighbouring rows or tensors move too, with their bytes. Returns the bytes
+    moved; 0 where the rows are not in a private file mapping (already anonymous: a heap tensor) and off Linux."""
+    if not sys.platform.startswith("linux") or _LIBC is None:
+        return 0
+    end_row = t.shape[0] if end_row is None else end_row
+    row_bytes = t.stride(0) * t.element_size()
+    page = mmap.PAGESIZE
+    lo = (t.data_ptr() + first_row * row_bytes) // page * page
+    hi = -(-(t.data_ptr() + end_row * row_bytes) // page) * page
+    if hi <= lo or not _private_and_from_a_file(lo, hi):
+        return 0
+    data = ctypes.string_at(lo, hi - lo)  # the pages' bytes, read from the file
+    _LIBC.mmap.restype = ctypes.c_void_p
+    _LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    if _LIBC.mmap(lo, hi - lo, _PROT_RW, _MAP_FIXED_ANONYMOUS, -1, 0) != lo:  # pragma: no cover - out of memory
+        raise MemoryError(f"could not map {hi - lo} bytes of anonymous memory for an embedding table")
+    ctypes.memmove(lo, data, hi - lo)
+    return hi - lo
+
+
+def _private_and_from_a_file(lo: int, hi: int) -> bool:
+    """Whether ``[lo, hi)`` lies wholly in private mappings (``/proc/self/maps``), one of them at least of a file
+    (a table's pages already moved, or a neighbour's, are private anonymous pieces beside it)."""
+    covered, from_file = lo, False
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            start, end = (int(a, 16) for a in fields[0].split("-"))
+            if end <= covered or start >= hi:
+                continue
+            if start > covered or fields[1][3] != "p":  # a gap, or a shared mapping
+                return False
+            from_file |= len(fields) == 6 and fields[4] != "0" and fields[5].startswith("/")
+            covered = end
+            if covered >= hi:
+                return from_file
+    return False
+
+
 def device_memory_bytes(device: torch.device) -> int | None:
     """The memory of ``device`` in bytes: a CUDA device's total, else this machine's physical memory (``sysconf``);
     None where it cannot be told."""

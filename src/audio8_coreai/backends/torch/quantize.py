@@ -15,7 +15,7 @@ from ...packages import require
 from ...precision import DEFAULT_BLOCK, Precision
 from .fp16 import Fp16FeedForward, Fp16Linear
 from .kernels import NBits, NBitsFeedForward, NBitsLinear
-from .memory import release_freed_memory, release_mapped_pages
+from .memory import make_resident, release_freed_memory, release_mapped_pages
 
 KINDS = ("fp32", "fp16w", "bf16w", "int8", "int4", "int12", "int16")
 _NBITS = {"int8": (8, 1, 8), "int4": (4, 1, 8), "int12": (8, 2, 4), "int16": (8, 2, 8)}  # kind -> (bits, pieces, lo)
@@ -109,8 +109,10 @@ def apply_precision(model, precision: Precision, threads: int | None = None) -> 
     rows they return (:class:`UpcastEmbedding`). Build the model in the checkpoint's own dtype (bf16 for the
     release): quantizing from it is exact and the load never holds an fp32 copy of the weights. Built from a mapped
     checkpoint (``DualAR.from_state_dict`` keeps the stored tensors), the tables stay mapped, so only the pages of the
-    rows a prompt or frame reads become resident, and the linears are converted block by block (see
-    :func:`quantize_blocks`). ONNX Runtime sessions get ``threads`` intra-op threads (default: torch's count)."""
+    rows a prompt reads become resident, except the rows a frame reads, moved to anonymous memory
+    (:func:`.memory.make_resident`: never faulted in from the disk mid-frame), and the linears are converted block
+    by block (see :func:`quantize_blocks`). ONNX Runtime sessions get ``threads`` intra-op threads (default:
+    torch's count)."""
     threads = threads or torch.get_num_threads()
     quantize_blocks(model.slow.layers, precision.slow, precision.block, threads)
     quantize_blocks(model.fast.fast_layers, precision.fast, precision.block, threads)
@@ -121,6 +123,12 @@ def apply_precision(model, precision: Precision, threads: int | None = None) -> 
         emb = getattr(owner, name)
         if emb.weight.dtype != dt:
             setattr(owner, name, UpcastEmbedding(emb, dt))
+    # The rows a frame reads, moved out of the mapping (nothing a frame reads faults in from the disk): the
+    # semantic rows of the token table (the text rows serve prefill, read in place), the codebook tables whole.
+    cfg = model.cfg
+    make_resident(model.slow.embeddings.weight, cfg.semantic_begin_id, cfg.semantic_end_id + 1)
+    make_resident(model.slow.codebook_embeddings.weight)
+    make_resident(model.fast.fast_embeddings.weight)
     for m in model.modules():
         if isinstance(m, UpcastEmbedding):
             continue

@@ -27,7 +27,8 @@ subprocess. Figures (milliseconds unless named):
   ``ttfa_ms`` (time to first audio when streaming: prefill + the first chunk's frames (``DEFAULT_FIRST_CHUNK_FRAMES``)
   + their decode; the prefill with the prompt's head kept, ``prefill_head_kept_ms``, where the backend keeps
   heads (torch): what every request in a voice after its first waits for);
-* ``peak_rss_gb`` (``ru_maxrss`` of the configuration's own subprocess: load, prefill, frames, a chunk) and
+* ``peak_rss_gb`` (``ru_maxrss`` of the configuration's own subprocess: load, prefill, frames, a chunk, plus its codec
+  process's peak, ``codec_process_rss_gb``, when the codec runs in one of its own) and
   ``cpu_use`` (CPU s / wall s of the side-by-side run: well under the thread count means other processes
   took the cores and every wall time is inflated).
 

@@ -32,9 +32,45 @@ def _weights(m) -> int:
     return m.in_features * m.out_features if isinstance(m, nn.Linear) else m.weights
 
 
+def _weight_bytes(m) -> float:
+    """Bytes one call of a linear reads: its weights in their stored form."""
+    from torch import nn
+
+    return _weights(m) * (m.weight.element_size() if isinstance(m, nn.Linear) else m.bytes_per_weight)
+
+
+READ_GIB = 1  # the buffer the read bandwidth is measured on: larger than the caches of the CPUs measured here
+_READ = """
+import sys, time, torch
+torch.set_num_threads(int(sys.argv[1]))
+x = torch.ones({n}, dtype=torch.float32)
+x.sum()
+best = float("inf")
+for _ in range(5):
+    t0 = time.perf_counter()
+    x.sum()
+    best = min(best, time.perf_counter() - t0)
+print(x.numel() * 4 / best / 1e9)
+"""
+
+
+def read_bandwidth_gbps(threads: int) -> float:
+    """The CPU's read bandwidth on ``threads`` threads, GB/s (1e9 bytes): the best of 5 ``torch.sum`` over a
+    READ_GIB GiB float32 buffer, in a process of its own (the buffer stays out of this one's peak RSS). Raises
+    RuntimeError when that process fails."""
+    import subprocess
+    import sys
+
+    code = _READ.format(n=READ_GIB * 2**28)
+    done = subprocess.run([sys.executable, "-c", code, str(max(1, threads))], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the read-bandwidth process failed: {done.stderr.strip()[-300:]}")
+    return float(done.stdout)
+
+
 def weight_floor(backend, runs: int, passes: int = FAST_PASSES) -> dict:
     """The weight-streaming floor of ``backend``'s precision: each linear called once at batch 1 (slow AR once,
-    fast AR ``passes`` times in a row), nothing else. Returns ms and the weights read per frame."""
+    fast AR ``passes`` times in a row), nothing else. Returns ms, and the weights and their bytes read per frame."""
     import torch
 
     model = backend.model
@@ -64,12 +100,15 @@ def weight_floor(backend, runs: int, passes: int = FAST_PASSES) -> dict:
     fast_ms, _ = median_ms(run_fast, runs)
     n_slow = sum(_weights(m) for m in slow)
     n_fast = sum(_weights(m) for m in fast)
+    bytes_slow = sum(_weight_bytes(m) for m in slow)
+    bytes_fast = sum(_weight_bytes(m) for m in fast)
     return {
         "floor_ms": slow_ms + fast_ms,
         "floor_slow_ms": slow_ms,
         "floor_fast_ms": fast_ms,
         "fast_passes": passes,
         "weights_per_frame_m": (n_slow + passes * n_fast) / 1e6,
+        "weight_gb_per_frame": (bytes_slow + passes * bytes_fast) / 1e9,
     }
 
 

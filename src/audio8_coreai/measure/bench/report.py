@@ -18,6 +18,8 @@ COLUMNS = [
     ("other", "other_ms", "{:.1f}"),
     ("floor", "floor_ms", "{:.1f}"),
     ("frame/floor", "frame_floor_ratio", "{:.2f}"),
+    ("phys floor", "physical_floor_ms", "{:.1f}"),
+    ("frame/phys", "frame_physical_ratio", "{:.2f}"),
     ("codec ms/chunk", "codec_ms_per_chunk", "{:.0f}"),
     ("RTF", "rtf", "{:.2f}"),
     ("RTF stream", "rtf_streaming", "{:.2f}"),

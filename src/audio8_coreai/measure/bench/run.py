@@ -11,7 +11,7 @@ import numpy as np
 
 from .baseline import BaselineFrame
 from .config import FIRST_CHUNK, PUBLISHER, SENTENCE, STREAM_CHUNK, STREAM_WINDOW, BenchConfig, median_ms
-from .parts import frame_parts, weight_floor
+from .parts import frame_parts, read_bandwidth_gbps, weight_floor
 
 
 def _load(cfg: BenchConfig):
@@ -59,6 +59,7 @@ class _Run:
         self.baseline = BaselineFrame(self.backend, self.params) if cfg.baseline else None
         self.samples: dict[str, list[float]] = {}
         self._parts = self._floor = None
+        self.read_gbps: float | None = None  # the CPU's read bandwidth at this run's threads (measure_group)
 
     def _add(self, key: str, value: float) -> None:
         self.samples.setdefault(key, []).append(value)
@@ -144,6 +145,11 @@ class _Run:
             out["weights_per_frame_m"] = self._floor["weights_per_frame_m"]
             out["other_ms"] = out["ms_per_frame"] - sum(out[f"{k}_ms"] for k in self._parts)
             out["frame_floor_ratio"] = out["ms_per_frame"] / out["floor_ms"]
+            out["weight_gb_per_frame"] = self._floor["weight_gb_per_frame"]
+            if self.read_gbps:  # the physical floor: the frame's weight bytes at the bandwidth one reads
+                out["read_gbps"] = self.read_gbps
+                out["physical_floor_ms"] = 1e3 * out["weight_gb_per_frame"] / self.read_gbps
+                out["frame_physical_ratio"] = out["ms_per_frame"] / out["physical_floor_ms"]
         out["vs_publisher"] = PUBLISHER["ms_per_frame"] / out["ms_per_frame"]
         return out
 
@@ -213,7 +219,18 @@ def measure_group(configs: list[BenchConfig]) -> list[dict]:
                 torch.set_num_threads(r.cfg.threads)
             codecs[key] = measure_codec(r.backend, r.cfg.runs)
     cpu_use = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
-    rows = [with_totals({**r.result(), "cpu_use": cpu_use}, codecs[(r.cfg.codec_dtype, r.cfg.threads)]) for r in runs]
+    bandwidth = {  # the read bandwidth beside the frames: on the CPU, per thread count
+        t: read_bandwidth_gbps(t) for t in {r.threads for r in runs if r.backend.device_name == "cpu"}
+    }
+    for r in runs:
+        r.read_gbps = bandwidth.get(r.threads)
+    rows = [
+        with_totals(
+            {**r.result(), "cpu_use": cpu_use, "codec_process_rss_gb": _codec_peak_gb(r.backend)},
+            codecs[(r.cfg.codec_dtype, r.cfg.threads)],
+        )
+        for r in runs
+    ]
     base = next((r for r in rows if r.get("baseline")), None)
     for r in rows:
         if base is not None:
@@ -228,15 +245,38 @@ def measure_rss(cfg: BenchConfig) -> dict:
     r._frame_loop()
     cc = r.backend.checkpoint.codec_config
     r.backend.decode_window(_random_codes(cc, STREAM_WINDOW, np.random.default_rng(0)))
-    return {
-        "label": cfg.label,
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9,
-        "load_s_alone": r.load_s,
-    }
+    return {"label": cfg.label, **peak_rss(r.backend), "load_s_alone": r.load_s}
 
 
 def measure(cfg: BenchConfig) -> dict:
     """Every figure for one configuration in this process (peak RSS included: it is alone here)."""
     row = measure_group([cfg])[0]
-    row["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    row["peak_rss_gb"] = _own_peak_gb() + row["codec_process_rss_gb"]
     return row
+
+
+def peak_rss(backend) -> dict:
+    """Peak RSS in GB (1e9 bytes) of this process (``ru_maxrss``) and, when ``backend``'s codec runs in a process of
+    its own, of that process (its ``VmHWM``; not this process's child in ``getrusage``'s sense: a fork server's):
+    ``peak_rss_gb`` their sum, ``codec_process_rss_gb`` the codec process's part (0.0 without one)."""
+    codec = _codec_peak_gb(backend)
+    return {"peak_rss_gb": _own_peak_gb() + codec, "codec_process_rss_gb": codec}
+
+
+def _own_peak_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+def _codec_peak_gb(backend) -> float:
+    """The peak RSS (GB) of ``backend``'s codec process; 0.0 without one."""
+    pid = backend.codec_process_pid
+    return 0.0 if pid is None else _hwm_gb(pid)
+
+
+def _hwm_gb(pid: int) -> float:
+    """``VmHWM`` of process ``pid`` in GB; 0.0 when it cannot be read (gone, not Linux)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 / 1e9 for line in f if line.startswith("VmHWM"))
+    except (OSError, StopIteration):
+        return 0.0
