@@ -12,12 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from audio8_coreai.backends.torch.memory import (
-    HUGE_PAGE,
-    _private_file_mappings,
-    back_with_huge_pages,
-    release_mapped_pages,
-)
+from audio8_coreai.backends.torch.memory import HUGE_PAGE, back_with_huge_pages, release_mapped_pages
 from audio8_coreai.backends.torch.quantize import apply_precision
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.model.dualar import DualAR
@@ -115,43 +110,3 @@ def test_huge_pages_back_the_wholly_resident_spans_and_nothing_else():
         assert _smaps_of(base)["AnonHugePages"] - huge >= 4 * HUGE_PAGE // 1024
     view.release()
     region.close()
-
-
-def _in_file_mapping(address: int) -> bool:
-    return any(start <= address < end for start, end in _private_file_mappings())
-
-
-def test_the_rows_a_frame_reads_move_out_of_the_mapping_with_their_values(tiny_checkpoint):
-    """Built as the backend builds a quantized precision (the stored dtype, tables read in place), apply_precision
-    moves the semantic rows of the token table and the codebook tables whole into anonymous memory at the same
-    addresses (no frame lookup then faults in from the disk), every value unchanged; the text rows stay mapped."""
-    ckpt = load_checkpoint(tiny_checkpoint)
-    state = ckpt.model_state_dict()
-    cfg = ckpt.config
-    model = DualAR.from_state_dict(cfg, state, state["embeddings.weight"].dtype)
-    tables = {
-        "embeddings.weight": model.slow.embeddings.weight,
-        "codebook_embeddings.weight": model.slow.codebook_embeddings.weight,
-        "fast_embeddings.weight": model.fast.fast_embeddings.weight,
-    }
-    addresses = {name: t.data_ptr() for name, t in tables.items()}
-    assert all(_in_file_mapping(a) for a in addresses.values())  # read in place
-    apply_precision(model, resolve_precision("fp16w"))
-    after = {
-        "embeddings.weight": model.slow.embeddings.weight,
-        "codebook_embeddings.weight": model.slow.codebook_embeddings.weight,
-        "fast_embeddings.weight": model.fast.fast_embeddings.weight,
-    }
-    assert {name: t.data_ptr() for name, t in after.items()} == addresses  # the same tensors, the same addresses
-    table = after["embeddings.weight"]
-    for row in (cfg.semantic_begin_id, cfg.semantic_end_id):
-        assert not _in_file_mapping(table[row].data_ptr())
-    text_row = table[cfg.semantic_begin_id // 2]  # a text row, pages away from the table's ends
-    assert _in_file_mapping(text_row.data_ptr())  # prefill's, still read in place
-    for name in ("codebook_embeddings.weight", "fast_embeddings.weight"):
-        t = after[name]
-        assert not _in_file_mapping(t[0].data_ptr()) and not _in_file_mapping(t[-1].data_ptr())
-    from safetensors.torch import load_file
-
-    stored = load_file(tiny_checkpoint / "model.safetensors")
-    assert all(torch.equal(after[name], stored[name]) for name in after)

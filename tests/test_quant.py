@@ -324,24 +324,35 @@ def test_codec_bf16_is_opt_in(oracle_dir):
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's memory map (Linux)")
-def test_quantized_backend_reads_its_embedding_tables_from_the_mapped_file(tiny_checkpoint):
+def test_quantized_backend_reads_text_rows_in_place_and_a_frames_rows_from_anonymous_memory(tiny_checkpoint):
     """At a quantized precision the embedding tables are views of model.safetensors mapped in memory (only the
-    rows read become resident), with the stored values."""
+    rows read become resident), with the stored values; the rows a frame reads (the token table's semantic rows,
+    the codebook tables whole) are moved into anonymous memory at the same addresses, so no frame waits on the disk
+    for them (:func:`...memory.make_resident`)."""
     from safetensors.torch import load_file
 
-    backend = TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="int16")
+    checkpoint = load_checkpoint(tiny_checkpoint)
+    backend = TorchBackend(checkpoint, "cpu", precision="int16")
     model_file = str((tiny_checkpoint / "model.safetensors").resolve())
     spans = [
         tuple(int(a, 16) for a in line.split()[0].split("-"))
         for line in open("/proc/self/maps")
         if line.rstrip().endswith(model_file)
     ]
+
+    def mapped(t: torch.Tensor) -> bool:
+        return any(lo <= t.data_ptr() < hi for lo, hi in spans)
+
     stored = load_file(tiny_checkpoint / "model.safetensors")
+    cfg = checkpoint.config
+    tokens = backend.model.slow.embeddings.weight
+    assert mapped(tokens[cfg.semantic_begin_id // 2])  # a text row, pages away from the table's ends: in place
+    assert not mapped(tokens[cfg.semantic_begin_id]) and not mapped(tokens[cfg.semantic_end_id])
     for table, key in (
         (backend.model.slow.embeddings, "embeddings.weight"),
         (backend.model.slow.codebook_embeddings, "codebook_embeddings.weight"),
         (backend.model.fast.fast_embeddings, "fast_embeddings.weight"),
     ):
-        ptr = table.weight.data_ptr()
-        assert any(lo <= ptr < hi for lo, hi in spans), key
         assert torch.equal(table.weight, stored[key])
+        if key != "embeddings.weight":
+            assert not mapped(table.weight[0]) and not mapped(table.weight[-1]), key
