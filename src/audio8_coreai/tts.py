@@ -8,9 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends.base import Backend, check_backend_choice, open_backend
-from .backends.torch import TorchBackend
-from .backends.torch.rows import FrameServer
+from .backends.base import Backend, FrameRows
+from .backends.choice import check_backend_choice, open_backend
 from .checkpoint import DEFAULT_MODEL, Checkpoint, load_checkpoint
 from .checkpoint.layout import FOLDER_CONTENTS
 from .cloning import VoiceCloning
@@ -193,7 +192,7 @@ class TTS(VoiceCloning):
         Raises as :meth:`generate`, and BackendError on a backend other than torch, ValueError when ``seeds``
         does not match ``texts`` or ``max_batch`` < 1, TypeError when ``texts`` is one string.
         """
-        if not isinstance(self.backend, TorchBackend):
+        if not self.backend.batches:
             raise BackendError(f"batched generation runs on the torch backend, not {self.backend.name}")
         if isinstance(texts, str):  # a str is a sequence too: its characters would become texts
             raise TypeError(
@@ -226,13 +225,12 @@ class TTS(VoiceCloning):
             for a, g, s, b in zip(audio, gens, seeds, budgets)
         ]
 
-    def batched(self, max_batch: int) -> tuple[FrameServer, list[TTS]]:
-        """``max_batch`` TTS instances sharing this one's model through one frame thread
-        (:class:`.backends.torch.rows.FrameServer`): one per server worker, their frames run as one batched call.
-        Raises BackendError on a backend other than torch, ConfigError for ``max_batch`` < 1."""
-        if not isinstance(self.backend, TorchBackend):
-            raise BackendError(f"batching runs on the torch backend, not {self.backend.name}: drop --batch")
-        server = FrameServer(self.backend, check_int(max_batch, "max_batch"), warm=[self.sampling()])
+    def batched(self, max_batch: int) -> tuple[FrameRows, list[TTS]]:
+        """``max_batch`` TTS instances sharing this one's model through one frame thread (``Backend.frame_rows``:
+        the torch backend's :class:`.backends.torch.rows.FrameServer`): one per server worker, their frames run as
+        one batched call, graphs captured now for the default sampling. Raises BackendError on a backend that does
+        not batch, ConfigError for ``max_batch`` < 1."""
+        server = self.backend.frame_rows(check_int(max_batch, "max_batch"), warm=[self.sampling()])
         return server, [TTS(self.checkpoint, row, self.prompts, self.voices) for row in server.rows()]
 
     def synthesize(

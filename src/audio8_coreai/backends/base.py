@@ -10,9 +10,10 @@ never probe for others.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,7 +22,6 @@ import numpy as np
 from ..checkpoint import Checkpoint
 from ..config import ModelConfig, SamplingParams
 from ..errors import BackendError, EngineError
-from ..settings import DEFAULTS
 
 
 @dataclass
@@ -61,6 +61,33 @@ class CodecStream(Protocol):
     samples the whole-utterance decode gives for those frames."""
 
     def push(self, codes: np.ndarray) -> np.ndarray: ...
+
+
+class BatchFrames(Protocol):
+    """Many utterances' frames in one call, each utterance in a KV row of its own (the torch backend's
+    :class:`.torch.rows.BatchModel`): the calls :mod:`..engine.batch` makes. ``backend`` is the backend it runs on."""
+
+    backend: Backend
+
+    @property
+    def free(self) -> int: ...
+
+    def acquire(self) -> int: ...
+
+    def release(self, row: int) -> None: ...
+
+    def prefill(self, row: int, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def frames(self, params: SamplingParams, calls: Sequence[tuple[int, StepInputs]]) -> list[FrameResult]: ...
+
+
+class FrameRows(Protocol):
+    """A frame thread serving row backends, one per request thread, whose frames run as one batched call (the torch
+    backend's :class:`.torch.rows.FrameServer`): what :meth:`..tts.TTS.batched` hands the server."""
+
+    def rows(self) -> list[Backend]: ...
+
+    def close(self) -> None: ...
 
 
 class Lease:
@@ -117,6 +144,8 @@ class Backend(ABC):
     noise_ahead: bool = False
     """Whether its frames leave the host idle (a GPU's), so the loop draws each step's noise during the step before
     (:mod:`..engine.noise`)."""
+    batches: bool = False
+    """Whether it runs many utterances' frames in one call (:meth:`batch_frames`, :meth:`frame_rows`)."""
 
     def __init__(self) -> None:
         self.lease = Lease()
@@ -169,74 +198,40 @@ class Backend(ABC):
     def encode(self, audio: np.ndarray) -> np.ndarray:
         """Codec encode of mono float32 audio [N] at the codec's rate -> codes int64 [C, ceil(N / frame_length)]."""
 
+    def decode_batch(self, codes: list[np.ndarray]) -> list[np.ndarray]:
+        """:meth:`decode_window` of several utterances (codes int [C, T_i] each) -> float32 [T_i * frame_length]
+        each (0 frames: 0 samples); a backend that batches its codec makes it one call."""
+        return [self.decode_window(c) if c.shape[1] else np.zeros(0, dtype=np.float32) for c in codes]
+
+    def batch_frames(self, max_batch: int) -> BatchFrames:
+        """``max_batch`` KV rows whose frames run in one call (:mod:`..engine.batch`). Raises BackendError on a
+        backend that does not batch (``batches`` False)."""
+        raise BackendError(f"batched generation runs on the torch backend, not {self.name}")
+
+    def frame_rows(self, max_batch: int, warm: Sequence[SamplingParams] = ()) -> FrameRows:
+        """A frame thread and ``max_batch`` row backends whose frames run as one batched call, its graphs captured
+        now for each of ``warm``'s sampling settings. Raises BackendError on a backend that does not batch."""
+        raise BackendError(f"batching runs on the torch backend, not {self.name}: drop --batch")
+
+    def codec_stages(self, codes: np.ndarray) -> dict[str, np.ndarray] | None:
+        """The codec decoder's stages for codes int [1, C, T], float32 by name (``post_in``, ``post_out``,
+        ``upsample_out``, ``waveform`` [1, T * frame_length]: the oracle's recordings), for the parity tool; None
+        where the runtime shows only the waveform (``decode_window``)."""
+        return None
+
+    def encoder_latent(self, audio: np.ndarray) -> np.ndarray | None:
+        """The codec encoder's latent float32 of ``audio`` float32 [frames * frame_length] (whole frames), for the
+        parity tool; None where the runtime shows only the codes (``encode``)."""
+        return None
+
+    def memory_bytes(self) -> int | None:
+        """The memory of what its model runs on, in bytes (this machine's by default); None where it cannot be
+        told. What ``audio8 serve --workers`` checks its instances against."""
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):  # pragma: no cover - no sysconf names (not POSIX)
+            return None
+
     def close(self) -> None:  # noqa: B027 - not abstract: most backends hold nothing outside the process
         """Release what the backend holds outside this process (the torch backend's codec process); idempotent.
         Nothing by default."""
-
-
-BACKENDS = ("torch", "coreai")
-
-
-def check_backend_choice(
-    backend: str, device: str = "auto", assets: object = None, cuda_graphs: bool | None = DEFAULTS.cuda_graphs
-) -> None:
-    """Check a backend choice before anything loads: a known backend, assets exactly for coreai, CUDA graphs
-    (``cuda_graphs`` True; None is the default, on where the device is CUDA) only for torch on a CUDA device.
-    Raises BackendError saying what to change."""
-    from .torch import resolve_device
-
-    if backend not in BACKENDS:
-        raise BackendError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
-    if backend == "coreai" and assets is None:
-        raise BackendError(
-            "the coreai backend runs converted assets: give assets=DIR (--assets), a folder written by audio8 convert"
-        )
-    if backend != "coreai" and assets is not None:
-        raise BackendError(
-            "assets (--assets) are run by the coreai backend: add backend='coreai' "
-            "(--backend coreai), or drop the assets to use the torch backend"
-        )
-    if backend == "coreai" and cuda_graphs:
-        raise BackendError("CUDA graphs (--cuda-graphs) are a torch-backend option: drop them for coreai")
-    if cuda_graphs and resolve_device(device).type != "cuda":
-        raise BackendError(
-            f"CUDA graphs need a CUDA device, not {resolve_device(device)}: drop the option or use --device cuda"
-        )
-
-
-def open_backend(
-    checkpoint: Checkpoint,
-    backend: str = "torch",
-    *,
-    device: str = "auto",
-    precision: str | None = None,
-    codec_dtype: str | None = None,
-    cuda_graphs: bool | None = DEFAULTS.cuda_graphs,
-    assets: object = None,
-    prefix_length: Callable[[np.ndarray], int] | None = None,
-    codec_process: bool | None = DEFAULTS.codec_process,
-) -> Backend:
-    """THE backend picker (the API, the CLI and the gate call it): ``torch`` on ``device`` at ``precision`` (None:
-    the device's default), its codec at ``codec_dtype``, frames as CUDA graphs with ``cuda_graphs`` (None: when the
-    device is CUDA; single frames and batched rows alike, see :mod:`.torch.cudagraphs`), prompt heads
-    kept per ``prefix_length``, its codec in a process of its own per ``codec_process`` (None: the default, see
-    :class:`.torch.TorchBackend`); or ``coreai`` running the asset folder ``assets``.
-    Raises BackendError (see :func:`check_backend_choice`; missing, stale or foreign assets), PrecisionError."""
-    check_backend_choice(backend, device, assets, cuda_graphs)
-    if backend == "coreai":
-        from .coreai import CoreAIBackend
-
-        return CoreAIBackend(checkpoint, assets)
-    from .torch import TorchBackend, resolve_device
-
-    if cuda_graphs is None:
-        cuda_graphs = resolve_device(device).type == "cuda"
-    return TorchBackend(
-        checkpoint,
-        device,
-        precision=precision,
-        codec_dtype=codec_dtype,
-        frame_mode="graph" if cuda_graphs else "eager",
-        prefix_length=prefix_length,
-        codec_process=codec_process,
-    )

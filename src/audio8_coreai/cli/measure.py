@@ -40,7 +40,7 @@ def parity(
 ) -> None:
     """Replay an oracle fixture; exit 0 only when fp32 parity holds (reports agreement counts for the other
     precisions). Core AI assets replay what their baked sampling allows and say what they skip."""
-    from ..backends.base import open_backend
+    from ..backends.choice import open_backend
     from ..checkpoint import load_checkpoint
     from ..measure.oracle import recorded_from_another
     from ..measure.parity import run_parity

@@ -182,20 +182,14 @@ def serve(
 def check_instances_fit(tts: TTS, count: int) -> None:
     """ConfigError (``--workers``) when ``count`` instances of ``tts``'s model, each holding about its checkpoint
     files' bytes, are more than the memory of its device (a CUDA device's, else this machine's), before they load."""
-    import torch
-
-    from ..backends.torch import TorchBackend
-    from ..backends.torch.memory import device_memory_bytes
-
     ckpt = tts.checkpoint
     each = ckpt.model_file.stat().st_size + ckpt.codec_file.stat().st_size
-    device = tts.backend.device if isinstance(tts.backend, TorchBackend) else torch.device("cpu")
-    have = device_memory_bytes(device)
+    have = tts.backend.memory_bytes()
     if have is not None and count * each > have:
         gb = 2**30
         raise ConfigError(
             f"--workers {count}: {count} model instances need about {count * each / gb:.1f} GB ({each / gb:.2f} GB "
-            f"each), more than the {have / gb:.1f} GB of {device.type} memory: lower --workers (at most "
+            f"each), more than the {have / gb:.1f} GB of memory of {tts.backend.device_name}: lower --workers (at most "
             f"{max(1, have // each)}), or serve many requests from one model with --batch N"
         )
 

@@ -1,6 +1,7 @@
 """Continuous batching for a caller that owns the loop: utterances share one frame call, each its own loop state.
 
-The torch backend's :class:`..backends.torch.rows.BatchModel` runs one frame for any set of KV rows in one call
+A backend that batches (``Backend.batch_frames``: the torch backend's :class:`..backends.torch.rows.BatchModel`)
+runs one frame for any set of KV rows in one call
 (the weights read once for all). :class:`BatchEngine` admits utterances into free rows and steps them together;
 each keeps its own :class:`.loop.Utterance` (noise stream, RAS window, stop rule), so its draws are those of
 :func:`.loop.generate` with the same seed: equal codes, up to the float rounding of the batched matmuls (row j of
@@ -16,9 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backends.base import FrameResult
-from ..backends.torch import TorchBackend
-from ..backends.torch.rows import BatchModel
+from ..backends.base import Backend, FrameResult
 from ..config import SamplingParams
 from .loop import Generation, Utterance, check_context
 from .noise import NoiseLike, seeded_noise
@@ -41,11 +40,12 @@ class BatchEngine:
     with :meth:`admit` (prefill into a free row) and every :meth:`step` runs one frame for all of them at once,
     each with its own noise stream and RAS window; one leaves (its row freed) at eos or its cap.
 
-    ``params``: the sampling settings of every utterance; ``max_batch``: rows (see :class:`BatchModel`).
+    ``params``: the sampling settings of every utterance; ``max_batch``: rows (``Backend.batch_frames``; raises
+    BackendError on a backend that does not batch).
     """
 
-    def __init__(self, backend: TorchBackend, params: SamplingParams, max_batch: int):
-        self.model = BatchModel(backend, max_batch)
+    def __init__(self, backend: Backend, params: SamplingParams, max_batch: int):
+        self.model = backend.batch_frames(max_batch)
         self.params, self.cfg = params, backend.cfg
         self.items: list[BatchItem] = []
 
@@ -91,7 +91,7 @@ class BatchEngine:
 
 
 def generate_batch(
-    backend: TorchBackend,
+    backend: Backend,
     prompts: Sequence[np.ndarray],
     params: SamplingParams,
     seeds: Sequence[int],

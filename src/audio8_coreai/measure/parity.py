@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..backends.base import FrameResult
+from ..backends.base import Backend, FrameResult
 from ..backends.torch import TorchBackend, frame_results
 from ..config import SamplingParams
 from ..engine.loop import generate
@@ -169,7 +169,7 @@ def _add(pair: tuple[int, int], ok: int) -> tuple[int, int]:
     return pair[0] + ok, pair[1] + 1
 
 
-def replay_single(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: int | None = None) -> ScenarioReport:
+def replay_single(backend: Backend, fx: dict, meta: dict, sc: str, item: int | None = None) -> ScenarioReport:
     """Teacher-forced and free-run replay of a batch-1 scenario, or of one ``item`` of a batch scenario on its
     own (:func:`replay_forced`), through the backend's public calls."""
     rep = replay_forced(backend, fx, meta, sc, item)
@@ -184,7 +184,7 @@ def replay_single(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: in
     return rep
 
 
-def replay_forced(backend: TorchBackend, fx: dict, meta: dict, sc: str, item: int | None = None) -> ScenarioReport:
+def replay_forced(backend: Backend, fx: dict, meta: dict, sc: str, item: int | None = None) -> ScenarioReport:
     """The teacher-forced half of :func:`replay_single`: every recorded step of batch-1 scenario ``sc``
     through the engine's loop (:func:`.replay.replay`), fed the recorded columns and uniforms; the loop computes
     the RAS windows and slots itself.
@@ -277,7 +277,7 @@ def replay_batch(backend: TorchBackend, fx: dict, meta: dict, sc: str = "batch")
 
 
 @torch.inference_mode()
-def replay_codec(backend: TorchBackend, fx: dict, sc: str) -> list[CodecReport]:
+def replay_codec(backend: Backend, fx: dict, sc: str) -> list[CodecReport]:
     """Decode each item's recorded codes (valid prefix) and compare waveform and intermediates (the torch
     backend) or the waveform of the public ``decode_window`` (any other backend)."""
     codes = fx[f"{sc}__codes_in"] if sc == "codec_clamp" else fx[f"{sc}__codes"]
@@ -286,13 +286,11 @@ def replay_codec(backend: TorchBackend, fx: dict, sc: str) -> list[CodecReport]:
     out = []
     for i in range(codes.shape[0]):
         n = int(lengths[i]) // hop
-        if isinstance(backend, TorchBackend):
-            inter = backend.decoder.intermediates(torch.as_tensor(codes[i : i + 1, :, :n], device=backend.device))
-            wave = inter.pop("waveform")[0].float().cpu().numpy()
-            diffs = {
-                name: float(np.abs(val.float().cpu().numpy() - fx[f"{sc}__decode_item{i}_{name}"]).max())
-                for name, val in inter.items()
-            }
+        stages = backend.codec_stages(codes[i : i + 1, :, :n])
+        if stages is not None:
+            wave = stages.pop("waveform")[0]
+            recorded = {name: fx[f"{sc}__decode_item{i}_{name}"] for name in stages}
+            diffs = {name: float(np.abs(val - recorded[name]).max()) for name, val in stages.items()}
         else:
             wave, diffs = backend.decode_window(codes[i, :, :n]), {}
         want = fx[f"{sc}__decode_waveform"][i, : n * hop]
@@ -301,7 +299,7 @@ def replay_codec(backend: TorchBackend, fx: dict, sc: str) -> list[CodecReport]:
 
 
 @torch.inference_mode()
-def replay_encoder(backend: TorchBackend, fx: dict, sc: str = "clone") -> EncoderReport:
+def replay_encoder(backend: Backend, fx: dict, sc: str = "clone") -> EncoderReport:
     """Encode the scenario's recorded reference clip [N] (44.1 kHz) through the backend's public ``encode``
     and compare the codes with the publisher's; the latent is compared on the clip zero-padded to whole
     frames, as the publisher's ``encode`` pads it (SPEC.md section 8)."""
@@ -310,13 +308,10 @@ def replay_encoder(backend: TorchBackend, fx: dict, sc: str = "clone") -> Encode
     want = fx[f"{sc}__ref_codes"][0, :, :n]
     codes = backend.encode(audio)
     equal = int((codes == want).sum()) if codes.shape == want.shape else 0
-    diff = None
-    if isinstance(backend, TorchBackend):
-        hop = backend.checkpoint.codec_config.frame_length
-        padded = np.zeros(n * hop, dtype=np.float32)
-        padded[: len(audio)] = audio
-        latent = backend.codec_encoder(n).latent(torch.as_tensor(padded, device=backend.device)[None, None])
-        diff = float(np.abs(latent.float().cpu().numpy() - fx[f"{sc}__ref_encoder_out"]).max())
+    padded = np.zeros(n * backend.checkpoint.codec_config.frame_length, dtype=np.float32)
+    padded[: len(audio)] = audio
+    latent = backend.encoder_latent(padded)
+    diff = None if latent is None else float(np.abs(latent - fx[f"{sc}__ref_encoder_out"]).max())
     return EncoderReport(f"{sc}[0]", (equal, int(want.size)), diff)
 
 
@@ -339,7 +334,7 @@ def _describe(p: SamplingParams) -> str:
     return f"T {p.temperature:g} top-k {p.top_k} top-p {p.top_p:g} (RAS T {p.ras_temperature:g} top-p {p.ras_top_p:g})"
 
 
-def run_parity(backend: TorchBackend, fixture_path: str | Path, tolerance: float = TOLERANCE) -> ParityReport:
+def run_parity(backend: Backend, fixture_path: str | Path, tolerance: float = TOLERANCE) -> ParityReport:
     """Every scenario of an oracle fixture through ``backend``; see the module docstring.
 
     Raises ParityError when the fixture does not belong to the backend's checkpoint (other sizes).
@@ -363,7 +358,7 @@ def run_parity(backend: TorchBackend, fixture_path: str | Path, tolerance: float
             report.skipped.append(f"{sc}: {reason}")
         elif batch == 1:
             report.scenarios.append(replay_single(backend, fx, meta, sc))
-        elif isinstance(backend, TorchBackend):
+        elif backend.batches:
             report.scenarios.append(replay_batch(backend, fx, meta, sc))
         else:  # batch-1 graphs (Core AI assets): each item alone, see replay_forced
             report.scenarios += [replay_single(backend, fx, meta, sc, b) for b in range(batch)]

@@ -19,11 +19,11 @@ from ...model.dualar import DualAR
 from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs, packed, unpacked
 from ...precision import default_precision, resolve_precision, runtime_of
 from ...settings import DEFAULTS
-from ..base import Backend, FrameResult, StepInputs
+from ..base import Backend, BatchFrames, FrameResult, FrameRows, StepInputs
 from .codec_streams import MODEL_FILE, FiniteStream, TorchCodecStream
 from .codec_worker import CodecWorker, build_decoder, default_codec_process
 from .cudagraphs import GraphedFrame
-from .memory import back_with_huge_pages_soon, release_freed_memory
+from .memory import back_with_huge_pages_soon, device_memory_bytes, release_freed_memory
 from .quantize import apply_precision
 from .threads import CallThreads, running_on
 
@@ -100,7 +100,7 @@ class TorchBackend(Backend):
     fp32 on CUDA turns TF32 off for the process (``torch.backends.cudnn.allow_tf32`` and matmul's), as fp32 parity
     with the publisher's CPU run needs.
 
-    ``frame_mode``: ``eager`` or ``graph`` (:func:`..base.open_backend` picks ``graph`` on CUDA by default): each
+    ``frame_mode``: ``eager`` or ``graph`` (:func:`..choice.open_backend` picks ``graph`` on CUDA by default): each
     frame after the first runs the frame's static ``graph`` mode (:mod:`..cudagraphs`), captured and replayed as
     one CUDA graph on a CUDA device (instead of launching its kernels one by one), run as it is elsewhere (which
     proves the form on the CPU); batched rows over this backend (:mod:`.rows`) follow it.
@@ -120,6 +120,7 @@ class TorchBackend(Backend):
 
     name = "torch"
     overlaps_codec = True
+    batches = True
 
     def __init__(
         self,
@@ -208,6 +209,30 @@ class TorchBackend(Backend):
             self._decoder = build_decoder(self.checkpoint, self.cfg.max_seq_len, self.codec_dtype).to(self.device)
             release_freed_memory()  # a legacy pickle is read whole, then dropped
         return self._decoder
+
+    def batch_frames(self, max_batch: int) -> BatchFrames:
+        from .rows import BatchModel  # rows builds on this module
+
+        return BatchModel(self, max_batch)
+
+    def frame_rows(self, max_batch: int, warm: Sequence[SamplingParams] = ()) -> FrameRows:
+        from .rows import FrameServer
+
+        return FrameServer(self, max_batch, warm=warm)
+
+    def memory_bytes(self) -> int | None:
+        return device_memory_bytes(self.device)
+
+    @torch.inference_mode()
+    def codec_stages(self, codes: np.ndarray) -> dict[str, np.ndarray]:
+        stages = self.decoder.intermediates(torch.as_tensor(codes, device=self.device))
+        return {name: value.float().cpu().numpy() for name, value in stages.items()}
+
+    @torch.inference_mode()
+    def encoder_latent(self, audio: np.ndarray) -> np.ndarray:
+        frames = len(audio) // self.checkpoint.codec_config.frame_length
+        latent = self.codec_encoder(frames).latent(torch.as_tensor(audio, device=self.device)[None, None])
+        return latent.float().cpu().numpy()
 
     @property
     def codec_process_pid(self) -> int | None:

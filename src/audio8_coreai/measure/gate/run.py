@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ...audio import REFERENCE_RATE, read_reference, write_audio
-from ...backends.base import open_backend
+from ...backends.choice import open_backend
 from ...config import SamplingParams
 from ...engine.loop import frame_budget, generate
 from ...engine.noise import noise_source
