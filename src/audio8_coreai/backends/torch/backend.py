@@ -89,6 +89,26 @@ def frame_results(
     return results
 
 
+def frame_inputs(steps: Sequence[StepInputs], device: torch.device) -> FrameInputs:
+    """The eager frame's inputs for ``steps`` (one utterance each, in order) on ``device``: noise, RAS windows and
+    forcing stacked batch-first (:class:`...model.frame.FrameInputs`); the previous columns and slots are the
+    caller's (batch 1 steps at one slot, batched rows each at its own). The one way host steps become a frame's
+    tensors in eager mode; the static graphs copy into fixed buffers instead (:mod:`.staging`, :mod:`.cudagraphs`)."""
+    c = len(steps[0].noise_fast) + 1
+    forced = np.zeros((len(steps), 1 + c), dtype=np.int64)
+    use_forced = np.zeros(len(steps), dtype=np.float32)
+    for i, x in enumerate(steps):
+        if x.forced is not None:
+            forced[i], use_forced[i] = x.forced, 1.0
+    return FrameInputs(
+        noise_slow=torch.as_tensor(np.stack([x.noise_slow for x in steps]), dtype=torch.float32, device=device),
+        window=torch.as_tensor(np.stack([np.asarray(x.window, dtype=np.int64) for x in steps]), device=device),
+        noise_fast=torch.as_tensor(np.stack([x.noise_fast for x in steps]), dtype=torch.float32, device=device),
+        forced=torch.as_tensor(forced, device=device),
+        use_forced=torch.as_tensor(use_forced, device=device),
+    )
+
+
 class TorchBackend(Backend):
     """The DualAR and the codec in PyTorch on one device, one utterance at a time (batch 1).
 
@@ -325,16 +345,8 @@ class TorchBackend(Backend):
     def frame(self, params: SamplingParams, step: StepInputs) -> FrameResult:
         """Frame 0 from the prefill's last logits and hidden (``step.column`` None), or the slow step on the previous
         column at slot ``step.pos`` then the draws."""
-        c = self.cfg.num_codebooks
         dev = self.device
-        forced = np.zeros(1 + c, dtype=np.int64) if step.forced is None else np.asarray(step.forced, dtype=np.int64)
-        inputs = FrameInputs(
-            noise_slow=torch.as_tensor(step.noise_slow, dtype=torch.float32, device=dev)[None],
-            window=torch.as_tensor(np.asarray(step.window, dtype=np.int64), device=dev)[None],
-            noise_fast=torch.as_tensor(step.noise_fast, dtype=torch.float32, device=dev)[None],
-            forced=torch.as_tensor(forced, device=dev)[None],
-            use_forced=torch.tensor([0.0 if step.forced is None else 1.0], device=dev),
-        )
+        inputs = frame_inputs([step], dev)
         if step.column is not None:
             inputs.column = torch.as_tensor(np.asarray(step.column, dtype=np.int64), device=dev).view(1, -1, 1)
             inputs.pos = step.pos if self._graphed is None else torch.tensor([step.pos], device=dev)

@@ -38,10 +38,10 @@ import torch
 
 from ...config import SamplingParams
 from ...errors import ConfigError, EngineError
-from ...model.frame import FrameInputs, packed
+from ...model.frame import packed
 from ...settings import DEFAULTS
 from ..base import Backend, CodecStream, FrameResult, StepInputs
-from .backend import TorchBackend, frame_results
+from .backend import TorchBackend, frame_inputs, frame_results
 from .codec_rows import CodecRows
 from .cudagraphs import GraphedRows, StepTimes, bucket_sizes
 from .memory import device_memory_bytes
@@ -172,19 +172,7 @@ class BatchModel:
         for i, x in enumerate(steps):
             if x.column is None:
                 logits[i], hidden[i] = self._prefilled[rows[i]]
-        forced = np.zeros((n, 1 + c), dtype=np.int64)
-        use_forced = torch.zeros(n, device=dev)
-        for i, x in enumerate(steps):
-            if x.forced is not None:
-                forced[i], use_forced[i] = x.forced, 1.0
-        inputs = FrameInputs(
-            noise_slow=torch.as_tensor(np.stack([x.noise_slow for x in steps]), device=dev),
-            window=torch.as_tensor(np.stack([x.window for x in steps]), device=dev),
-            noise_fast=torch.as_tensor(np.stack([x.noise_fast for x in steps]), device=dev),
-            forced=torch.as_tensor(forced, device=dev),
-            use_forced=use_forced,
-        )
-        out = frame.sample(params, torch.stack(logits), torch.stack(hidden), inputs)
+        out = frame.sample(params, torch.stack(logits), torch.stack(hidden), frame_inputs(steps, dev))
         return frame_results(out, packed(out), range(n), [x.logits for x in steps])
 
 
