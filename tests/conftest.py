@@ -123,6 +123,15 @@ def never_eos_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def never_eos_long_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
+    """The tiny checkpoint that never draws eos, with its own context of 512 positions: room for the servers' test
+    text (a prompt of 114 positions) and hundreds of frames, each request running to its frame cap (steered.py)."""
+    from steered import steer_eos
+
+    return steer_eos(tiny_checkpoint, tmp_path_factory.mktemp("steered") / "never_eos_long", "never")
+
+
+@pytest.fixture(scope="session")
 def oracle(oracle_dir):
     """The tiny oracle checkpoint loaded (Core AI tests)."""
     from audio8_coreai.checkpoint import load_checkpoint

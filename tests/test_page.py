@@ -29,11 +29,21 @@ SETTINGS = ServerSettings(workers=1, max_input_chars=200, max_upload_bytes=1_000
 WAIT_S = 60
 
 
+def serving(checkpoint, voices):
+    """The page's server (one worker, SETTINGS) on ``checkpoint`` in a thread; yields its base URL."""
+    with serve_in_thread(create_app([TTS.load(checkpoint, device="cpu", voices_dir=voices)], SETTINGS)) as url:
+        yield url
+
+
 @pytest.fixture(scope="module")
 def base(tiny_checkpoint, tmp_path_factory):
-    voices = tmp_path_factory.mktemp("voices")
-    with serve_in_thread(create_app([TTS.load(tiny_checkpoint, device="cpu", voices_dir=voices)], SETTINGS)) as url:
-        yield url
+    yield from serving(tiny_checkpoint, tmp_path_factory.mktemp("voices"))
+
+
+@pytest.fixture(scope="module")
+def capped(never_eos_long_checkpoint, tmp_path_factory):
+    """The server on the checkpoint that never draws eos (steered.py): every request speaks to the frame cap."""
+    yield from serving(never_eos_long_checkpoint, tmp_path_factory.mktemp("voices"))
 
 
 @pytest.fixture(scope="module")
@@ -116,17 +126,17 @@ def test_page_lists_voices_and_adds_one_by_upload(base, browser, clip):
     assert "exists" in error.text and "replace=true" in error.text
 
 
-def test_speak_plays_as_it_streams_and_offers_the_whole_wav(base, browser, tmp_path):
-    browser.get(f"{base}/")
+def test_speak_plays_as_it_streams_and_offers_the_whole_wav(capped, browser, tmp_path):
+    browser.get(f"{capped}/")
     wait(browser, lambda: element(browser, "voice").get_attribute("data-loaded") is not None)
     speak(browser, TEXT, seed="1", temperature="0.5")
     result = element(browser, "result")
     wait(browser, lambda: result.get_attribute("data-state") in ("done", "error"))
     assert result.get_attribute("data-state") == "done", element(browser, "error").text
     body = {"input": TEXT, "seed": 1, "temperature": 0.5, "response_format": "wav", "stream": False}  # whole file
-    whole = httpx.post(f"{base}/v1/audio/speech", json=body, timeout=WAIT_S)
+    whole = httpx.post(f"{capped}/v1/audio/speech", json=body, timeout=WAIT_S)
     audio, rate = sf.read(io.BytesIO(whole.content), dtype="float32")
-    assert rate == 44100 and len(audio) == SETTINGS.max_frames * 2048  # the tiny model runs to the frame cap
+    assert rate == 44100 and len(audio) == SETTINGS.max_frames * 2048  # the never-eos model runs to the frame cap
     assert int(result.get_attribute("data-samples")) == len(audio)  # every sample was scheduled to play
     status = element(browser, "status").text
     assert status == f"Done: {len(audio) / rate:.2f} s of speech at 44100 Hz, seed 1."

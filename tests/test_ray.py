@@ -1,7 +1,8 @@
 """`audio8 serve --ray`: the same app over Ray Serve (server/ray_app.py), tiny checkpoint.
 
 Unit tests run the Synth deployment in Ray's local testing mode (in this process) behind the app served by uvicorn;
-one integration test starts a local Ray cluster with 2 Synth replicas behind Ray's HTTP proxy.
+one integration test starts a local Ray cluster with 2 Synth replicas behind Ray's HTTP proxy. A test that needs
+audio spoken (its frames, that it is spoken at all) runs on the checkpoint that never draws eos (steered.py).
 """
 
 from __future__ import annotations
@@ -59,26 +60,38 @@ def voices(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("shared_voices")
 
 
-@pytest.fixture(scope="module")
-def local(tiny_checkpoint, voices):
-    args = RayArgs(model=str(tiny_checkpoint), voices=str(voices), device="cpu", batch=2, server=SETTINGS)
-    handle = serve.run(SynthDeployment.bind(args), name="audio8-local", _local_testing_mode=True)
+def local_app(checkpoint: Path, voices: Path, name: str):
+    """The Synth deployment (2 rows) on ``checkpoint`` in Ray's local testing mode behind the app served by uvicorn;
+    yields its base URL."""
+    args = RayArgs(model=str(checkpoint), voices=str(voices), device="cpu", batch=2, server=SETTINGS)
+    handle = serve.run(SynthDeployment.bind(args), name=name, _local_testing_mode=True)
     synth = RaySynthesizer(handle, VoiceStore(voices), SETTINGS.max_queue, handle.info.remote().result())
     with serve_in_thread(create_app(synth, SETTINGS)) as url:
         yield url
 
 
-def test_whole_and_streamed_speech_equal_the_plain_servers(local, tiny_checkpoint, voices):
-    whole = speech(local, response_format="wav")
+@pytest.fixture(scope="module")
+def local(tiny_checkpoint, voices):
+    yield from local_app(tiny_checkpoint, voices, "audio8-local")
+
+
+@pytest.fixture(scope="module")
+def capped(never_eos_long_checkpoint, voices):
+    """The same on the checkpoint that never draws eos: every request speaks to its frame cap."""
+    yield from local_app(never_eos_long_checkpoint, voices, "audio8-local-capped")
+
+
+def test_whole_and_streamed_speech_equal_the_plain_servers(capped, never_eos_long_checkpoint, voices):
+    whole = speech(capped, response_format="wav")
     assert whole.status_code == 200, whole.text
     assert whole.headers["x-replica"] == "local" and whole.headers["x-seed"] == "1"
     assert whole.headers["x-sample-rate"] == "44100" and whole.headers["content-type"] == "audio/wav"
     body = {"input": TEXT, "seed": 1, "max_frames": 12, "stream": True, "response_format": "pcm", "sample_rate": 44100}
-    with httpx.stream("POST", f"{local}/v1/audio/speech", json=body, timeout=120) as r:
+    with httpx.stream("POST", f"{capped}/v1/audio/speech", json=body, timeout=120) as r:
         assert r.status_code == 200 and "content-length" not in r.headers
         chunks = [c for c in r.iter_raw() if c]
     assert len(chunks) > 1 and sum(map(len, chunks)) == 12 * 2048 * 2  # 12 frames of 16-bit samples
-    with plain_server(tiny_checkpoint, voices, batch=2) as url:
+    with plain_server(never_eos_long_checkpoint, voices, batch=2) as url:
         assert speech(url, response_format="wav").content == whole.content
         assert speech(url, response_format="pcm", sample_rate=44100).content == b"".join(chunks)
 
@@ -102,39 +115,39 @@ def test_errors_keep_their_status_and_shape(local, body, status, code):
         assert "at most" in error["message"] and "fit the model's context" in error["message"]
 
 
-def test_voices_register_speak_list_and_delete_through_the_replica(local, voices, tmp_path, tiny_checkpoint):
-    r = add_voice(local, "ana", 1.5, tmp_path)
+def test_voices_register_speak_list_and_delete_through_the_replica(capped, voices, tmp_path, never_eos_long_checkpoint):
+    r = add_voice(capped, "ana", 1.5, tmp_path)
     assert r.status_code == 201, r.text
     assert r.json()["frames"] == 33 and (voices / "ana.npz").is_file()  # written by the replica, in the shared store
     files = {"audio": ("clip.wav", b"RIFF", "audio/wav")}
-    taken = httpx.post(f"{local}/v1/voices", data={"name": "ANA", "transcript": "t"}, files=files, timeout=120)
+    taken = httpx.post(f"{capped}/v1/voices", data={"name": "ANA", "transcript": "t"}, files=files, timeout=120)
     assert taken.status_code == 409 and taken.json()["error"]["code"] == "voice_exists"
-    assert [v["name"] for v in httpx.get(f"{local}/v1/voices").json()["data"]] == ["ana"]
-    cloned = speech(local, voice="ana", response_format="wav")
-    assert cloned.status_code == 200 and cloned.content != speech(local, response_format="wav").content
-    assert httpx.delete(f"{local}/v1/voices/ana").status_code == 200
-    assert speech(local, voice="ana").json()["error"]["code"] == "voice_not_found"
-    health = httpx.get(f"{local}/health").json()
+    assert [v["name"] for v in httpx.get(f"{capped}/v1/voices").json()["data"]] == ["ana"]
+    cloned = speech(capped, voice="ana", response_format="wav")
+    assert cloned.status_code == 200 and cloned.content != speech(capped, response_format="wav").content
+    assert httpx.delete(f"{capped}/v1/voices/ana").status_code == 200
+    assert speech(capped, voice="ana").json()["error"]["code"] == "voice_not_found"
+    health = httpx.get(f"{capped}/health").json()
     assert health["workers"] == 2 and health["replica"] == "local" and "batched x2" in health["backend"]
     assert health["max_queue"] == SETTINGS.max_queue and health["device"] == "cpu"
-    assert health["model"] == tiny_checkpoint.name  # the folder's name, never its path
+    assert health["model"] == never_eos_long_checkpoint.name  # the folder's name, never its path
 
 
-def test_a_replica_failure_is_a_json_500_without_details(local, monkeypatch):
+def test_a_replica_failure_is_a_json_500_without_details(capped, monkeypatch):
     def boom(self, *args, **kwargs):
         raise RuntimeError("/work/secret/place exploded")
 
     monkeypatch.setattr(TTS, "stream", boom)
-    r = speech(local, response_format="wav")
+    r = speech(capped, response_format="wav")
     error = r.json()["error"]
     assert r.status_code == 500 and error["code"] == "server_error" and error["type"] == "server_error"
     assert "exploded" not in r.text and "/work" not in r.text and "RuntimeError" in error["message"]
     monkeypatch.undo()
-    assert speech(local, response_format="pcm").status_code == 200
+    assert speech(capped, response_format="pcm").status_code == 200
 
 
 @pytest.mark.parametrize("lost", ["ActorDiedError", "ReplicaUnavailableError"])
-def test_a_replica_lost_before_the_first_byte_is_a_503_with_retry_after(local, monkeypatch, lost):
+def test_a_replica_lost_before_the_first_byte_is_a_503_with_retry_after(capped, monkeypatch, lost):
     """The replica's call ends as Ray's handle reports a replica that died (or cannot be reached) before it gave
     anything: nothing was spoken, so the answer is a 503 replica_unavailable with Retry-After (the client may send
     it again), not a 500; the next request is served."""
@@ -152,12 +165,12 @@ def test_a_replica_lost_before_the_first_byte_is_a_503_with_retry_after(local, m
         raise error
 
     monkeypatch.setattr(LocalSynthesizer, "open", dying)
-    r = speech(local, response_format="wav")
+    r = speech(capped, response_format="wav")
     error_body = r.json()["error"]
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, r.text
     assert error_body["code"] == "replica_unavailable" and "send the request again" in error_body["message"]
     monkeypatch.undo()
-    assert speech(local, response_format="pcm").status_code == 200
+    assert speech(capped, response_format="pcm").status_code == 200
 
 
 def test_a_replaced_voice_gets_a_new_key_and_errors_cross_processes_whole(tiny_tts, tmp_path):
@@ -209,10 +222,11 @@ def test_ray_args_and_the_cli_check_the_scale(tiny_checkpoint):
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_checkpoint, voices):
-    """Ray (8 CPUs declared: with 2 the actors never start) serving 2 Synth replicas of one row each and a queue of
-    1; yields the proxy's URL and shuts Ray down. A replica gets this process's thread count as its CPUs (Ray sets
-    its OMP_NUM_THREADS from them): float sums split alike, so the bytes are the same as here."""
+def cluster(never_eos_long_checkpoint, voices):
+    """Ray (8 CPUs declared: with 2 the actors never start) serving 2 Synth replicas of one row each of the
+    checkpoint that never draws eos and a queue of 1; yields the proxy's URL and shuts Ray down. A replica gets this
+    process's thread count as its CPUs (Ray sets its OMP_NUM_THREADS from them): float sums split alike, so the
+    bytes are the same as here."""
     import ray
     import torch
 
@@ -224,7 +238,7 @@ def cluster(tiny_checkpoint, voices):
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         threads = torch.get_num_threads()
         args = RayArgs(
-            model=str(tiny_checkpoint), voices=str(voices), batch=1, replicas=2, cpus=threads, server=SETTINGS
+            model=str(never_eos_long_checkpoint), voices=str(voices), batch=1, replicas=2, cpus=threads, server=SETTINGS
         )
         serve.run(build_app(args), name="audio8", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
@@ -233,12 +247,12 @@ def cluster(tiny_checkpoint, voices):
         ray.shutdown()
 
 
-def test_a_ray_cluster_serves_the_same_api(cluster, tiny_checkpoint, voices, tmp_path):
+def test_a_ray_cluster_serves_the_same_api(cluster, never_eos_long_checkpoint, voices, tmp_path):
     url = cluster
     # The same request and seed: the same bytes as `audio8 serve --batch 1`.
     whole = speech(url, response_format="wav")
     assert whole.status_code == 200, whole.text
-    with plain_server(tiny_checkpoint, voices, batch=1) as plain:
+    with plain_server(never_eos_long_checkpoint, voices, batch=1) as plain:
         assert speech(plain, response_format="wav").content == whole.content
     # A voice added through one request is usable by the next, and its requests stay on one replica.
     assert add_voice(url, "bo", 1.0, tmp_path).status_code == 201
@@ -252,7 +266,7 @@ def test_a_ray_cluster_serves_the_same_api(cluster, tiny_checkpoint, voices, tmp
     assert sum(n for _, n in arrivals) == 60 * 2048 * 2 and arrivals[0][0] < 0.5 * arrivals[-1][0]
     frame_s = arrivals[-1][0] / 60
     # Full: 2 streams running (one per replica) and 1 waiting; the next is a 503, and leaving frees the slots.
-    long = {**body, "max_frames": 390}  # seed 4 draws no eos here: 390 frames of work each
+    long = {**body, "max_frames": 390}  # no eos is ever drawn here: 390 frames of work each
     with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=120) as client:
         with ExitStack() as streams:
             chunks = [  # kept: a dropped iterator closes its connection

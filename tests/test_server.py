@@ -1,6 +1,8 @@
 """`audio8 serve`: a real uvicorn on 127.0.0.1 driven by httpx and the official openai client (tiny checkpoint).
 
-Frame caps keep every request to a few dozen tiny frames; streaming servers emit every 4 frames.
+Frame caps keep every request to a few dozen tiny frames; streaming servers emit every 4 frames. A test about the
+audio spoken (its frames, its bytes, that it is spoken at all) runs on the checkpoint that never draws eos
+(steered.py), so each request runs to its frame cap whatever the seed; the refusals run on the random one.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ def serving(checkpoint, voices_dir, settings: ServerSettings, batch: int = 0, pr
 @pytest.fixture(scope="module")
 def base(tiny_checkpoint, tmp_path_factory):
     with serving(tiny_checkpoint, tmp_path_factory.mktemp("voices"), SETTINGS) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def capped(never_eos_long_checkpoint, tmp_path_factory):
+    """The same server on the checkpoint that never draws eos: every request speaks to its frame cap."""
+    with serving(never_eos_long_checkpoint, tmp_path_factory.mktemp("voices"), SETTINGS) as url:
         yield url
 
 
@@ -105,8 +114,8 @@ def test_every_format_encodes_whole_and_streamed(fmt):
 
 
 @pytest.mark.parametrize("fmt", SPEECH_FORMATS)
-def test_every_response_format_decodes(base, fmt):
-    r = speech(base, response_format=fmt)
+def test_every_response_format_decodes(capped, fmt):
+    r = speech(capped, response_format=fmt)
     assert r.status_code == 200, r.text
     rate = RATES.get(fmt, 44100)
     assert r.headers["x-seed"] == "1" and r.headers["x-sample-rate"] == str(rate)
@@ -114,8 +123,8 @@ def test_every_response_format_decodes(base, fmt):
     assert got_rate == rate and len(audio) > 0
 
 
-def test_openai_client_speaks_and_streams(base):
-    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+def test_openai_client_speaks_and_streams(capped):
+    client = openai.OpenAI(base_url=f"{capped}/v1", api_key="unused")
     extras = {"seed": 1, "max_frames": 12}
     out = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="wav", extra_body=extras)
     audio, rate = decode(out.content, "wav")
@@ -125,29 +134,29 @@ def test_openai_client_speaks_and_streams(base):
     ) as response:
         assert response.headers["x-model"] == "gpt-4o-mini-tts"
         streamed = b"".join(response.iter_bytes())
-    assert np.array_equal(decode(streamed, "pcm")[0], decode(speech(base, response_format="pcm").content, "pcm")[0])
+    assert np.array_equal(decode(streamed, "pcm")[0], decode(speech(capped, response_format="pcm").content, "pcm")[0])
 
 
-def test_same_request_and_seed_give_the_same_bytes_and_another_seed_differs(base):
-    a, b, c = (speech(base, response_format="wav", seed=seed) for seed in (1, 1, 2))
+def test_same_request_and_seed_give_the_same_bytes_and_another_seed_differs(capped):
+    a, b, c = (speech(capped, response_format="wav", seed=seed) for seed in (1, 1, 2))
     assert a.content == b.content and a.content != c.content
 
 
-def test_streaming_sends_audio_before_the_last_frame(base):
+def test_streaming_sends_audio_before_the_last_frame(capped):
     body = {"input": TEXT, "seed": 1, "max_frames": 40, "stream": True, "response_format": "wav"}
-    with httpx.stream("POST", f"{base}/v1/audio/speech", json=body, timeout=120) as r:
+    with httpx.stream("POST", f"{capped}/v1/audio/speech", json=body, timeout=120) as r:
         assert r.status_code == 200 and "content-length" not in r.headers
         chunks = r.iter_bytes()
         first = next(chunks)
-        frames_at_first = metric(base, "audio8_frames_total")
+        frames_at_first = metric(capped, "audio8_frames_total")
         rest = b"".join(chunks)
-    assert frames_at_first < metric(base, "audio8_frames_total")
+    assert frames_at_first < metric(capped, "audio8_frames_total")
     streamed, _ = decode(first + rest, "wav")
-    whole, _ = decode(speech(base, response_format="wav", max_frames=40).content, "wav")
+    whole, _ = decode(speech(capped, response_format="wav", max_frames=40).content, "wav")
     assert np.array_equal(streamed, whole)
 
 
-def test_four_concurrent_streams_complete_without_cross_talk(base):
+def test_four_concurrent_streams_complete_without_cross_talk(capped):
     bodies = [
         {
             "input": f"Request number {i} speaks now.",
@@ -160,7 +169,7 @@ def test_four_concurrent_streams_complete_without_cross_talk(base):
     ]
 
     def fetch(body):
-        with httpx.stream("POST", f"{base}/v1/audio/speech", json=body, timeout=120) as r:
+        with httpx.stream("POST", f"{capped}/v1/audio/speech", json=body, timeout=120) as r:
             assert r.status_code == 200
             return b"".join(r.iter_bytes())
 
@@ -171,7 +180,7 @@ def test_four_concurrent_streams_complete_without_cross_talk(base):
     assert len(set(together)) == 4
 
 
-def test_batched_server_streams_equal_unbatched_ones(tiny_checkpoint, tmp_path):
+def test_batched_server_streams_equal_unbatched_ones(never_eos_long_checkpoint, tmp_path):
     """``--batch 4``: four concurrent streaming requests share one model's frame calls and get the bytes each
     gets from an unbatched fp32 server (fp32: the same codes on this checkpoint)."""
     bodies = [
@@ -191,11 +200,11 @@ def test_batched_server_streams_equal_unbatched_ones(tiny_checkpoint, tmp_path):
             return b"".join(r.iter_bytes())
 
     settings = ServerSettings(workers=4, max_queue=4, max_frames=200, chunk_frames=4)
-    with serving(tiny_checkpoint, tmp_path, settings, batch=4, precision="fp32") as url:
+    with serving(never_eos_long_checkpoint, tmp_path, settings, batch=4, precision="fp32") as url:
         with ThreadPoolExecutor(4) as pool:
             together = list(pool.map(lambda b: fetch(url, b), bodies))
         health = httpx.get(f"{url}/health").json()
-    with serving(tiny_checkpoint, tmp_path, ServerSettings(workers=1), precision="fp32") as url:
+    with serving(never_eos_long_checkpoint, tmp_path, ServerSettings(workers=1), precision="fp32") as url:
         alone = [fetch(url, b) for b in bodies]
     assert len(set(together)) == 4
     for got, ref in zip(together, alone):  # equal codes; the float rounding of batching may move a 16-bit LSB
@@ -204,9 +213,9 @@ def test_batched_server_streams_equal_unbatched_ones(tiny_checkpoint, tmp_path):
     assert health["workers"] == 4 and "batched x4" in health["backend"]
 
 
-def test_long_input_is_split_and_fully_spoken(base):
+def test_long_input_is_split_and_fully_spoken(capped):
     text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(3))
-    r = speech(base, input=text, max_frames=4, response_format="wav")
+    r = speech(capped, input=text, max_frames=4, response_format="wav")
     audio, _ = decode(r.content, "wav")
     pause = round(0.25 * 44100)
     assert r.status_code == 200 and len(audio) == 3 * 4 * 2048 + 2 * pause  # 3 pieces, 2 pauses
@@ -285,19 +294,21 @@ def test_the_server_frame_cap_is_a_ceiling_clipped_to_the_context(never_eos_chec
         assert frames == min(cap, room)
 
 
-def test_a_huge_speech_body_is_a_413_before_it_is_parsed(base):
+def test_a_huge_speech_body_is_a_413_before_it_is_parsed(capped):
     body = b'{"input": "Hi", "pad": "' + b"x" * (2 << 20) + b'"}'
-    r = httpx.post(f"{base}/v1/audio/speech", content=body, headers={"content-type": "application/json"})
+    r = httpx.post(f"{capped}/v1/audio/speech", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
     def chunked(data: bytes, size: int = 1 << 16):  # no content-length: sent chunked
         for i in range(0, len(data), size):
             yield data[i : i + size]
 
-    r = httpx.post(f"{base}/v1/audio/speech", content=chunked(body), headers={"content-type": "application/json"})
+    r = httpx.post(f"{capped}/v1/audio/speech", content=chunked(body), headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
     small = json.dumps({"input": TEXT, "seed": 1, "max_frames": 4, "response_format": "wav"}).encode()
-    r = httpx.post(f"{base}/v1/audio/speech", content=chunked(small, 16), headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{capped}/v1/audio/speech", content=chunked(small, 16), headers={"content-type": "application/json"}
+    )
     assert r.status_code == 200 and r.content[:4] == b"RIFF"
 
 
@@ -337,28 +348,30 @@ def test_unknown_routes_and_methods_get_the_same_error_shape(base):
 # Voices, health, metrics
 
 
-def test_voices_register_speak_list_and_delete(base, tmp_path):
+def test_voices_register_speak_list_and_delete(capped, tmp_path):
     clip = clips.write(tmp_path / "clip.wav", clips.sweep(22050, 1.5), 22050)
     files = {"audio": ("clip.wav", clip.read_bytes(), "audio/wav")}
-    r = httpx.post(f"{base}/v1/voices", data={"name": "ana", "transcript": "A rising tone."}, files=files, timeout=120)
+    r = httpx.post(
+        f"{capped}/v1/voices", data={"name": "ana", "transcript": "A rising tone."}, files=files, timeout=120
+    )
     assert r.status_code == 201, r.text
     assert r.json()["name"] == "ana" and r.json()["frames"] == 33
-    again = httpx.post(f"{base}/v1/voices", data={"name": "ana", "transcript": "x"}, files=files)
+    again = httpx.post(f"{capped}/v1/voices", data={"name": "ana", "transcript": "x"}, files=files)
     assert again.status_code == 409 and "exists" in again.json()["error"]["message"]
     assert "replace=true in POST /v1/voices" in again.json()["error"]["message"]
-    assert [v["name"] for v in httpx.get(f"{base}/v1/voices").json()["data"]] == ["ana"]
-    cloned = speech(base, voice="ana", response_format="wav")
-    assert cloned.status_code == 200 and cloned.content != speech(base, response_format="wav").content
-    assert httpx.delete(f"{base}/v1/voices/ana").status_code == 200
-    assert httpx.delete(f"{base}/v1/voices/ana").status_code == 404
-    assert httpx.delete(f"{base}/v1/voices/..").status_code in (400, 404)
-    assert httpx.get(f"{base}/v1/voices").json()["data"] == []
+    assert [v["name"] for v in httpx.get(f"{capped}/v1/voices").json()["data"]] == ["ana"]
+    cloned = speech(capped, voice="ana", response_format="wav")
+    assert cloned.status_code == 200 and cloned.content != speech(capped, response_format="wav").content
+    assert httpx.delete(f"{capped}/v1/voices/ana").status_code == 200
+    assert httpx.delete(f"{capped}/v1/voices/ana").status_code == 404
+    assert httpx.delete(f"{capped}/v1/voices/..").status_code in (400, 404)
+    assert httpx.get(f"{capped}/v1/voices").json()["data"] == []
     for form, sent, missing in (
         ({"name": "bo", "text": "Hi."}, files, "transcript"),  # a field misnamed
         ({"name": "bo", "transcript": "Hi.", "audio": "clip.wav"}, None, "audio"),  # the clip as text, not a file
         ({}, None, "name, transcript, audio"),
     ):
-        r = httpx.post(f"{base}/v1/voices", data=form, files=sent)
+        r = httpx.post(f"{capped}/v1/voices", data=form, files=sent)
         error = r.json()["error"]
         assert r.status_code == 400 and error["param"] == missing.split(",")[0], r.text
         assert error["message"].endswith(f"missing: {missing}")
@@ -381,15 +394,15 @@ def test_bad_voice_uploads(base, form, files, status):
         assert "my take.wav" in message and "/tmp" not in message
 
 
-def test_health_and_metrics(base):
-    health = httpx.get(f"{base}/health").json()
+def test_health_and_metrics(capped):
+    health = httpx.get(f"{capped}/health").json()
     assert health["status"] == "ok" and health["device"] == "cpu" and health["backend"].startswith("torch cpu")
     assert health["workers"] == 2
-    speech(base, response_format="pcm")
-    text = httpx.get(f"{base}/metrics").text
+    speech(capped, response_format="pcm")
+    text = httpx.get(f"{capped}/metrics").text
     assert "# TYPE audio8_frames_total counter" in text
-    assert metric(base, "audio8_frames_total") >= 12 and metric(base, "audio8_rtf") > 0
-    assert metric(base, "audio8_queue_depth") == 0 and metric(base, "audio8_ttfa_seconds_mean") > 0
-    assert metric(base, "audio8_ttfa_seconds_count") >= 1
-    speech(base, voice="nobody-here")
-    assert metric(base, 'audio8_errors_total{code="voice_not_found"}') >= 1
+    assert metric(capped, "audio8_frames_total") >= 12 and metric(capped, "audio8_rtf") > 0
+    assert metric(capped, "audio8_queue_depth") == 0 and metric(capped, "audio8_ttfa_seconds_mean") > 0
+    assert metric(capped, "audio8_ttfa_seconds_count") >= 1
+    speech(capped, voice="nobody-here")
+    assert metric(capped, 'audio8_errors_total{code="voice_not_found"}') >= 1

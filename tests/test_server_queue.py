@@ -27,11 +27,11 @@ def assert_worker_freed(url: str) -> None:
     assert speech(url, response_format="wav").status_code == 200
 
 
-def test_full_queue_is_503_and_a_disconnect_frees_the_slot(tiny_checkpoint, tmp_path):
+def test_full_queue_is_503_and_a_disconnect_frees_the_slot(never_eos_long_checkpoint, tmp_path):
     settings = ServerSettings(workers=1, max_queue=0, chunk_frames=4)
-    # seed 4: this text runs the whole 300 frames on the tiny checkpoint (no eos), seconds of work
+    # a checkpoint that never draws eos runs the whole 300 frames (steered.py), seconds of work
     body = {"input": TEXT, "seed": 4, "max_frames": 300, "stream": True, "response_format": "pcm"}
-    with serving(tiny_checkpoint, tmp_path, settings) as url:
+    with serving(never_eos_long_checkpoint, tmp_path, settings) as url:
         with httpx.Client(timeout=60) as client:
             with client.stream("POST", f"{url}/v1/audio/speech", json=body) as r:
                 assert r.status_code == 200
