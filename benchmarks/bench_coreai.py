@@ -33,7 +33,7 @@ from audio8_coreai.backends.coreai import CoreAIBackend, read_manifest
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
-from audio8_coreai.engine.loop import frame_steps
+from audio8_coreai.engine.loop import Utterance, frame_steps
 from audio8_coreai.engine.noise import noise_source
 from audio8_coreai.model.frame import PREFILL_WIDTH
 from audio8_coreai.precision import names
@@ -71,7 +71,7 @@ def time_frames(backend, ckpt, frames: int) -> tuple[float, list[float], int]:
     prefill_s = time.perf_counter() - t0
     times = []
     t0 = time.perf_counter()
-    for _ in frame_steps(backend, PROMPT_COLUMNS, params, frames, noise_source(cfg, 0)):
+    for _ in frame_steps(backend, Utterance(cfg, PROMPT_COLUMNS, frames, noise_source(cfg, 0)), params):
         times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
     return prefill_s, times, (backend.calls - calls) if calls is not None else -1

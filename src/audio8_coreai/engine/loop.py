@@ -75,26 +75,17 @@ class Utterance:
         return np.stack(self.codes, axis=1)
 
 
-def frame_steps(
-    backend: Backend,
-    prompt_length: int,
-    params: SamplingParams,
-    max_frames: int,
-    noise: NoiseLike,
-    forced: Sequence[np.ndarray] | None = None,
-    logits: bool = False,
-) -> Iterator[FrameResult]:
-    """The frame loop after ``backend.prefill`` of a prompt of ``prompt_length`` columns, one step at a time.
+def frame_steps(backend: Backend, utterance: Utterance, params: SamplingParams) -> Iterator[FrameResult]:
+    """The frame loop of ``utterance`` after ``backend.prefill`` of its prompt, one step at a time, each result
+    recorded in ``utterance`` (its frames, RAS window, stop rule: what a caller reads when the loop ends).
 
     Yields each step's :class:`FrameResult` as soon as the backend returns it: frames 0, 1, ... and, when the
     model ends the utterance, the eos step last (its ``semantic`` is ``cfg.eos_token_id`` and its codes are not
-    a frame); stops after ``max_frames`` steps otherwise. Takes one ``noise.next_frame()`` per step; ``forced``
-    keeps those columns instead of the draws (teacher forcing); ``logits``: results carry the logits and hidden.
-    The caller owns the pace (streaming decodes
-    between steps) and may stop early by closing the generator; the backend's KV state is then left
+    a frame); stops after the utterance's ``max_frames`` steps otherwise. Each step takes one
+    ``noise.next_frame()`` (see :class:`Utterance` for forcing and logits). The caller owns the pace (streaming
+    decodes between steps) and may stop early by closing the generator; the backend's KV state is then left
     mid-utterance until its next prefill.
     """
-    utterance = Utterance(backend.cfg, prompt_length, max_frames, noise, forced, logits)
     while not utterance.done:
         res = backend.frame(params, utterance.next_inputs())
         utterance.record(res)
@@ -149,26 +140,21 @@ def generate(
     if noise is None:
         noise = seeded_noise(backend, seed)
     p_len = prompt.shape[1]
-    frames: list[np.ndarray] = []
+    utterance = Utterance(cfg, p_len, max_frames, noise, forced, keep_results)
     results: list[FrameResult] = []
-    reached_eos = False
     with backend.lease.hold():  # other threads' utterances on this backend wait; a paused stream is overtaken
         t0 = time.perf_counter()
         backend.prefill(prompt)
         t1 = time.perf_counter()
-        for n, res in enumerate(frame_steps(backend, p_len, params, max_frames, noise, forced, keep_results)):
+        for n, res in enumerate(frame_steps(backend, utterance, params)):
             if keep_results:
                 results.append(res)
             if on_frame is not None:
                 on_frame(n)
-            if res.semantic == cfg.eos_token_id:
-                reached_eos = True
-            else:
-                frames.append(res.codes)
-                if on_codes is not None:
-                    on_codes(res.codes)
-    codes = np.stack(frames, axis=1) if frames else np.zeros((cfg.num_codebooks, 0), dtype=np.int64)
-    return Generation(codes, reached_eos, p_len, max_frames, t1 - t0, time.perf_counter() - t1, results)
+            if on_codes is not None and res.semantic != cfg.eos_token_id:
+                on_codes(res.codes)
+    frames_s = time.perf_counter() - t1
+    return Generation(utterance.frames(), utterance.reached_eos, p_len, max_frames, t1 - t0, frames_s, results)
 
 
 def frame_budget(

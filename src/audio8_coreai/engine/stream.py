@@ -21,7 +21,7 @@ import numpy as np
 from ..backends.base import Backend, CodecStream
 from ..config import SamplingParams, check_int
 from ..settings import DEFAULTS
-from .loop import frame_steps
+from .loop import Utterance, frame_steps
 from .noise import seeded_noise
 from .overlap import CodecQueue
 
@@ -157,7 +157,8 @@ class SpeechStream:
                 self.backend.prefill(piece.prompt)
             self.prefill_s += time.perf_counter() - t0
             decode = partial(self._decode, self.backend.codec_stream())
-            steps = frame_steps(self.backend, piece.prompt.shape[1], self.params, piece.max_frames, noise)
+            utterance = Utterance(cfg, piece.prompt.shape[1], piece.max_frames, noise)
+            steps = frame_steps(self.backend, utterance, self.params)
             pending: list[np.ndarray] = []
             eos = False
             with CodecQueue(decode, self.overlap_codec) as codec:

@@ -67,7 +67,7 @@ class _Run:
     def _frame_loop(self) -> tuple[float, float]:
         """(wall ms, CPU ms) per frame of one run of up to ``frames`` frames after a prefill: the product's frame
         loop (:func:`...engine.loop.frame_steps`, which stops at eos), or the baseline's frames."""
-        from ...engine.loop import frame_steps
+        from ...engine.loop import Utterance, frame_steps
         from ...engine.noise import noise_source
 
         b, mc, p_len = self.backend, self.mc, self.prompt.shape[1]
@@ -77,7 +77,7 @@ class _Run:
         if self.baseline is not None:
             n = self._baseline_frames(noise)
         else:
-            n = sum(1 for _ in frame_steps(b, p_len, self.params, self.cfg.frames, noise))
+            n = sum(1 for _ in frame_steps(b, Utterance(b.cfg, p_len, self.cfg.frames, noise), self.params))
         return (time.perf_counter() - t0) * 1e3 / n, (time.process_time() - c0) * 1e3 / n
 
     def _baseline_frames(self, noise) -> int:
