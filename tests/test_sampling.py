@@ -141,19 +141,20 @@ def test_ras_window_reproduces_the_recorded_windows(fixture, s):
     """Nothing at step 0, zeros at step 1 (the step-0 id is not inserted), then the ids roll in; finished items
     keep pushing their eos (see batch)."""
     sem, recorded = fixture[f"{s}__semantic"], fixture[f"{s}__ras_previous"]
-    window = RasWindow(size=W, batch_size=sem.shape[1])
-    for step in range(sem.shape[0]):
-        np.testing.assert_array_equal(window.current(), recorded[step])
-        window.push(sem[step])
+    for item in range(sem.shape[1]):  # one window per utterance of the recorded batch
+        window = RasWindow(size=W)
+        for step in range(sem.shape[0]):
+            np.testing.assert_array_equal(window.current(), recorded[step][item])
+            window.push(int(sem[step][item]))
 
 
 def test_ras_window_rolls_past_its_size():
-    window = RasWindow(size=3, batch_size=1)
+    window = RasWindow(size=3)
     for i in range(6):
-        window.push([100 + i])
-    np.testing.assert_array_equal(window.current(), [[103, 104, 105]])
+        window.push(100 + i)
+    np.testing.assert_array_equal(window.current(), [103, 104, 105])  # the step-0 id (100) never enters
     with pytest.raises(ValueError):
-        window.push([1, 2])
+        RasWindow(size=0)
 
 
 # --- bf16 recording --------------------------------------------------------------------------------------------

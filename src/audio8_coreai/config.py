@@ -392,8 +392,3 @@ class CodecConfig:
                 "encoder_transformer_layers",
             )
         return cfg
-
-    def to_spec(self) -> dict[str, Any]:
-        """The ``codec_spec.json`` form of this config (inverse of :meth:`from_spec`)."""
-        d = dataclasses.asdict(self)
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}

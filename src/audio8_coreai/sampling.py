@@ -257,35 +257,31 @@ def sample_semantic(
 
 
 class RasWindow:
-    """The host-side RAS window, reproducing the publisher's ``generate`` quirk. Batched: int64 ``[B, W]``.
+    """One utterance's host-side RAS window, reproducing the publisher's ``generate`` quirk: int64 ``[W]``.
 
     Before step 0 the window is empty (all ``-1``: the publisher's ``previous`` is ``None``). The first
     :meth:`push` (after step 0) makes it all zeros and does **not** insert the step-0 token; every later push
     rolls left by one and writes the new id in the last slot. So at step ``k >= 1`` it holds the ids of steps
-    ``1..k-1`` (the last ``W``), padded with 0. Push every item's id every step, finished items included, as
-    the publisher does.
+    ``1..k-1`` (the last ``W``), padded with 0. Raises ValueError for ``size`` < 1.
     """
 
-    def __init__(self, size: int = 10, batch_size: int = 1) -> None:
-        if size < 1 or batch_size < 1:
-            raise ValueError(f"RasWindow needs size >= 1 and batch_size >= 1, got {size}, {batch_size}")
-        self._window = np.full((batch_size, size), -1, dtype=np.int64)
+    def __init__(self, size: int = 10) -> None:
+        if size < 1:
+            raise ValueError(f"RasWindow needs size >= 1, got {size}")
+        self._window = np.full(size, -1, dtype=np.int64)
         self._started = False
 
     def current(self) -> np.ndarray:
-        """The window for the next step: a copy, int64 ``[B, W]``."""
+        """The window for the next step: a copy, int64 ``[W]``."""
         return self._window.copy()
 
-    def push(self, semantic: np.ndarray | list[int] | int) -> None:
-        """Record this step's semantic ids (``[B]`` token ids)."""
-        ids = np.asarray(semantic, dtype=np.int64).reshape(-1)
-        if ids.shape[0] != self._window.shape[0]:
-            raise ValueError(f"expected {self._window.shape[0]} ids, got {ids.shape[0]}")
+    def push(self, semantic: int) -> None:
+        """Record this step's semantic token id."""
         if not self._started:
             self._window[:] = 0
             self._started = True
             return
-        self._window = np.concatenate([self._window[:, 1:], ids[:, None]], axis=1)
+        self._window = np.append(self._window[1:], np.int64(semantic))
 
 
 class NoiseSource:

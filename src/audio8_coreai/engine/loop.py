@@ -56,7 +56,7 @@ class Utterance:
         noise_slow, noise_fast = self.noise.next_frame()
         forced = None if self.forced is None else self.forced[self.steps]
         pos = self.prompt_length + self.steps - 1
-        return StepInputs(self.column, pos, noise_slow, self.window.current()[0], noise_fast, forced, self.logits)
+        return StepInputs(self.column, pos, noise_slow, self.window.current(), noise_fast, forced, self.logits)
 
     def record(self, res: FrameResult) -> None:
         """Apply one step's result: the publisher's stop rule, RAS push and next column."""

@@ -91,7 +91,7 @@ class _Run:
         column[0] = mc.semantic_begin_id
         for step in range(self.cfg.frames):
             noise_slow, noise_fast = noise.next_frame()
-            sem, codes = self.baseline(column, p_len + step - 1, noise_slow, window.current()[0], noise_fast)
+            sem, codes = self.baseline(column, p_len + step - 1, noise_slow, window.current(), noise_fast)
             window.push(sem)
             column = np.concatenate([[sem], codes])
         return self.cfg.frames
