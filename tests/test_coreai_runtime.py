@@ -30,6 +30,7 @@ from audio8_coreai.engine.loop import generate
 from audio8_coreai.errors import AssetError, BackendError, EngineError, PrecisionError
 from audio8_coreai.measure.oracle import load_fixture
 from audio8_coreai.measure.parity import replay_forced, replay_single
+from audio8_coreai.settings import DEFAULTS
 from cli_support import run as _run
 
 # ---------------------------------------------------------------------------------------------------
@@ -311,12 +312,11 @@ def test_cli_say_with_coreai(speakable, fp32_assets, tmp_path):
         fp32_assets,
     )
     assert result.exit_code == 0, result.output
-    from audio8_coreai.engine.stream import PAUSE_S
 
     said = _said(result)
     frames = int(re.search(r"(\d+)\s+frames", said).group(1))
     pieces = re.search(r"in (\d+) piece", said)  # the assets' short context may split TEXT into sentences
-    pauses = (int(pieces.group(1)) - 1) * round(PAUSE_S * 44100) if pieces else 0
+    pauses = (int(pieces.group(1)) - 1) * round(DEFAULTS.pause_s * 44100) if pieces else 0
     assert sf.read(out)[0].shape == (frames * 2048 + pauses,) and "coreai fp32" in said
     result = _run("say", TEXT, "-o", out, "--model", speakable, "--backend", "coreai", "--assets", tmp_path / "no")
     assert result.exit_code == 2 and "no Core AI asset folder" in _said(result)

@@ -7,11 +7,12 @@ import torch
 
 from audio8_coreai.backends.base import StepInputs
 from audio8_coreai.backends.torch import TorchBackend
-from audio8_coreai.backends.torch.cudagraphs import GRAPHS_KEPT, GraphedFrame
+from audio8_coreai.backends.torch.cudagraphs import GraphedFrame
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.errors import BackendError
 from audio8_coreai.measure.parity import run_parity
+from audio8_coreai.settings import DEFAULTS
 from audio8_coreai.tts import TTS
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the device check runs it)")
@@ -40,7 +41,9 @@ def test_static_frame_equals_the_eager_frame(oracle_dir):
     prompt[0] = rng.integers(cfg.semantic_begin_id, cfg.semantic_end_id, 7)
     prompt[1:] = rng.integers(0, cfg.codebook_size, (cfg.num_codebooks, 7))
     window = np.full(cfg.ras_window_size, -1, dtype=np.int64)
-    for params in [SamplingParams(temperature=0.5 + 0.1 * i, top_k=10 + i) for i in range(GRAPHS_KEPT + 1)]:
+    for params in [
+        SamplingParams(temperature=0.5 + 0.1 * i, top_k=10 + i) for i in range(DEFAULTS.cuda_graphs_kept + 1)
+    ]:
         noise_slow = rng.random((2, cfg.num_semantic + 1), dtype=np.float32).clip(1e-6)
         noise_fast = rng.random((cfg.num_codebooks - 1, cfg.codebook_size), dtype=np.float32).clip(1e-6)
         graphed.prefill(prompt)

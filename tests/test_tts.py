@@ -128,18 +128,17 @@ def test_prompt_heads_are_kept_and_give_the_same_state(tiny_tts):
 
 
 def test_at_most_prefix_cache_heads_are_kept(tiny_tts):
-    from audio8_coreai.backends.torch.backend import PREFIX_CACHE
 
     backend = tiny_tts.backend
     backend.forget_heads()
     codes = np.zeros((10, 2), np.int64)
-    prompts = [tiny_tts.prompts.clone(TEXT, f"Voice number {i}.", codes) for i in range(PREFIX_CACHE + 2)]
+    prompts = [tiny_tts.prompts.clone(TEXT, f"Voice number {i}.", codes) for i in range(DEFAULTS.prefix_cache + 2)]
     for p in prompts:  # a voice per transcript: each its own head
         backend.prefill(p)
     heads = [p[:, : tiny_tts.prompts.prefix_length(p)].tobytes() for p in prompts]
     assert backend.kept_heads == heads[2:]  # the least recently used went first
     backend.prefill(tiny_tts.prompts.plain(TEXT))
-    assert len(backend.kept_heads) == PREFIX_CACHE
+    assert len(backend.kept_heads) == DEFAULTS.prefix_cache
 
 
 def test_threads_take_turns_and_an_overtaken_stream_says_so(tiny_tts):

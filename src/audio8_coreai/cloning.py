@@ -15,10 +15,6 @@ from .settings import DEFAULTS
 from .text import PromptBuilder, check_text
 from .voices import Voice, VoiceStore, check_name, check_voice_choice, now_utc
 
-# A voice must leave room for this many frames (64 x 2048 samples = 3.0 s) after its clone prompt: a
-# reference that crowds out the speech is refused when registered, not discovered at every utterance.
-MIN_VOICE_FRAMES = DEFAULTS.min_voice_frames
-
 
 class VoiceCloning:
     """The voice calls of :class:`.tts.TTS` (its ``checkpoint``, ``backend``, ``prompts``, ``config``, ``voices``
@@ -38,7 +34,7 @@ class VoiceCloning:
         resampled to 44.1 kHz, 0.5-30 s; its warnings land in ``Voice.warnings``) and encoded by this
         checkpoint's codec into codes int64 [num_codebooks, ceil(N / 2048)].
         Raises AudioError (unusable clip), PromptError (empty transcript), VoiceError (the clone prompt
-        would leave fewer than MIN_VOICE_FRAMES frames of the context; the message gives the numbers).
+        would leave fewer than DEFAULTS.min_voice_frames frames of the context; the message gives the numbers).
         """
         transcript = check_text(text, "reference text")
         samples, info = read_reference(audio)
@@ -100,7 +96,7 @@ class VoiceCloning:
 
     def _check_voice_room(self, frames: int, transcript: str) -> None:
         """Raise VoiceError unless the clone prompt for a reference of ``frames`` code frames and a one-word
-        text leaves at least MIN_VOICE_FRAMES frames of ``max_seq_len`` (the slow AR's context holds prompt
+        text leaves at least DEFAULTS.min_voice_frames frames of ``max_seq_len`` (the slow AR's context holds prompt
         and frames). Checked before encoding, from the sample count: a refusal costs no codec time."""
         # The prompt's length without the reference: the template, the transcript and a one-token target.
         one_frame = np.zeros((self.config.num_codebooks, 1), dtype=np.int64)
@@ -112,17 +108,17 @@ class VoiceCloning:
             raise VoiceError(
                 f"the reference transcript is too long for this model: {tokens} tokens, while the "
                 f"model's context holds {context} positions for the whole prompt (reference and "
-                f"transcript included) and at least {MIN_VOICE_FRAMES} frames of speech; "
+                f"transcript included) and at least {DEFAULTS.min_voice_frames} frames of speech; "
                 "use a shorter clip (0.5-30 s) with its transcript"
             ) from None
         room = context - overhead - frames
-        if room >= MIN_VOICE_FRAMES:
+        if room >= DEFAULTS.min_voice_frames:
             return
         seconds = self.checkpoint.codec_config.frame_length / self.sample_rate
-        longest = max(0, context - overhead - MIN_VOICE_FRAMES)
+        longest = max(0, context - overhead - DEFAULTS.min_voice_frames)
         raise VoiceError(
             f"the reference clip is too long for this model: its {frames} frames ({frames * seconds:.1f} "
             f"s) and the {overhead} tokens of prompt text leave {max(room, 0)} of the context's "
-            f"{context} positions for speech, under the {MIN_VOICE_FRAMES} a voice must leave; use a "
+            f"{context} positions for speech, under the {DEFAULTS.min_voice_frames} a voice must leave; use a "
             f"clip of at most {longest * seconds:.1f} s (or a shorter transcript)"
         )

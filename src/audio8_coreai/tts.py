@@ -17,7 +17,7 @@ from .config import SamplingParams, check_int
 from .engine.batch import generate_batch
 from .engine.loop import frame_budget, generate
 from .engine.overlap import UtteranceDecode
-from .engine.stream import DEFAULT_CHUNK_FRAMES, FRAMES_PER_TOKEN, Piece, SpeechStream
+from .engine.stream import Piece, SpeechStream
 from .errors import BackendError, CheckpointError, EngineError, PromptError, PromptTooLong
 from .request import check_seed, sampling_config
 from .settings import DEFAULTS
@@ -254,9 +254,9 @@ class TTS(VoiceCloning):
         if self.fits_one_utterance(text, chosen):
             out = self.generate(text, on_start=on_start, voice=chosen, **kwargs)
             return out.audio, out.sample_rate
-        # Every chunk DEFAULT_CHUNK_FRAMES long, the push size that decodes fastest (see TorchBackend.decode_window).
+        # Every chunk DEFAULTS.chunk_frames long, the push size that decodes fastest (see TorchBackend.decode_window).
         speech = self.stream(
-            text, chunk_frames=DEFAULT_CHUNK_FRAMES, first_chunk_frames=DEFAULT_CHUNK_FRAMES, voice=chosen, **kwargs
+            text, chunk_frames=DEFAULTS.chunk_frames, first_chunk_frames=DEFAULTS.chunk_frames, voice=chosen, **kwargs
         )
         if on_start is not None:
             on_start(speech.max_frames)
@@ -279,7 +279,7 @@ class TTS(VoiceCloning):
         self,
         text: str,
         *,
-        chunk_frames: int = DEFAULT_CHUNK_FRAMES,
+        chunk_frames: int = DEFAULTS.chunk_frames,
         first_chunk_frames: int | None = None,
         seed: int | None = None,
         temperature: float | None = None,
@@ -299,7 +299,7 @@ class TTS(VoiceCloning):
         ``chunk_frames`` (default 16 frames, 0.74 s), so sent audio covers the next chunk's making when frames
         come faster than real time.
 
-        Text is split (:func:`.text.split_text`) into pieces whose estimated speech (``FRAMES_PER_TOKEN``
+        Text is split (:func:`.text.split_text`) into pieces whose estimated speech (``DEFAULTS.frames_per_token``
         frames per text token) fits the context and the checkpoint's ``max_new_tokens``; they are spoken in
         order in the same voice, the seed's noise stream running on, with a short pause between. Text the
         splitter keeps in one piece gives :meth:`generate`'s samples with the same arguments (a prompt that fits
@@ -348,7 +348,7 @@ class TTS(VoiceCloning):
 
     def _split(self, text: str, voice: Voice | None) -> list[str]:
         """Checked ``text`` as the pieces :meth:`stream` speaks in ``voice``: each one's prompt plus its estimated
-        speech (FRAMES_PER_TOKEN frames per text token) fits the context, and its frames the default frame
+        speech (DEFAULTS.frames_per_token frames per text token) fits the context, and its frames the default frame
         budget. Raises PromptError for a run of text that cannot be split to fit."""
 
         def count(words: str) -> int:
@@ -356,8 +356,8 @@ class TTS(VoiceCloning):
 
         overhead = self._prompt("a", voice).shape[1] - count("a")
         max_tokens = min(
-            (self.config.max_seq_len - overhead) // (1 + FRAMES_PER_TOKEN),
-            self.checkpoint.generation.max_new_tokens // FRAMES_PER_TOKEN,
+            (self.config.max_seq_len - overhead) // (1 + DEFAULTS.frames_per_token),
+            self.checkpoint.generation.max_new_tokens // DEFAULTS.frames_per_token,
         )
         try:
             return split_text(text, max_tokens, count)

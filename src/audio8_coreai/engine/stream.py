@@ -25,15 +25,6 @@ from .loop import Utterance, frame_steps
 from .noise import seeded_noise
 from .overlap import CodecQueue
 
-DEFAULT_CHUNK_FRAMES = DEFAULTS.chunk_frames  # 16 x 2048 samples = 0.74 s of audio per chunk
-# The stream's first chunk, whose frames TTFA waits for (docs/speed.md: TTFA by first-chunk size). Chunks then
-# double (1, 2, 4, 8, 16 frames), so the 46 ms of the first is followed by ever longer ones.
-DEFAULT_FIRST_CHUNK_FRAMES = DEFAULTS.first_chunk_frames
-PAUSE_S = DEFAULTS.pause_s  # silence between the pieces of a split text: a sentence break's pause in read speech
-# Frames one text token takes when spoken, with margin: English and Chinese run at about 6 frames (46 ms each)
-# per token of the Qwen tokenizer. Text is split so each piece's estimate fits its utterance's frame budget.
-FRAMES_PER_TOKEN = DEFAULTS.frames_per_token
-
 
 @dataclass
 class ChunkTimes:
@@ -61,7 +52,7 @@ class SpeechStream:
     """An iterable of float32 mono chunks at ``sample_rate`` Hz: the speech of ``pieces``, made as it is read.
 
     Build with :meth:`.tts.TTS.stream` (which checks everything before the first frame). Iterating runs the
-    model: the stream's first chunk holds ``first_chunk_frames`` frames (None: DEFAULT_FIRST_CHUNK_FRAMES, at
+    model: the stream's first chunk holds ``first_chunk_frames`` frames (None: DEFAULTS.first_chunk_frames, at
     most ``chunk_frames``), each next one twice the last up to ``chunk_frames`` (``n`` frames are ``n *
     frame_length`` samples), so audio already sent covers the making of the next chunk whenever frames come
     faster than real time; a piece's last chunk holds what is left when it ends (eos or its cap); a silence of
@@ -97,13 +88,13 @@ class SpeechStream:
         sample_rate: int,
         frame_length: int,
         first_chunk_frames: int | None = None,
-        pause_s: float = PAUSE_S,
+        pause_s: float = DEFAULTS.pause_s,
         on_frame: Callable[[int], None] | None = None,
         overlap_codec: bool | None = None,
     ):
         chunk_frames = check_int(chunk_frames, "chunk_frames")
         if first_chunk_frames is None:
-            first_chunk_frames = min(DEFAULT_FIRST_CHUNK_FRAMES, chunk_frames)
+            first_chunk_frames = min(DEFAULTS.first_chunk_frames, chunk_frames)
         first_chunk_frames = check_int(first_chunk_frames, "first_chunk_frames")
         self.backend = backend
         self.pieces = pieces

@@ -36,7 +36,6 @@ from .oracle import _forced, _item_prompt, _params, _step_noise, load_fixture, r
 from .replay import replay
 from .stats import cosine
 
-TOLERANCE = DEFAULTS.tolerance
 SCENARIOS = ("plain", "greedy", "clone", "batch")
 CODEC_SCENARIOS = ("plain", "greedy", "batch", "clone", "codec_clamp")
 
@@ -334,7 +333,7 @@ def _describe(p: SamplingParams) -> str:
     return f"T {p.temperature:g} top-k {p.top_k} top-p {p.top_p:g} (RAS T {p.ras_temperature:g} top-p {p.ras_top_p:g})"
 
 
-def run_parity(backend: Backend, fixture_path: str | Path, tolerance: float = TOLERANCE) -> ParityReport:
+def run_parity(backend: Backend, fixture_path: str | Path, tolerance: float = DEFAULTS.tolerance) -> ParityReport:
     """Every scenario of an oracle fixture through ``backend``; see the module docstring.
 
     Raises ParityError when the fixture does not belong to the backend's checkpoint (other sizes).

@@ -6,11 +6,9 @@ from ..settings import DEFAULTS
 from .errors import ApiError
 from .metrics import Metrics
 
-MAX_SPEECH_BODY_BYTES = DEFAULTS.max_speech_body_bytes
-
 
 class SpeechBodyLimit:
-    """ASGI middleware: a speech request's body over MAX_SPEECH_BODY_BYTES is a 413 before it is parsed (by its
+    """ASGI middleware: a speech request's body over DEFAULTS.max_speech_body_bytes is a 413 before it is parsed (by its
     content-length; a chunked body is read here up to the limit). Plain ASGI, not ``@app.middleware``: that
     wrapper hides a client's disconnect from the handler, which watches for it (see :mod:`.routers.speech`)."""
 
@@ -21,7 +19,7 @@ class SpeechBodyLimit:
         if scope["type"] == "http" and scope["path"] == "/v1/audio/speech":
             size = dict(scope["headers"]).get(b"content-length", b"")
             if size.isdigit():
-                if int(size) > MAX_SPEECH_BODY_BYTES:
+                if int(size) > DEFAULTS.max_speech_body_bytes:
                     await self._refuse(f"{int(size)} bytes", scope, receive, send)
                     return
             else:  # chunked: read it here, up to the limit, and hand it on whole
@@ -32,8 +30,8 @@ class SpeechBodyLimit:
                         return  # the client left
                     body += message.get("body", b"")
                     more = message.get("more_body", False)
-                    if len(body) > MAX_SPEECH_BODY_BYTES:
-                        await self._refuse(f"over {MAX_SPEECH_BODY_BYTES} bytes", scope, receive, send)
+                    if len(body) > DEFAULTS.max_speech_body_bytes:
+                        await self._refuse(f"over {DEFAULTS.max_speech_body_bytes} bytes", scope, receive, send)
                         return
                 receive = _replay(body, receive)
         await self.app(scope, receive, send)
@@ -42,7 +40,7 @@ class SpeechBodyLimit:
         self.metrics.count(413, "body_too_large")
         refusal = ApiError(
             413,
-            f"the body is {size}, over {MAX_SPEECH_BODY_BYTES} for a speech request: send the "
+            f"the body is {size}, over {DEFAULTS.max_speech_body_bytes} for a speech request: send the "
             f"text (at most {self.max_input_chars} characters) and the settings only",
             None,
             "body_too_large",

@@ -11,7 +11,7 @@ The converter: ``weights`` (the modules in a precision), ``export`` (the asset f
 
 from ...errors import AssetError
 from .convert import convert
-from .manifest import DECODER_FRAMES, ENCODER_FRAMES, PARTS, read_manifest
+from .manifest import PARTS, read_manifest
 from .runtime import CoreAIBackend
 
-__all__ = ["DECODER_FRAMES", "ENCODER_FRAMES", "PARTS", "AssetError", "CoreAIBackend", "convert", "read_manifest"]
+__all__ = ["PARTS", "AssetError", "CoreAIBackend", "convert", "read_manifest"]

@@ -14,12 +14,10 @@ from ...config import SamplingParams
 from ...errors import AssetError
 from ...model.frame import PREFILL_WIDTH
 from ...precision import resolve_precision
+from ...settings import DEFAULTS
 from .export import AssetFunction, decoder_functions, dualar_functions, encoder_function, export_function
 from .manifest import (
-    DECODER_FIRST_FRAMES,
-    DECODER_FRAMES,
     DUALAR_FUNCTIONS,
-    ENCODER_FRAMES,
     PARTS,
     asset_metadata,
     decoder_max_frames,
@@ -148,9 +146,9 @@ def convert(
     context: int | None = None,
     *,
     sampling: SamplingParams | None = None,
-    decoder_frames: int = DECODER_FRAMES,
-    decoder_first_frames: int = DECODER_FIRST_FRAMES,
-    encoder_frames: int = ENCODER_FRAMES,
+    decoder_frames: int = DEFAULTS.decoder_frames,
+    decoder_first_frames: int = DEFAULTS.decoder_first_frames,
+    encoder_frames: int = DEFAULTS.encoder_frames,
     parts: Collection[str] = PARTS,
     progress: bool = True,
 ) -> Path:

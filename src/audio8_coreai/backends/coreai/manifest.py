@@ -63,7 +63,6 @@ from torch import Tensor
 
 from ...checkpoint import CODEC_SPEC_FILE, CONFIG_FILE, GENERATION_FILE, Checkpoint
 from ...errors import AssetError, BackendError
-from ...settings import DEFAULTS
 
 FORMAT = 3  # bump when the graphs, their contract or the manifest change: older folders are then refused
 MANIFEST_KEY = "audio8"
@@ -71,9 +70,6 @@ PARTS = ("dualar", "codec_decoder", "codec_encoder")
 DUALAR_FUNCTIONS = ("prefill", "first_frame", "frame")
 FRAME_OUTPUTS = ("semantic", "codes", "logits", "hidden", "fast_logits", "sampled_semantic", "sampled_codes")
 STATE_NAMES = ("k_cache", "v_cache")
-DECODER_FRAMES = DEFAULTS.decoder_frames  # the codec decoder's push: frames per call
-DECODER_FIRST_FRAMES = DEFAULTS.decoder_first_frames  # the codec decoder's ``first`` function's push
-ENCODER_FRAMES = DEFAULTS.encoder_frames  # 10.0 s: the voice-registration bucket
 
 # coreai-torch compares torch's version as a string: "2.13.0+cpu" reads as newer than its validated 2.13.0.
 warnings.filterwarnings("ignore", message="coreai-torch has only been validated", category=UserWarning)

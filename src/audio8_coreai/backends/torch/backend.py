@@ -27,15 +27,6 @@ from .memory import back_with_huge_pages_soon, device_memory_bytes, release_free
 from .quantize import apply_precision
 from .threads import CallThreads, running_on
 
-# Frames per push when decoding a whole utterance: pushes this short keep the SEANet activations in cache (faster
-# and smaller than one whole run; docs/speed.md).
-DECODE_CHUNK_FRAMES = DEFAULTS.decode_chunk_frames
-
-# Prompt heads (TorchBackend.prefix_length) whose KV state is kept, least recently used dropped first: a plain
-# head is 14 columns (0.3 MB of fp32 KV on the 0.6b model), a 10 s voice's about 240 (6 MB).
-PREFIX_CACHE = DEFAULTS.prefix_cache
-
-
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 
@@ -302,7 +293,7 @@ class TorchBackend(Backend):
 
         With :attr:`prefix_length` set, the prompt's head (its first ``prefix_length(prompt)`` columns: the
         system turn and a voice's reference) runs as windows of its own, and its KV state is kept for the
-        next prompt with the same head (the last PREFIX_CACHE heads), which then runs only the rest. A head's
+        next prompt with the same head (the last DEFAULTS.prefix_cache heads), which then runs only the rest. A head's
         state is the same whether computed or kept, so a seed gives the same audio either way; against one
         sweep over the whole prompt the windows differ, so logits differ by float rounding.
         """
@@ -318,7 +309,7 @@ class TorchBackend(Backend):
         if kept is None:
             self._windows(prompt[:, :start], 0, k_cache, v_cache)
             self._heads[key] = (k_cache[:, :, :, :start].clone(), v_cache[:, :, :, :start].clone())
-            while len(self._heads) > PREFIX_CACHE:
+            while len(self._heads) > DEFAULTS.prefix_cache:
                 self._heads.popitem(last=False)
         else:
             self._heads.move_to_end(key)
@@ -367,8 +358,8 @@ class TorchBackend(Backend):
         """Codec decode of codes int [C, T] -> float32 audio [T * frame_length] at 44.1 kHz.
 
         The publisher's whole-utterance decode, run as the exact incremental decoder
-        (:class:`.model.codec.StreamingDecoder`) in pushes of ``DECODE_CHUNK_FRAMES``: equal to one whole run up
-        to float rounding (about 6e-6 on the 0.6b codec), faster and smaller (see DECODE_CHUNK_FRAMES).
+        (:class:`.model.codec.StreamingDecoder`) in pushes of ``DEFAULTS.decode_chunk_frames``: equal to one whole
+        run up to float rounding (about 6e-6 on the 0.6b codec), faster and smaller (settings.py says why).
         """
         return self.decode_batch([np.asarray(codes)])[0]
 
@@ -388,8 +379,10 @@ class TorchBackend(Backend):
         for i, c in enumerate(codes):
             batch[i, :, : c.shape[1]] = c
         push = self.codec_stream().push_rows
-        starts = range(0, longest, DECODE_CHUNK_FRAMES)
-        wav = np.concatenate([push(batch[..., start : start + DECODE_CHUNK_FRAMES]) for start in starts], axis=-1)
+        starts = range(0, longest, DEFAULTS.decode_chunk_frames)
+        wav = np.concatenate(
+            [push(batch[..., start : start + DEFAULTS.decode_chunk_frames]) for start in starts], axis=-1
+        )
         return [wav[i, : c.shape[1] * hop] for i, c in enumerate(codes)]
 
     def codec_stream(self) -> TorchCodecStream | FiniteStream:

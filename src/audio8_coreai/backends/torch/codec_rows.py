@@ -26,8 +26,6 @@ from ...model.codec import CodecDecoder, StreamingDecoder
 from ...settings import DEFAULTS
 from .codec_streams import CODEC_FILE
 
-PIECE = DEFAULTS.decode_chunk_frames  # the longest push one codec call takes (longer ones go as several)
-
 
 @dataclass
 class Push:
@@ -47,7 +45,8 @@ class CodecRows:
 
     Thread-safe: streams push from any thread (each stream from one at a time). ``calls`` and ``pushes`` count the
     codec calls run and the pushes they held. :meth:`close` stops the thread (pushes then raise RuntimeError).
-    Raises ValueError for a decoder shorter than its transformer's window and one push (``PIECE`` frames).
+    Raises ValueError for a decoder shorter than its transformer's window and one push
+    (``DEFAULTS.decode_chunk_frames`` frames).
     """
 
     def __init__(self, decoder: CodecDecoder, gather_s: float = DEFAULTS.gather_s, recent_s: float = DEFAULTS.recent_s):
@@ -55,10 +54,11 @@ class CodecRows:
         self.maths = StreamingDecoder(decoder)  # the static form's maths; the state is each stream's
         post = decoder.quantizer.post_module
         self.max_frames = post.rope.shape[0]
-        if self.max_frames < post.window - 1 + PIECE:  # the static form's mask band is a slice of the window mask
+        least = post.window - 1 + DEFAULTS.decode_chunk_frames
+        if self.max_frames < least:  # the static form's mask band is a slice of the window mask
             raise ValueError(
-                f"the batched codec needs a decoder of at least {post.window - 1 + PIECE} frames, not "
-                f"{self.max_frames}: decode per stream (batch_codec off)"
+                f"the batched codec needs a decoder of at least {least} frames, not {self.max_frames}: decode per "
+                "stream (batch_codec off)"
             )
         self.device = next(decoder.parameters()).device
         self.side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -174,9 +174,13 @@ class CodecRowsStream:
         return self.push_rows(np.asarray(codes)[None])[0]
 
     def push_rows(self, codes: np.ndarray) -> np.ndarray:
-        # pieces of PIECE frames: pushes of one length stack, and the static form's mask band stays in the table
+        # pieces of DEFAULTS.decode_chunk_frames frames: pushes of one length stack, and the static form's mask
+        # band stays in the table
         codes = np.asarray(codes, dtype=np.int64)
-        pieces = [codes[..., s : s + PIECE] for s in range(0, codes.shape[-1], PIECE)]
+        pieces = [
+            codes[..., s : s + DEFAULTS.decode_chunk_frames]
+            for s in range(0, codes.shape[-1], DEFAULTS.decode_chunk_frames)
+        ]
         return np.concatenate([self.rows.submit(Push(self, piece)) for piece in pieces], -1)
 
     def state(self, maths: StreamingDecoder, rows: int, device: torch.device) -> dict[str, Tensor]:

@@ -34,9 +34,6 @@ from ...settings import DEFAULTS
 from ..base import StepInputs
 from .staging import Staging
 
-GRAPHS_KEPT = DEFAULTS.cuda_graphs_kept
-"""Captured graphs kept per batch size, one per set of sampling settings, least recently used dropped first."""
-
 Outputs = tuple[FrameOutputs, Tensor]
 """What a graphed frame returns: its outputs and :func:`.model.frame.packed` of them."""
 
@@ -127,7 +124,7 @@ class GraphedFrame:
         self.frame = Frame(model, mode="graph")
         self.k_cache, self.v_cache, self.capture = k_cache, v_cache, capture
         self.inputs = _frame_inputs(model, 1, k_cache.device, 0)
-        self.graphs = Graphs(GRAPHS_KEPT, k_cache.device) if capture else None
+        self.graphs = Graphs(DEFAULTS.cuda_graphs_kept, k_cache.device) if capture else None
 
     @torch.inference_mode()
     def __call__(self, params: SamplingParams, inputs: FrameInputs) -> Outputs:
@@ -178,7 +175,7 @@ class GraphedRows:
     copied; keep the rows in use low, as :meth:`.rows.BatchModel.acquire` does). Its inputs go through the bucket's
     :class:`.staging.Staging`; rows not in the call are padding (see :meth:`.model.frame.Frame.rows`). One graph per
     (bucket, sampling settings) is captured on first use or by :meth:`capture_all`, kept as :class:`Graphs` says
-    (``GRAPHS_KEPT`` per bucket). Raises ValueError for ``capture`` off a CUDA device, or buckets past R.
+    (``DEFAULTS.cuda_graphs_kept`` per bucket). Raises ValueError for ``capture`` off a CUDA device, or buckets past R.
     """
 
     def __init__(self, model: DualAR, k_cache: Tensor, v_cache: Tensor, buckets: Sequence[int], capture: bool):
@@ -189,7 +186,7 @@ class GraphedRows:
         if self.buckets[-1] > k_cache.shape[1]:
             raise ValueError(f"bucket {self.buckets[-1]} is larger than the KV state's {k_cache.shape[1]} rows")
         self._staging: dict[int, Staging] = {}
-        self.graphs = Graphs(GRAPHS_KEPT * len(self.buckets), k_cache.device) if capture else None
+        self.graphs = Graphs(DEFAULTS.cuda_graphs_kept * len(self.buckets), k_cache.device) if capture else None
 
     def bucket(self, rows: int) -> int:
         """The batch size a call over rows ``[0, rows)`` runs at; ValueError past the largest bucket."""

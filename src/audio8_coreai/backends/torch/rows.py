@@ -19,7 +19,8 @@ as CUDA graphs (the default on CUDA) the batched frames are graphs too, one per 
 (:class:`.cudagraphs.GraphedRows`).
 
 Rows whose thread is busy elsewhere (decoding a chunk, sending bytes) are simply not in that frame's call; the
-frame thread waits at most ``gather_s`` for the rows heard from in the last ``RECENT_S`` once one call is ready.
+frame thread waits at most ``gather_s`` for the rows heard from in the last ``DEFAULTS.recent_s`` once one call is
+ready.
 Calls with different sampling
 settings go in separate batched calls.
 """
@@ -46,9 +47,6 @@ from .codec_rows import CodecRows
 from .cudagraphs import GraphedRows, StepTimes, bucket_sizes
 from .memory import device_memory_bytes
 from .threads import running_on
-
-GATHER_S = DEFAULTS.gather_s  # how long a ready frame call waits for the other rows' calls (a frame takes 50-500 ms)
-RECENT_S = DEFAULTS.recent_s  # a row that submitted work this recently is expected to submit its next frame soon
 
 
 def _check_fits(backend: TorchBackend, rows: int) -> None:
@@ -207,7 +205,7 @@ class FrameServer:
         self,
         backend: TorchBackend,
         max_batch: int,
-        gather_s: float = GATHER_S,
+        gather_s: float = DEFAULTS.gather_s,
         batch_codec: bool | None = DEFAULTS.batch_codec,
         warm: Sequence[SamplingParams] = (),
     ):
@@ -271,7 +269,7 @@ class FrameServer:
             now = time.monotonic()
             deadline = now + self.gather_s
             # Rows heard from lately are in an utterance: worth waiting a moment for.
-            expected = sum(now - seen < RECENT_S for seen in self._seen.values())
+            expected = sum(now - seen < DEFAULTS.recent_s for seen in self._seen.values())
             while len(self._jobs) < expected and (left := deadline - time.monotonic()) > 0:
                 self._cond.wait(left)
                 if any(job.run is not None for job in self._jobs):

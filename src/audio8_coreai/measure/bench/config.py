@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...engine.stream import DEFAULT_FIRST_CHUNK_FRAMES
 from ...settings import DEFAULTS
 
 SENTENCE = (
@@ -17,7 +16,7 @@ SENTENCE = (
     "the rest of the team know before the end of the day."
 )
 STREAM_CHUNK = 32  # frames emitted per streaming decode
-FIRST_CHUNK = DEFAULT_FIRST_CHUNK_FRAMES  # frames of a stream's first chunk (engine/stream.py)
+FIRST_CHUNK = DEFAULTS.first_chunk_frames  # frames of a stream's first chunk (engine/stream.py)
 STREAM_WINDOW = 160  # frames decoded per streaming chunk (128 of context, attention window of the codec)
 FAST_PASSES = 9  # rows 0+1 in one pass, then rows 2..9
 DEFAULT_CHECKPOINT = Path(DEFAULTS.bench_checkpoint)

@@ -46,7 +46,6 @@ One job a module: :mod:`.fixtures` (the utterances), :mod:`.tensors` (rungs 1 to
 """
 
 from .asr import (
-    ASR_MARGIN,
     CallableRecognizer,
     ErrorCount,
     PocketSphinxRecognizer,
@@ -64,15 +63,13 @@ from .mel import log_mel, log_mel_cos, mel_filterbank
 from .pictures import plot_fixture, plot_summary
 from .report import FixtureResult, GateReport, render_markdown
 from .run import run_gate
-from .speaker import SPEAKER_MARGIN, ResemblyzerEncoder, SpeakerEncoder, default_speaker_encoder
+from .speaker import ResemblyzerEncoder, SpeakerEncoder, default_speaker_encoder
 from .tensors import LOW_MARGIN, gumbel_margin, miss_margins, record_run
 
 __all__ = [
-    "ASR_MARGIN",
     "DEFAULT_FIXTURES",
     "ESPEAK_VOICES",
     "LOW_MARGIN",
-    "SPEAKER_MARGIN",
     "CallableRecognizer",
     "ErrorCount",
     "Fixture",

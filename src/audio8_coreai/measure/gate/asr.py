@@ -11,12 +11,10 @@ from typing import Protocol
 
 import numpy as np
 
-from ...settings import DEFAULTS
 from .errors import _GATE_EXTRA, GateError
 from .fixtures import Fixture
 from .report import FixtureResult
 
-ASR_MARGIN = DEFAULTS.asr_margin  # absolute error-rate points the port may lose to the reference per language
 WORD_LANGUAGES = frozenset({"en"})  # scored as WER; every other language as CER
 SPACELESS_LANGUAGES = frozenset({"ja", "zh"})  # written without spaces: recognisers' spaces are not errors
 

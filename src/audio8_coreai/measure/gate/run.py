@@ -16,15 +16,16 @@ from ...config import SamplingParams
 from ...engine.loop import frame_budget, generate
 from ...engine.noise import noise_source
 from ...errors import BackendError
+from ...settings import DEFAULTS
 from ..oracle import _params, load_fixture
 from ..parity import ParityReport, compare_free_run, replay_forced, run_parity
 from ..replay import record
-from .asr import ASR_MARGIN, Recognizer, _asr_fixture, _asr_summary, default_recognizers
+from .asr import Recognizer, _asr_fixture, _asr_summary, default_recognizers
 from .errors import GateError
 from .fixtures import ESPEAK_VOICES, Fixture, espeak_clip, load_fixtures
 from .pictures import _matplotlib, plot_fixture, plot_summary
 from .report import FixtureResult, GateReport, _json, render_markdown
-from .speaker import SPEAKER_MARGIN, SpeakerEncoder, _speaker_fixture, _speaker_summary, default_speaker_encoder
+from .speaker import SpeakerEncoder, _speaker_fixture, _speaker_summary, default_speaker_encoder
 from .tensors import _codec_stage, _teacher_forced, record_run
 
 
@@ -63,8 +64,8 @@ def run_gate(
     max_frames: int | None = None,
     recognizers: Sequence[Recognizer] | None = None,
     speaker_encoder: SpeakerEncoder | None = None,
-    asr_margin: float = ASR_MARGIN,
-    speaker_margin: float = SPEAKER_MARGIN,
+    asr_margin: float = DEFAULTS.asr_margin,
+    speaker_margin: float = DEFAULTS.speaker_margin,
     log: Callable[[str], None] | None = None,
 ) -> GateReport:
     """Run the ladder (package docstring) and write ``report.json``, ``report.md``, ``summary.png``,

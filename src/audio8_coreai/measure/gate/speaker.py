@@ -8,11 +8,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ...settings import DEFAULTS
 from .errors import _GATE_EXTRA, GateError
 from .report import FixtureResult
-
-SPEAKER_MARGIN = DEFAULTS.speaker_margin  # cosine the port's mean speaker similarity may lose to the reference's
 
 
 class SpeakerEncoder(Protocol):
