@@ -70,6 +70,38 @@ def test_a_head_past_the_limit_is_431_json_and_the_rest_is_never_read(url):
     assert httpx.get(f"{url}/health").status_code == 200  # the server serves on
 
 
+@pytest.mark.parametrize("extra", [1, 5_000, 40_000])
+def test_a_whole_head_just_past_the_limit_in_one_write_is_431_with_a_request_id(url, extra):
+    """A head a little over 64 KB, sent whole in one write (so it can arrive in one read, head end included): 431
+    all the same, with an x-request-id as every answer has; one just under the limit is served."""
+    header = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: "
+    pad = LIMIT - len(header) - 4 + extra  # the head with its end (CRLF CRLF) is LIMIT + extra bytes
+    with socket.create_connection(_address(url), timeout=30) as sock:
+        sock.sendall(header + b"a" * pad + b"\r\n\r\n")
+        status, headers, body = _json_answer(_answer(sock))
+    assert status == 431 and body["error"]["code"] == "head_too_large"
+    assert headers["x-request-id"].startswith("req_")
+    with socket.create_connection(_address(url), timeout=30) as sock:
+        sock.sendall(header + b"a" * (pad - extra - 100) + b"\r\nConnection: close\r\n\r\n")
+        assert _answer(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_a_body_refused_unread_gets_one_answer_and_no_second(url):
+    """A speech body over its 1 MB limit with its content-length: the API's 413 and nothing after it in the next
+    5 s (the unread body is not taken for a next request's head: no 431 following it)."""
+    body = b"{" + b" " * 2_000_000 + b"}"
+    head = f"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    with socket.create_connection(_address(url), timeout=30) as sock:
+        with contextlib.suppress(OSError):  # the server may close before taking the whole body
+            sock.sendall(head.encode() + b"\r\n\r\n" + body)
+        sock.settimeout(5)
+        raw = b""
+        with contextlib.suppress(OSError):  # a reset, or 5 s of nothing more
+            while data := sock.recv(65536):
+                raw += data
+    assert raw.startswith(b"HTTP/1.1 413") and raw.count(b"HTTP/1.1 ") == 1, raw[:300]
+
+
 def _try(call, *args) -> str:
     """``call(*args)``: "sent", or "refused" when the server closed the connection first."""
     try:

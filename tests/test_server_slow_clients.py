@@ -122,7 +122,7 @@ class _Endless:
 
 @pytest.mark.parametrize("stream_format", ["audio", "sse"])
 def test_a_stream_dropped_for_a_client_that_stopped_reading_is_cut_and_counted_as_it_is_dropped(
-    tiny_checkpoint, stream_format, caplog
+    tiny_checkpoint, stream_format, caplog, capfd
 ):
     """Over a real socket, a client that reads the head and then nothing (its receive window full): after ``stall_s``
     the server drops the stream, counts the 499 client_stalled while the client still reads nothing, frees the
@@ -163,6 +163,8 @@ def test_a_stream_dropped_for_a_client_that_stopped_reading_is_cut_and_counted_a
         assert metric(url, 'audio8_errors_total{code="client_stalled"}') == before + 1
     gc.collect()  # a worker's failure nobody retrieved would be logged as its future is collected
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    logged = [line for line in capfd.readouterr().err.splitlines() if "without completing response" in line]
+    assert len(logged) == 1 and logged[0].startswith("WARNING")  # uvicorn's line for a cut stream: no ERROR
 
 
 def test_a_client_that_leaves_mid_stream_is_counted_without_an_error_in_the_log(tiny_checkpoint, capfd):

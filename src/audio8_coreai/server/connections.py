@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from .errors import ApiError
-from .requestid import RequestIdFilter
+from .requestid import RequestIdFilter, request_id
 from .state import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,8 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
       opened or its last answer was sent is closed (a request whose body has come whole is left to run: a long
       synthesis is no slow client);
     * a request head past ``max_head_bytes`` (bytes received while no head is whole) is answered 431 and the
-      connection closed, before the rest is read;
+      connection closed, before the rest is read; a body its answer left unread (a 413) is read ``max_head_bytes``
+      further, then the connection is closed;
     * past ``max_connections`` a request is answered the API's JSON 503 (``too_many_connections``, Retry-After),
       where uvicorn's own is plain text;
     * a response the app leaves incomplete (a stream cut: failed, or dropped for a client that stopped reading)
@@ -47,7 +48,9 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
 
     class Bounded(base):  # type: ignore[misc, valid-type]
         _deadline: asyncio.TimerHandle | None = None
-        _head_bytes = 0
+        _head_bytes = 0  # bytes of the head being read (request line and headers)
+        _tail = b""  # the last bytes of the head read so far (its end may come in the next read)
+        _unread = 0  # bytes of a request body received after its answer was complete
         _refused = False
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -65,16 +68,25 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
             if self._refused:
                 return
             cycle = self.cycle
-            super().data_received(data)
-            if self.cycle is not cycle:  # a head came whole in this data
-                self._head_bytes = 0
-            elif cycle is None or cycle.response_complete:  # still reading a head
-                self._head_bytes += len(data)
-                if self._head_bytes > settings.max_head_bytes:
+            if cycle is not None and cycle.response_complete and cycle.more_body:  # a body its answer left unread
+                self._unread += len(data)
+                if self._unread > settings.max_head_bytes:  # answered already: the rest is not read
+                    self._refused = True
+                    self.transport.close()
+                    return
+            elif cycle is None or cycle.response_complete:  # reading a head
+                seen = self._tail + data  # the end of the head may straddle two reads
+                end = seen.find(b"\r\n\r\n")
+                size = self._head_bytes + (len(data) if end < 0 else end + 4 - len(self._tail))
+                if size > settings.max_head_bytes:  # counted before the head is whole or parsed
                     self._refuse_head()
+                    return
+                self._head_bytes, self._tail = (size, seen[-3:]) if end < 0 else (0, b"")
+            super().data_received(data)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            self._unread = 0
             self._arm()
 
         def connection_lost(self, exc) -> None:
@@ -115,7 +127,8 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
             ).response()
             head = (
                 f"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(refusal.body)}\r\nconnection: close\r\n\r\n"
+                f"content-length: {len(refusal.body)}\r\nx-request-id: {request_id(None)}\r\n"
+                "connection: close\r\n\r\n"
             )
             self.transport.write(head.encode("ascii") + refusal.body)
             self.transport.close()
@@ -155,14 +168,26 @@ def _connection_limited(app: Any, connections: set, tasks: set, limit: int | Non
     return limited
 
 
+class CutStreamFilter(logging.Filter):
+    """uvicorn's "ASGI callable returned without completing response." as a WARNING, not an ERROR: this server
+    leaves a response incomplete only to cut a stream on purpose (dropped for a client that stopped reading, or
+    failed after its first bytes), and says why in the line before."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and record.getMessage().startswith("ASGI callable returned without"):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def log_config() -> dict[str, Any]:
     """uvicorn's logging configuration (``uvicorn.config.LOGGING_CONFIG``) with ``[REQUEST-ID] `` after the level
-    in every line its handlers write while a request is handled, and the package's loggers written by its default
-    handler (to stderr; their level and propagation left as they are)."""
+    in every line its handlers write while a request is handled, a cut stream's line a warning
+    (:class:`CutStreamFilter`), and the package's loggers written by its default handler (to stderr; their level
+    and propagation left as they are)."""
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
-    config["filters"] = {"request_id": {"()": RequestIdFilter}}
+    config["filters"] = {"request_id": {"()": RequestIdFilter}, "cut_stream": {"()": CutStreamFilter}}
     for handler in config["handlers"].values():
-        handler["filters"] = ["request_id"]
+        handler["filters"] = ["request_id", "cut_stream"]
     formats = config["formatters"]
     formats["default"]["fmt"] = "%(levelprefix)s %(request_id)s%(message)s"
     formats["access"]["fmt"] = '%(levelprefix)s %(request_id)s%(client_addr)s - "%(request_line)s" %(status_code)s'

@@ -31,7 +31,7 @@ class SpeechBodyLimit:
                     body += message.get("body", b"")
                     more = message.get("more_body", False)
                     if len(body) > DEFAULTS.max_speech_body_bytes:
-                        await self._refuse(f"over {DEFAULTS.max_speech_body_bytes} bytes", scope, receive, send)
+                        await self._refuse("over that (sent in chunks)", scope, receive, send)
                         return
                 receive = _replay(body, receive)
         await self.app(scope, receive, send)
@@ -40,8 +40,8 @@ class SpeechBodyLimit:
         self.metrics.count(413, "body_too_large")
         refusal = ApiError(
             413,
-            f"the body is {size}, over {DEFAULTS.max_speech_body_bytes} for a speech request: send the "
-            f"text (at most {self.max_input_chars} characters) and the settings only",
+            f"a speech request's body takes at most {DEFAULTS.max_speech_body_bytes} bytes; this one is {size}: send "
+            f"the text (at most {self.max_input_chars} characters) and the settings only",
             None,
             "body_too_large",
         )

@@ -169,10 +169,10 @@ def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[st
 def _too_large(limit: int, size: int | None = None) -> ApiError:
     """413 for an upload over ``limit`` bytes (``size``: its content-length, when known)."""
     mb = 2**20
-    got = f"{size} bytes ({size / mb:.1f} MB)" if size is not None else "larger"
+    got = f"is {size} bytes ({size / mb:.1f} MB), over" if size is not None else "is over"
     return ApiError(
         413,
-        f"the upload is {got}, over this server's limit of {limit} bytes ({limit / mb:.1f} MB, set by audio8 serve "
+        f"the upload {got} this server's limit of {limit} bytes ({limit / mb:.1f} MB, set by audio8 serve "
         "--max-upload-mb): send a clip of 0.5 to 30 s, as 16-bit or mono or in flac if it is large",
         "audio",
         "upload_too_large",
