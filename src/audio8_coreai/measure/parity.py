@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from ..backends.base import Backend, FrameResult
-from ..backends.torch import TorchBackend, frame_results
+from ..backends.torch import TorchBackend
+from ..backends.torch.host_edge import frame_results
 from ..config import SamplingParams
 from ..engine.loop import generate
 from ..errors import ParityError

@@ -42,9 +42,10 @@ from ...errors import ConfigError, EngineError
 from ...model.frame import packed
 from ...settings import DEFAULTS
 from ..base import Backend, CodecStream, FrameResult, StepInputs
-from .backend import TorchBackend, frame_inputs, frame_results
+from .backend import TorchBackend
 from .codec_rows import CodecRows
 from .cudagraphs import GraphedRows, StepTimes, bucket_sizes
+from .host_edge import frame_inputs, frame_results
 from .memory import device_memory_bytes
 from .threads import running_on
 
