@@ -331,7 +331,14 @@ def test_a_body_not_a_json_object_says_to_send_one(base):
     r = httpx.post(f"{base}/v1/audio/speech", content=b'{"input": "Hi", "speed": NaN}', headers=JSON)
     error = r.json()["error"]
     assert r.status_code == 400 and (error["code"], error["param"]) == ("invalid_speed", "speed")
-    assert error["message"] == "speed: Input should be a finite number"
+    assert error["message"].startswith("speed: Input should be a finite number: change it and send again")
+    r = httpx.post(f"{base}/v1/audio/speech", content=b'{"voice": "alloy"}', headers=JSON)
+    error = r.json()["error"]
+    assert r.status_code == 400 and (error["code"], error["param"]) == ("invalid_request", "input")
+    assert error["message"].startswith("input is required: send it, as in {") and "GET /docs" in error["message"]
+    r = httpx.post(f"{base}/v1/audio/speech", content=b'{"input": "Hi", "temperature": "hot"}', headers=JSON)
+    assert "temperature: Input should be a valid number" in r.json()["error"]["message"]
+    assert "GET /docs" in r.json()["error"]["message"]
 
 
 def test_unknown_routes_and_methods_get_the_same_error_shape(base):

@@ -163,7 +163,8 @@ def api_error(e: Audio8Error) -> ApiError:
 
 def schema_error(first: dict[str, Any]) -> ApiError:
     """The first error pydantic reports for a body as a 400: invalid_json with the character offset, else the
-    field (``param``) and its code (a validator's own, :data:`FIELD_CODES`, or invalid_request)."""
+    field (``param``) and its code (a validator's own, :data:`FIELD_CODES`, or invalid_request), with what to do
+    (a missing field: send it; another: change it, the fields and their ranges being at ``GET /docs``)."""
     if first.get("type") == "json_invalid":  # loc is (body, character offset): say it in words
         at = first.get("loc", ("body", "?"))[-1]
         return ApiError(
@@ -184,7 +185,10 @@ def schema_error(first: dict[str, Any]) -> ApiError:
     if own:
         return ApiError(400, first["msg"], where, own)
     code = FIELD_CODES.get((where, first.get("type")), "invalid_request")
-    return ApiError(400, f"{where or 'body'}: {first.get('msg')}", where, code)
+    if first.get("type") == "missing":
+        return ApiError(400, f"{where} is required: send it, as in {EXAMPLE} (every field: GET /docs)", where, code)
+    remedy = "change it and send again (every field and its range: GET /docs)"
+    return ApiError(400, f"{where or 'body'}: {first.get('msg')}: {remedy}", where, code)
 
 
 def unparsed(exc: HTTPException) -> ApiError:
