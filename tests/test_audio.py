@@ -8,7 +8,7 @@ import soundfile as sf
 import soxr
 
 import clips
-from audio8_coreai.audio import read_reference
+from audio8_coreai.audio import check_writable, read_reference
 from audio8_coreai.errors import AudioError
 
 RATES = [8000, 16000, 22050, 44100, 48000]
@@ -224,3 +224,13 @@ def test_a_file_system_without_a_size_is_not_called_full(tmp_path, monkeypatch):
             pass
     message = str(caught.value)
     assert message.startswith(f"cannot write {out}:") and "full" not in message
+
+
+@pytest.mark.parametrize("name", ["out", "out.wav"])
+def test_a_folder_given_as_the_output_is_told_as_a_folder(tmp_path, name):
+    """A folder named as the output file, with or without an audio suffix: told it is a folder, with a file name
+    to give instead (not a refused suffix)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    with pytest.raises(AudioError, match=rf"{folder} is a folder: give a file name such as {folder}/speech.wav"):
+        check_writable(folder)

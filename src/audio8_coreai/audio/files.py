@@ -78,10 +78,10 @@ def _write_error(path: Path, folder: Path, e: BaseException, midway: bool = Fals
 def check_writable(path: str | Path) -> tuple[Path, Path]:
     """``(path, its folder)`` if an audio file can be written there (see :func:`write_audio`), else AudioError."""
     path = Path(path).expanduser()
+    if path.is_dir():  # whatever its name ends with
+        raise AudioError(f"{path} is a folder: give a file name such as {path / 'speech.wav'}")
     if path.suffix.lower() not in WRITE_FORMATS:
         raise AudioError(f"cannot write {path.name!r}: use a .wav, .flac or .ogg file name")
-    if path.is_dir():
-        raise AudioError(f"{path} is a folder: give a file name such as {path / 'speech.wav'}")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise AudioError(f"cannot write {path}: the folder {folder} does not exist")
