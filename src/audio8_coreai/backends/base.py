@@ -63,6 +63,14 @@ class CodecStream(Protocol):
     def push(self, codes: np.ndarray) -> np.ndarray: ...
 
 
+def machine_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (``sysconf``); None where it cannot be told (not POSIX)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - no sysconf names
+        return None
+
+
 class BatchFrames(Protocol):
     """Many utterances' frames in one call, each utterance in a KV row of its own (the torch backend's
     :class:`.torch.rows.BatchModel`): the calls :mod:`..engine.batch` makes. ``backend`` is the backend it runs on."""
@@ -227,10 +235,7 @@ class Backend(ABC):
     def memory_bytes(self) -> int | None:
         """The memory of what its model runs on, in bytes (this machine's by default); None where it cannot be
         told. What ``audio8 serve --workers`` checks its instances against."""
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):  # pragma: no cover - no sysconf names (not POSIX)
-            return None
+        return machine_memory_bytes()
 
     def close(self) -> None:  # noqa: B027 - not abstract: most backends hold nothing outside the process
         """Release what the backend holds outside this process (the torch backend's codec process); idempotent.

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import mmap
-import os
 import sys
 import threading
 from collections.abc import Iterable
@@ -15,6 +14,8 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 from torch import Tensor
+
+from ..base import machine_memory_bytes
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -25,6 +26,9 @@ def _libc() -> ctypes.CDLL | None:
 
 
 _LIBC = _libc()
+if _LIBC is not None:  # mmap's pointer result and arguments, for make_resident
+    _LIBC.mmap.restype = ctypes.c_void_p
+    _LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 
 
 def release_freed_memory() -> None:
@@ -146,8 +150,6 @@ def make_resident(t: Tensor, first_row: int = 0, end_row: int | None = None) -> 
     if hi <= lo or not _private_and_from_a_file(lo, hi):
         return 0
     data = ctypes.string_at(lo, hi - lo)  # the pages' bytes, read from the file
-    _LIBC.mmap.restype = ctypes.c_void_p
-    _LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     if _LIBC.mmap(lo, hi - lo, _PROT_RW, _MAP_FIXED_ANONYMOUS, -1, 0) != lo:  # pragma: no cover - out of memory
         raise MemoryError(f"could not map {hi - lo} bytes of anonymous memory for an embedding table")
     ctypes.memmove(lo, data, hi - lo)
@@ -178,7 +180,4 @@ def device_memory_bytes(device: torch.device) -> int | None:
     None where it cannot be told."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[1]
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - no sysconf names (not POSIX)
-        return None
+    return machine_memory_bytes()
