@@ -346,6 +346,11 @@ def test_unknown_routes_and_methods_get_the_same_error_shape(base):
     error = r.json()["error"]
     assert r.status_code == 404 and error["code"] == "unknown_url" and error["type"] == "invalid_request_error"
     assert "POST /v1/audio/speak" in error["message"] and "POST /v1/audio/speech" in error["message"]
+    # the list is the app's own routes, every one (it was a hand-written copy that had lost four)
+    for endpoint in ("GET and POST /v1/voices", "GET /v1/audio/voices", "DELETE /v1/voices/NAME", "GET /v1/models"):
+        assert endpoint in error["message"]
+    assert "GET /v1/audio/models" in error["message"] and "GET /docs" in error["message"]
+    assert "HEAD" not in error["message"] and "/static/" not in error["message"]
     r = httpx.get(f"{base}/v1/audio/speech")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
     assert r.headers["allow"] == "POST"

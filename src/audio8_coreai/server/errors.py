@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -38,8 +39,6 @@ ASSET_FAULT = "the server's model assets cannot do this (a part is missing or st
 EXAMPLE = '{"model": "tts-1", "input": "Hello", "voice": "alloy"}'
 # A voice upload as curl sends it, as the remedy of a form that cannot be read.
 UPLOAD = "curl -F name=ana -F transcript='The words of the clip.' -F audio=@clip.wav"
-
-ROUTES = "POST /v1/audio/speech, GET and POST /v1/voices, DELETE /v1/voices/NAME, GET /health, GET /metrics"
 
 # Our codes for pydantic's own errors on some fields, codes a client can branch on; a schema validator gives its
 # code in the error's context (see schemas.refusal); any other schema error is invalid_request.
@@ -265,7 +264,8 @@ def form_error(e: MultiPartException) -> ApiError:
 
 def install(app: FastAPI, count, routes: Sequence[BaseRoute] = ()) -> None:
     """Register the handlers on ``app``; ``count(status, code)`` is called for each refusal (the metrics);
-    ``routes`` (the app's own) give a 405's Allow header."""
+    ``routes`` (the app's own) give a 405's Allow header and the list of endpoints a 404 or 405 names."""
+    endpoints = route_list(routes)
 
     async def refuse(e: ApiError) -> JSONResponse:
         count(e.status, e.code)
@@ -286,8 +286,8 @@ def install(app: FastAPI, count, routes: Sequence[BaseRoute] = ()) -> None:
         if exc.status_code == 400:
             return await refuse(unparsed(exc))
         message = {
-            404: f"no such endpoint: {request.method} {request.url.path}; this server has {ROUTES}",
-            405: f"{request.method} is not allowed on {request.url.path}; this server has {ROUTES}",
+            404: f"no such endpoint: {request.method} {request.url.path}; this server has {endpoints}",
+            405: f"{request.method} is not allowed on {request.url.path}; this server has {endpoints}",
         }.get(exc.status_code, str(exc.detail))
         code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code)
         headers = {**(exc.headers or {}), "Allow": _allowed(routes, request)} if exc.status_code == 405 else exc.headers
@@ -311,6 +311,21 @@ def install(app: FastAPI, count, routes: Sequence[BaseRoute] = ()) -> None:
                 "server_error",
             )
         )
+
+
+_PARAMETER = re.compile(r"{(\w+)}")  # a path parameter of a route, {name}
+
+
+def route_list(routes: Sequence[BaseRoute]) -> str:
+    """The endpoints of ``routes`` as a client reads them, in their order: ``METHODS PATH`` for each path
+    (``GET and POST /v1/voices``; HEAD, which starlette adds to every GET, left out; a path parameter such as
+    ``{name}`` as ``NAME``), the static files of the web page left out, then ``GET /docs`` (every field)."""
+    methods: dict[str, set[str]] = {}
+    for route in routes:
+        if isinstance(route, Route) and not route.path.startswith("/static/"):
+            methods.setdefault(route.path, set()).update((route.methods or set()) - {"HEAD"})
+    named = [f"{' and '.join(sorted(m))} {_PARAMETER.sub(lambda p: p[1].upper(), path)}" for path, m in methods.items()]
+    return ", ".join([*named, "GET /docs (every field)"])
 
 
 def _allowed(routes: Sequence[BaseRoute], request: Request) -> str:
