@@ -11,7 +11,9 @@ from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.measure.bench import (
     SENTENCE,
     BenchConfig,
+    count_ops,
     format_table,
+    frame_ops,
     measure,
     measure_group,
     measure_rss,
@@ -89,8 +91,23 @@ def test_measure_reports_every_figure(tiny_checkpoint, tiny_tts):
     base = measure(BenchConfig(str(tiny_checkpoint), frames=2, runs=1, baseline=True))
     assert base["ms_per_frame"] > 0 and "floor_ms" not in base
     text = format_table([base, row])
-    assert "frame/floor" in text and "baseline autot" in text and "fp32 autot" in text
+    assert "frame/floor" in text and "ops/frame" in text and "baseline autot" in text and "fp32 autot" in text
+    assert row["ops_per_frame"] >= row["slow_ops"] + row["sampler_ops"] > row["slow_ops"] > 0
     assert f"{row['ms_per_frame']:.1f}" in text.splitlines()[-1] and f"{row['rtf']:.2f}" in text.splitlines()[-1]
+
+
+def test_operator_calls_are_counted_per_frame_and_part(tiny_tts):
+    """One call of each op counts one (a first, allocating call is not counted); a frame holds its slow step and
+    its ten draws, and counts the same when counted again: what issue 27's target of fewer than 1,000 reads."""
+    import torch
+
+    assert count_ops(lambda: torch.ones(3) + 1) == 2
+    assert count_ops(lambda: torch.ones(3).add_(1).mul(2).sum()) == 4
+    params = tiny_tts.sampling()
+    ops = frame_ops(tiny_tts.backend, params, 40)
+    assert set(ops) == {"ops_per_frame", "slow_ops", "fast_ops", "sampler_ops"}
+    assert ops == frame_ops(tiny_tts.backend, params, 40)
+    assert ops["ops_per_frame"] > ops["slow_ops"] + ops["sampler_ops"] and min(ops.values()) > 0
 
 
 def test_side_by_side_group_and_rss(tiny_checkpoint):

@@ -15,6 +15,8 @@ subprocess. Figures (milliseconds unless named):
 * the frame's split, each part timed alone with the callables the frame uses (``frame_parts``): ``slow_ms``
   (one slow-AR step), ``fast_ms`` (the fast AR's rows of one frame, no sampling), ``sampler_ms`` (the semantic
   draw with RAS and the nine codebook draws); ``other_ms`` = frame - parts (host work, copies);
+* ``ops_per_frame``: the PyTorch operator calls of one whole frame (``frame_ops``; each a dispatch on a CPU, a
+  kernel launch on a GPU), and ``slow_ops``, ``fast_ops``, ``sampler_ops`` of its parts: counted once, not timed;
 * the **weight-streaming floor** of this precision, ``floor_ms``: every linear of the slow AR once plus every
   linear of the fast AR once per fast pass (9: rows 0 and 1 share a pass, both known before any fast draw),
   each called at batch 1 with the frame's own modules (so the same kernels and weight formats), nothing else;
@@ -54,7 +56,7 @@ from .config import (
     BenchConfig,
     median_ms,
 )
-from .parts import frame_parts, linear_modules, weight_floor
+from .parts import count_ops, frame_ops, frame_parts, linear_modules, weight_floor
 from .report import COLUMNS, format_table, meta
 from .run import measure, measure_codec, measure_group, measure_rss, with_totals
 from .workers import ensure_checkpoint, main, run_configs
@@ -70,9 +72,11 @@ __all__ = [
     "STREAM_WINDOW",
     "BaselineFrame",
     "BenchConfig",
+    "count_ops",
     "ensure_checkpoint",
     "format_table",
     "frame_parts",
+    "frame_ops",
     "linear_modules",
     "main",
     "measure",

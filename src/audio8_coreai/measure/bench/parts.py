@@ -157,3 +157,43 @@ def frame_parts(backend, params, pos: int) -> dict[str, Callable[[], object]]:
         _sync(dev)
 
     return {"slow": slow, "fast": fast, "sampler": sampler}
+
+
+def count_ops(fn: Callable[[], object]) -> int:
+    """The PyTorch operator calls (aten ops, as the dispatcher sees them: each a kernel launch on a GPU, a dispatch
+    on a CPU) one call of ``fn`` makes, after a first call not counted (a first call may allocate buffers)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    fn()
+    with Count() as mode:
+        fn()
+    return mode.ops
+
+
+def frame_ops(backend, params, pos: int) -> dict[str, int]:
+    """Operator calls (:func:`count_ops`) of one whole frame of ``backend`` at slot ``pos`` (``ops_per_frame``: the
+    slow step on a column, every draw, the host edge) and of each of :func:`frame_parts` (``slow_ops``,
+    ``fast_ops``, ``sampler_ops``)."""
+    import numpy as np
+
+    from ...backends.base import StepInputs
+
+    cfg, rng = backend.cfg, np.random.default_rng(0)
+    column = np.zeros(cfg.num_codebooks + 1, dtype=np.int64)
+    column[0] = cfg.semantic_begin_id
+    step = StepInputs(
+        column,
+        pos,
+        rng.uniform(1e-6, 1.0, (2, cfg.num_semantic + 1)).astype(np.float32),
+        np.full(cfg.ras_window_size, -1, dtype=np.int64),
+        rng.uniform(1e-6, 1.0, (cfg.num_codebooks - 1, cfg.codebook_size)).astype(np.float32),
+    )
+    counts = {f"{name}_ops": count_ops(fn) for name, fn in frame_parts(backend, params, pos).items()}
+    return {"ops_per_frame": count_ops(lambda: backend.frame(params, step)), **counts}

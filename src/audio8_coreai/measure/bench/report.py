@@ -16,6 +16,7 @@ COLUMNS = [
     ("fast", "fast_ms", "{:.1f}"),
     ("sampler", "sampler_ms", "{:.1f}"),
     ("other", "other_ms", "{:.1f}"),
+    ("ops/frame", "ops_per_frame", "{:.0f}"),
     ("floor", "floor_ms", "{:.1f}"),
     ("frame/floor", "frame_floor_ratio", "{:.2f}"),
     ("phys floor", "physical_floor_ms", "{:.1f}"),

@@ -11,7 +11,7 @@ import numpy as np
 
 from .baseline import BaselineFrame
 from .config import FIRST_CHUNK, PUBLISHER, SENTENCE, STREAM_CHUNK, STREAM_WINDOW, BenchConfig, median_ms
-from .parts import frame_parts, read_bandwidth_gbps, weight_floor
+from .parts import frame_ops, frame_parts, read_bandwidth_gbps, weight_floor
 
 
 def _load(cfg: BenchConfig):
@@ -59,6 +59,7 @@ class _Run:
         self.baseline = BaselineFrame(self.backend, self.params) if cfg.baseline else None
         self.samples: dict[str, list[float]] = {}
         self._parts = self._floor = None
+        self.ops: dict[str, int] = {}  # operator calls of a frame and its parts (parts.frame_ops), counted once
         self.read_gbps: float | None = None  # the CPU's read bandwidth at this run's threads (measure_group)
 
     def _add(self, key: str, value: float) -> None:
@@ -117,7 +118,9 @@ class _Run:
         if self.baseline is not None:
             return
         if self._parts is None:
-            self._parts = frame_parts(self.backend, self.params, self.prompt.shape[1] + self.cfg.frames // 2)
+            pos = self.prompt.shape[1] + self.cfg.frames // 2
+            self._parts = frame_parts(self.backend, self.params, pos)
+            self.ops = frame_ops(self.backend, self.params, pos)
         for name, fn in self._parts.items():
             self._add(f"{name}_ms", median_ms(fn, 1, inner=3)[0])
         floor = weight_floor(self.backend, 1)
@@ -140,6 +143,7 @@ class _Run:
             if key == "ms_per_frame":
                 out["frame_runs_ms"] = vals
         out["prefill_ms_per_token"] = out["prefill_ms"] / out["prompt_columns"]
+        out.update(self.ops)
         if self._floor is not None:
             out["fast_passes"] = self._floor["fast_passes"]
             out["weights_per_frame_m"] = self._floor["weights_per_frame_m"]
