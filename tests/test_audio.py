@@ -191,14 +191,18 @@ def test_a_failed_write_is_an_audio_error_that_names_a_full_disk(tmp_path, monke
     assert "partial" not in str(caught.value)
     assert out.read_bytes() == b"old" and not partial_path(out).exists()  # its space given back
 
-    def no_temp_file(**kwargs):
-        raise FileNotFoundError(2, "No such file or directory")
+    def no_temp_file(**kwargs):  # as mkstemp fails in /proc: naming the hidden temporary file
+        raise FileNotFoundError(2, "No such file or directory", str(tmp_path / ".keep.wav.p8bhc020.wav"))
 
     import tempfile
 
     monkeypatch.setattr(tempfile, "mkstemp", no_temp_file)
-    with pytest.raises(AudioError, match=r"cannot write .*keep\.wav: \[Errno 2\]"):
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(10 << 20, 0, 10 << 20))  # room enough
+    with pytest.raises(AudioError) as caught:
         write_audio(out, np.zeros(100, np.float32), 44100)
+    assert str(caught.value) == (
+        f"cannot write {out}: No such file or directory (no file can be made in {tmp_path}: write elsewhere)"
+    )
     assert out.read_bytes() == b"old"
 
 

@@ -65,6 +65,8 @@ def _write_error(path: Path, folder: Path, e: BaseException, midway: bool = Fals
         why = " (the disk is full: free some space or write elsewhere)"
     elif code == errno.EFBIG:
         why = " (the file is over the size limit for a file here: write elsewhere, or speak less at once)"
+    elif code in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS):  # e.g. /proc, a read-only mount
+        why = f" (no file can be made in {folder}: write elsewhere)"
     elif midway and code is None:
         why = (
             " (the disk or a quota is full, a file size limit was reached, or the disk failed: free some space or "
@@ -72,7 +74,9 @@ def _write_error(path: Path, folder: Path, e: BaseException, midway: bool = Fals
         )
     else:
         why = ""
-    return AudioError(f"cannot write {path}: {e}{why}")
+    # the OS's words without the file name it gives: that is the hidden temporary file's, not the user's
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+    return AudioError(f"cannot write {path}: {reason}{why}")
 
 
 def check_writable(path: str | Path) -> tuple[Path, Path]:
