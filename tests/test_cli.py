@@ -13,7 +13,7 @@ import soundfile as sf
 from cli_support import run
 
 
-def test_say_writes_a_44k_mono_wav(tiny_checkpoint, tmp_path):
+def test_say_writes_a_44k_mono_wav(never_eos_long_checkpoint, tmp_path):
     out = tmp_path / "dir with spaces" / "späch.wav"
     out.parent.mkdir()
     result = run(
@@ -22,7 +22,7 @@ def test_say_writes_a_44k_mono_wav(tiny_checkpoint, tmp_path):
         "-o",
         out,
         "--model",
-        tiny_checkpoint,
+        never_eos_long_checkpoint,
         "--seed",
         1,
         "--max-frames",
@@ -39,7 +39,7 @@ def test_say_writes_a_44k_mono_wav(tiny_checkpoint, tmp_path):
     assert "RTF" in result.output
 
 
-def test_say_to_stdout_streams_a_16_bit_wav_of_the_same_speech(tiny_checkpoint, tmp_path):
+def test_say_to_stdout_streams_a_16_bit_wav_of_the_same_speech(never_eos_long_checkpoint, tmp_path):
     """-o -: the wav goes to stdout as it is made (the summary to stderr); the samples are the file's, to 16 bits."""
     import io
 
@@ -47,7 +47,7 @@ def test_say_to_stdout_streams_a_16_bit_wav_of_the_same_speech(tiny_checkpoint, 
         "say",
         "Hello there, this is a test.",
         "--model",
-        tiny_checkpoint,
+        never_eos_long_checkpoint,
         "--seed",
         1,
         "--max-frames",
@@ -65,7 +65,7 @@ def test_say_to_stdout_streams_a_16_bit_wav_of_the_same_speech(tiny_checkpoint, 
     np.testing.assert_allclose(data, want, rtol=0, atol=2 / 32767)  # 16-bit rounding and the 32767/32768 scales
 
 
-def test_say_same_seed_identical_samples(tiny_checkpoint, tmp_path):
+def test_say_same_seed_identical_samples(never_eos_long_checkpoint, tmp_path):
     paths = [tmp_path / "a.wav", tmp_path / "b.wav"]
     for p in paths:
         assert (
@@ -75,7 +75,7 @@ def test_say_same_seed_identical_samples(tiny_checkpoint, tmp_path):
                 "-o",
                 p,
                 "--model",
-                tiny_checkpoint,
+                never_eos_long_checkpoint,
                 "--seed",
                 11,
                 "--max-frames",
@@ -90,10 +90,10 @@ def test_say_same_seed_identical_samples(tiny_checkpoint, tmp_path):
     assert np.array_equal(a, b)
 
 
-def test_say_splits_text_too_long_for_one_utterance_as_say_stream_does(tiny_checkpoint, tmp_path):
+def test_say_splits_text_too_long_for_one_utterance_as_say_stream_does(never_eos_long_checkpoint, tmp_path):
     text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(16))  # ~620 tokens: over 512
     plain, streamed = tmp_path / "plain.wav", tmp_path / "streamed.wav"
-    common = ("--model", tiny_checkpoint, "--seed", 2, "--max-frames", 5, "--device", "cpu")
+    common = ("--model", never_eos_long_checkpoint, "--seed", 2, "--max-frames", 5, "--device", "cpu")
     result = run("say", text, "-o", plain, *common)
     assert result.exit_code == 0, result.output
     assert "split into sentences" in result.output

@@ -101,7 +101,7 @@ def test_options_are_checked_before_loading(args, needle, tmp_path):
     assert result.exit_code == 2 and needle in result.output, result.output
 
 
-def test_an_interrupted_stream_leaves_an_existing_file_alone(tiny_checkpoint, tmp_path, monkeypatch):
+def test_an_interrupted_stream_leaves_an_existing_file_alone(never_eos_long_checkpoint, tmp_path, monkeypatch):
     """say --stream writes into a partial file and renames it at the end: a run that fails midway leaves the old
     file as it was; a finished one replaces it, readable by others (not the temp file's owner-only mode)."""
     import os
@@ -128,7 +128,7 @@ def test_an_interrupted_stream_leaves_an_existing_file_alone(tiny_checkpoint, tm
         "-o",
         out,
         "--model",
-        tiny_checkpoint,
+        never_eos_long_checkpoint,
         "--seed",
         1,
         "--stream",
@@ -203,7 +203,7 @@ def test_error_line_is_one_line_and_not_markup(tmp_path):
 # Voices
 
 
-def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(tiny_checkpoint, tmp_path):
+def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(never_eos_long_checkpoint, tmp_path):
     import clips
 
     voices = tmp_path / "my voices"
@@ -217,7 +217,7 @@ def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(tiny_checkpoin
         "--text",
         "Hi, I am Bob.",
         "--model",
-        tiny_checkpoint,
+        never_eos_long_checkpoint,
         "--voices",
         voices,
         "--device",
@@ -235,7 +235,7 @@ def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(tiny_checkpoin
     assert np.array(data["codes"]).shape == (10, 17)
 
     paths = [tmp_path / "by_name.wav", tmp_path / "inline.wav"]
-    common = ["--model", tiny_checkpoint, "--seed", 3, "--max-frames", 8, "--device", "cpu"]
+    common = ["--model", never_eos_long_checkpoint, "--seed", 3, "--max-frames", 8, "--device", "cpu"]
     by_name = run("say", "Nice to meet you.", "-o", paths[0], "--voice", "Bob 1", "--voices", voices, *common)
     assert by_name.exit_code == 0, by_name.output
     assert "voice 'Bob 1'" in " ".join(by_name.output.split())
