@@ -180,7 +180,8 @@ def count_ops(fn: Callable[[], object]) -> int:
 def frame_ops(backend, params, pos: int) -> dict[str, int]:
     """Operator calls (:func:`count_ops`) of one whole frame of ``backend`` at slot ``pos`` (``ops_per_frame``: the
     slow step on a column, every draw, the host edge) and of each of :func:`frame_parts` (``slow_ops``,
-    ``fast_ops``, ``sampler_ops``)."""
+    ``fast_ops``, ``sampler_ops``). A CUDA-graphed frame replays its kernels in one call the dispatcher does not
+    see: its ``ops_per_frame`` counts only what the host issues around the replay."""
     import numpy as np
 
     from ...backends.base import StepInputs
