@@ -50,6 +50,11 @@ def wrong_type(tiny_checkpoint, tmp_path):
         ("wrong type", ["say", "Hi", "-o", "{tmp}/o.wav", "--model", "{wrong}"], "arktts"),
         ("frames", ["say", "Hi", "-o", "{tmp}/o.wav", "--max-frames", "100000"], "frames"),
         ("temperature", ["say", "Hi", "-o", "{tmp}/o.wav", "--temperature", "0"], "temperature"),
+        (
+            "huge seed",
+            ["say", "Hi", "-o", "{tmp}/o.wav", "--seed", str(2**64)],
+            "seed must be at most 9007199254740991",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_type, tmp_path):

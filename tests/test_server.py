@@ -243,6 +243,7 @@ BAD_REQUESTS = [
     ({"temperature": 0}, 400, "invalid_request"),
     ({"top_k": 0}, 400, "invalid_request"),
     ({"seed": -1}, 400, "invalid_request"),
+    ({"seed": 2**53}, 400, "invalid_request"),  # past what a JSON client reads exactly (request.MAX_SEED)
     ({"top_p": 1.5}, 400, "invalid_request"),
     ({"max_frames": 201}, 400, "max_frames_too_large"),
     ({"input": None}, 400, "invalid_request"),

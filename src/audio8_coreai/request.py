@@ -15,12 +15,20 @@ from .settings import DEFAULTS
 from .text import check_text
 from .voices import Voice, check_name, check_voice_choice
 
+MAX_SEED = 2**53 - 1
+"""The largest seed taken: the largest whole number every JSON client (JavaScript's Number included) reads exactly,
+so a seed told back (``X-Audio8-Seed``, the CLI's summary) replays the same audio from any client."""
+
 
 def check_seed(seed: int | None) -> int:
-    """``seed``, or a fresh one (0 .. 2**31 - 1) when None; raises ConfigError unless an integer >= 0."""
+    """``seed``, or a fresh one (0 .. 2**31 - 1) when None; raises ConfigError unless a whole number from 0 to
+    :data:`MAX_SEED`."""
     if seed is None:
         return secrets.randbelow(2**31)
-    return check_int(seed, "seed", minimum=0)
+    seed = check_int(seed, "seed", minimum=0)
+    if seed > MAX_SEED:
+        raise ConfigError(f"seed must be at most {MAX_SEED} (2**53 - 1), got {seed}: use a smaller one", "seed")
+    return seed
 
 
 @dataclass(frozen=True)

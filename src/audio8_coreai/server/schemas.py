@@ -12,6 +12,7 @@ from pydantic_core import PydanticCustomError
 from ..audio import RATE_RANGE, SPEECH_FORMATS, STREAMABLE_FORMATS, check_speech_format, check_speed
 from ..errors import AudioError, PromptError, VoiceError
 from ..packages import require
+from ..request import MAX_SEED
 from ..text import check_text, check_unicode
 from ..voices import check_name
 
@@ -49,7 +50,7 @@ class SpeechRequest(BaseModel):
     speed: StrictFloat = Field(1.0, ge=0.25, le=4.0, allow_inf_nan=False)  # OpenAI's range: a time stretch
     stream_format: Literal["audio", "sse"] = "audio"
     instructions: str | None = None
-    seed: StrictInt | None = Field(None, ge=0)
+    seed: StrictInt | None = Field(None, ge=0, le=MAX_SEED)
     temperature: StrictFloat | None = Field(None, gt=0, allow_inf_nan=False)
     top_p: StrictFloat | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: StrictInt | None = Field(None, ge=1)
