@@ -104,11 +104,12 @@ class SlowAR(nn.Module):
             rotation = rope_rotation(self.rope[rope_pos])
         else:
             rotation = rope_rotation(self.rope[rope_pos : rope_pos + codes.shape[-1]].unsqueeze(0))
+        delta = None
         for i, layer in enumerate(self.layers):
             # A slice i:i+1, not an index: an in-place write through an indexed view exports as a masked
             # copy of the whole state.
-            x = layer(x, rotation, k_cache[i : i + 1], v_cache[i : i + 1], kv)
-        hidden = self.norm(x)
+            x, delta = layer(x, delta, rotation, k_cache[i : i + 1], v_cache[i : i + 1], kv)
+        hidden = self.norm.add(x, delta)[1]
         return self.head(hidden), hidden
 
 
@@ -140,9 +141,11 @@ class FastAR(nn.Module):
         kv = SpanKV(row, row + s, causal=s > 1)
         if s > 1 and row != 0:
             raise ValueError(f"several fast-AR rows in one pass must start at row 0, not {row}")
+        delta = None
         for i, layer in enumerate(self.fast_layers):
-            x = layer(x, rotation, k_buf[i : i + 1], v_buf[i : i + 1], kv)
-        return self.fast_output(self.fast_norm(x[:, -1:]))[:, 0]
+            x, delta = layer(x, delta, rotation, k_buf[i : i + 1], v_buf[i : i + 1], kv)
+        last = self.fast_norm.add(x[:, -1:], None if delta is None else delta[:, -1:])[1]
+        return self.fast_output(last)[:, 0]
 
     def new_kv_buffer(self, batch: int = 1) -> tuple[Tensor, Tensor]:
         """A zeroed per-frame KV buffer (k, v), each [n_fast_layer, batch, n_kv, num_codebooks, D], activation

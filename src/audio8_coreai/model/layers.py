@@ -42,6 +42,12 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps)
 
+    def add(self, x: Tensor, delta: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The residual stream ``h = x + delta`` (``x`` itself when ``delta`` is None) and its norm, each shaped as
+        ``x``: the add and the norm that follows it, one step (a fused kernel's seam: :mod:`..backends.torch.fused`)."""
+        h = x if delta is None else x + delta
+        return h, self(h)
+
 
 class Embedding(nn.Embedding):
     """:class:`torch.nn.Embedding` without a random init: its rows always come from a checkpoint (the DualAR's
@@ -139,6 +145,14 @@ class Attention(nn.Module):
         b, _, s, _ = heads.shape
         return self.wo(heads.transpose(1, 2).reshape(b, s, self.n_head * self.head_dim))
 
+    def forward(
+        self, x: Tensor, rotation: tuple[Tensor, Tensor], k_cache: Tensor, v_cache: Tensor, kv: KVStep
+    ) -> Tensor:
+        """Attention of the normed ``x`` [B, S, dim] -> [B, S, dim]: q, k, v rotated by ``rotation``, keys and values
+        written into ``k_cache``/``v_cache`` [1, B, n_kv, L, D] as ``kv`` says, then ``wo``."""
+        q, k, v = self.qkv(x, rotation)
+        return self.out(kv.attend(self, q, k, v, k_cache, v_cache))
+
 
 class KVStep(Protocol):
     """How one attention step writes its new keys and values into a KV cache and what its queries attend.
@@ -152,6 +166,16 @@ class KVStep(Protocol):
     def attend(self, att: Attention, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         """Write k, v [B, n_kv, S, D] into ``k_cache``/``v_cache`` [1, B, n_kv, L, D] (one layer's slice, in
         place) and return the attention of q [B, H, S, D] -> [B, H, S, D]."""
+        ...
+
+    def slot_table(self, batch: int, width: int) -> Tensor | int | None:
+        """Where batch row b's column s is written: an int ``start`` (slot ``start + s`` in every row), an int64
+        tensor viewed as [B, S] (broadcast views, no copy), or None where the step writes no slot table (its
+        writes stay its own: :class:`RowsKV`). What a fused writer (:mod:`..backends.torch.fused`) takes."""
+        ...
+
+    def read(self, att: Attention, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        """:meth:`attend` after the keys and values are written at :meth:`slot_table` (by a fused writer)."""
         ...
 
 
@@ -175,6 +199,12 @@ class SpanKV:
         s = k.shape[2]
         k_cache[:, :, :, self.start : self.start + s] = k.to(k_cache.dtype).unsqueeze(0)
         v_cache[:, :, :, self.start : self.start + s] = v.to(v_cache.dtype).unsqueeze(0)
+        return self.read(att, q, k_cache, v_cache)
+
+    def slot_table(self, batch: int, width: int) -> int:
+        return self.start
+
+    def read(self, att: Attention, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         if self.end is None:
             return att.sdpa(q, k_cache[0], v_cache[0], self.mask, self.causal)
         mask = None if self.mask is None else self.mask[..., : self.end]
@@ -192,6 +222,12 @@ class IndexKV:
     def attend(self, att: Attention, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         k_cache.index_copy_(3, self.slots, k.to(k_cache.dtype).unsqueeze(0))
         v_cache.index_copy_(3, self.slots, v.to(v_cache.dtype).unsqueeze(0))
+        return self.read(att, q, k_cache, v_cache)
+
+    def slot_table(self, batch: int, width: int) -> Tensor:
+        return self.slots.view(1, width).expand(batch, width)
+
+    def read(self, att: Attention, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         return att.sdpa(q, k_cache[0], v_cache[0], self.mask)
 
 
@@ -202,7 +238,7 @@ class RowsKV:
 
     Attention runs per utterance with no copies (``gathered`` None: the CPU way), or in one call over the
     utterances' rows gathered up to the longest under a key mask (``gathered`` = (rows int64 [n], positions int64
-    [n], mask bool [n, 1, 1, K]): the GPU way, one launch instead of n).
+    [n], mask bool [n, 1, 1, K]): the GPU way, one launch instead of n). Its writes are its own (no slot table).
     """
 
     rows: Sequence[int]
@@ -224,6 +260,12 @@ class RowsKV:
             outs.append(att.sdpa(q[j : j + 1], kc[r : r + 1, :, : p + 1], vc[r : r + 1, :, : p + 1]))
         return torch.cat(outs)
 
+    def slot_table(self, batch: int, width: int) -> None:
+        return None
+
+    def read(self, att: Attention, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        raise NotImplementedError("RowsKV writes its own slots: call attend")
+
 
 @dataclass(frozen=True)
 class RowSlotsKV:
@@ -239,7 +281,13 @@ class RowSlotsKV:
         index = self.slots.view(-1, 1, 1, 1).expand(k.shape)  # [B, n_kv, 1, D]: row j's slot
         kc.scatter_(2, index, k.to(kc.dtype))
         vc.scatter_(2, index, v.to(vc.dtype))
-        return att.sdpa(q, kc, vc, self.mask)
+        return self.read(att, q, k_cache, v_cache)
+
+    def slot_table(self, batch: int, width: int) -> Tensor:
+        return self.slots.view(batch, width)
+
+    def read(self, att: Attention, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        return att.sdpa(q, k_cache[0], v_cache[0], self.mask)
 
 
 class FeedForward(nn.Module):
@@ -256,7 +304,12 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``."""
+    """Pre-norm transformer block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``.
+
+    The residual add is carried to the norm that follows it (the next block's, or the model's final one): a block
+    takes the stream ``x`` and the previous block's output ``delta`` not yet added, and returns its own pair, so
+    every add is one step with its norm (:meth:`RMSNorm.add`; one kernel where :mod:`..backends.torch.fused` is
+    installed). The same sums in the same order as adding at once."""
 
     def __init__(self, s: BlockShape):
         super().__init__()
@@ -266,14 +319,21 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(s.dim, s.eps)
 
     def forward(
-        self, x: Tensor, rotation: tuple[Tensor, Tensor], k_cache: Tensor, v_cache: Tensor, kv: KVStep
-    ) -> Tensor:
-        """One block over ``x`` [B, S, dim] with RoPE ``rotation`` (:func:`rope_rotation` of the rows' table
-        slice [B or 1, S, D/2, 2]), writing this layer's keys and values into ``k_cache``/``v_cache``
-        [1, B, n_kv, L, D] as ``kv`` says (see :class:`KVStep`)."""
-        q, k, v = self.attention.qkv(self.attention_norm(x), rotation)
-        h = x + self.attention.out(kv.attend(self.attention, q, k, v, k_cache, v_cache))
-        return h + self.feed_forward(self.ffn_norm(h))
+        self,
+        x: Tensor,
+        delta: Tensor | None,
+        rotation: tuple[Tensor, Tensor],
+        k_cache: Tensor,
+        v_cache: Tensor,
+        kv: KVStep,
+    ) -> tuple[Tensor, Tensor]:
+        """One block over the stream ``x + delta`` (``x`` [B, S, dim]; ``delta`` the previous block's output, None
+        before the first) with RoPE ``rotation`` (:func:`rope_rotation` of the rows' table slice [B or 1, S, D/2,
+        2]), writing this layer's keys and values into ``k_cache``/``v_cache`` [1, B, n_kv, L, D] as ``kv`` says
+        (see :class:`KVStep`). Returns the stream after attention and the feed-forward's output, not yet added."""
+        x, normed = self.attention_norm.add(x, delta)
+        h, normed = self.ffn_norm.add(x, self.attention(normed, rotation, k_cache, v_cache, kv))
+        return h, self.feed_forward(normed)
 
 
 def causal_cache_mask(first_slot: Tensor, width: int, cache_len: int) -> Tensor:
