@@ -12,57 +12,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from audio8_coreai.backends.base import StepInputs
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.backends.torch.cudagraphs import GraphedFrame, GraphedRows
 from audio8_coreai.checkpoint import load_checkpoint
-from audio8_coreai.config import SamplingParams
-from audio8_coreai.model.frame import FrameInputs
 from audio8_coreai.model.layers import rope_rotation
-
-aten = torch.ops.aten
-
-# What a CUDA graph capture refuses: a host tensor lifted onto the device, a device value read on the host, an
-# output whose size depends on values.
-REFUSED = {
-    aten.lift_fresh,
-    aten.lift_fresh_copy,
-    aten._local_scalar_dense,
-    aten.item,
-    aten.is_nonzero,
-    aten.equal,
-    aten.nonzero,
-    aten.nonzero_static,
-    aten.masked_select,
-    aten._assert_async,
-    aten.unique_dim,
-    aten._unique2,
-}
-INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
-
-
-class RefuseUncapturable(TorchDispatchMode):
-    """Raises AssertionError on every op a CUDA graph capture refuses (see :data:`REFUSED`), and on indexing by a
-    boolean tensor (a hidden ``nonzero``); ``ops`` counts the ops seen."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        if func.overloadpacket in REFUSED:
-            raise AssertionError(f"{func} inside the captured frame: a CUDA graph capture refuses it")
-        if func.overloadpacket in INDEXING:
-            indices = args[1] if len(args) > 1 else ()
-            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ()):
-                raise AssertionError(f"{func} by a boolean mask inside the captured frame (a hidden nonzero)")
-        return func(*args, **(kwargs or {}))
-
-
-SETTINGS = {"sampled": SamplingParams(temperature=0.7, top_k=20, top_p=0.8), "greedy": SamplingParams(do_sample=False)}
+from capture_support import SETTINGS, RefuseUncapturable, capture_inputs
 
 
 def test_the_mode_refuses_what_a_capture_refuses():
@@ -84,21 +40,6 @@ def test_the_mode_refuses_what_a_capture_refuses():
     assert cos.shape == sin.shape == (1, 1, 3, 4, 2) and mode.ops > 3
 
 
-def _inputs(cfg, batch: int, pos: torch.Tensor, forced: bool) -> FrameInputs:
-    """Inputs for ``batch`` utterances at ``pos``, made outside the mode (as the runners copy them in)."""
-    gen = torch.Generator().manual_seed(0)
-    c = cfg.num_codebooks
-    return FrameInputs(
-        noise_slow=torch.rand(batch, 2, cfg.num_semantic + 1, generator=gen).clamp(min=1e-6),
-        window=torch.full((batch, cfg.ras_window_size), cfg.semantic_begin_id, dtype=torch.long),
-        noise_fast=torch.rand(batch, c - 1, cfg.codebook_size, generator=gen).clamp(min=1e-6),
-        forced=torch.ones(batch, 1 + c, dtype=torch.long),
-        use_forced=torch.full((batch,), float(forced)),
-        column=torch.ones(batch, 1 + c, 1, dtype=torch.long),
-        pos=pos,
-    )
-
-
 @pytest.fixture(scope="module", params=["fp32", "bf16"])
 def backend(request, oracle_dir) -> TorchBackend:
     return TorchBackend(load_checkpoint(oracle_dir), "cpu", request.param, codec_process=False)
@@ -109,7 +50,7 @@ def backend(request, oracle_dir) -> TorchBackend:
 def test_graph_frame_batch_1_is_capture_safe(backend, settings, forced):
     k, v = backend.model.new_kv_cache()
     graphed = GraphedFrame(backend.model, k, v, capture=False)
-    inputs = _inputs(backend.cfg, 1, torch.tensor([5]), forced)
+    inputs = capture_inputs(backend.cfg, 1, torch.tensor([5]), forced)
     with torch.inference_mode(), RefuseUncapturable() as mode:
         out, ids = graphed(SETTINGS[settings], inputs)
     assert out.codes.shape == (1, backend.cfg.num_codebooks) and mode.ops > 100
@@ -124,7 +65,7 @@ def test_graph_rows_are_capture_safe(backend, settings):
     cfg = backend.cfg
     k, v = backend.model.new_kv_cache(batch=4)
     graphed = GraphedRows(backend.model, k, v, (1, 2, 4), capture=False)
-    inputs = _inputs(cfg, 3, torch.tensor([7, 9, 0]), forced=False)
+    inputs = capture_inputs(cfg, 3, torch.tensor([7, 9, 0]), forced=False)
     calls = [
         (
             row,

@@ -18,7 +18,11 @@ PACKAGES = {
     "av": ("response_format aac", "pip install av", "or use wav, pcm, flac, mp3 or opus"),
     "pedalboard": ("a speed other than 1.0 (Rubber Band's time stretch)", "pip install pedalboard", "or speed 1.0"),
     "sse_starlette": ("stream_format sse", "pip install sse-starlette", 'or "stream": true for the audio itself'),
-    "triton": ("precision bf16w (its Triton kernel)", "pip install triton (PyTorch's CUDA builds bring it)", "or fp32"),
+    "triton": (
+        "precision bf16w and the fused CUDA kernels (Triton's)",
+        "pip install triton (PyTorch's CUDA builds bring it)",
+        "or fp32 and fused_kernels=False",
+    ),
 }
 
 

@@ -34,6 +34,7 @@ class Settings:
     codec_queue: int = 2  # codec chunks in flight beside the frame loop (decoding or waiting); the loop waits beyond
     huge_pages_min_bytes: int = 2**28  # a CPU load of a model file at least this big backs its weights by huge pages
     cuda_graphs: bool | None = None  # frames replayed as CUDA graphs (one launch per frame); None: on when on CUDA
+    fused_kernels: bool | None = None  # norm+residual, RoPE+KV write, SwiGLU as Triton kernels; None: on when on CUDA
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # batched graphs: rows padded up to the next
     noise_threads: int = 4  # threads drawing each stream's next noise while a step runs (frames on a GPU)
     batch_codec: bool | None = None  # batched serving: the streams' codec pushes stacked in one call; None: on CUDA

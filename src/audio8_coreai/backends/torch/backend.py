@@ -17,6 +17,7 @@ from ...errors import BackendError, QuantError
 from ...model.codec import CodecDecoder, CodecEncoder
 from ...model.dualar import DualAR
 from ...model.frame import PREFILL_WIDTH, Frame, packed
+from ...packages import require
 from ...precision import default_precision, resolve_precision, runtime_of
 from ...settings import DEFAULTS
 from ..base import Backend, BatchFrames, FrameResult, FrameRows, StepInputs
@@ -74,6 +75,9 @@ class TorchBackend(Backend):
     ``prefix_length``: where a prompt's head ends (:meth:`.prompt.PromptBuilder.prefix_length`), to keep the KV
     state of heads (see :meth:`prefill`); None keeps none.
 
+    ``fused_kernels`` (CUDA only; None, ``DEFAULTS.fused_kernels``: on where the device is CUDA): the blocks' small
+    op chains as Triton kernels (:mod:`.fused`: one launch per norm after an add, per RoPE and KV write, per SwiGLU).
+
     ``codec_process`` (CPU only): the codec decoder runs in a child process of its own (:mod:`.codec_worker`), on
     another core beside the frames, and this process holds no copy of its weights; None (``DEFAULTS.codec_process``):
     on when the device is the CPU and the process may use 2+ CPUs. Off, the decoder is built here on first use.
@@ -98,8 +102,11 @@ class TorchBackend(Backend):
         frame_mode: str = "eager",
         prefix_length: Callable[[np.ndarray], int] | None = None,
         codec_process: bool | None = DEFAULTS.codec_process,
+        fused_kernels: bool | None = DEFAULTS.fused_kernels,
     ):
         self.device = resolve_device(device)
+        if fused_kernels and self.device.type != "cuda":
+            raise BackendError(f"fused kernels are CUDA kernels (Triton): drop the option on {self.device}")
         self.noise_ahead = self.device.type == "cuda"  # a GPU's frames leave the host idle
         if frame_mode not in ("eager", "graph"):
             raise BackendError(f"unknown frame mode {frame_mode!r}: eager or graph")
@@ -145,6 +152,12 @@ class TorchBackend(Backend):
                 apply_precision(self.model, self.spec)
             except QuantError as e:
                 raise BackendError(str(e)) from None
+        self.fused = self.device.type == "cuda" if fused_kernels is None else fused_kernels
+        if self.fused:
+            require("triton", BackendError)
+            from .fused import install_fused
+
+            install_fused(self.model)
         self.frame_maths = Frame(self.model)  # the one frame, eager mode
         # Kept for the encoder (built on first use) when it maps the file: nothing is resident until read, and
         # voices are encoded by the codec loaded here even when a new file is moved into place later. A legacy
@@ -215,7 +228,7 @@ class TorchBackend(Backend):
     def description(self) -> str:
         name = self.precision if self.spec.quantized else str(self.dtype).removeprefix("torch.")
         graphs = "" if self._graphed is None else " cuda-graphs" if self._graphed.capture else " graph-frame"
-        return f"torch {self.device} {name}{graphs}"
+        return f"torch {self.device} {name}{graphs}{' fused' if self.fused else ''}"
 
     @property
     def device_name(self) -> str:

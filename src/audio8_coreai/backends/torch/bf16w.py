@@ -11,11 +11,11 @@ PyTorch's CUDA builds bring: :func:`..quantize.widened`).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor, nn
 
+from .fused import swiglu
 from .kernels import LinearKernel
 
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 64  # tile sizes: a frame's rows are few (M = 1 .. a batch), weights many
@@ -99,8 +99,7 @@ class Bf16wFeedForward(LinearKernel):
         self.register_buffer("w2", _stored(ff.w2.weight))
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = bf16w_linear(x, self.w13).split(self.hidden, dim=-1)
-        return bf16w_linear(F.silu(gate) * up, self.w2)
+        return bf16w_linear(swiglu(bf16w_linear(x, self.w13)), self.w2)
 
     @property
     def weights(self) -> int:
