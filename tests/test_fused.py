@@ -1,7 +1,7 @@
-"""The fused CUDA kernels (backends/torch/fused.py) compute the unfused maths: RoPE and the KV write bit for bit,
-the add bit for bit and the norm and SiLU to fp32 rounding; a model with them installed replays the oracle in every
-frame mode, holds nothing a capture refuses, and leaves no unfused op of its seams. Run under Triton's interpreter on
-the CPU (as CI does) and natively on CUDA."""
+"""The fused CUDA kernels (backends/torch/fused.py, fused_draws.py) compute the unfused maths: RoPE and the KV write
+bit for bit, the add bit for bit, the norm and SiLU to fp32 rounding, the sampler's draws equal; a model with them
+installed replays the oracle, holds nothing a capture refuses, and leaves no unfused op of its seams. Run under
+Triton's interpreter on the CPU (as CI does) and natively on CUDA."""
 
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ if DEVICE == "cpu":  # Triton's interpreter runs the kernels; read when triton i
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("triton", reason="the fused kernels need triton (the test extra on Linux x86_64)")
-from audio8_coreai.backends.torch.fused import FusedFeedForward, add_rms_norm, install_fused, rope_kv, swiglu  # noqa: E402 - after the interpreter is chosen
+# after the interpreter is chosen
+from audio8_coreai.backends.torch.fused import FusedFeedForward, add_rms_norm, install_fused, rope_kv, swiglu  # noqa: E402
+from audio8_coreai.backends.torch.fused_draws import fused_draws  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -130,6 +132,42 @@ def test_fused_feed_forward_stacks_w1_and_w3():
     assert ((got - want).abs().max() / want.abs().max()).item() < 1e-6
 
 
+def _prepared(x: torch.Tensor, top_k: int):
+    """The candidates the graph frame's sampler draws over (a stable sort), on the kernels' device."""
+    from audio8_coreai.sampling import CANDIDATES
+
+    x = x.to(DEVICE)
+    vals, cand = CANDIDATES["sorted"](x, min(top_k, x.shape[-1]))
+    return x, vals, cand
+
+
+@pytest.mark.parametrize("n, top_k", [(1024, 30), (4097, 50), (20, 50)])
+def test_fused_draws_are_the_samplers_draws(n, top_k):
+    """64 rows, two races of their own top-p and temperature (the semantic id's normal and RAS draws): the index
+    the torch ops draw, every row, including a top-k wider than the row."""
+    from audio8_coreai.sampling import draws
+
+    gen = torch.Generator().manual_seed(n)
+    x, vals, cand = _prepared(torch.randn(64, n, generator=gen) * 3, top_k)
+    u = torch.rand(64, 2, n, generator=gen).clamp(min=1e-6).to(DEVICE)
+    races = [(u[:, 0], 0.8, 0.7), (u[:, 1], 0.95, 1.5)]
+    want, got = draws(x, vals, cand, races), fused_draws(x, vals, cand, races)
+    assert [g.shape for g in got] == [(64,), (64,)] and got[0].dtype == torch.int64
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w.cpu())
+
+
+def test_fused_draws_keep_the_tie_rules():
+    """Equal scores and equal uniforms: every race value equal, the lowest index wins; a tiny top-p keeps rank 0
+    alone, the lowest index of the best scores; a temperature under the clamp is clamped."""
+    x = torch.zeros(2, 50)
+    x[1, [7, 30]] = 5.0  # row 1: two best scores, index 7 first
+    x, vals, cand = _prepared(x, 20)
+    u = torch.full((2, 50), 0.5, device=DEVICE)
+    got = fused_draws(x, vals, cand, [(u, 1.0, 1.0), (u, 1e-9, 1.0), (u, 1.0, 1e-12)])
+    assert [g.cpu().tolist() for g in got] == [[0, 7], [0, 7], [0, 7]]
+
+
 def _fused_backend(oracle_dir, mode: str, dtype: str = "fp32") -> TorchBackend:
     """A CPU backend with the fused kernels installed by hand (the CPU runs them only under the interpreter, so
     the backend option is CUDA's)."""
@@ -197,8 +235,9 @@ def counted_launches(monkeypatch):
 
 def test_the_fused_graph_frame_issues_fewer_kernels_and_none_of_the_seams_ops(oracle_dir, counted_launches):
     """The graph frame's blocks with the kernels installed: no norm, flip (RoPE), index_copy_ (KV write) or silu
-    left, four launches a block (two add + norm, RoPE + KV write, SwiGLU) and one for each final norm, and at least 8
-    kernels a block fewer than the unfused frame's."""
+    left, four launches a block (two add + norm, RoPE + KV write, SwiGLU), one for each final norm and one a draw (the
+    semantic id's two, a codebook's one), and at least 8 kernels a block fewer than the unfused frame's; the draws
+    leave no softmax, cumulative sum or log."""
     kernels = {}
     for fused in (False, True):
         backend = (
@@ -215,8 +254,9 @@ def test_the_fused_graph_frame_issues_fewer_kernels_and_none_of_the_seams_ops(or
     cfg = backend.cfg
     passes = cfg.num_codebooks - 1  # the fast AR's passes a frame: rows 0 and 1 in one, then one a row
     blocks, norms = cfg.n_layer + passes * cfg.n_fast_layer, 1 + passes
-    assert not {"rms_norm", "flip", "index_copy_", "silu"} & set(kernels[True].names)
-    assert kernels[False].launches == 0 and kernels[True].launches == 4 * blocks + norms
+    draws = 2 + passes
+    assert not {"rms_norm", "flip", "index_copy_", "silu", "softmax", "cumsum", "log"} & set(kernels[True].names)
+    assert kernels[False].launches == 0 and kernels[True].launches == 4 * blocks + norms + draws
     assert kernels[False].total - kernels[True].total >= 8 * blocks, (kernels[False].total, kernels[True].total)
 
 

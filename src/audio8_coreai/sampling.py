@@ -32,6 +32,8 @@ scores (``top_p`` 0.9 is compared as the fp32 value 0.9f).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -119,19 +121,34 @@ CANDIDATES = {"eager": _top_k_candidates_eager, "sorted": _top_k_candidates_sort
 ``sorted`` (a stable sort; CUDA graphs), ``static`` (a rank count; exported graphs)."""
 
 
-def _candidates(logits: Tensor, top_k: int, how: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(fp32 scores [..., N], candidate values [..., k], their indices, their full-softmax probabilities)."""
+def _candidates(logits: Tensor, top_k: int, how: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(fp32 scores [..., N], candidate values [..., k], their indices int64 [..., k])."""
     x = logits.float()
     k = min(top_k, x.shape[-1])
     vals, cand = CANDIDATES[how](x, k)
-    return x, vals, cand, torch.softmax(x, dim=-1).gather(-1, cand)
+    return x, vals, cand
+
+
+Race = tuple[Tensor, float, float]
+"""One draw over the candidates: its uniforms [..., N] (read at the candidates), ``top_p`` and temperature."""
+
+Draws = Callable[[Tensor, Tensor, Tensor, Sequence[Race]], list[Tensor]]
+"""The draws over one set of candidates (:func:`draws`' signature; a fused kernel's: backends/torch/fused.py)."""
+
+
+def draws(x: Tensor, vals: Tensor, cand: Tensor, races: Sequence[Race]) -> list[Tensor]:
+    """The top-p cut, temperature and exponential race of :func:`sample_top_k_top_p` for each of ``races`` over
+    one set of candidates: scores ``x`` fp32 [..., N], the candidates' values fp32 [..., k] and indices int64
+    [..., k] (:data:`CANDIDATES`' order). Returns each race's drawn index, int64 [...]. The full softmax's
+    probabilities at the candidates are computed once for all races."""
+    probs = torch.softmax(x, dim=-1).gather(-1, cand)
+    return [_draw(x, vals, cand, probs, u, top_p, temperature) for u, top_p, temperature in races]
 
 
 def _draw(
-    prepared: tuple[Tensor, Tensor, Tensor, Tensor], uniforms: Tensor, top_p: float, temperature: float
+    x: Tensor, vals: Tensor, cand: Tensor, probs: Tensor, uniforms: Tensor, top_p: float, temperature: float
 ) -> Tensor:
-    """The top-p cut, temperature and exponential race of :func:`sample_top_k_top_p` on :func:`_candidates`."""
-    x, vals, cand, probs = prepared
+    """One race of :func:`draws`, ``probs`` the candidates' full-softmax probabilities."""
     n, k = x.shape[-1], vals.shape[-1]
     not_first = torch.arange(k, device=x.device).clamp(max=1).to(x.dtype)
     keep = 1.0 - _step(torch.cumsum(probs, -1) - top_p) * not_first
@@ -145,7 +162,14 @@ def _draw(
 
 
 def sample_top_k_top_p(
-    logits: Tensor, uniforms: Tensor, top_k: int, top_p: float, temperature: float, *, candidates: str = "static"
+    logits: Tensor,
+    uniforms: Tensor,
+    top_k: int,
+    top_p: float,
+    temperature: float,
+    *,
+    candidates: str = "static",
+    draw: Draws = draws,
 ) -> Tensor:
     """One draw per row, exactly the publisher's legacy top-k/top-p processor followed by ``_sample``.
 
@@ -166,10 +190,11 @@ def sample_top_k_top_p(
     0, and equal race values go to the lowest index (the publisher's ``argmax`` over the vocabulary).
     If ``u`` is 0 at every kept candidate (impossible with :class:`NoiseSource`), every race value is 0 and the
     publisher would return index 0 of its whole vocabulary; this returns the lowest candidate.
-    ``candidates``: how the top-k candidates are found (a name of :data:`CANDIDATES`; the same result).
+    ``candidates``: how the top-k candidates are found (a name of :data:`CANDIDATES`; the same result); ``draw``:
+    what draws over them (:func:`draws`, or a fused kernel of the same maths).
     """
     _check_params(top_k, top_p, temperature)
-    return _draw(_candidates(logits, top_k, candidates), uniforms, top_p, temperature)
+    return draw(*_candidates(logits, top_k, candidates), [(uniforms, top_p, temperature)])[0]
 
 
 def greedy(logits: Tensor) -> Tensor:
@@ -218,6 +243,7 @@ def sample_semantic(
     eos_id: int,
     *,
     candidates: str = "static",
+    draw: Draws = draws,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The semantic draw with repetition-aware sampling (the publisher's ``_sample_semantic``).
 
@@ -236,7 +262,7 @@ def sample_semantic(
     Both draws are always made (the publisher draws both at every step, step 0 included). The result is the
     high draw when the normal draw is a semantic id present in the window, else the normal draw; eos is never
     replaced (the high draw may itself be eos). With an all ``-1`` window (step 0) the normal draw is returned.
-    ``candidates`` as :func:`sample_top_k_top_p`.
+    ``candidates`` and ``draw`` as :func:`sample_top_k_top_p`.
     """
     v = logits.shape[-1] - 1
     eos_first = _eos_first(semantic_begin_id, eos_id)
@@ -245,9 +271,9 @@ def sample_semantic(
     p = params
     _check_params(p.top_k, p.top_p, p.temperature)
     _check_params(p.top_k, p.ras_top_p, p.ras_temperature)
-    prepared = _candidates(x, p.top_k, candidates)  # both draws rank the same scores with the same top_k
-    normal_j = _draw(prepared, u[..., 0, :], p.top_p, p.temperature)
-    high_j = _draw(prepared, u[..., 1, :], p.ras_top_p, p.ras_temperature)
+    # both draws rank the same scores with the same top_k
+    races = [(u[..., 0, :], p.top_p, p.temperature), (u[..., 1, :], p.ras_top_p, p.ras_temperature)]
+    normal_j, high_j = draw(*_candidates(x, p.top_k, candidates), races)
     normal = _vocab_index_to_id(normal_j, v, semantic_begin_id, eos_id)
     high = _vocab_index_to_id(high_j, v, semantic_begin_id, eos_id)
     is_semantic = (normal - eos_id).abs().clamp(max=1)  # 0 for eos, 1 for a semantic id

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import BlockShape, ModelConfig
+from ..sampling import Draws, draws
 from .layers import Block, Embedding, KVStep, RMSNorm, SpanKV, rope_rotation, rope_table
 
 
@@ -157,13 +158,16 @@ class FastAR(nn.Module):
 
 
 class DualAR(nn.Module):
-    """Slow AR + fast AR with weights in the publisher's names (see :func:`dualar_param_shapes`)."""
+    """Slow AR + fast AR with weights in the publisher's names (see :func:`dualar_param_shapes`), and ``draws``: how
+    the frame's sampler draws over its candidates (:func:`..sampling.draws`, or a fused kernel of the same maths)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.slow = SlowAR(cfg)
         self.fast = FastAR(cfg)
+        # the sampler's draws over its candidates (sampling.draws; a fused kernel where one is installed)
+        self.draws: Draws = draws
 
     @classmethod
     def from_state_dict(

@@ -199,11 +199,18 @@ class Frame(nn.Module):
         """Draw a frame from slow ``logits`` [B, V+1] and ``hidden`` [B, dim]: the semantic id (with RAS), then
         the fast AR's rows, each fed the code kept for the row before. Frame 0 is this on the prefill's last
         column; every later frame is :meth:`forward`."""
-        cfg, p = self.model.cfg, params
+        cfg, p, draws = self.model.cfg, params, self.model.draws
         how = {"eager": "eager", "graph": "sorted", "export": "static"}[self.mode]  # the candidates (sampling.py)
         if p.do_sample:
             sampled_sem, _, _ = sample_semantic(
-                logits, inputs.noise_slow, inputs.window, p, cfg.semantic_begin_id, cfg.eos_token_id, candidates=how
+                logits,
+                inputs.noise_slow,
+                inputs.window,
+                p,
+                cfg.semantic_begin_id,
+                cfg.eos_token_id,
+                candidates=how,
+                draw=draws,
             )
         else:
             sampled_sem = greedy_semantic(logits, semantic_begin_id=cfg.semantic_begin_id, eos_id=cfg.eos_token_id)
@@ -215,7 +222,7 @@ class Frame(nn.Module):
         def draw(row: int, lg: Tensor) -> Tensor:
             if p.do_sample:
                 drawn = sample_top_k_top_p(
-                    lg, inputs.noise_fast[:, row - 1], p.top_k, p.top_p, p.temperature, candidates=how
+                    lg, inputs.noise_fast[:, row - 1], p.top_k, p.top_p, p.temperature, candidates=how, draw=draws
                 )
             else:
                 drawn = greedy(lg)

@@ -7,7 +7,8 @@ model (:func:`install_fused`, by :class:`.backend.TorchBackend` on CUDA), the bl
 * :func:`add_rms_norm`: the residual add and the RMSNorm after it (:meth:`..model.layers.RMSNorm.add`);
 * :func:`rope_kv`: q and k rotated and k, v written into the KV cache at the step's slot table
   (:meth:`..model.layers.KVStep.slot_table`), from the q/k/v projection as it comes out of ``wqkv``;
-* :func:`swiglu`: ``silu(gate) * up`` of the feed-forward's stacked ``w1 || w3`` product (one GEMM).
+* :func:`swiglu`: ``silu(gate) * up`` of the feed-forward's stacked ``w1 || w3`` product (one GEMM);
+* the sampler's draws over its candidates, one kernel a race (:mod:`.fused_draws`).
 
 The elementwise maths repeats the eager ops' roundings (fp32 products and sums, no fused multiply-add: RoPE and the
 KV it writes are bit-identical); a reduction (the norm's mean) or a transcendental (SiLU's exp) may differ in its last
@@ -73,8 +74,8 @@ def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) ->
 
 @triton.jit
 def _rope_kv(qkv_ptr, qkv_b, qkv_s, cos_ptr, cos_b, cos_s, cos_i, sin_ptr, sin_b, sin_s, sin_i, q_ptr,
-             k_ptr, v_ptr, c_b, c_h, c_l, slot_ptr, slot_b, slot_s, slot_start, S,
-             H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, HEADS: tl.constexpr, HAS_SLOTS: tl.constexpr):  # fmt: skip
+             k_ptr, v_ptr, c_b, c_h, c_l, slot_ptr, slot_b, slot_s, slot_start, S, H: tl.constexpr,
+             KV: tl.constexpr, D: tl.constexpr, HEADS: tl.constexpr, HAS_SLOTS: tl.constexpr):  # fmt: skip
     """Program b * S + s, every head of row b's column s at once: q heads rotated into q [B, H, S, D], k heads
     rotated into the key cache and v heads copied into the value cache, at the row's slot for the column. Pairs
     (2i, 2i+1) turn as the eager :func:`..model.layers.rotate`: (x0 cos + x1 (-sin), x1 cos + x0 sin), each product
@@ -232,7 +233,11 @@ def _swap(owner: nn.Module, name: str, cls: type[nn.Module]) -> None:
 def install_fused(model: nn.Module) -> None:
     """Every block of ``model`` (a :class:`..model.dualar.DualAR`, after its precision is applied) with its seams
     fused: norms :class:`FusedRMSNorm`, attention :class:`FusedAttention`, a plain feed-forward
-    :class:`FusedFeedForward` (a precision's own feed-forward kernel is kept); the final norms too. In place."""
+    :class:`FusedFeedForward` (a precision's own feed-forward kernel is kept); the final norms too; the sampler's
+    draws :func:`.fused_draws.fused_draws`. In place."""
+    from .fused_draws import fused_draws
+
+    model.draws = fused_draws
     for block in model.modules():
         if isinstance(block, Block):
             _swap(block, "attention_norm", FusedRMSNorm)
