@@ -7,7 +7,8 @@ streams per GPU.
 
 The checkpoint loaded as an eager backend and a graph-mode one (``cuda_graphs`` False / True), then the part:
 
-1. **single**: at each ``--precision`` (default fp32 and bf16), batch-1 ms per frame, eager against graphed:
+1. **single**: at each ``--precision`` (default fp32 and bf16), batch-1 ms per frame, eager against graphed (and,
+   on CUDA, graphed without the fused kernels, with how many of its codes the fused frames draw too):
    :func:`audio8_coreai.engine.loop.generate` for ``--frames`` frames (the random checkpoint never draws eos),
    its frame-loop time over its frames; the first run of each is the warm-up (the graph's capture). Target on an
    H200: <= 4 ms per frame graphed.
@@ -57,16 +58,27 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def single(eager: TTS, graphed: TTS, frames: int, runs: int) -> dict:
-    """Batch-1 ms per frame, eager and graphed, runs taking turns (the first of each a warm-up)."""
+def single(runs_of: dict[str, TTS], frames: int, runs: int) -> dict:
+    """Batch-1 ms per frame of each named TTS (eager, graphed and, on CUDA, graphed without the fused kernels), runs
+    taking turns (the first of each a warm-up); and how many of the fused frames' codes the unfused ones draw too
+    (the same seed: rounding apart, the same maths)."""
+    eager = runs_of["eager"]
     prompt, params = eager.prompts.plain(SENTENCE), eager.sampling()
-    times: dict[str, list[float]] = {"eager": [], "graphed": []}
+    times: dict[str, list[float]] = {name: [] for name in runs_of}
+    codes = {}
     for _ in range(runs + 1):
-        for name, tts in (("eager", eager), ("graphed", graphed)):
+        for name, tts in runs_of.items():
             gen = generate(tts.backend, prompt, params, seed=0, max_frames=frames)
             times[name].append(1e3 * gen.frames_s / gen.codes.shape[1])
-    eager_ms, graphed_ms = (statistics.median(times[k][1:]) for k in ("eager", "graphed"))
-    return {"eager_ms_per_frame": eager_ms, "graphed_ms_per_frame": graphed_ms, "speedup": eager_ms / graphed_ms}
+            codes[name] = gen.codes
+    out = {f"{name}_ms_per_frame": statistics.median(t[1:]) for name, t in times.items()}
+    out["speedup"] = out["eager_ms_per_frame"] / out["graphed_ms_per_frame"]
+    if "graphed_unfused" in codes:
+        fused, unfused = codes["graphed"], codes["graphed_unfused"]
+        n = min(fused.shape[1], unfused.shape[1])
+        out["fused_speedup"] = out["graphed_unfused_ms_per_frame"] / out["graphed_ms_per_frame"]
+        out["fused_codes_equal"] = [int((fused[:, :n] == unfused[:, :n]).sum()), int(fused[:, :n].size)]
+    return out
 
 
 def batched(
@@ -157,12 +169,19 @@ def release(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def load(model: Path, device: str, precision: str) -> tuple[TTS, TTS]:
-    """The eager TTS and the graph-mode one: captured on CUDA, their uncaptured form elsewhere (what the CPU tests
-    prove)."""
+def load(model: Path, device: str, precision: str, unfused: bool = False) -> dict[str, TTS]:
+    """The eager TTS and the graph-mode one (captured on CUDA, their uncaptured form elsewhere: what the CPU tests
+    prove), both with the fused kernels where they run (CUDA); with ``unfused``, on CUDA, a graph-mode one without
+    them too."""
     eager = TTS.load(model, device=device, precision=precision, cuda_graphs=False, codec_process=False)
-    backend = TorchBackend(eager.checkpoint, device, precision, frame_mode="graph", codec_process=False)
-    return eager, TTS(eager.checkpoint, backend, eager.prompts)
+    out = {"eager": eager}
+    for name, fused in (("graphed", None), ("graphed_unfused", False)):
+        if fused is None or (unfused and eager.backend.device.type == "cuda"):
+            backend = TorchBackend(
+                eager.checkpoint, device, precision, frame_mode="graph", codec_process=False, fused_kernels=fused
+            )
+            out[name] = TTS(eager.checkpoint, backend, eager.prompts)
+    return out
 
 
 def summary(part: str, report: dict) -> str:
@@ -170,6 +189,7 @@ def summary(part: str, report: dict) -> str:
     if part == "single":
         runs = [
             f"{p} eager {r['eager_ms_per_frame']:.2f} graphed {r['graphed_ms_per_frame']:.2f}"
+            + (f" unfused {r['graphed_unfused_ms_per_frame']:.2f}" if "graphed_unfused_ms_per_frame" in r else "")
             for p, r in report["single"].items()
         ]
         return f"single (ms/frame, batch 1): {'; '.join(runs)}"
@@ -223,26 +243,22 @@ def main() -> None:
     if args.part == "single":
         report["single"] = {}
         for precision in precisions:
-            eager, graphed = load(model, args.device, precision)
-            frame = single(eager, graphed, args.frames, args.runs)
-            report["single"][precision] = {
-                "eager": eager.backend.description,
-                "graphed": graphed.backend.description,
-                **frame,
-            }
+            loaded = load(model, args.device, precision, unfused=True)
+            frame = single(loaded, args.frames, args.runs)
+            report["single"][precision] = {**{k: t.backend.description for k, t in loaded.items()}, **frame}
             print(json.dumps({precision: report["single"][precision]}), flush=True)
             save()
-            del eager, graphed
+            del loaded
             release(torch.device(args.device))
     elif args.part == "batched":
-        eager, graphed = load(model, args.device, precisions[-1])
+        loaded = load(model, args.device, precisions[-1])
+        eager, graphed = loaded["eager"], loaded["graphed"]
         meta.update(eager=eager.backend.description, graphed=graphed.backend.description)
         frame_s = graphed.checkpoint.codec_config.frame_length / graphed.sample_rate
         report["batched"] = []
         batched(eager, graphed, args.batch or [1, 8, 32, 128], args.frames, args.runs, frame_s, report["batched"], save)
     else:
-        eager, graphed = load(model, args.device, precisions[-1])
-        del eager  # the streams run graphed alone
+        graphed = load(model, args.device, precisions[-1])["graphed"]  # the streams run graphed alone
         release(graphed.backend.device)
         meta["graphed"] = graphed.backend.description
         frame_s = graphed.checkpoint.codec_config.frame_length / graphed.sample_rate

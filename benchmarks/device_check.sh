@@ -8,8 +8,8 @@
 #   device tool: run "bash benchmarks/device_check.sh", carry [".gpucheck"], timeout_s 420
 #   DEVICE=cpu bash benchmarks/device_check.sh  # here: every part with small sizes on the CPU (a script check)
 #
-# Parts, most valuable first: gate, tests (the capture tests), attention (which SDPA kernel runs the decode
-# attention), single (batch 1 eager vs graphed, fp32, bf16, bf16w), agreement (CUDA fp32, bf16, bf16w draws against the
+# Parts, most valuable first: gate, tests (the fused kernels, bf16w, the capture tests), attention (which SDPA kernel
+# runs the decode attention), single (batch 1 eager vs graphed vs graphed unfused, fp32, bf16, bf16w), agreement (CUDA fp32, bf16, bf16w draws against the
 # CPU's fp32, teacher-forced), batched (ms/step at 1/8/32/128), streams (real-time streams with the codec at
 # 8/32/128). $OUT/<part>.json each (benchmarks/README.md says what they hold) and log.txt: 8 files, the most the
 # device tool brings back. Environment: OUT, BUDGET
@@ -116,10 +116,11 @@ if ! part gate 45 "$PY" benchmarks/device_gate.py --device "$DEVICE" "${wheels[@
     exit 1
 fi
 
-tests=(tests/test_cudagraphs.py tests/test_graph_rows.py tests/test_codec_rows.py)
-[ -f tests/test_capture_safety.py ] && tests+=(tests/test_capture_safety.py)  # the lead's, once merged
+# the fused kernels and bf16w natively (CI runs them under Triton's interpreter), the graphs captured for real
+tests=(tests/test_fused.py tests/test_bf16w.py tests/test_cudagraphs.py tests/test_graph_rows.py tests/test_codec_rows.py
+    tests/test_capture_safety.py)
 # the image's own pytest plugins stay out (PYTEST_DISABLE_PLUGIN_AUTOLOAD): ours alone, named
-part tests 90 env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -m pytest -o addopts= -q -p no:cacheprovider -p pytest_json --results-json "$OUT/tests.json" -rfEs \
+part tests 120 env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -m pytest -o addopts= -q -p no:cacheprovider -p pytest_json --results-json "$OUT/tests.json" -rfEs \
     -k "cuda or not test_codec_rows" "${tests[@]}"
 part attention 45 "$PY" benchmarks/probe_attention.py --device "$DEVICE" "${ATTENTION[@]}" --json "$OUT/attention.json"
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -52,11 +54,12 @@ class RefuseUncapturable(TorchDispatchMode):
 SETTINGS = {"sampled": SamplingParams(temperature=0.7, top_k=20, top_p=0.8), "greedy": SamplingParams(do_sample=False)}
 
 
-def capture_inputs(cfg, batch: int, pos: torch.Tensor, forced: bool) -> FrameInputs:
-    """Inputs for ``batch`` utterances at ``pos``, made outside the mode (as the runners copy them in)."""
+def capture_inputs(cfg, batch: int, pos: torch.Tensor, forced: bool, device: str = "cpu") -> FrameInputs:
+    """Inputs for ``batch`` utterances at ``pos``, made outside the mode (as the runners copy them in), on
+    ``device``."""
     gen = torch.Generator().manual_seed(0)
     c = cfg.num_codebooks
-    return FrameInputs(
+    inputs = FrameInputs(
         noise_slow=torch.rand(batch, 2, cfg.num_semantic + 1, generator=gen).clamp(min=1e-6),
         window=torch.full((batch, cfg.ras_window_size), cfg.semantic_begin_id, dtype=torch.long),
         noise_fast=torch.rand(batch, c - 1, cfg.codebook_size, generator=gen).clamp(min=1e-6),
@@ -65,3 +68,4 @@ def capture_inputs(cfg, batch: int, pos: torch.Tensor, forced: bool) -> FrameInp
         column=torch.ones(batch, 1 + c, 1, dtype=torch.long),
         pos=pos,
     )
+    return FrameInputs(**{f.name: getattr(inputs, f.name).to(device) for f in dataclasses.fields(inputs)})

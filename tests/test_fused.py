@@ -168,11 +168,16 @@ def test_fused_draws_keep_the_tie_rules():
     assert [g.cpu().tolist() for g in got] == [[0, 7], [0, 7], [0, 7]]
 
 
-def _fused_backend(oracle_dir, mode: str, dtype: str = "fp32") -> TorchBackend:
-    """A CPU backend with the fused kernels installed by hand (the CPU runs them only under the interpreter, so
-    the backend option is CUDA's)."""
-    backend = TorchBackend(load_checkpoint(oracle_dir), "cpu", dtype, frame_mode=mode, codec_process=False)
-    install_fused(backend.model)
+def _fused_backend(oracle_dir, mode: str, fused: bool = True) -> TorchBackend:
+    """An fp32 backend with the fused kernels (``fused``) or without: on CUDA as the product makes it (graph mode
+    captured), on the CPU with them installed by hand (it runs them only under the interpreter, so the backend
+    option is CUDA's)."""
+    ckpt = load_checkpoint(oracle_dir)
+    if DEVICE == "cuda":
+        return TorchBackend(ckpt, DEVICE, "fp32", frame_mode=mode, fused_kernels=fused)
+    backend = TorchBackend(ckpt, "cpu", "fp32", frame_mode=mode, codec_process=False)
+    if fused:
+        install_fused(backend.model)
     return backend
 
 
@@ -240,14 +245,10 @@ def test_the_fused_graph_frame_issues_fewer_kernels_and_none_of_the_seams_ops(or
     leave no softmax, cumulative sum or log."""
     kernels = {}
     for fused in (False, True):
-        backend = (
-            _fused_backend(oracle_dir, "graph")
-            if fused
-            else TorchBackend(load_checkpoint(oracle_dir), "cpu", "fp32", codec_process=False)
-        )
+        backend = _fused_backend(oracle_dir, "eager", fused)
         k, v = backend.model.new_kv_cache()
         graphed = GraphedFrame(backend.model, k, v, capture=False)
-        inputs = capture_inputs(backend.cfg, 1, torch.tensor([5]), forced=False)
+        inputs = capture_inputs(backend.cfg, 1, torch.tensor([5]), forced=False, device=DEVICE)
         with torch.inference_mode(), RefuseUncapturable(), Kernels() as mode:
             graphed(SETTINGS["sampled"], inputs)
         kernels[fused] = mode
@@ -260,6 +261,7 @@ def test_the_fused_graph_frame_issues_fewer_kernels_and_none_of_the_seams_ops(or
     assert kernels[False].total - kernels[True].total >= 8 * blocks, (kernels[False].total, kernels[True].total)
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="on CUDA the option is the product's")
 def test_fused_kernels_are_cuda_only(oracle_dir):
     with pytest.raises(BackendError, match="fused kernels are CUDA kernels"):
         TorchBackend(load_checkpoint(oracle_dir), "cpu", "fp32", fused_kernels=True, codec_process=False)
