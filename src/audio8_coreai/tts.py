@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,12 @@ from .engine.batch import generate_batch
 from .engine.loop import generate
 from .engine.overlap import UtteranceDecode
 from .engine.stream import SpeechStream
-from .errors import BackendError, CheckpointError, EngineError
+from .errors import BackendError, CheckpointError, EngineError, UnsupportedLanguageWarning
 from .plan import Plan, make_plan
 from .request import CheckedRequest, check_request, sampling_config
 from .settings import DEFAULTS
 from .synthesis import Synthesis
-from .text import PromptBuilder, load_tokenizer, warn_language
+from .text import PromptBuilder, load_tokenizer
 from .voices import Voice, VoiceStore
 
 
@@ -370,5 +371,6 @@ class TTS(VoiceCloning):
                 checked, first_chunk_frames=check_int(first_chunk_frames, "first_chunk_frames")
             )
         plan = self.plan(checked, split=split, frame_cap=frame_cap)
-        warn_language(plan.text)
+        if plan.warning:  # stacklevel: the line that called generate, stream, synthesize or generate_batch
+            warnings.warn(plan.warning, UnsupportedLanguageWarning, stacklevel=3)
         return plan
