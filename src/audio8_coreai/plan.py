@@ -18,8 +18,9 @@ from .engine.stream import Piece
 from .errors import EngineError, PromptError
 from .request import CheckedRequest
 from .settings import DEFAULTS
-from .text import PromptBuilder, language_warning, split_text
+from .text import PromptBuilder, language_warning
 from .text.prompt import PromptHead
+from .text.split import split_checked
 from .voices import Voice
 
 
@@ -115,7 +116,7 @@ def _split(
         generation.max_new_tokens // DEFAULTS.frames_per_token,
     )
     try:
-        return split_text(text, max_tokens, lambda words: len(ids(words)))
+        return split_checked(text, max_tokens, lambda words: len(ids(words)))
     except PromptError as e:
         if not cloned:
             raise
