@@ -174,6 +174,19 @@ def test_a_plan_holds_what_its_speech_is_made_of(tts):
     assert len(whole.pieces) == 1 and whole.pieces[0].text == text
 
 
+def test_plans_speak_in_a_batch(tts):
+    """generate_batch takes plans of one piece sharing their sampling settings: each utterance its plan's seed and
+    cap (the never-eos checkpoint runs each to it)."""
+    plans = [tts.plan(check_request(t, seed=s, max_frames=f), split=False) for t, s, f in [(TEXT, 1, 4), ("Hi.", 2, 6)]]
+    out = tts.generate_batch(plans)
+    assert [(o.seed, o.frames, o.max_frames) for o in out] == [(1, 4, 4), (2, 6, 6)]
+    hotter = tts.plan(check_request("Hi.", temperature=0.9), split=False)
+    with pytest.raises(ValueError, match="share their sampling settings"):
+        tts.generate_batch([plans[0], hotter])
+    with pytest.raises(TypeError, match="a Plan holds its request.*seed"):
+        tts.generate_batch(plans, seeds=[1, 2])
+
+
 def test_the_language_warning_is_data_of_the_plan(tts):
     """Planned and spoken, text outside the model's languages raises no Python warning: the plan carries the line
     for its caller to tell. The keyword API tells it as an UnsupportedLanguageWarning."""

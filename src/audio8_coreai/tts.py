@@ -234,7 +234,9 @@ class TTS(VoiceCloning):
             seeds = [None] * len(texts)
         if not isinstance(seeds, (list, tuple)) or len(seeds) != len(texts):
             raise ValueError(f"{len(texts)} texts but seeds {seeds!r}: give a list of one seed per text (or none)")
-        plans = [self._planned(t, {**request, "voice": voice, "seed": s}, split=False) for t, s in zip(texts, seeds)]
+        plans = []
+        for text, seed in zip(texts, seeds):  # a loop, not a comprehension: a warning's stacklevel names the caller
+            plans.append(self._planned(text, {**request, "voice": voice, "seed": seed}, split=False))
         if len({p.params for p in plans}) > 1:
             raise ValueError("the plans of one batch share their sampling settings: batch them by their settings")
         if any(len(p.pieces) != 1 for p in plans):
