@@ -11,9 +11,10 @@ from .backends.base import Backend
 from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .errors import PromptTooLong, VoiceError
+from .request import CheckedRequest
 from .settings import DEFAULTS
 from .text import PromptBuilder, check_text
-from .voices import Voice, VoiceStore, check_name, check_voice_choice, now_utc
+from .voices import Voice, VoiceStore, check_name, now_utc
 
 
 class VoiceCloning:
@@ -36,7 +37,10 @@ class VoiceCloning:
         Raises AudioError (unusable clip), PromptError (empty transcript), VoiceError (the clone prompt
         would leave fewer than DEFAULTS.min_voice_frames frames of the context; the message gives the numbers).
         """
-        transcript = check_text(text, "reference text")
+        return self._clip_voice(audio, check_text(text, "reference text"), name)
+
+    def _clip_voice(self, audio: str | Path, transcript: str, name: str = "") -> Voice:
+        """:meth:`voice_from_clip` of a checked ``transcript``."""
         samples, info = read_reference(audio)
         self._check_voice_room(-(-len(samples) // self.checkpoint.codec_config.frame_length), transcript)
         codes = self.backend.encode(samples)
@@ -80,19 +84,17 @@ class VoiceCloning:
         store.save(voice, replace=replace)
         return voice
 
-    def _voice(self, voice: str | Voice | None, ref_audio: str | Path | None, ref_text: str | None) -> Voice | None:
-        """The voice an utterance asks for (None: the plain prompt), checked against this checkpoint."""
-        check_voice_choice(voice, ref_audio, ref_text)
-        if ref_audio is not None:
-            return self.voice_from_clip(ref_audio, ref_text)
-        if voice is None:
-            return None
-        if isinstance(voice, str):
-            return self.voices.load(voice, self.checkpoint.fingerprint())
-        if not isinstance(voice, Voice):
-            raise VoiceError(f"voice must be a name or a Voice, got {type(voice).__name__}")
-        voice.check_checkpoint(self.checkpoint.fingerprint())
-        return voice
+    def _voice(self, checked: CheckedRequest) -> Voice | None:
+        """The voice ``checked`` asks for (None: the plain prompt): its clip encoded, or its stored voice read, once,
+        and checked against this checkpoint. Raises VoiceError (unknown, damaged or another checkpoint's voice),
+        AudioError (an unusable clip)."""
+        if checked.ref_audio is not None:
+            return self._clip_voice(checked.ref_audio, checked.ref_text)
+        if isinstance(checked.voice, str):
+            return self.voices.load(checked.voice, self.checkpoint.fingerprint())
+        if checked.voice is not None:
+            checked.voice.check_checkpoint(self.checkpoint.fingerprint())
+        return checked.voice
 
     def _check_voice_room(self, frames: int, transcript: str) -> None:
         """Raise VoiceError unless the clone prompt for a reference of ``frames`` code frames and a one-word

@@ -1,5 +1,6 @@
 """THE weights-free check of a request (text, voice, sampling, seed, frame cap, chunks): the CLI runs it before
-loading a model, the server before taking a worker, the API on every call."""
+loading a model, the servers before taking a worker, the keyword API on every call; :meth:`.tts.TTS.plan` then
+takes the checked request, never unpacked or checked again."""
 
 from __future__ import annotations
 
@@ -50,20 +51,6 @@ class CheckedRequest:
     chunk_frames: int
     first_chunk_frames: int | None
 
-    def options(self) -> dict[str, int | float | None]:
-        """The keyword arguments of :meth:`.tts.TTS.generate` this request sets (seed, sampling, frame cap)."""
-        return {
-            "seed": self.seed,
-            "temperature": self.temperature,
-            "top_k": self.top_k,
-            "top_p": self.top_p,
-            "max_frames": self.max_frames,
-        }
-
-    def stream_options(self) -> dict[str, int | float | None]:
-        """:meth:`options` and the chunk sizes: the keyword arguments of :meth:`.tts.TTS.stream`."""
-        return {**self.options(), "chunk_frames": self.chunk_frames, "first_chunk_frames": self.first_chunk_frames}
-
 
 def check_request(
     text: str,
@@ -81,7 +68,7 @@ def check_request(
 ) -> CheckedRequest:
     """Check a request without weights, files or a tokenizer, before a model is loaded or a worker taken; return
     its normalised values (:class:`CheckedRequest`). What needs the checkpoint (the prompt's fit in the context,
-    a stored voice's file and checkpoint) is checked by :meth:`.tts.TTS.generate` and :meth:`.tts.TTS.stream`.
+    a stored voice's file and checkpoint) is decided once by :meth:`.tts.TTS.plan`.
 
     Raises PromptError (no words to speak in ``text`` or ``ref_text``), VoiceError (a voice and a clip both, a
     clip without its transcript, a bad voice name), ConfigError naming the setting (sampling settings out of

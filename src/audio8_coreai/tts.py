@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -15,14 +18,15 @@ from .checkpoint.layout import FOLDER_CONTENTS
 from .cloning import VoiceCloning
 from .config import SamplingParams, check_int
 from .engine.batch import generate_batch
-from .engine.loop import frame_budget, generate
+from .engine.loop import generate
 from .engine.overlap import UtteranceDecode
-from .engine.stream import Piece, SpeechStream
-from .errors import BackendError, CheckpointError, EngineError, PromptError, PromptTooLong
-from .request import check_seed, sampling_config
+from .engine.stream import SpeechStream
+from .errors import BackendError, CheckpointError, EngineError, UnsupportedLanguageWarning
+from .plan import Plan, make_plan
+from .request import CheckedRequest, check_request, sampling_config
 from .settings import DEFAULTS
 from .synthesis import Synthesis
-from .text import PromptBuilder, check_text, load_tokenizer, split_text, warn_language
+from .text import PromptBuilder, load_tokenizer
 from .voices import Voice, VoiceStore
 
 
@@ -119,41 +123,59 @@ class TTS(VoiceCloning):
         gen = sampling_config(self.checkpoint.generation, temperature, top_k, top_p)
         return SamplingParams.from_configs(self.config, gen)
 
+    def plan(self, checked: CheckedRequest, *, split: bool = True, frame_cap: int | None = None) -> Plan:
+        """What ``checked`` (:func:`.request.check_request`) is on this model, decided once (:class:`.plan.Plan`):
+        its voice resolved (a stored voice read and a clip encoded here, once, and either checked against this
+        checkpoint), its text cut into pieces (``split``: as :meth:`stream` speaks it, each piece's prompt plus its
+        estimated speech fitting the context and the frame budget; False: the whole text as one utterance, as
+        :meth:`generate` speaks it), each piece's prompt and frame cap, the text's token count, the sampling
+        settings and the language warning. ``frame_cap``: a ceiling on the default frame cap (a server's), clipped
+        to what the context leaves; an explicit ``max_frames`` is the request's.
+
+        A frame cap (``max_frames`` None) is 3.0 s plus 0.74 s per text token (settings.py), at most the
+        checkpoint's max_new_tokens (512, about 23.8 s), clipped to the context; an explicit one that does not fit
+        is an error. Raises VoiceError (unknown voice, one from another checkpoint), AudioError (an unusable clip),
+        PromptError (a prompt that fills the context, a damaged voice's codes, a run of text that cannot be split),
+        EngineError (an explicit ``max_frames`` past the context; of a split text, naming the piece), ConfigError
+        (``frame_cap`` no whole number >= 1).
+        """
+        voice = self._voice(checked)
+        return make_plan(
+            checked, voice, self.prompts, self.config, self.checkpoint.generation, split=split, frame_cap=frame_cap
+        )
+
     def generate(
         self,
-        text: str,
+        text: str | Plan,
         *,
-        seed: int | None = None,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        max_frames: int | None = None,
         on_frame: Callable[[int], None] | None = None,
         on_start: Callable[[int], None] | None = None,
-        voice: str | Voice | None = None,
-        ref_audio: str | Path | None = None,
-        ref_text: str | None = None,
+        **request: Any,
     ) -> Synthesis:
-        """Speak ``text``: prompt, prefill, frames until eos or the cap, codec. See :class:`Synthesis`.
+        """Speak ``text`` as one utterance: prompt, prefill, frames until eos or the cap, codec. See :class:`Synthesis`.
 
-        ``seed`` None draws a fresh one (reported in the result). ``max_frames`` None means the text's cap
-        (3.0 s plus 0.74 s per text token, settings.py), at most the checkpoint's max_new_tokens (512, about
-        23.8 s), clipped to the context; an explicit value is the caller's cap, and one that does not fit is an
-        error. ``on_start(max_frames)`` and ``on_frame(step)`` drive progress bars. In a cloned voice:
-        ``voice`` (a name in :attr:`voices`, or a :class:`Voice`), or a one-off clip ``ref_audio`` (a file, see
-        :meth:`voice_from_clip`) with its transcript ``ref_text``; the prompt is then the publisher's clone prompt.
-        Raises PromptError (empty/unspeakable text), EngineError (does not fit the context), ConfigError
-        (bad sampling settings), VoiceError (unknown voice, one from another checkpoint, voice given twice),
-        AudioError (an unusable ``ref_audio``).
+        ``text`` is a :class:`.plan.Plan` of one piece (:meth:`plan`), spoken as it is; or a string with the keywords
+        of :func:`.request.check_request` (``voice``: a name in :attr:`voices` or a :class:`Voice`; or a one-off clip
+        ``ref_audio`` with its transcript ``ref_text``; ``seed``, None drawing a fresh one, reported in the result;
+        ``temperature``, ``top_k``, ``top_p``; ``max_frames``, see :meth:`plan`), checked and planned whole (not
+        split), text outside the model's languages told as an UnsupportedLanguageWarning. ``on_start(max_frames)``
+        and ``on_frame(step)`` drive progress bars.
+        Raises what check_request and :meth:`plan` raise; EngineError for a plan of several pieces; TypeError
+        for a plan given with request keywords.
         """
-        params, text = self.sampling(temperature, top_k, top_p), warn_language(check_text(text))
-        prompt = self._prompt(text, self._voice(voice, ref_audio, ref_text))
-        budget = self._budget(text, prompt, max_frames, self.checkpoint.generation.max_new_tokens)
-        seed = check_seed(seed)
+        plan = self._planned(text, request, split=False)
+        if len(plan.pieces) != 1:
+            raise EngineError(
+                f"generate speaks one utterance and this plan holds {len(plan.pieces)} pieces: speak it with "
+                "stream() or synthesize(), or plan it with split=False"
+            )
+        (piece,) = plan.pieces
         if on_start is not None:
-            on_start(budget)
+            on_start(piece.max_frames)
         with UtteranceDecode(self.backend) as decode:  # beside the frames when the codec has a process of its own
-            gen = generate(self.backend, prompt, params, seed, budget, on_frame, on_codes=decode.add)
+            gen = generate(
+                self.backend, piece.prompt, plan.params, plan.seed, piece.max_frames, on_frame, on_codes=decode.add
+            )
             t0 = time.perf_counter()
             audio = decode.audio(gen.codes)
         codec_s = time.perf_counter() - t0
@@ -162,9 +184,9 @@ class TTS(VoiceCloning):
             self.sample_rate,
             gen.codes,
             gen.reached_eos,
-            seed,
+            plan.seed,
             gen.prompt_length,
-            budget,
+            piece.max_frames,
             gen.prefill_s,
             gen.frames_s,
             codec_s,
@@ -172,7 +194,7 @@ class TTS(VoiceCloning):
 
     def generate_batch(
         self,
-        texts: Sequence[str],
+        texts: Sequence[str] | Sequence[Plan],
         *,
         seeds: Sequence[int | None] | None = None,
         temperature: float | None = None,
@@ -185,12 +207,15 @@ class TTS(VoiceCloning):
         """:meth:`generate` for several texts at once: up to ``max_batch`` utterances share every frame call
         (:mod:`.engine.batch`: the weights are read once per frame for all of them), then one batched codec call.
 
-        Utterance i is what ``generate(texts[i], seed=seeds[i], ...)`` gives (same codes at fp32; at int16 the
-        batched matmuls round differently and a draw may rarely differ). ``seeds`` None (or a None entry) draws
-        fresh ones. Each text must fit one utterance (no splitting). ``frames_s`` is an utterance's time from
-        its admission to its last frame (shared frame calls included), ``codec_s`` the batched decode's time.
+        ``texts``: plans of one piece each sharing their sampling settings (:meth:`plan`), or strings spoken with
+        the other keywords (``voice`` read once for all of them) and ``seeds`` (one per text; None, or a None
+        entry, draws a fresh one). Utterance i is what ``generate(texts[i], seed=seeds[i], ...)`` gives (same codes
+        at fp32; at int16 the batched matmuls round differently and a draw may rarely differ). Each text must fit
+        one utterance (no splitting). ``frames_s`` is an utterance's time from its admission to its last frame
+        (shared frame calls included), ``codec_s`` the batched decode's time.
         Raises as :meth:`generate`, and BackendError on a backend other than torch, ValueError when ``seeds``
-        does not match ``texts`` or ``max_batch`` < 1, TypeError when ``texts`` is one string.
+        does not match ``texts``, plans do not share their sampling settings or ``max_batch`` < 1, TypeError when
+        ``texts`` is one string or plans come with request keywords.
         """
         if not self.backend.batches:
             raise BackendError(f"batched generation runs on the torch backend, not {self.backend.name}")
@@ -202,27 +227,47 @@ class TTS(VoiceCloning):
         max_batch = check_int(max_batch, "max_batch")
         if not isinstance(texts, (list, tuple)):  # a set or dict has no order to keep; a generator no length
             raise TypeError(f"texts must be a list of strings, got {type(texts).__name__}")
+        request = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "max_frames": max_frames}
+        if isinstance(voice, str):  # read once for every text
+            voice = self.voices.load(voice, self.checkpoint.fingerprint())
         if seeds is None:
             seeds = [None] * len(texts)
         if not isinstance(seeds, (list, tuple)) or len(seeds) != len(texts):
             raise ValueError(f"{len(texts)} texts but seeds {seeds!r}: give a list of one seed per text (or none)")
-        params = self.sampling(temperature, top_k, top_p)
-        chosen = self._voice(voice, None, None)
-        texts = [warn_language(check_text(t)) for t in texts]
-        prompts = [self._prompt(t, chosen) for t in texts]
-        default = self.checkpoint.generation.max_new_tokens
-        budgets = [self._budget(t, p, max_frames, default) for t, p in zip(texts, prompts)]
-        seeds = [check_seed(s) for s in seeds]
+        plans = []
+        for text, seed in zip(texts, seeds):  # a loop, not a comprehension: a warning's stacklevel names the caller
+            plans.append(self._planned(text, {**request, "voice": voice, "seed": seed}, split=False))
+        if len({p.params for p in plans}) > 1:
+            raise ValueError("the plans of one batch share their sampling settings: batch them by their settings")
+        if any(len(p.pieces) != 1 for p in plans):
+            raise EngineError("generate_batch speaks plans of one piece each: plan them with split=False")
+        pieces = [p.pieces[0] for p in plans]
         with self.backend.lease.hold():  # its prefills pass through the backend (the last logits it keeps)
-            gens = generate_batch(self.backend, prompts, params, seeds, budgets, max_batch)
+            gens = generate_batch(
+                self.backend,
+                [p.prompt for p in pieces],
+                plans[0].params if plans else self.sampling(),
+                [p.seed for p in plans],
+                [p.max_frames for p in pieces],
+                max_batch,
+            )
         t0 = time.perf_counter()
         audio = self.backend.decode_batch([g.codes for g in gens])
         codec_s = time.perf_counter() - t0
         return [
             Synthesis(
-                a, self.sample_rate, g.codes, g.reached_eos, s, g.prompt_length, b, g.prefill_s, g.frames_s, codec_s
+                a,
+                self.sample_rate,
+                g.codes,
+                g.reached_eos,
+                p.seed,
+                g.prompt_length,
+                b.max_frames,
+                g.prefill_s,
+                g.frames_s,
+                codec_s,
             )
-            for a, g, s, b in zip(audio, gens, seeds, budgets)
+            for a, g, p, b in zip(audio, gens, plans, pieces)
         ]
 
     def batched(self, max_batch: int) -> tuple[FrameRows, list[TTS]]:
@@ -234,149 +279,100 @@ class TTS(VoiceCloning):
         return server, [TTS(self.checkpoint, row, self.prompts, self.voices) for row in server.rows()]
 
     def synthesize(
-        self,
-        text: str,
-        *,
-        on_start: Callable[[int], None] | None = None,
-        voice: str | Voice | None = None,
-        ref_audio: str | Path | None = None,
-        ref_text: str | None = None,
-        **kwargs,
+        self, text: str | Plan, *, on_start: Callable[[int], None] | None = None, **request: Any
     ) -> tuple[np.ndarray, int]:
-        """``(audio float32 [N], sample_rate)`` for ``text`` of any length; keyword arguments as :meth:`generate`.
+        """``(audio float32 [N], sample_rate)`` for ``text`` of any length: a plan (:meth:`plan`, split) or a string
+        with the keywords of :meth:`generate`.
 
-        Text that fits one utterance (:meth:`fits_one_utterance`) is :meth:`generate`'s audio. Longer text is
-        split and spoken piece by piece as :meth:`stream` does (the same samples, pauses included) and the pieces'
-        audio joined; ``on_start`` then gets the most frames all pieces together may make. Raises as
-        :meth:`generate` and :meth:`stream`.
+        A plan of one piece is :meth:`generate`'s audio. Longer text is spoken piece by piece as :meth:`stream`
+        does (the same samples, pauses included; its chunk sizes do not matter here) and the pieces' audio joined;
+        ``on_start`` then gets the most frames all pieces together may make. Raises as :meth:`generate` and
+        :meth:`stream`.
         """
-        chosen = self._voice(voice, ref_audio, ref_text)  # a clip is encoded once
-        if self.fits_one_utterance(text, chosen):
-            out = self.generate(text, on_start=on_start, voice=chosen, **kwargs)
+        plan = self._planned(text, request, split=True)
+        if len(plan.pieces) == 1:
+            out = self.generate(plan, on_start=on_start)
             return out.audio, out.sample_rate
         # Every chunk DEFAULTS.chunk_frames long, the push size that decodes fastest (see TorchBackend.decode_window).
-        speech = self.stream(
-            text, chunk_frames=DEFAULTS.chunk_frames, first_chunk_frames=DEFAULTS.chunk_frames, voice=chosen, **kwargs
-        )
+        chunks = DEFAULTS.chunk_frames
+        speech = self.stream(dataclasses.replace(plan, chunk_frames=chunks, first_chunk_frames=chunks))
         if on_start is not None:
             on_start(speech.max_frames)
-        chunks = list(speech)
-        return (np.concatenate(chunks) if chunks else np.zeros(0, np.float32)), self.sample_rate
+        audio = list(speech)
+        return (np.concatenate(audio) if audio else np.zeros(0, np.float32)), self.sample_rate
 
     def fits_one_utterance(self, text: str, voice: str | Voice | None = None) -> bool:
-        """Whether ``text`` spoken in ``voice`` (a name, a :class:`Voice` or None) is one utterance: :meth:`stream`
-        keeps it in one piece (its prompt plus its estimated speech fit the context and the default frame
-        budget). :meth:`synthesize` and ``audio8 say`` speak such text with :meth:`generate` and split the rest
-        as :meth:`stream` does, so a text whose speech would run past the frame budget is not cut at the cap.
-        Raises PromptError for unspeakable text or text that cannot be split, VoiceError as :meth:`generate`."""
-        text, chosen = check_text(text), self._voice(voice, None, None)
-        try:
-            return len(self._split(text, chosen)) == 1
-        except PromptTooLong:  # the prompt around the text alone fills the context
-            return False
+        """Whether ``text`` spoken in ``voice`` (a name, a :class:`Voice` or None) is one utterance: its plan
+        (:meth:`plan`, split as :meth:`stream` splits) holds one piece. Raises PromptError for unspeakable text or
+        text that cannot be split, VoiceError as :meth:`generate`."""
+        return len(self.plan(check_request(text, voice=voice)).pieces) == 1
 
     def stream(
         self,
-        text: str,
+        text: str | Plan,
         *,
-        chunk_frames: int = DEFAULTS.chunk_frames,
-        first_chunk_frames: int | None = None,
-        seed: int | None = None,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        max_frames: int | None = None,
-        voice: str | Voice | None = None,
-        ref_audio: str | Path | None = None,
-        ref_text: str | None = None,
         on_frame: Callable[[int], None] | None = None,
         overlap_codec: bool | None = None,
         frame_cap: int | None = None,
+        **request: Any,
     ) -> SpeechStream:
-        """Speak ``text`` as it is made: a :class:`.streaming.SpeechStream` of float32 chunks (mono, 44.1 kHz),
+        """Speak ``text`` as it is made: a :class:`.engine.stream.SpeechStream` of float32 chunks (mono, 44.1 kHz),
         exact to the whole-utterance decode. The first chunk holds ``first_chunk_frames`` (None: 1, at most
         ``chunk_frames``), so the first audio comes sooner, and each next one twice the last up to
         ``chunk_frames`` (default 16 frames, 0.74 s), so sent audio covers the next chunk's making when frames
         come faster than real time.
 
-        Text is split (:func:`.text.split_text`) into pieces whose estimated speech (``DEFAULTS.frames_per_token``
-        frames per text token) fits the context and the checkpoint's ``max_new_tokens``; they are spoken in
-        order in the same voice, the seed's noise stream running on, with a short pause between. Text the
-        splitter keeps in one piece gives :meth:`generate`'s samples with the same arguments (a prompt that fits
-        the context may still be split, when its estimated speech would not fit). ``max_frames`` caps every
-        piece (None: as :meth:`generate`, at most ``frame_cap`` when given: a ceiling clipped to what the
-        context leaves, as a server's cap); ``on_frame`` as in :class:`.streaming.SpeechStream`;
-        ``overlap_codec`` decodes each chunk while the next chunk's frames are made (same samples; None: when the
-        codec runs in a process of its own, see :meth:`load`; see SpeechStream); the other arguments as
-        :meth:`generate`.
+        ``text`` is a plan (:meth:`plan`), spoken as it is; or a string with the keywords of :meth:`generate` and
+        ``chunk_frames``, ``first_chunk_frames`` (through the API the first chunk may be longer than the others;
+        the CLI and server keep it at most ``chunk_frames``) and ``frame_cap`` (a ceiling on the default frame cap,
+        as a server's), checked and planned split: pieces whose estimated speech (``DEFAULTS.frames_per_token``
+        frames per text token) fits the context and the checkpoint's ``max_new_tokens``, spoken in order in the
+        same voice, the seed's noise stream running on, with a short pause between. Text kept in one piece gives
+        :meth:`generate`'s samples with the same arguments. ``max_frames`` caps every piece. ``on_frame`` as in
+        :class:`.engine.stream.SpeechStream`; ``overlap_codec`` decodes each chunk while the next chunk's frames are
+        made (same samples; None: when the codec runs in a process of its own, see :meth:`load`).
         Everything is checked here, before any frame (the stream's ``seed`` tells the one drawn when None):
-        raises as :meth:`generate` does, PromptError for a run of text that cannot be split to fit, and
-        ConfigError for ``chunk_frames`` or ``first_chunk_frames`` < 1 (a first chunk may be longer than the
-        others through the API; the CLI and server keep it at most ``chunk_frames``).
+        raises as :meth:`generate` and :meth:`plan` do, and ConfigError for ``chunk_frames`` or
+        ``first_chunk_frames`` < 1.
         """
-        params = self.sampling(temperature, top_k, top_p)
-        text = warn_language(check_text(text))
-        chosen = self._voice(voice, ref_audio, ref_text)
-        parts = self._split(text, chosen)
-        default_frames = self.checkpoint.generation.max_new_tokens
-        if frame_cap is not None:
-            default_frames = min(default_frames, check_int(frame_cap, "frame_cap"))
-        pieces = []
-        for index, words in enumerate(parts):
-            prompt = self._prompt(words, chosen)
-            try:
-                budget = self._budget(words, prompt, max_frames, default_frames)
-            except EngineError as e:
-                if len(parts) == 1:
-                    raise
-                start = words if len(words) <= 40 else words[:40] + "..."
-                raise EngineError(f"piece {index + 1} of {len(parts)} ({start!r}): {e}") from None
-            pieces.append(Piece(words, prompt, budget))
-        codec = self.checkpoint.codec_config
+        first = None if isinstance(text, Plan) else request.pop("first_chunk_frames", None)
+        plan = self._planned(text, request, split=True, frame_cap=frame_cap, first_chunk_frames=first)
         return SpeechStream(
             self.backend,
-            pieces,
-            params,
-            check_seed(seed),
-            chunk_frames=chunk_frames,
-            first_chunk_frames=first_chunk_frames,
+            list(plan.pieces),
+            plan.params,
+            plan.seed,
+            chunk_frames=plan.chunk_frames,
+            first_chunk_frames=plan.first_chunk_frames,
             sample_rate=self.sample_rate,
-            frame_length=codec.frame_length,
+            frame_length=self.checkpoint.codec_config.frame_length,
             on_frame=on_frame,
             overlap_codec=overlap_codec,
         )
 
-    def _split(self, text: str, voice: Voice | None) -> list[str]:
-        """Checked ``text`` as the pieces :meth:`stream` speaks in ``voice``: each one's prompt plus its estimated
-        speech (DEFAULTS.frames_per_token frames per text token) fits the context, and its frames the default frame
-        budget. Raises PromptError for a run of text that cannot be split to fit."""
-
-        def count(words: str) -> int:
-            return len(self.prompts.encode(words))
-
-        overhead = self._prompt("a", voice).shape[1] - count("a")
-        max_tokens = min(
-            (self.config.max_seq_len - overhead) // (1 + DEFAULTS.frames_per_token),
-            self.checkpoint.generation.max_new_tokens // DEFAULTS.frames_per_token,
-        )
-        try:
-            return split_text(text, max_tokens, count)
-        except PromptError as e:
-            if voice is None:
-                raise
-            raise PromptError(
-                f"{e}; here the prompt around the text (the voice's reference clip and transcript "
-                f"included) takes {overhead} of the context's {self.config.max_seq_len} positions, so a "
-                "voice made from a shorter clip leaves room for longer pieces"
-            ) from None
-
-    def _budget(self, text: str, prompt: np.ndarray, max_frames: int | None, default_frames: int) -> int:
-        """The frame cap of checked ``text`` spoken after ``prompt``: :func:`.engine.loop.frame_budget`, the text's
-        own cap (settings.py, cap_base_frames) included."""
-        return frame_budget(self.config, prompt.shape[1], max_frames, default_frames, len(self.prompts.encode(text)))
-
-    def _prompt(self, text: str, voice: Voice | None) -> np.ndarray:
-        """The [1+C, P] prompt of checked ``text``: plain, or the clone prompt of ``voice``."""
-        if voice is None:
-            return self.prompts.plain(text)
-        return self.prompts.clone(text, voice.transcript, voice.codes)
+    def _planned(
+        self,
+        text: str | Plan,
+        request: dict[str, Any],
+        split: bool,
+        frame_cap: int | None = None,
+        first_chunk_frames: int | None = None,
+    ) -> Plan:
+        """``text`` when it is a plan (TypeError if anything else is given), else the plan of ``text`` with the
+        keywords of :func:`.request.check_request` in ``request``, ``frame_cap`` and a stream's
+        ``first_chunk_frames`` (through the API it may pass ``chunk_frames``), its language warning told as an
+        UnsupportedLanguageWarning (the keyword API's way)."""
+        if isinstance(text, Plan):
+            given = [k for k, v in {**request, "frame_cap": frame_cap}.items() if v is not None]
+            if given:
+                raise TypeError(f"a Plan holds its request: give it alone, or give the text with {', '.join(given)}")
+            return text
+        checked = check_request(text, **request)
+        if first_chunk_frames is not None:
+            checked = dataclasses.replace(
+                checked, first_chunk_frames=check_int(first_chunk_frames, "first_chunk_frames")
+            )
+        plan = self.plan(checked, split=split, frame_cap=frame_cap)
+        if plan.warning:  # stacklevel: the line that called generate, stream, synthesize or generate_batch
+            warnings.warn(plan.warning, UnsupportedLanguageWarning, stacklevel=3)
+        return plan

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..checkpoint import DEFAULT_MODEL
-from ..errors import AudioError, EngineError, UnsupportedLanguageWarning
+from ..errors import AudioError, EngineError
 from ..settings import DEFAULTS
 from .app import (
     AssetsOpt,
@@ -89,7 +89,6 @@ def say(
     """Speak TEXT into an audio file (44.1 kHz mono), in the model's own voice or a cloned one."""
     from ..audio import check_writable, read_reference, write_audio
     from ..request import check_request
-    from ..text import language_warning
     from ..tts import TTS
     from ..voices import VoiceStore
 
@@ -107,9 +106,6 @@ def say(
         chunk_frames=chunk_frames,
         first_chunk_frames=first_chunk_frames,
     )
-    if note := language_warning(req.text):
-        print_warnings([note])
-    warnings.filterwarnings("ignore", category=UnsupportedLanguageWarning)  # said once, above, not again by the API
     to_stdout = str(output) == "-"
     if to_stdout and sys.stdout.isatty():
         raise AudioError(
@@ -120,14 +116,17 @@ def say(
         check_writable(output)
     if ref_audio is not None:
         print_warnings(read_reference(ref_audio)[1].warnings)
-    elif voice is not None:
-        VoiceStore(voices).load(req.voice)  # an unknown or damaged voice fails here; the checkpoint check follows
+    elif voice is not None:  # read once, before loading: an unknown or damaged voice fails here (its checkpoint:
+        req = dataclasses.replace(req, voice=VoiceStore(voices).load(req.voice))  # checked by the plan)
     load_options = dict(
         device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets, cuda_graphs=cuda_graphs
     )
     load_options["codec_process"] = codec_process
     with err.status("loading the model..."):
         tts = TTS.load(model, **load_options)
+    plan = tts.plan(req)  # a clip is encoded here, once
+    if plan.warning:
+        print_warnings([plan.warning])
     progress = Progress(
         TextColumn("frames"),
         BarColumn(),
@@ -138,15 +137,14 @@ def say(
         disable=not err.is_terminal,  # off a terminal rich would leave a blank line where the bar was
     )
     spoken_as = f"voice {voice!r}, " if voice else (f"voice of {ref_audio.name}, " if ref_audio else "")
-    chosen = req.voice if ref_audio is None else tts.voice_from_clip(ref_audio, req.ref_text)  # encoded once
-    if not stream and not to_stdout and not tts.fits_one_utterance(req.text, chosen):
+    if not stream and not to_stdout and len(plan.pieces) > 1:
         err.print(
             "note: the text is too long for one utterance; it is split into sentences, as with --stream",
             highlight=False,
         )
         stream = True
     if stream or to_stdout:
-        speech = tts.stream(req.text, voice=chosen, **req.stream_options())
+        speech = tts.stream(plan)
         with progress:
             task = progress.add_task("frames", total=speech.max_frames)
             speech.on_frame = lambda step: progress.update(task, completed=step + 1)
@@ -161,11 +159,9 @@ def say(
     with progress:
         task = progress.add_task("frames", total=None)
         result = tts.generate(
-            req.text,
-            voice=chosen,
+            plan,
             on_start=lambda n: progress.update(task, total=n),
             on_frame=lambda step: progress.update(task, completed=step + 1),
-            **req.options(),
         )
     if result.frames == 0:
         raise _no_audio(output, result.seed)

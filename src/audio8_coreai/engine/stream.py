@@ -19,7 +19,7 @@ from functools import partial
 import numpy as np
 
 from ..backends.base import Backend, CodecStream
-from ..config import SamplingParams, check_int
+from ..config import SamplingParams
 from ..settings import DEFAULTS
 from .loop import Utterance, frame_steps
 from .noise import seeded_noise
@@ -51,9 +51,9 @@ class Piece:
 class SpeechStream:
     """An iterable of float32 mono chunks at ``sample_rate`` Hz: the speech of ``pieces``, made as it is read.
 
-    Build with :meth:`.tts.TTS.stream` (which checks everything before the first frame). Iterating runs the
-    model: the stream's first chunk holds ``first_chunk_frames`` frames (None: DEFAULTS.first_chunk_frames, at
-    most ``chunk_frames``), each next one twice the last up to ``chunk_frames`` (``n`` frames are ``n *
+    Build with :meth:`.tts.TTS.stream`, from a plan (:class:`..plan.Plan`: everything checked before the first
+    frame, nothing here). Iterating runs the model: the stream's first chunk holds ``first_chunk_frames`` frames
+    (both sizes whole numbers >= 1), each next one twice the last up to ``chunk_frames`` (``n`` frames are ``n *
     frame_length`` samples), so audio already sent covers the making of the next chunk whenever frames come
     faster than real time; a piece's last chunk holds what is left when it ends (eos or its cap); a silence of
     ``pause_s`` seconds separates pieces.
@@ -73,8 +73,6 @@ class SpeechStream:
     None: when the backend's codec runs in a process of its own (``Backend.codec_process``), the only way the two
     truly run at once on a CPU; True also overlaps an in-process codec on a thread (same samples); only for a
     backend whose codec overlaps its frames (``Backend.overlaps_codec``).
-    Raises ConfigError (a ValueError)
-    unless ``chunk_frames`` and ``first_chunk_frames`` are whole numbers >= 1.
     """
 
     def __init__(
@@ -85,17 +83,13 @@ class SpeechStream:
         seed: int,
         *,
         chunk_frames: int,
+        first_chunk_frames: int,
         sample_rate: int,
         frame_length: int,
-        first_chunk_frames: int | None = None,
         pause_s: float = DEFAULTS.pause_s,
         on_frame: Callable[[int], None] | None = None,
         overlap_codec: bool | None = None,
     ):
-        chunk_frames = check_int(chunk_frames, "chunk_frames")
-        if first_chunk_frames is None:
-            first_chunk_frames = min(DEFAULTS.first_chunk_frames, chunk_frames)
-        first_chunk_frames = check_int(first_chunk_frames, "first_chunk_frames")
         self.backend = backend
         self.pieces = pieces
         self.params = params

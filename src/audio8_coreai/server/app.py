@@ -35,8 +35,8 @@ def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings 
     """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker) or a
     :class:`.synth.Synthesizer` (a cluster's, :mod:`.ray_app`); raises ValueError without an instance, VoiceError
     for a ``voice_map`` target or ``default_voice`` that is no usable stored voice (``voicenames.check_voices``).
-    Text outside the model's languages is told to each client in an ``X-Audio8-Warning`` header, not as the API's
-    UnsupportedLanguageWarning (the workers call it under :func:`..text.language_told`); the process's warning
+    Text outside the model's languages is told to each client in an ``X-Audio8-Warning`` header (the plan's
+    warning, :class:`..plan.Plan`), not as the keyword API's UnsupportedLanguageWarning; the process's warning
     filters are left as they are. Every answer has an ``x-request-id`` (:mod:`.requestid`)."""
     settings = settings or ServerSettings()
     metrics = Metrics()

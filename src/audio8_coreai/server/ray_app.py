@@ -119,10 +119,12 @@ class SpeechJob:
 
 @dataclass(frozen=True)
 class Started:
-    """A Synth stream's first item: its stream is built by ``replica``; ``tokens``: the text's token count."""
+    """A Synth stream's first item: its stream is built by ``replica``; ``tokens``: the text's token count;
+    ``warning``: its plan's language warning (None: none)."""
 
     replica: str
     tokens: int
+    warning: str | None
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ class Synth:
         except Audio8Error as e:
             raise api_error(e) from None
         try:
-            yield Started(self.replica, speech.tokens)
+            yield Started(self.replica, speech.tokens, speech.warning)
             async for data in speech.body:
                 yield data
             yield Finished(speech.frames)
@@ -244,7 +246,7 @@ class RaySynthesizer(Synthesizer):
         except asyncio.CancelledError:  # the client left while its request waited: Ray lets it go
             call.cancel()  # (not after an error: cancel() raises the call's own error again)
             raise
-        speech = Speech(started.replica, started.tokens)
+        speech = Speech(started.replica, started.tokens, started.warning)
         speech.body = self._body(call, speech)
         return speech
 

@@ -25,8 +25,8 @@ import numpy as np
 from ..audio import SpeechEncoder, StreamStretcher, encode_speech, time_stretch
 from ..engine.stream import SpeechStream
 from ..errors import AssetError, Audio8Error, VoiceExists, VoiceStorageError
+from ..plan import Plan
 from ..request import CheckedRequest
-from ..text import language_told
 from ..tts import TTS
 from ..voices import Voice, VoiceStore
 from .errors import ApiError, api_error, storage
@@ -62,12 +62,14 @@ class Speech:
     raises :class:`.Audio8Error` when the synthesis fails (an :class:`ApiError` 422, before any byte, when the
     utterance holds no audio), and closing it early stops the synthesis at its next frame and frees its place.
     ``replica``: who makes it (:data:`LOCAL`, or a cluster replica's id); ``tokens``: the text's token count;
-    ``frames``: the frames made, set when the body has ended whole; ``dropped``: set when the synthesizer dropped
-    the stream for a client that read nothing for ``stall_s`` (:mod:`.relay`), while its response may still wait on
-    a socket that takes nothing: the response is cut then."""
+    ``warning``: the plan's language warning (an ASCII line, or None); ``frames``: the frames made, set when the
+    body has ended whole; ``dropped``: set when the synthesizer dropped the stream for a client that read nothing
+    for ``stall_s`` (:mod:`.relay`), while its response may still wait on a socket that takes nothing: the response
+    is cut then."""
 
     replica: str
     tokens: int
+    warning: str | None = None
     frames: int | None = None
     dropped: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     body: AsyncGenerator[bytes, None] = dataclasses.field(init=False)
@@ -84,9 +86,10 @@ class Synthesizer(ABC):
 
     @abstractmethod
     async def open(self, checked: CheckedRequest, output: Output) -> Speech:
-        """Admit ``checked`` and build its stream, to be made as ``output`` says. Raises ApiError 503 (with
-        Retry-After) when full, or the Audio8Error that refuses the request (the prompt does not fit, a stored
-        voice is damaged...). Cancelling the call gives the place back."""
+        """Admit ``checked``, plan it (:meth:`.tts.TTS.plan`, once) and build its stream, to be made as ``output``
+        says. Raises ApiError 503 (with Retry-After) when full, or the Audio8Error that refuses the request (the
+        prompt does not fit, a stored voice belongs to another checkpoint...). Cancelling the call gives the place
+        back."""
 
     @abstractmethod
     async def register_voice(self, name: str, data: bytes, filename: str, transcript: str, replace: bool) -> Voice:
@@ -104,9 +107,6 @@ class Synthesizer(ABC):
     @abstractmethod
     def close(self) -> None:
         """Stop taking work (the app's shutdown)."""
-
-
-_STARTED = object()  # a job's first item when its stream is built
 
 
 class _End:
@@ -155,15 +155,9 @@ class LocalSynthesizer(Synthesizer):
             try:
                 if relay.stopped.is_set():
                     return
-                with language_told():  # told to the client in the X-Audio8-Warning header
-                    stream = tts.stream(
-                        checked.text,
-                        voice=checked.voice,
-                        on_frame=on_frame,
-                        frame_cap=settings.max_frames,  # a ceiling: clipped to what each prompt leaves
-                        **checked.stream_options(),
-                    )
-                relay.put(_STARTED)
+                plan = tts.plan(checked, frame_cap=settings.max_frames)  # a ceiling: clipped to what each prompt leaves
+                stream = tts.stream(plan, on_frame=on_frame)
+                relay.put(plan)  # the stream is built: its token count and warning go to the route
                 for chunk in stream:
                     relay.put(chunk)  # waits while the client is not reading (back-pressure)
                 metrics.finished(stream)
@@ -182,9 +176,9 @@ class LocalSynthesizer(Synthesizer):
         except BaseException:  # cancelled while waiting: the worker stops at its start or next frame
             relay.stop()
             raise
-        if item is not _STARTED:  # the stream could not be built
+        if not isinstance(item, Plan):  # the stream could not be built
             raise failed(item.error)
-        speech = Speech(LOCAL, len(self.instances[0].prompts.encode(checked.text)), dropped=relay.dropped)
+        speech = Speech(LOCAL, item.tokens, item.warning, dropped=relay.dropped)
         speech.body = _body(relay, output, self.sample_rate, speech)
         return speech
 

@@ -162,7 +162,8 @@ class Speaker:
     async def speak(self, checked: CheckedRequest, send: Callable[[np.ndarray], Awaitable[None]]) -> int:
         """Speak ``checked`` on the model thread, awaiting ``send(chunk)`` (float32 [n], 44.1 kHz) for each chunk as
         it is made, at most ``DEFAULTS.stream_buffer_chunks`` chunks ahead of it (:class:`.relay.Relay`: the frames
-        wait for a client that reads slowly); returns the frames made. Raises what :meth:`.tts.TTS.stream` raises;
+        wait for a client that reads slowly); returns the frames made. Its plan's language warning goes to the log.
+        Raises what :meth:`.tts.TTS.plan` and :meth:`.tts.TTS.stream` raise;
         leaving early (an error in ``send``, a cancelled task) stops the utterance at its next frame."""
         relay = Relay(asyncio.get_running_loop(), DEFAULTS.stream_buffer_chunks, DEFAULTS.stall_s)
 
@@ -170,13 +171,10 @@ class Speaker:
             try:
                 if relay.stopped.is_set():
                     return
-                stream = self.tts.stream(
-                    checked.text,
-                    voice=checked.voice,
-                    on_frame=lambda step: relay.check(),
-                    frame_cap=self.settings.max_frames,
-                    **checked.stream_options(),
-                )
+                plan = self.tts.plan(checked, frame_cap=self.settings.max_frames)
+                if plan.warning:
+                    log.warning("wyoming: %s", plan.warning)
+                stream = self.tts.stream(plan, on_frame=lambda step: relay.check())
                 for chunk in stream:
                     relay.put(chunk)
                 relay.put(_End(stream.frames))

@@ -2,7 +2,7 @@
 
 from ..errors import PromptError, PromptTooLong, TokenizerError
 from .checks import check_text, check_unicode, clean_text
-from .languages import LANGUAGES, language_told, language_warning, warn_language
+from .languages import LANGUAGES, language_warning
 from .prompt import PromptBuilder
 from .split import split_text
 from .tokenizer import build_qwen_tokenizer, build_tiny_tokenizer, load_tokenizer, write_tokenizer_files
@@ -18,10 +18,8 @@ __all__ = [
     "check_text",
     "check_unicode",
     "clean_text",
-    "language_told",
     "language_warning",
     "load_tokenizer",
     "split_text",
-    "warn_language",
     "write_tokenizer_files",
 ]

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import unicodedata
-import warnings
-from collections.abc import Iterator
 
 import regex
-
-from ..errors import UnsupportedLanguageWarning
 
 # The languages this port measures the model in, ISO 639-1 code -> name: those of the quality gate's fixtures
 # (measure/gate, from PORT-NOTES.md: the publisher's evaluation speaks en, ja, zh), listed by Wyoming too. Other
@@ -31,7 +25,6 @@ _FOREIGN_LETTER = regex.compile(
 )
 # Characters of written Cantonese that standard written Chinese does not use (its particles and pronouns).
 _CANTONESE = frozenset("嘅咗唔佢冇喺啲嚟嘢哋嗰噉咩啱嘞囉睇咁")
-_TOLD = contextvars.ContextVar("audio8_language_told", default=False)  # True inside language_told()
 
 
 def language_warning(text: str) -> str | None:
@@ -52,23 +45,3 @@ def language_warning(text: str) -> str | None:
     if _CANTONESE.intersection(text):
         return f"the text looks like written Cantonese; {languages}, so it may be misread or not spoken at all"
     return None
-
-
-def warn_language(text: str) -> str:
-    """``text`` unchanged, after a :class:`.errors.UnsupportedLanguageWarning` (Python's warnings) with
-    :func:`language_warning`'s line when there is one: how the API tells its callers."""
-    if not _TOLD.get() and (note := language_warning(text)):
-        warnings.warn(note, UnsupportedLanguageWarning, stacklevel=3)
-    return text
-
-
-@contextlib.contextmanager
-def language_told() -> Iterator[None]:
-    """Inside it, in this thread or task only, :func:`warn_language` does not warn: for callers that tell their
-    users themselves (the server's X-Audio8-Warning header, the CLI's line). Unlike a warnings filter it leaves
-    the process's warning settings as they are, and unlike ``warnings.catch_warnings`` it is safe in threads."""
-    token = _TOLD.set(True)
-    try:
-        yield
-    finally:
-        _TOLD.reset(token)

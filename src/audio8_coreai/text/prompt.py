@@ -14,6 +14,7 @@ checkpoint and the tiny one.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -36,6 +37,15 @@ ASSISTANT_VOICE = "<|im_start|>assistant\n<|voice|>"
 # ``\d`` as in the publisher's Python regex (Unicode decimal digits).
 SPEAKER_TAG = re.compile(r"<\|speaker:\d+\|>")
 DEFAULT_SPEAKER = "<|speaker:0|>"
+
+
+@dataclass(frozen=True)
+class PromptHead:
+    """The columns every prompt of one voice begins with, int64 ``[num_codebooks + 1, H]`` (the system turn; a
+    clone's transcript and reference codes inside it), and ``what`` they hold beside the text, for messages."""
+
+    columns: np.ndarray = field(repr=False)
+    what: str = ""
 
 
 class PromptBuilder:
@@ -76,6 +86,10 @@ class PromptBuilder:
         self._turn_end = self.encode(TURN_END)
         self._user_open = self.encode(USER_OPEN)
         self._assistant_voice = self.encode(ASSISTANT_VOICE)
+        plain = np.zeros((config.num_codebooks + 1, len(self._system_open + self._plain_instruction)), np.int64)
+        plain[0] = self._system_open + self._plain_instruction
+        plain.setflags(write=False)  # one head shared by every plain prompt
+        self._plain_head = PromptHead(plain)
 
     def encode(self, segment: str) -> list[int]:
         """Token ids of one segment, nothing added around it.
@@ -114,12 +128,7 @@ class PromptBuilder:
         Raises :class:`PromptError` for empty or unspeakable text (:func:`check_text`) or a prompt that
         leaves no room for a frame in ``max_seq_len``.
         """
-        target_ids = self.encode(check_text(text))
-        row0 = self._system_open + self._plain_instruction + self._suffix(target_ids)
-        prompt = np.zeros((self.config.num_codebooks + 1, len(row0)), dtype=np.int64)
-        prompt[0] = row0
-        self.check_fits(prompt.shape[1], what=f"text of {len(target_ids)} tokens")
-        return prompt
+        return self.build(self.head(), self.encode(check_text(text)))
 
     def clone(self, text: str, ref_text: str, ref_codes: np.ndarray) -> np.ndarray:
         """The voice-clone prompt: int64 ``[num_codebooks + 1, P]`` with the reference inside the system turn.
@@ -131,6 +140,15 @@ class PromptBuilder:
         there; everything else in rows 1.. is zero.
         """
         target_ids = self.encode(check_text(text))
+        return self.build(self.head(ref_text, ref_codes), target_ids)
+
+    def head(self, ref_text: str | None = None, ref_codes: np.ndarray | None = None) -> PromptHead:
+        """The columns every prompt of one voice begins with: the plain prompt's (no arguments) or, for a clone,
+        the system turn holding the transcript ``ref_text`` and the reference ``ref_codes`` (as :meth:`clone`
+        says). Built once per voice, so its many pieces' prompts (:meth:`build`) do not redo it. Raises
+        PromptError for an empty transcript or codes that are not ``[num_codebooks, T]`` in the codebook's range."""
+        if ref_text is None and ref_codes is None:
+            return self._plain_head
         if not isinstance(ref_text, str):
             raise PromptError(f"reference text must be a string, got {type(ref_text).__name__}")
         transcript = clean_text(ref_text)
@@ -142,19 +160,28 @@ class PromptBuilder:
         codes = self._check_codes(ref_codes)
         transcript_ids = self.encode(transcript)
         prefix = self._system_open + self._clone_instruction + transcript_ids + self._clone_speech
+        n_ref, start = codes.shape[1], len(prefix)
+        columns = np.zeros((self.config.num_codebooks + 1, start + n_ref), dtype=np.int64)
+        columns[0, :start] = prefix
+        columns[0, start:] = codes[0] + self.config.semantic_begin_id  # [T] semantic ids under the reference
+        columns[1:, start:] = codes  # [C, T]
+        what = f", a reference transcript of {len(transcript_ids)} tokens and a reference of {n_ref} frames"
+        return PromptHead(columns, what)
+
+    def around(self, head: PromptHead) -> int:
+        """Columns of a prompt that begins with ``head``, besides its text's tokens."""
+        return head.columns.shape[1] + len(self._suffix([]))
+
+    def build(self, head: PromptHead, target_ids: list[int]) -> np.ndarray:
+        """The prompt int64 ``[num_codebooks + 1, P]`` of ``head`` then the text of ``target_ids`` (its tokens, as
+        :meth:`encode` gives them) and the assistant's opening. Raises :class:`PromptTooLong` for a prompt that
+        leaves no room for a frame in ``max_seq_len``."""
         suffix = self._suffix(target_ids)
-        n_ref = codes.shape[1]
-        start = len(prefix)
-        prompt = np.zeros((self.config.num_codebooks + 1, start + n_ref + len(suffix)), dtype=np.int64)
-        prompt[0, :start] = prefix
-        prompt[0, start : start + n_ref] = codes[0] + self.config.semantic_begin_id
-        prompt[0, start + n_ref :] = suffix
-        prompt[1:, start : start + n_ref] = codes
-        self.check_fits(
-            prompt.shape[1],
-            what=f"text of {len(target_ids)} tokens, a reference transcript of "
-            f"{len(transcript_ids)} tokens and a reference of {n_ref} frames",
-        )
+        width = head.columns.shape[1]
+        prompt = np.zeros((self.config.num_codebooks + 1, width + len(suffix)), dtype=np.int64)
+        prompt[:, :width] = head.columns
+        prompt[0, width:] = suffix
+        self.check_fits(prompt.shape[1], what=f"text of {len(target_ids)} tokens{head.what}")
         return prompt
 
     def _check_codes(self, ref_codes: np.ndarray) -> np.ndarray:

@@ -198,7 +198,12 @@ def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[
     (one long word, or CJK text without punctuation) longer than ``max_tokens``: the message gives the run's
     start and both counts.
     """
-    text = check_text(text)
+    return split_checked(check_text(text), max_tokens, count)
+
+
+def split_checked(text: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:
+    """:func:`split_text` of ``text`` that :func:`check_text` has already cleaned and passed (a checked request's,
+    :mod:`...plan`): not checked again."""
     if max_tokens < 1:
         raise PromptError(
             f"no room for text: an utterance can hold {max_tokens} tokens of it (a voice whose "

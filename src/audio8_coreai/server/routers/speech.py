@@ -17,7 +17,6 @@ from ...audio import MEDIA_TYPES, output_rate
 from ...errors import AudioError, DamagedVoice, VoiceError
 from ...request import CheckedRequest, check_request
 from ...settings import DEFAULTS
-from ...text import language_warning
 from ..errors import ApiError, documented
 from ..metrics import Metrics
 from ..relay import Stalled, disconnected
@@ -129,8 +128,8 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
     }
     if req.instructions:  # accepted as OpenAI's clients send them; the model takes no style prompt
         headers["X-Audio8-Instructions"] = "ignored"
-    if note := language_warning(checked.text):  # not in the model's languages: ASCII, no text of the request
-        headers["X-Audio8-Warning"] = note
+    if speech.warning:  # not in the model's languages (the plan's line): ASCII, no text of the request
+        headers["X-Audio8-Warning"] = speech.warning
     media = MEDIA_TYPES[req.response_format]
     if output.stream:  # from here the body's generator tells the synthesizer when to stop
         speech.body = _resumed(parts, speech.body)
