@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from audio8_coreai.backends.base import StepInputs
 from audio8_coreai.backends.torch import TorchBackend
-from audio8_coreai.backends.torch.cudagraphs import GraphedFrame
+from audio8_coreai.backends.torch.cudagraphs import GraphedFrame, GraphedRows
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.errors import BackendError
 from audio8_coreai.measure.parity import run_parity
@@ -259,6 +260,43 @@ def test_the_fused_graph_frame_issues_fewer_kernels_and_none_of_the_seams_ops(or
     assert not {"rms_norm", "flip", "index_copy_", "silu", "softmax", "cumsum", "log"} & set(kernels[True].names)
     assert kernels[False].launches == 0 and kernels[True].launches == 4 * blocks + norms + draws
     assert kernels[False].total - kernels[True].total >= 8 * blocks, (kernels[False].total, kernels[True].total)
+
+
+def test_fused_batched_rows_are_the_unfused_rows(oracle_dir):
+    """The batched graphs' frame (:class:`GraphedRows`: each row at its own slot, a frame 0 blended in, padding) with
+    the kernels installed: nothing a capture refuses, and the unfused rows' logits, hidden and KV state to fp32
+    rounding, row by row."""
+    cfg = load_checkpoint(oracle_dir).config
+    rows = [(2, 7, False), (0, 9, False), (3, 0, True)]  # (KV row, slot, frame 0); row 1 padding
+    inputs = capture_inputs(cfg, 3, torch.tensor([slot for _, slot, _ in rows]), forced=False)
+    gen = torch.Generator().manual_seed(4)
+    prefilled = {3: (torch.rand(cfg.num_semantic + 1, generator=gen), torch.rand(cfg.dim, generator=gen))}
+    results = {}
+    for fused in (False, True):
+        backend = _fused_backend(oracle_dir, "eager", fused)
+        k, v = backend.model.new_kv_cache(batch=4)
+        k.copy_(torch.randn(k.shape, generator=torch.Generator().manual_seed(5)))
+        v.copy_(torch.randn(v.shape, generator=torch.Generator().manual_seed(6)))
+        graphed = GraphedRows(backend.model, k, v, (1, 2, 4), capture=False)
+        calls = [
+            (
+                row,
+                StepInputs(
+                    None if first else inputs.column[i, :, 0].numpy(),
+                    slot,
+                    inputs.noise_slow[i].numpy(),
+                    inputs.window[i].numpy(),
+                    inputs.noise_fast[i].numpy(),
+                ),
+            )
+            for i, (row, slot, first) in enumerate(rows)
+        ]
+        graphed.stage(calls, {r: (lg.to(DEVICE), h.to(DEVICE)) for r, (lg, h) in prefilled.items()})
+        with torch.inference_mode(), RefuseUncapturable():
+            out, _ = graphed.replay(SETTINGS["sampled"], 4)
+        results[fused] = (out.logits.cpu(), out.hidden.cpu(), k.cpu(), v.cpu())
+    for got, want in zip(results[True], results[False]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="on CUDA the option is the product's")
