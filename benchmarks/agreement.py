@@ -21,7 +21,14 @@ from pathlib import Path
 
 import torch
 
-from audio8_coreai.measure.agreement import PROMPTS, Agreement, load_recordings, record, replay, save_recordings
+from audio8_coreai.measure.agreement import (
+    PROMPTS,
+    Agreement,
+    add_agreement,
+    load_recordings,
+    record_reference,
+    save_recordings,
+)
 from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
 
 
@@ -57,7 +64,7 @@ def main() -> None:
         params = ref.sampling()
         t0 = time.perf_counter()
         recs = [
-            record(ref.backend, ref.prompts.plain(text), params, args.seed + i, args.frames)
+            record_reference(ref.backend, ref.prompts.plain(text), params, args.seed + i, args.frames)
             for i, text in enumerate(PROMPTS[: args.prompts])
         ]
         meta = {"checkpoint": str(ckpt), "frames": args.frames, "seed": args.seed}
@@ -72,7 +79,7 @@ def main() -> None:
         agree = Agreement(tts.backend.description, "torch cpu fp32")
         t0 = time.perf_counter()
         for rec in recs:
-            replay(tts.backend, rec, params, agree)
+            add_agreement(tts.backend, rec, params, agree)
         print(agree.line() + f"  [{time.perf_counter() - t0:.0f} s]")
         results.append(agree.to_json())
         del tts

@@ -17,7 +17,7 @@ from audio8_coreai.backends.torch.kernels import NBits, NBitsFeedForward, NBitsL
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.errors import PrecisionError
-from audio8_coreai.measure.agreement import CODEBOOK_BAR, SEMANTIC_BAR, Agreement, record, replay
+from audio8_coreai.measure.agreement import CODEBOOK_BAR, SEMANTIC_BAR, Agreement, add_agreement, record_reference
 from audio8_coreai.measure.parity import run_parity
 from audio8_coreai.model.frame import Frame, FrameInputs
 from audio8_coreai.model.layers import FeedForward
@@ -284,12 +284,12 @@ def test_teacher_forced_agreement_against_fp32(tiny_checkpoint):
     cfg = ref.cfg
     prompt = np.zeros((cfg.num_codebooks + 1, 12), dtype=np.int64)
     prompt[0] = np.arange(12) + 5
-    rec = record(ref, prompt, params, seed=3, frames=12)
+    rec = record_reference(ref, prompt, params, seed=3, frames=12)
     n = len(rec.columns)  # up to eos or the cap, whatever the random weights draw
     assert 1 <= n <= 12 and rec.noise_fast.shape == (n, cfg.num_codebooks - 1, cfg.codebook_size)
-    same = replay(ref, rec, params, Agreement("fp32", "fp32"))
+    same = add_agreement(ref, rec, params, Agreement("fp32", "fp32"))
     assert same.semantic == (n, n) and same.codebook == (9 * n, 9 * n) and same.passed
-    low = replay(
+    low = add_agreement(
         TorchBackend(load_checkpoint(tiny_checkpoint), "cpu", precision="int16"),
         rec,
         params,
@@ -306,8 +306,8 @@ def test_fp16w_keeps_the_fp32_draws_on_bf16_weights(bf16_tiny_checkpoint):
     cfg = ref.cfg
     prompt = np.zeros((cfg.num_codebooks + 1, 12), dtype=np.int64)
     prompt[0] = np.arange(12) + 5
-    rec = record(ref, prompt, SamplingParams(), seed=3, frames=12)
-    got = replay(TorchBackend(ckpt, "cpu", "fp16w"), rec, SamplingParams(), Agreement("fp16w", "fp32"))
+    rec = record_reference(ref, prompt, SamplingParams(), seed=3, frames=12)
+    got = add_agreement(TorchBackend(ckpt, "cpu", "fp16w"), rec, SamplingParams(), Agreement("fp16w", "fp32"))
     assert got.frames == len(rec.columns) >= 1 and got.passed, got.line()
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from .bounds import CODEC_SIZE_LIMITS, MAX_CODEC_STRIDES, MODEL_NUMBER_RULES, MODEL_SIZE_LIMITS, LongNumber
 from .errors import ConfigError
-from .limits import CODEC_SIZE_LIMITS, MAX_CODEC_STRIDES, MODEL_NUMBER_RULES, MODEL_SIZE_LIMITS, LongNumber
 
 MODEL_TYPE = "arktts"
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
+from ..bounds import MAX_CONFIG_BYTES, MAX_NUMBER_DIGITS, LongNumber
 from ..errors import CheckpointError
-from ..limits import MAX_CONFIG_BYTES, MAX_NUMBER_DIGITS, LongNumber
 from ..model.codec import normalize_codec_state_dict
 from .layout import FOLDER_CONTENTS
 from .validate import MAX_LISTED

@@ -81,13 +81,13 @@ class Agreement:
         )
 
 
-def record(backend: Backend, prompt: np.ndarray, params: SamplingParams, seed: int, frames: int) -> Recording:
+def record_reference(backend: Backend, prompt: np.ndarray, params: SamplingParams, seed: int, frames: int) -> Recording:
     """Free-run ``prompt`` int64 [1+C, P] on ``backend`` (the reference) from ``seed``, up to eos or ``frames``
     frames (:func:`.replay.record`)."""
     return replay_record(backend, prompt, params, noise_source(backend.cfg, seed), frames)[0]
 
 
-def replay(backend: Backend, rec: Recording, params: SamplingParams, out: Agreement) -> Agreement:
+def add_agreement(backend: Backend, rec: Recording, params: SamplingParams, out: Agreement) -> Agreement:
     """Teacher-force ``rec`` through ``backend`` (:func:`.replay.replay_recording`) and add its agreement with the
     recorded draws to ``out``."""
     per = out.per_codebook or [0] * (backend.cfg.num_codebooks - 1)

@@ -13,8 +13,8 @@ from starlette.types import ASGIApp
 
 from ..tts import TTS
 from . import errors
+from .body_limit import SpeechBodyLimit
 from .connections import uvicorn_config
-from .limits import SpeechBodyLimit
 from .metrics import Metrics
 from .requestid import RequestIds
 from .routers import health, models, page, speech, voices
