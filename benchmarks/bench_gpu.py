@@ -101,11 +101,11 @@ def batched(
                 sync(dev)
                 samples.append(1e3 * (time.perf_counter() - t0) / frames)
             ms = statistics.median(samples)
-            if engine.model.graphed is not None:  # one more pass, each step waited for: where its time goes
-                engine.model.times = StepTimes()
+            if engine.batch.graphed is not None:  # one more pass, each step waited for: where its time goes
+                engine.batch.times = StepTimes()
                 for _ in range(frames):
                     engine.step()
-                out[f"{name}_ms_split"] = engine.model.times.ms()
+                out[f"{name}_ms_split"] = engine.batch.times.ms()
             out[f"{name}_ms_per_step"] = ms
             out[f"{name}_ms_per_frame_per_stream"] = ms / b
             out[f"{name}_streams_model"] = b * 1e3 * frame_s / ms

@@ -12,7 +12,7 @@ from audio8_coreai import TTS
 from audio8_coreai.backends.base import StepInputs
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.backends.torch.cudagraphs import bucket_sizes
-from audio8_coreai.backends.torch.rows import BatchModel
+from audio8_coreai.backends.torch.rows import TorchBatchFrames
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.engine.batch import generate_batch
@@ -49,7 +49,7 @@ def test_bucket_sizes():
 
 def test_graphs_are_the_default_on_cuda_only(tiny_checkpoint):
     tts = TTS.load(tiny_checkpoint, device="cpu", precision="fp32", codec_process=False)
-    assert tts.backend.frame_mode == "eager" and BatchModel(tts.backend, 2).graphed is None
+    assert tts.backend.frame_mode == "eager" and TorchBatchFrames(tts.backend, 2).graphed is None
 
 
 def _step(cfg, rng, column, pos) -> StepInputs:
@@ -59,13 +59,13 @@ def _step(cfg, rng, column, pos) -> StepInputs:
     return StepInputs(column, pos, noise_slow, window, noise_fast, logits=True)
 
 
-def _check_rows(never_eos, device: str = "cpu") -> BatchModel:
+def _check_rows(never_eos, device: str = "cpu") -> TorchBatchFrames:
     """Rows joining, leaving and missing a frame, calls padded up to their bucket: the graph-mode batch model gives
     the eager one's codes and KV state, and writes no slot of a row outside the call but the last (which no row
     attends before writing it). Returns the graph-mode model."""
     eager_b, graphed_b, tts = never_eos
     cfg = eager_b.cfg
-    eager, graphed = BatchModel(eager_b, 4), BatchModel(graphed_b, 4)
+    eager, graphed = TorchBatchFrames(eager_b, 4), TorchBatchFrames(graphed_b, 4)
     assert graphed.graphed.buckets == (1, 2, 4) and graphed.k_cache.shape == eager.k_cache.shape  # no spare row
     params = SamplingParams(temperature=0.7, top_k=20, top_p=0.8)
     rng = np.random.default_rng(5)
@@ -143,6 +143,6 @@ def test_graphs_are_the_default_on_cuda(tiny_checkpoint):
     assert TTS.load(tiny_checkpoint, device="cuda", cuda_graphs=False).backend.frame_mode == "eager"
     tts = TTS.load(tiny_checkpoint, device="cuda")
     server, _ = tts.batched(3)
-    assert server.model.graphed.capture and server.model.graphed.buckets == (1, 2, 3)
-    assert len(server.model.graphed.graphs) == 3  # every bucket captured at start-up for the default settings
+    assert server.batch.graphed.capture and server.batch.graphed.buckets == (1, 2, 3)
+    assert len(server.batch.graphed.graphs) == 3  # every bucket captured at start-up for the default settings
     server.close()

@@ -73,7 +73,8 @@ def machine_memory_bytes() -> int | None:
 
 class BatchFrames(Protocol):
     """Many utterances' frames in one call, each utterance in a KV row of its own (the torch backend's
-    :class:`.torch.rows.BatchModel`): the calls :mod:`..engine.batch` makes. ``backend`` is the backend it runs on."""
+    :class:`.torch.rows.TorchBatchFrames`): the calls :mod:`..engine.batch` makes. ``backend`` is the backend it
+    runs on."""
 
     backend: Backend
 

@@ -1,6 +1,6 @@
 """Continuous batching for a caller that owns the loop: utterances share one frame call, each its own loop state.
 
-A backend that batches (``Backend.batch_frames``: the torch backend's :class:`..backends.torch.rows.BatchModel`)
+A backend that batches (``Backend.batch_frames``: the torch backend's :class:`..backends.torch.rows.TorchBatchFrames`)
 runs one frame for any set of KV rows in one call
 (the weights read once for all). :class:`BatchEngine` admits utterances into free rows and steps them together;
 each keeps its own :class:`.loop.Utterance` (noise stream, RAS window, stop rule), so its draws are those of
@@ -45,14 +45,14 @@ class BatchEngine:
     """
 
     def __init__(self, backend: Backend, params: SamplingParams, max_batch: int):
-        self.model = backend.batch_frames(max_batch)
+        self.batch = backend.batch_frames(max_batch)
         self.params, self.cfg = params, backend.cfg
         self.items: list[BatchItem] = []
 
     @property
     def free(self) -> int:
         """Rows free for :meth:`admit`."""
-        return self.model.free
+        return self.batch.free
 
     def admit(
         self,
@@ -70,9 +70,9 @@ class BatchEngine:
         if noise is None:
             if seed is None:
                 raise ValueError("admit needs a seed or a noise source")
-            noise = seeded_noise(self.model.backend, seed)
-        row = self.model.acquire()
-        self.model.prefill(row, prompt)
+            noise = seeded_noise(self.batch.backend, seed)
+        row = self.batch.acquire()
+        self.batch.prefill(row, prompt)
         item = BatchItem(row, Utterance(self.cfg, prompt.shape[1], max_frames, noise, logits=logits))
         self.items.append(item)
         return item
@@ -80,11 +80,11 @@ class BatchEngine:
     def step(self) -> list[tuple[BatchItem, FrameResult]]:
         """One frame for every active utterance in one call; returns each item with its result (semantic eos
         when the utterance ended there). Items that end leave, freeing their rows."""
-        results = self.model.frames(self.params, [(item.row, item.utterance.next_inputs()) for item in self.items])
+        results = self.batch.frames(self.params, [(item.row, item.utterance.next_inputs()) for item in self.items])
         for item, res in zip(self.items, results):
             item.utterance.record(res)
             if item.done:
-                self.model.release(item.row)
+                self.batch.release(item.row)
         out = list(zip(self.items, results))
         self.items = [item for item in self.items if not item.done]
         return out

@@ -191,9 +191,9 @@ class TorchBackend(Backend):
         return self._decoder
 
     def batch_frames(self, max_batch: int) -> BatchFrames:
-        from .rows import BatchModel  # rows builds on this module
+        from .rows import TorchBatchFrames  # rows builds on this module
 
-        return BatchModel(self, max_batch)
+        return TorchBatchFrames(self, max_batch)
 
     def frame_rows(self, max_batch: int, warm: Sequence[SamplingParams] = ()) -> FrameRows:
         from .rows import FrameServer

@@ -172,10 +172,11 @@ class GraphedRows:
 
     A call runs at the smallest of ``buckets`` (ascending batch sizes, the largest R) above its highest row, over the
     view of the KV state's first rows: entry r is row r, so attention reads the state in place (no row gathered or
-    copied; keep the rows in use low, as :meth:`.rows.BatchModel.acquire` does). Its inputs go through the bucket's
-    :class:`.staging.Staging`; rows not in the call are padding (see :meth:`.model.frame.Frame.rows`). One graph per
-    (bucket, sampling settings) is captured on first use or by :meth:`capture_all`, kept as :class:`Graphs` says
-    (``DEFAULTS.cuda_graphs_kept`` per bucket). Raises ValueError for ``capture`` off a CUDA device, or buckets past R.
+    copied; keep the rows in use low, as :meth:`.rows.TorchBatchFrames.acquire` does). Its inputs go through the
+    bucket's :class:`.staging.Staging`; rows not in the call are padding (see :meth:`.model.frame.Frame.rows`). One
+    graph per (bucket, sampling settings) is captured on first use or by :meth:`capture_all`, kept as :class:`Graphs`
+    says (``DEFAULTS.cuda_graphs_kept`` per bucket). Raises ValueError for ``capture`` off a CUDA device, or buckets
+    past R.
     """
 
     def __init__(self, model: DualAR, k_cache: Tensor, v_cache: Tensor, buckets: Sequence[int], capture: bool):

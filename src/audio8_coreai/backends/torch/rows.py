@@ -1,12 +1,12 @@
 """Batched rows: several utterances in one frame call, and one frame thread behind many request threads.
 
-:class:`BatchModel` holds ``max_batch`` rows of KV state [n_layer, max_batch, n_kv, max_seq_len, head_dim], one
-utterance per row. A row is filled by a prefill (run alone); then :meth:`BatchModel.frames` runs one frame for
+:class:`TorchBatchFrames` holds ``max_batch`` rows of KV state [n_layer, max_batch, n_kv, max_seq_len, head_dim], one
+utterance per row. A row is filled by a prefill (run alone); then :meth:`TorchBatchFrames.frames` runs one frame for
 any set of rows in one call: the linears of the slow AR, the fast AR and the heads on all of them at once,
 attention per row at its own position (:meth:`...model.frame.Frame.slow_rows`), frame-0 rows (drawn from their
 prefill) in the same sampler pass. Rows come and go between frames (continuous batching).
 
-This is how ``audio8 serve --batch N`` shares the weights: a :class:`FrameServer` owns a :class:`BatchModel` and
+This is how ``audio8 serve --batch N`` shares the weights: a :class:`FrameServer` owns a :class:`TorchBatchFrames` and
 one thread that runs it. Each of its ``N`` rows
 is lent to a :class:`RowBackend`, a backend with the engine's calls (``prefill``, ``frame``,
 the codec) that hands its model work to that thread and waits for the answer. A request thread drives its
@@ -66,7 +66,7 @@ def _check_fits(backend: TorchBackend, rows: int) -> None:
         )
 
 
-class BatchModel:
+class TorchBatchFrames:
     """The rows of a batch over a :class:`.backends.torch.TorchBackend`'s model (same weights, same precision).
 
     Holds the KV state [n_layer, max_batch, n_kv, max_seq_len, head_dim] (each row 50 MB at fp32 for the 0.6b
@@ -215,10 +215,10 @@ class FrameServer:
         if batch_codec and backend.codec_worker is not None:
             raise ValueError("the batched codec runs the decoder in this process: load with codec_process off")
         self.backend = backend
-        self.model = BatchModel(backend, max_batch)
-        if self.model.graphed is not None:
+        self.batch = TorchBatchFrames(backend, max_batch)
+        if self.batch.graphed is not None:
             for params in warm:
-                self.model.graphed.capture_all(params)
+                self.batch.graphed.capture_all(params)
         self.codec = CodecRows(backend.decoder, gather_s) if batch_codec else None
         self.gather_s = gather_s
         self._cond = threading.Condition()
@@ -226,7 +226,7 @@ class FrameServer:
         self._closed = False
         self._seen: dict[int, float] = {}  # row -> when it last submitted work
         self.encode_lock = threading.Lock()  # the backend builds its encoder on first use
-        self._rows = [RowBackend(self, self.model.acquire()) for _ in range(max_batch)]
+        self._rows = [RowBackend(self, self.batch.acquire()) for _ in range(max_batch)]
         self.frame_calls = 0  # batched calls run, and the frames they held (mean batch = frames / calls)
         self.frames = 0
         self._thread = threading.Thread(target=self._loop, name="audio8-frames", daemon=True)
@@ -295,7 +295,7 @@ class FrameServer:
                 groups.setdefault(job.params, []).append(job)
             for params, group in groups.items():
                 calls = [(job.row, job.call) for job in group]
-                self._finish(group, lambda params=params, calls=calls: self.model.frames(params, calls))
+                self._finish(group, lambda params=params, calls=calls: self.batch.frames(params, calls))
                 self.frame_calls += 1
                 self.frames += len(group)
         with self._cond:  # closed: fail whatever still waits
@@ -336,7 +336,7 @@ class RowBackend(Backend):
 
     @property
     def description(self) -> str:
-        return f"{self.shared.description}, batched x{self.server.model.max_batch}"
+        return f"{self.shared.description}, batched x{self.server.batch.max_batch}"
 
     @property
     def device_name(self) -> str:
@@ -347,7 +347,7 @@ class RowBackend(Backend):
 
     def prefill(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Prefill ``prompt`` int [1+C, P] into this row (on the frame thread, alone)."""
-        return self.server.submit(_Job(self.row, run=lambda: self.server.model.prefill(self.row, prompt)))
+        return self.server.submit(_Job(self.row, run=lambda: self.server.batch.prefill(self.row, prompt)))
 
     def frame(self, params: SamplingParams, step: StepInputs) -> FrameResult:
         """This row's frame, run by the frame thread in one batched call with the other rows waiting."""
