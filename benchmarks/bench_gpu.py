@@ -50,7 +50,7 @@ from audio8_coreai.engine.batch import BatchEngine
 from audio8_coreai.engine.loop import generate
 from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
 
-CHUNK = 16  # frames per streamed chunk (DEFAULTS.chunk_frames)
+CHUNK = 16  # frames per streamed chunk (DEFAULTS.speech.chunk_frames)
 
 
 def sync(device: torch.device) -> None:

@@ -13,7 +13,6 @@ before and after) and the frame is timed again. Also printed: the read bandwidth
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import time
@@ -64,7 +63,8 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=40)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    held = dataclasses.replace(torch_backend.DEFAULTS, huge_pages_min_bytes=2**62)
+    held = torch_backend.DEFAULTS.torch.model_copy(update={"huge_pages_min_bytes": 2**62})
+    held = torch_backend.DEFAULTS.model_copy(update={"torch": held})
     torch_backend.DEFAULTS = held  # this load backs nothing by huge pages itself
     tts = TTS.load(ensure_checkpoint(args.model), device="cpu")
     print(f"{tts.backend.description}; one thread reads {read_gbps():.1f} GB/s; load {os.getloadavg()[0]:.2f}")

@@ -110,8 +110,8 @@ def test_the_readme_sdk_example_streams_to_a_file(client, tmp_path):
 
 
 def test_requests_without_voice_or_seed_get_one_steady_voice(base):
-    """The model's own voice is drawn with the fixed seed DEFAULTS.default_voice_seed (0) when a request gives none:
-    the same text gives the same bytes, under no voice, 'default' or an unmapped OpenAI name."""
+    """The model's own voice is drawn with the fixed seed DEFAULTS.server.default_voice_seed (0) when a request gives
+    none: the same text gives the same bytes, under no voice, 'default' or an unmapped OpenAI name."""
     first = post(base, response_format="wav")
     assert first.headers["x-seed"] == "0"
     assert post(base, response_format="wav").content == first.content

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import socket
@@ -21,7 +20,7 @@ import audio8_coreai.server.wyoming as wyoming_server
 from audio8_coreai.settings import DEFAULTS
 from test_wyoming import never_eos_tts, serving, talk  # noqa: F401 - never_eos_tts is a fixture
 
-LIMIT = DEFAULTS.wyoming_max_event_bytes
+LIMIT = DEFAULTS.wyoming.max_event_bytes
 
 
 async def _raw(port: int, sent: bytes, then: bytes = b"", events: int | None = None) -> tuple[list[dict], float]:
@@ -102,13 +101,21 @@ def test_a_malformed_event_is_an_error_event(never_eos_tts, line, needle):  # no
 
 def test_a_client_silent_mid_event_is_closed(never_eos_tts, monkeypatch):  # noqa: F811
     """A synthesize whose 100 promised bytes of data never come: closed after the idle bound, saying so."""
-    monkeypatch.setattr(wyoming_server, "DEFAULTS", dataclasses.replace(DEFAULTS, wyoming_idle_s=0.5))
+    monkeypatch.setattr(
+        wyoming_server,
+        "DEFAULTS",
+        DEFAULTS.model_copy(update={"wyoming": DEFAULTS.wyoming.model_copy(update={"idle_s": 0.5})}),
+    )
     error, seconds = _refused(never_eos_tts, b'{"type": "synthesize", "data_length": 100}\n')
     assert "no event data from the client in 0.5 s" in error.text and 0.4 < seconds < 10
 
 
 def test_an_idle_connection_is_closed(never_eos_tts, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(wyoming_server, "DEFAULTS", dataclasses.replace(DEFAULTS, wyoming_idle_s=0.5))
+    monkeypatch.setattr(
+        wyoming_server,
+        "DEFAULTS",
+        DEFAULTS.model_copy(update={"wyoming": DEFAULTS.wyoming.model_copy(update={"idle_s": 0.5})}),
+    )
     error, seconds = _refused(never_eos_tts, b"")
     assert "no event from the client in 0.5 s" in error.text and 0.4 < seconds < 10
 
@@ -138,7 +145,13 @@ def test_a_client_that_stops_reading_is_dropped_and_its_utterance_stopped(never_
     """A synthesize whose client then reads nothing (a small receive window) while the model could speak for ever:
     the frames run at most ``stream_buffer_chunks`` chunks ahead, and after ``stall_s`` the connection is reset, the
     utterance stopped, one line logged; the next client is served."""
-    monkeypatch.setattr(wyoming_server, "DEFAULTS", dataclasses.replace(DEFAULTS, stall_s=1.0, stream_buffer_chunks=2))
+    monkeypatch.setattr(
+        wyoming_server,
+        "DEFAULTS",
+        DEFAULTS.model_copy(
+            update={"server": DEFAULTS.server.model_copy(update={"stall_s": 1.0, "stream_buffer_chunks": 2})}
+        ),
+    )
     made = []
 
     def endless(*args, on_frame, **kwargs):  # a second of tone a chunk (88 KB as pcm), a frame's check before each

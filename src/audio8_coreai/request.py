@@ -63,7 +63,7 @@ def check_request(
     top_k: int | None = None,
     top_p: float | None = None,
     max_frames: int | None = None,
-    chunk_frames: int = DEFAULTS.chunk_frames,
+    chunk_frames: int = DEFAULTS.speech.chunk_frames,
     first_chunk_frames: int | None = None,
 ) -> CheckedRequest:
     """Check a request without weights, files or a tokenizer, before a model is loaded or a worker taken; return

@@ -60,8 +60,8 @@ class TTS(VoiceCloning):
         assets: str | Path | None = None,
         precision: str | None = None,
         codec_dtype: str | None = None,
-        cuda_graphs: bool | None = DEFAULTS.cuda_graphs,
-        codec_process: bool | None = DEFAULTS.codec_process,
+        cuda_graphs: bool | None = DEFAULTS.torch.cuda_graphs,
+        codec_process: bool | None = DEFAULTS.torch.codec_process,
     ) -> TTS:
         """Load a checkpoint folder (publisher layout) or hub id, validate it and build the backend.
 
@@ -293,8 +293,9 @@ class TTS(VoiceCloning):
         if len(plan.pieces) == 1:
             out = self.generate(plan, on_start=on_start)
             return out.audio, out.sample_rate
-        # Every chunk DEFAULTS.chunk_frames long, the push size that decodes fastest (see TorchBackend.decode_window).
-        chunks = DEFAULTS.chunk_frames
+        # Every chunk DEFAULTS.speech.chunk_frames long, the push size that decodes fastest (see
+        # TorchBackend.decode_window).
+        chunks = DEFAULTS.speech.chunk_frames
         speech = self.stream(dataclasses.replace(plan, chunk_frames=chunks, first_chunk_frames=chunks))
         if on_start is not None:
             on_start(speech.max_frames)
@@ -325,7 +326,7 @@ class TTS(VoiceCloning):
         ``text`` is a plan (:meth:`plan`), spoken as it is; or a string with the keywords of :meth:`generate` and
         ``chunk_frames``, ``first_chunk_frames`` (through the API the first chunk may be longer than the others;
         the CLI and server keep it at most ``chunk_frames``) and ``frame_cap`` (a ceiling on the default frame cap,
-        as a server's), checked and planned split: pieces whose estimated speech (``DEFAULTS.frames_per_token``
+        as a server's), checked and planned split: pieces whose estimated speech (``DEFAULTS.speech.frames_per_token``
         frames per text token) fits the context and the checkpoint's ``max_new_tokens``, spoken in order in the
         same voice, the seed's noise stream running on, with a short pause between. Text kept in one piece gives
         :meth:`generate`'s samples with the same arguments. ``max_frames`` caps every piece. ``on_frame`` as in

@@ -28,14 +28,14 @@ def convert(
     ] = None,
     decoder_frames: Annotated[
         int, typer.Option(help="Codec decoder push: frames per call (2048 samples each).")
-    ] = DEFAULTS.decoder_frames,
+    ] = DEFAULTS.coreai.decoder_frames,
     decoder_first_frames: Annotated[
         int,
         typer.Option(help="Codec decoder's second function, for a stream's first chunk of this many frames (0: none)."),
-    ] = DEFAULTS.decoder_first_frames,
+    ] = DEFAULTS.coreai.decoder_first_frames,
     encoder_frames: Annotated[
         int, typer.Option(help="Codec encoder bucket, frames per call.")
-    ] = DEFAULTS.encoder_frames,
+    ] = DEFAULTS.coreai.encoder_frames,
     part: Annotated[
         list[str] | None,
         typer.Option(help="Convert only this part (repeatable): dualar, codec_decoder, codec_encoder."),

@@ -22,7 +22,7 @@ class Size(StrEnum):
 def make_checkpoint_cmd(
     directory: Annotated[Path, typer.Argument(help="New folder to write (must not exist or be empty).")],
     size: Annotated[Size, typer.Option(help="tiny (tests) or 0.6b (benchmarks, about 2.8 GB).")] = Size.tiny,
-    seed: Annotated[int, typer.Option(help="Same seed, byte-identical files.")] = DEFAULTS.checkpoint_seed,
+    seed: Annotated[int, typer.Option(help="Same seed, byte-identical files.")] = DEFAULTS.measure.checkpoint_seed,
 ) -> None:
     """Write a checkpoint with random weights in the publisher's exact layout."""
     from ..checkpoint import make_checkpoint

@@ -35,7 +35,7 @@ def parity(
     cuda_graphs: CudaGraphsOpt = None,
     tolerance: Annotated[
         float, typer.Option(help="Max |logit/waveform diff| for fp32 parity (> 0).")
-    ] = DEFAULTS.tolerance,
+    ] = DEFAULTS.measure.tolerance,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full report as JSON.")] = False,
 ) -> None:
     """Replay an oracle fixture; exit 0 only when fp32 parity holds (reports agreement counts for the other
@@ -148,10 +148,10 @@ def gate(
     ] = None,
     asr_margin: Annotated[
         float, typer.Option(help="Error-rate points (absolute) the port may lose to the reference per language.")
-    ] = DEFAULTS.asr_margin,
+    ] = DEFAULTS.measure.asr_margin,
     speaker_margin: Annotated[
         float, typer.Option(help="Mean speaker cosine the port may lose to the reference.")
-    ] = DEFAULTS.speaker_margin,
+    ] = DEFAULTS.measure.speaker_margin,
     recognizer: Annotated[
         list[str] | None,
         typer.Option(
@@ -213,7 +213,7 @@ def bench(
             "-m",
             help="A 0.6b checkpoint folder; a random one (seed 0, about 2.8 GB) is written there when absent.",
         ),
-    ] = Path(DEFAULTS.bench_checkpoint),
+    ] = Path(DEFAULTS.bench.checkpoint),
     precision: Annotated[
         list[str] | None,
         typer.Option(
@@ -230,10 +230,10 @@ def bench(
         ),
     ] = False,
     device: DeviceOpt = "cpu",
-    frames: Annotated[int, typer.Option(help="Frames per timed frame loop (eos ignored).")] = DEFAULTS.bench_frames,
+    frames: Annotated[int, typer.Option(help="Frames per timed frame loop (eos ignored).")] = DEFAULTS.bench.frames,
     runs: Annotated[
         int, typer.Option(help="Timed runs after one warm-up; medians are reported.")
-    ] = DEFAULTS.bench_runs,
+    ] = DEFAULTS.bench.runs,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write every figure here.")] = None,
     codec_dtype: Annotated[
         list[str] | None,

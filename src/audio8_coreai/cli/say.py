@@ -77,12 +77,12 @@ def say(
     ] = False,
     chunk_frames: Annotated[
         int, typer.Option(help="With --stream: frames per chunk (46 ms each).")
-    ] = DEFAULTS.chunk_frames,
+    ] = DEFAULTS.speech.chunk_frames,
     first_chunk_frames: Annotated[
         int | None,
         typer.Option(
             help=f"With --stream: frames in the first chunk, so the first audio comes sooner (default "
-            f"{DEFAULTS.first_chunk_frames}, at most --chunk-frames)."
+            f"{DEFAULTS.speech.first_chunk_frames}, at most --chunk-frames)."
         ),
     ] = None,
 ) -> None:

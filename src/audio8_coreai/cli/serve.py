@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 @app.command()
 @friendly
 def serve(
-    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = DEFAULTS.host,
-    port: Annotated[int, typer.Option(help="TCP port.")] = DEFAULTS.port,
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = DEFAULTS.server.host,
+    port: Annotated[int, typer.Option(help="TCP port.")] = DEFAULTS.server.port,
     model: ModelOpt = DEFAULT_MODEL,
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
@@ -43,22 +43,27 @@ def serve(
     assets: AssetsOpt = None,
     workers: Annotated[
         int, typer.Option(help="Model instances, each serving one request at a time.")
-    ] = DEFAULTS.workers,
+    ] = DEFAULTS.server.workers,
     max_queue: Annotated[
         int, typer.Option(help="Requests that may wait for a worker; more get 503.")
-    ] = DEFAULTS.max_queue,
+    ] = DEFAULTS.server.max_queue,
     max_frames: Annotated[int | None, typer.Option(help="Frame cap per utterance (default: the model's).")] = None,
-    chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")] = DEFAULTS.chunk_frames,
+    chunk_frames: Annotated[
+        int, typer.Option(help="Frames per streamed chunk (46 ms each).")
+    ] = DEFAULTS.speech.chunk_frames,
     first_chunk_frames: Annotated[
         int | None,
         typer.Option(
-            help=f"Frames in a stream's first chunk (default {DEFAULTS.first_chunk_frames}, at most --chunk-frames)."
+            help=f"Frames in a stream's first chunk (default {DEFAULTS.speech.first_chunk_frames}, "
+            "at most --chunk-frames)."
         ),
     ] = None,
-    max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")] = DEFAULTS.max_input_chars,
+    max_input_chars: Annotated[
+        int, typer.Option(help="Longest input text per request.")
+    ] = DEFAULTS.server.max_input_chars,
     max_upload_mb: Annotated[
         float, typer.Option(help="Largest voice upload in MB (2**20 bytes); 30 s of 96 kHz stereo float wav is 22 MB.")
-    ] = DEFAULTS.max_upload_bytes / 2**20,
+    ] = DEFAULTS.server.max_upload_bytes / 2**20,
     batch: Annotated[
         int,
         typer.Option(
@@ -97,7 +102,7 @@ def serve(
         str | None,
         typer.Option(help="--ray: the cluster to join (auto: the one this machine is in; default: a new one)."),
     ] = None,
-    replicas: Annotated[int, typer.Option(help="--ray: engine replicas.")] = DEFAULTS.ray_replicas,
+    replicas: Annotated[int, typer.Option(help="--ray: engine replicas.")] = DEFAULTS.ray.replicas,
     autoscale: Annotated[
         str | None, typer.Option(help="--ray: MIN:MAX replicas, scaled on requests in flight (replaces --replicas).")
     ] = None,

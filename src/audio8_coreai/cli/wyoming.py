@@ -27,8 +27,8 @@ from .app import (
 @app.command()
 @friendly
 def wyoming(
-    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = DEFAULTS.host,
-    port: Annotated[int, typer.Option(help="TCP port (10200: Wyoming's for text to speech).")] = DEFAULTS.wyoming_port,
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = DEFAULTS.server.host,
+    port: Annotated[int, typer.Option(help="TCP port (10200: Wyoming's for text to speech).")] = DEFAULTS.wyoming.port,
     model: ModelOpt = DEFAULT_MODEL,
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
@@ -43,7 +43,7 @@ def wyoming(
     top_k: Annotated[int | None, typer.Option(help="Top-k (default: the checkpoint's).")] = None,
     top_p: Annotated[float | None, typer.Option(help="Top-p (default: the checkpoint's).")] = None,
     max_frames: Annotated[int | None, typer.Option(help="Frame cap per utterance (default: the model's).")] = None,
-    max_input_chars: Annotated[int, typer.Option(help="Longest text per request.")] = DEFAULTS.max_input_chars,
+    max_input_chars: Annotated[int, typer.Option(help="Longest text per request.")] = DEFAULTS.server.max_input_chars,
 ) -> None:
     """Serve Home Assistant's Wyoming protocol: describe, synthesize and streaming synthesize, 44.1 kHz audio."""
     import asyncio

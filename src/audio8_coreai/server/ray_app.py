@@ -80,7 +80,7 @@ class RayArgs(BaseModel):
     device: str = "auto"
     precision: str | None = None
     batch: int = Field(0, ge=0)
-    replicas: int = Field(DEFAULTS.ray_replicas, ge=1)
+    replicas: int = Field(DEFAULTS.ray.replicas, ge=1)
     autoscale: tuple[int, int] | None = None
     gpus: float = Field(0.0, ge=0)
     cpus: float = Field(1.0, ge=0)
@@ -158,7 +158,7 @@ class Synth:
             raise ApiError(409, message, "voice", "voice_changed")
         return voice
 
-    @serve.multiplexed(max_num_models_per_replica=DEFAULTS.prefix_cache)
+    @serve.multiplexed(max_num_models_per_replica=DEFAULTS.torch.prefix_cache)
     async def kept_voice(self, key: str) -> Voice:
         """:meth:`read_voice`, kept by this replica while ``key`` is among its last ``prefix_cache`` voices (as its
         backend keeps their prompt heads); Ray sends the requests of ``key`` to the replicas that keep it."""
@@ -204,7 +204,7 @@ async def _remote(step: Awaitable[T]) -> T:
     try:
         return await step
     except BackPressureError as e:
-        wait = math.ceil(e.retry_after_s or DEFAULTS.ray_retry_after_s)
+        wait = math.ceil(e.retry_after_s or DEFAULTS.ray.retry_after_s)
         raise ApiError(
             503,
             "the cluster is busy (every replica running, its queue full); retry later",
@@ -218,7 +218,7 @@ async def _remote(step: Awaitable[T]) -> T:
             "the cluster lost the replica serving this request (it stopped or cannot be reached; logged there): "
             "send the request again",
             code="replica_unavailable",
-            headers={"Retry-After": str(math.ceil(DEFAULTS.ray_retry_after_s))},
+            headers={"Retry-After": str(math.ceil(DEFAULTS.ray.retry_after_s))},
         ) from None
     except RayTaskError as e:  # raised in a replica: its cause is what it raised
         raise failed(e.cause) from None
@@ -306,13 +306,13 @@ def build_app(args: RayArgs | dict[str, Any]) -> serve.Application:
     synth = SynthDeployment.options(
         max_ongoing_requests=args.rows,
         max_queued_requests=max(args.server.max_queue, 1),  # Ray: at least 1 (-1 is no limit)
-        backpressure_config={"retry_after_s": DEFAULTS.ray_retry_after_s},
+        backpressure_config={"retry_after_s": DEFAULTS.ray.retry_after_s},
         ray_actor_options={"num_gpus": args.gpus, "num_cpus": args.cpus},
         **scale,
     ).bind(args)
     # No CPU reserved for the ingress (it waits on Synth, as Ray's proxy does): N replicas fit N cores.
     ingress = IngressDeployment.options(
-        max_ongoing_requests=DEFAULTS.ray_ingress_requests, ray_actor_options={"num_cpus": 0}
+        max_ongoing_requests=DEFAULTS.ray.ingress_requests, ray_actor_options={"num_cpus": 0}
     )
     return ingress.bind(synth, args)
 

@@ -21,26 +21,26 @@ class ServerSettings:
     :class:`..engine.stream.SpeechStream`). ``sample_rate``: every body's rate unless a request
     asks another (None: pcm 24 kHz, the others the model's). ``voice_map``: OpenAI voice names (lower case) onto
     stored voices; ``default_voice``: the stored voice of requests naming none (None: the model's own voice with
-    the seed DEFAULTS.default_voice_seed when the request gives none); see :mod:`.voicenames`. Slow clients:
+    the seed DEFAULTS.server.default_voice_seed when the request gives none); see :mod:`.voicenames`. Slow clients:
     ``request_timeout_s``, ``keep_alive_s``, ``max_connections`` and ``max_head_bytes`` (:mod:`.connections`),
     ``stream_buffer_chunks`` and ``stall_s`` (:mod:`.relay`)."""
 
-    workers: int = DEFAULTS.workers
-    max_queue: int = DEFAULTS.max_queue
-    max_input_chars: int = DEFAULTS.max_input_chars
-    max_upload_bytes: int = DEFAULTS.max_upload_bytes
+    workers: int = DEFAULTS.server.workers
+    max_queue: int = DEFAULTS.server.max_queue
+    max_input_chars: int = DEFAULTS.server.max_input_chars
+    max_upload_bytes: int = DEFAULTS.server.max_upload_bytes
     max_frames: int | None = None
-    chunk_frames: int = DEFAULTS.chunk_frames
+    chunk_frames: int = DEFAULTS.speech.chunk_frames
     first_chunk_frames: int | None = None
     sample_rate: int | None = None
     voice_map: dict[str, str] = field(default_factory=dict)
     default_voice: str | None = None
-    request_timeout_s: float = DEFAULTS.request_timeout_s
-    keep_alive_s: int = DEFAULTS.keep_alive_s
-    max_connections: int = DEFAULTS.max_connections
-    max_head_bytes: int = DEFAULTS.max_head_bytes
-    stream_buffer_chunks: int = DEFAULTS.stream_buffer_chunks
-    stall_s: float = DEFAULTS.stall_s
+    request_timeout_s: float = DEFAULTS.server.request_timeout_s
+    keep_alive_s: int = DEFAULTS.server.keep_alive_s
+    max_connections: int = DEFAULTS.server.max_connections
+    max_head_bytes: int = DEFAULTS.server.max_head_bytes
+    stream_buffer_chunks: int = DEFAULTS.server.stream_buffer_chunks
+    stall_s: float = DEFAULTS.server.stall_s
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Events served (the ``wyoming`` package's own classes, its :class:`AsyncServer` and :class:`AsyncEventHandler`):
 
 * ``describe`` -> ``info``: one TTS program whose voices are the model's own voice (listed as
-  ``DEFAULTS.wyoming_voice``) and the stored voices made with this checkpoint, each speaking :data:`LANGUAGES`; a
+  ``DEFAULTS.wyoming.voice``) and the stored voices made with this checkpoint, each speaking :data:`LANGUAGES`; a
   voice's description, which Home Assistant shows as its name, is its name and then what it is
   (``ana: cloned from a 3.3 s clip``).
 * ``synthesize`` -> ``audio-start`` (44.1 kHz, 16-bit, mono: the model's rate), ``audio-chunk`` as the audio is
@@ -20,8 +20,8 @@ text says what to change and whose code is the error's class
 connection is then closed, as wyoming-piper does, so a client that waits for ``audio-stop`` without reading
 ``error`` events (as Home Assistant's non-streaming one has) sees the end instead of waiting for ever. The model runs
 on one thread of its own, one utterance at a time, so the event loop keeps serving; a client that disconnects
-stops its utterance at the next frame. Its frames run at most ``DEFAULTS.stream_buffer_chunks`` chunks ahead of what
-the client reads, and a client that reads nothing for ``DEFAULTS.stall_s`` seconds is dropped: its utterance
+stops its utterance at the next frame. Its frames run at most ``DEFAULTS.server.stream_buffer_chunks`` chunks ahead of
+what the client reads, and a client that reads nothing for ``DEFAULTS.server.stall_s`` seconds is dropped: its utterance
 stopped, its connection reset, one line logged.
 """
 
@@ -66,9 +66,9 @@ _ATTRIBUTION = Attribution(name="Audio8", url=f"https://huggingface.co/{DEFAULT_
 @dataclass(frozen=True)
 class WyomingSettings:
     """What one ``audio8 wyoming`` serves: ``seed`` (None: the model's own voice speaks with
-    DEFAULTS.default_voice_seed, one steady speaker as over HTTP; a stored voice draws one per utterance), sampling
-    overrides (None: the checkpoint's), a frame cap per utterance (``max_frames``, None: the model's budget), the
-    longest text per request or unfinished sentence (``max_input_chars``) and the name the model's own voice is
+    DEFAULTS.server.default_voice_seed, one steady speaker as over HTTP; a stored voice draws one per utterance),
+    sampling overrides (None: the checkpoint's), a frame cap per utterance (``max_frames``, None: the model's budget),
+    the longest text per request or unfinished sentence (``max_input_chars``) and the name the model's own voice is
     listed under (``own_voice``)."""
 
     seed: int | None = None
@@ -76,12 +76,13 @@ class WyomingSettings:
     top_k: int | None = None
     top_p: float | None = None
     max_frames: int | None = None
-    max_input_chars: int = DEFAULTS.max_input_chars
-    own_voice: str = DEFAULTS.wyoming_voice
+    max_input_chars: int = DEFAULTS.server.max_input_chars
+    own_voice: str = DEFAULTS.wyoming.voice
 
 
 class _NotReading(Exception):
-    """The client read nothing for ``DEFAULTS.stall_s`` seconds: its connection is reset (its utterance stopped)."""
+    """The client read nothing for ``DEFAULTS.server.stall_s`` seconds: its connection is reset (its utterance
+    stopped)."""
 
 
 @dataclass
@@ -136,9 +137,10 @@ class Speaker:
 
     def seed(self, voice: Voice | None) -> int | None:
         """The seed of a request in ``voice``: the server's ``--seed``; else, in the model's own voice,
-        DEFAULTS.default_voice_seed (one steady speaker, as the HTTP server's default voice); else None (drawn)."""
+        DEFAULTS.server.default_voice_seed (one steady speaker, as the HTTP server's default voice); else None
+        (drawn)."""
         if self.settings.seed is None and voice is None:
-            return DEFAULTS.default_voice_seed
+            return DEFAULTS.server.default_voice_seed
         return self.settings.seed
 
     def check(self, text: str, voice: Voice | None, seed: int | None) -> CheckedRequest:
@@ -161,11 +163,11 @@ class Speaker:
 
     async def speak(self, checked: CheckedRequest, send: Callable[[np.ndarray], Awaitable[None]]) -> int:
         """Speak ``checked`` on the model thread, awaiting ``send(chunk)`` (float32 [n], 44.1 kHz) for each chunk as
-        it is made, at most ``DEFAULTS.stream_buffer_chunks`` chunks ahead of it (:class:`.relay.Relay`: the frames
-        wait for a client that reads slowly); returns the frames made. Its plan's language warning goes to the log.
-        Raises what :meth:`.tts.TTS.plan` and :meth:`.tts.TTS.stream` raise;
+        it is made, at most ``DEFAULTS.server.stream_buffer_chunks`` chunks ahead of it (:class:`.relay.Relay`: the
+        frames wait for a client that reads slowly); returns the frames made. Its plan's language warning goes to the
+        log. Raises what :meth:`.tts.TTS.plan` and :meth:`.tts.TTS.stream` raise;
         leaving early (an error in ``send``, a cancelled task) stops the utterance at its next frame."""
-        relay = Relay(asyncio.get_running_loop(), DEFAULTS.stream_buffer_chunks, DEFAULTS.stall_s)
+        relay = Relay(asyncio.get_running_loop(), DEFAULTS.server.stream_buffer_chunks, DEFAULTS.server.stall_s)
 
         def job() -> None:
             try:
@@ -266,7 +268,7 @@ class WyomingHandler(AsyncEventHandler):
         try:
             while self._is_running:
                 try:
-                    event = await read_event(self.reader, DEFAULTS.wyoming_max_event_bytes, DEFAULTS.wyoming_idle_s)
+                    event = await read_event(self.reader, DEFAULTS.wyoming.max_event_bytes, DEFAULTS.wyoming.idle_s)
                 except ProtocolError as e:
                     log.warning("wyoming client refused: %s", e)
                     with contextlib.suppress(ConnectionError):
@@ -275,7 +277,7 @@ class WyomingHandler(AsyncEventHandler):
                 if event is None or not await self.handle_event(event):
                     break
         except _NotReading:
-            log.warning("dropped a wyoming client: it read nothing for %g s", DEFAULTS.stall_s)
+            log.warning("dropped a wyoming client: it read nothing for %g s", DEFAULTS.server.stall_s)
             reset(self.writer.transport)  # what it was not reading is discarded, not held for it
         finally:
             await self.disconnect()
@@ -283,9 +285,10 @@ class WyomingHandler(AsyncEventHandler):
 
     async def write_event(self, event: Event) -> None:
         """Send ``event``, waiting while the client reads slowly; raises _NotReading when it takes nothing for
-        ``DEFAULTS.stall_s`` seconds (a full socket would otherwise hold the connection and its audio for ever)."""
+        ``DEFAULTS.server.stall_s`` seconds (a full socket would otherwise hold the connection and its audio for
+        ever)."""
         try:
-            await asyncio.wait_for(super().write_event(event), DEFAULTS.stall_s)
+            await asyncio.wait_for(super().write_event(event), DEFAULTS.server.stall_s)
         except TimeoutError:
             raise _NotReading from None
 
@@ -353,7 +356,7 @@ class WyomingHandler(AsyncEventHandler):
         stream = self.stream
         checked = self.speaker.check(sentence, stream.voice, stream.seed)
         stream.tried += 1
-        pause = np.zeros(round(DEFAULTS.pause_s * stream.audio.rate), np.float32)
+        pause = np.zeros(round(DEFAULTS.speech.pause_s * stream.audio.rate), np.float32)
         before = stream.audio.samples
 
         async def send(chunk: np.ndarray) -> None:

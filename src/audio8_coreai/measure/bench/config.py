@@ -16,10 +16,10 @@ SENTENCE = (
     "the rest of the team know before the end of the day."
 )
 STREAM_CHUNK = 32  # frames emitted per streaming decode
-FIRST_CHUNK = DEFAULTS.first_chunk_frames  # frames of a stream's first chunk (engine/stream.py)
+FIRST_CHUNK = DEFAULTS.speech.first_chunk_frames  # frames of a stream's first chunk (engine/stream.py)
 STREAM_WINDOW = 160  # frames decoded per streaming chunk (128 of context, attention window of the codec)
 FAST_PASSES = 9  # rows 0+1 in one pass, then rows 2..9
-DEFAULT_CHECKPOINT = Path(DEFAULTS.bench_checkpoint)
+DEFAULT_CHECKPOINT = Path(DEFAULTS.bench.checkpoint)
 PUBLISHER = {"ms_per_frame": 265.0, "rtf": 6.7, "peak_rss_gb": 5.75}  # its own fp32 generate, this machine
 
 
@@ -32,8 +32,8 @@ class BenchConfig:
     device: str = "cpu"
     precision: str = "fp32"
     threads: int | None = None
-    runs: int = DEFAULTS.bench_runs
-    frames: int = DEFAULTS.bench_frames
+    runs: int = DEFAULTS.bench.runs
+    frames: int = DEFAULTS.bench.frames
     baseline: bool = False  # measure the publisher-style frame instead of the backend's
     codec_dtype: str | None = None  # None: the backend's default (fp32 on CPU); bf16 opts in
     cuda_graphs: bool = False  # the frame replayed as one CUDA graph (backends/torch/cudagraphs.py)

@@ -160,8 +160,8 @@ class _Run:
 
 def measure_codec(backend, runs: int) -> dict:
     """The codec, median of ``runs`` after a warm-up: ``decode_window`` of a [10, 160] window (the whole-utterance
-    cost per frame) and pushes into a fresh ``codec_stream``: the first, of ``DEFAULTS.first_chunk_frames`` frames
-    as :class:`...engine.stream.SpeechStream` sends first (``codec_first_chunk_ms``), and the steady state
+    cost per frame) and pushes into a fresh ``codec_stream``: the first, of ``DEFAULTS.speech.first_chunk_frames``
+    frames as :class:`...engine.stream.SpeechStream` sends first (``codec_first_chunk_ms``), and the steady state
     (``codec_ms_per_chunk``: the 2nd and 3rd pushes of 32 frames)."""
     cc = backend.checkpoint.codec_config
     rng = np.random.default_rng(0)
