@@ -24,8 +24,9 @@ import clips
 from audio8_coreai import TTS
 from audio8_coreai.audio import StreamStretcher, time_stretch
 from audio8_coreai.errors import ConfigError, VoiceError
-from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
+from audio8_coreai.server import create_app, serve_in_thread
 from audio8_coreai.server.voicenames import parse_voice_map
+from audio8_coreai.settings import ServerSettings
 
 TEXT = "The meeting has been moved to Thursday afternoon."
 FRAMES = 12

@@ -19,7 +19,8 @@ import pytest
 
 import clips
 from audio8_coreai import TTS
-from audio8_coreai.server import ApiError, ServerSettings, create_app, serve_in_thread
+from audio8_coreai.server import ApiError, create_app, serve_in_thread
+from audio8_coreai.settings import ServerSettings
 
 pytest.importorskip("ray.serve")
 

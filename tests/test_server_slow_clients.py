@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from audio8_coreai import TTS
-from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
-from audio8_coreai.settings import DEFAULTS
+from audio8_coreai.server import create_app, serve_in_thread
+from audio8_coreai.settings import DEFAULTS, ServerSettings
 from test_server import TEXT, metric, serving, speech
 
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import types
 import typing
 from collections.abc import Mapping
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
@@ -53,6 +54,19 @@ class SpeechSettings(_Group):
     # eos stops soon after the words' time; the checkpoint's max_new_tokens and the context cap it too.
     cap_base_frames: int = Field(64, ge=0, description="frames of every utterance's cap (64 frames = 3.0 s)")
     cap_frames_per_token: int = Field(16, ge=1, description="frames of the cap per text token (16 = 0.74 s)")
+
+    @field_validator("first_chunk_frames")
+    @classmethod
+    def _first_fits(cls, first: int | None, info: ValidationInfo) -> int | None:
+        return _first_chunk(first, info)
+
+
+def _first_chunk(first: int | None, info: ValidationInfo) -> int | None:
+    """A stream's first chunk is at most its other chunks (``chunk_frames``, validated before it)."""
+    chunk = info.data.get("chunk_frames")
+    if first is not None and chunk is not None and first > chunk:
+        raise ValueError(f"first_chunk_frames must be 1 to chunk_frames ({chunk}), got {first}")
+    return first
 
 
 class TorchSettings(_Group):
@@ -128,6 +142,11 @@ class ServerSettings(_Group):
     stream_buffer_chunks: int = Field(4, ge=1, description="chunks a stream holds for a client not reading; then waits")
     stall_s: float = Field(30.0, gt=0, description="a stream whose client reads nothing this long is dropped")
     stale_temp_s: float = Field(3600.0, gt=0, description="voice store: temporary files this old are swept at open")
+
+    @field_validator("first_chunk_frames")
+    @classmethod
+    def _first_fits(cls, first: int | None, info: ValidationInfo) -> int | None:
+        return _first_chunk(first, info)
 
 
 class WyomingSettings(_Group):
@@ -225,10 +244,18 @@ def override(group: Group, names: Mapping[str, str] | None = None, **changes: ob
     try:
         return type(group)(**{**dict(group), **changes})
     except ValidationError as e:
-        error = e.errors()[0]
-        name = error["loc"][0] if error["loc"] else ""
-        option = (names or {}).get(name, "--" + str(name).replace("_", "-"))
-        raise ConfigError(_wrong(option, type(group).model_fields.get(name), error, typed=False), name) from None
+        error, fields = e.errors()[0], type(group).model_fields
+
+        def option(field: str) -> str:
+            return (names or {}).get(field, "--" + field.replace("_", "-"))
+
+        name = str(error["loc"][0]) if error["loc"] else ""
+        if name in fields and error["type"] != "value_error":
+            said = f"{option(name)} must be {takes(fields[name], False)}, got {error['input']!r}"
+            raise ConfigError(said, name) from None
+        said = str(error["msg"]).removeprefix("Value error, ")  # a rule over fields: said with the options' names
+        said = re.sub(r"\b[a-z_]+\b", lambda m: option(m[0]) if m[0] in fields else m[0], said)
+        raise ConfigError(said, name) from None
 
 
 def from_environment() -> Settings:
@@ -243,7 +270,7 @@ def from_environment() -> Settings:
             fields = ", ".join(Settings.model_fields[str(group)].annotation.model_fields)  # type: ignore[union-attr]
             raise ConfigError(f"{variable} is not a setting: the {group} group has {fields}", str(field)) from None
         info = Settings.model_fields[str(group)].annotation.model_fields.get(str(field))  # type: ignore[union-attr]
-        raise ConfigError(_wrong(variable, info, error, typed=True), str(field)) from None
+        raise ConfigError(_wrong(variable, info, error), str(field)) from None
     except SettingsError as e:  # a list or mapping that is not JSON
         raise ConfigError(f'{_unparsed() or e}: give it as JSON, e.g. [1, 2, 4] or {{"alloy": "ana"}}') from None
 
@@ -282,10 +309,11 @@ def _kind(info: FieldInfo) -> tuple[object, bool]:
     return (kinds[0] if len(kinds) == 1 else str), len(kinds) < len(typing.get_args(info.annotation))
 
 
-def _wrong(name: str, info: FieldInfo | None, error: Mapping, typed: bool) -> str:
-    if info is None or error["type"] in ("value_error", "assertion_error"):
+def _wrong(name: str, info: FieldInfo | None, error: Mapping) -> str:
+    """What an environment variable ``name`` setting the field ``info`` got wrong (``error``: pydantic's)."""
+    if info is None or error["type"] == "value_error":
         return f"{name}: {str(error['msg']).removeprefix('Value error, ')}"
-    return f"{name} must be {takes(info, typed)}, got {error['input']!r}"
+    return f"{name} must be {takes(info)}, got {error['input']!r}"
 
 
 def _variable(group: str, field: str) -> str:

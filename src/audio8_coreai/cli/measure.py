@@ -32,7 +32,7 @@ def parity(
     ] = "fp32",
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
-    cuda_graphs: CudaGraphsOpt = None,
+    cuda_graphs: CudaGraphsOpt = DEFAULTS.torch.cuda_graphs,
     tolerance: Annotated[
         float, typer.Option(help="Max |logit/waveform diff| for fp32 parity (> 0).")
     ] = DEFAULTS.measure.tolerance,

@@ -33,7 +33,7 @@ def wyoming(
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
-    cuda_graphs: CudaGraphsOpt = None,
+    cuda_graphs: CudaGraphsOpt = DEFAULTS.torch.cuda_graphs,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     seed: Annotated[

@@ -51,6 +51,5 @@ cluster (``audio8 serve --ray``, :mod:`.ray_app`).
 from .app import create_app, serve_in_thread
 from .errors import ApiError
 from .schemas import SpeechRequest
-from .state import ServerSettings
 
-__all__ = ["ApiError", "ServerSettings", "SpeechRequest", "create_app", "serve_in_thread"]
+__all__ = ["ApiError", "SpeechRequest", "create_app", "serve_in_thread"]

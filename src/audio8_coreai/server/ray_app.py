@@ -47,13 +47,12 @@ from ray.serve.handle import DeploymentHandle
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import Audio8Error
 from ..request import CheckedRequest
-from ..settings import DEFAULTS
+from ..settings import DEFAULTS, ServerSettings
 from ..tts import TTS
 from ..voices import Voice, VoiceStore
 from .app import create_app
 from .errors import ApiError, api_error
 from .metrics import Metrics
-from .state import ServerSettings
 from .synth import LOCAL, LocalSynthesizer, Output, Speech, Synthesizer, failed
 
 T = TypeVar("T")
@@ -84,7 +83,7 @@ class RayArgs(BaseModel):
     autoscale: tuple[int, int] | None = None
     gpus: float = Field(0.0, ge=0)
     cpus: float = Field(1.0, ge=0)
-    server: ServerSettings = Field(default_factory=ServerSettings)
+    server: ServerSettings = Field(default_factory=lambda: DEFAULTS.server)
 
     @model_validator(mode="after")
     def _scale_range(self) -> RayArgs:
@@ -141,7 +140,7 @@ class Synth:
     def __init__(self, args: RayArgs):
         tts = TTS.load(args.model, device=args.device, precision=args.precision, voices_dir=args.voices)
         instances = tts.batched(args.batch)[1] if args.batch else [tts]
-        settings = dataclasses.replace(args.server, workers=len(instances), max_queue=len(instances))
+        settings = args.server.model_copy(update={"workers": len(instances), "max_queue": len(instances)})
         self.local = LocalSynthesizer(instances, settings, Metrics())  # Ray bounds what reaches it; a margin
         try:
             self.replica = serve.get_replica_context().replica_id.unique_id
