@@ -25,8 +25,8 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from audio8_coreai import TTS, Voice
 from audio8_coreai.audio import encode_speech
 from audio8_coreai.cli import app
-from audio8_coreai.server.wyoming import Speaker, WyomingSettings, serve
-from audio8_coreai.settings import DEFAULTS
+from audio8_coreai.server.wyoming import Speaker, serve
+from audio8_coreai.settings import DEFAULTS, WyomingSettings
 from audio8_coreai.text import LANGUAGES
 from audio8_coreai.text.split import complete_sentences
 

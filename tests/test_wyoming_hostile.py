@@ -17,7 +17,7 @@ from wyoming.error import Error
 from wyoming.event import Event
 
 import audio8_coreai.server.wyoming as wyoming_server
-from audio8_coreai.settings import DEFAULTS
+from audio8_coreai.settings import DEFAULTS, WyomingSettings
 from test_wyoming import never_eos_tts, serving, talk  # noqa: F401 - never_eos_tts is a fixture
 
 LIMIT = DEFAULTS.wyoming.max_event_bytes
@@ -49,11 +49,11 @@ async def _raw(port: int, sent: bytes, then: bytes = b"", events: int | None = N
     return lines, time.monotonic() - t0
 
 
-def _refused(tts, sent: bytes, then: bytes = b"") -> tuple[Error, float]:
+def _refused(tts, sent: bytes, then: bytes = b"", settings: WyomingSettings | None = None) -> tuple[Error, float]:
     """What one hostile connection gets (its only event must be an error), and that the server serves on."""
 
     async def main():
-        async with serving(tts) as port:
+        async with serving(tts, settings) as port:
             got = await _raw(port, sent, then)
             after = await _raw(port, b'{"type": "describe"}\n', events=1)
             return got, after
@@ -99,24 +99,15 @@ def test_a_malformed_event_is_an_error_event(never_eos_tts, line, needle):  # no
     assert "Traceback" not in error.text
 
 
-def test_a_client_silent_mid_event_is_closed(never_eos_tts, monkeypatch):  # noqa: F811
+def test_a_client_silent_mid_event_is_closed(never_eos_tts):  # noqa: F811
     """A synthesize whose 100 promised bytes of data never come: closed after the idle bound, saying so."""
-    monkeypatch.setattr(
-        wyoming_server,
-        "DEFAULTS",
-        DEFAULTS.model_copy(update={"wyoming": DEFAULTS.wyoming.model_copy(update={"idle_s": 0.5})}),
-    )
-    error, seconds = _refused(never_eos_tts, b'{"type": "synthesize", "data_length": 100}\n')
+    sent = b'{"type": "synthesize", "data_length": 100}\n'
+    error, seconds = _refused(never_eos_tts, sent, settings=WyomingSettings(idle_s=0.5))
     assert "no event data from the client in 0.5 s" in error.text and 0.4 < seconds < 10
 
 
-def test_an_idle_connection_is_closed(never_eos_tts, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(
-        wyoming_server,
-        "DEFAULTS",
-        DEFAULTS.model_copy(update={"wyoming": DEFAULTS.wyoming.model_copy(update={"idle_s": 0.5})}),
-    )
-    error, seconds = _refused(never_eos_tts, b"")
+def test_an_idle_connection_is_closed(never_eos_tts):  # noqa: F811
+    error, seconds = _refused(never_eos_tts, b"", settings=WyomingSettings(idle_s=0.5))
     assert "no event from the client in 0.5 s" in error.text and 0.4 < seconds < 10
 
 

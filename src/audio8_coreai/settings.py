@@ -156,10 +156,13 @@ class WyomingSettings(_Group):
     host: str = Field("127.0.0.1", min_length=1, description="address to listen on (0.0.0.0: every interface)")
     port: int = Field(10200, ge=1, le=65535, description="TCP port: Wyoming's for text to speech (Home Assistant's)")
     voice: str = Field("audio8", min_length=1, description="the name the model's own voice is listed under")
-    seed: int | None = Field(None, ge=0, le=2**53 - 1, description="seed of every utterance; None: each draws one")
-    temperature: float | None = Field(None, gt=0, description="sampling temperature; None: the checkpoint's")
-    top_k: int | None = Field(None, ge=1, description="top-k; None: the checkpoint's")
-    top_p: float | None = Field(None, gt=0, le=1, description="top-p; None: the checkpoint's")
+    seed: int | None = Field(
+        None, ge=0, le=2**53 - 1, description="seed of every utterance; None: the own voice's default, else drawn"
+    )
+    # Sampling (None: the checkpoint's), within the publisher's rules (config.py GenerationConfig.check)
+    temperature: float | None = Field(None, gt=0, allow_inf_nan=False, description="sampling temperature")
+    top_k: int | None = Field(None, ge=1, description="top-k")
+    top_p: float | None = Field(None, gt=0, le=1, description="top-p")
     max_frames: int | None = Field(None, ge=1, description="frame cap per utterance; None: the model's budget")
     max_input_chars: int = Field(4096, ge=1, description="longest text per request or unfinished sentence")
     max_event_bytes: int = Field(65536, ge=1024, description="one event's line, data and payload each")

@@ -3,7 +3,7 @@
 Events served (the ``wyoming`` package's own classes, its :class:`AsyncServer` and :class:`AsyncEventHandler`):
 
 * ``describe`` -> ``info``: one TTS program whose voices are the model's own voice (listed as
-  ``DEFAULTS.wyoming.voice``) and the stored voices made with this checkpoint, each speaking :data:`LANGUAGES`; a
+  the settings' ``voice``) and the stored voices made with this checkpoint, each speaking :data:`LANGUAGES`; a
   voice's description, which Home Assistant shows as its name, is its name and then what it is
   (``ana: cloned from a 3.3 s clip``).
 * ``synthesize`` -> ``audio-start`` (44.1 kHz, 16-bit, mono: the model's rate), ``audio-chunk`` as the audio is
@@ -47,7 +47,7 @@ from ..audio import encode_speech
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import Audio8Error, ConfigError, NoAudio, PromptError, ProtocolError, VoiceError
 from ..request import CheckedRequest, check_request, check_seed
-from ..settings import DEFAULTS
+from ..settings import DEFAULTS, WyomingSettings
 from ..text import LANGUAGES, check_text
 from ..text.split import complete_sentences
 from ..tts import TTS
@@ -61,23 +61,6 @@ log = logging.getLogger(__name__)
 SAMPLE_WIDTH = 2  # bytes: 16-bit signed little-endian PCM
 CHANNELS = 1
 _ATTRIBUTION = Attribution(name="Audio8", url=f"https://huggingface.co/{DEFAULT_MODEL}")
-
-
-@dataclass(frozen=True)
-class WyomingSettings:
-    """What one ``audio8 wyoming`` serves: ``seed`` (None: the model's own voice speaks with
-    DEFAULTS.server.default_voice_seed, one steady speaker as over HTTP; a stored voice draws one per utterance),
-    sampling overrides (None: the checkpoint's), a frame cap per utterance (``max_frames``, None: the model's budget),
-    the longest text per request or unfinished sentence (``max_input_chars``) and the name the model's own voice is
-    listed under (``own_voice``)."""
-
-    seed: int | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    max_frames: int | None = None
-    max_input_chars: int = DEFAULTS.server.max_input_chars
-    own_voice: str = DEFAULTS.wyoming.voice
 
 
 class _NotReading(Exception):
@@ -94,7 +77,8 @@ class _End:
 
 
 class Speaker:
-    """One :class:`.tts.TTS` behind one model thread: utterances queue for it and run one at a time."""
+    """One :class:`.tts.TTS` behind one model thread: utterances queue for it and run one at a time, served as
+    ``settings`` says (:class:`..settings.WyomingSettings`: ``DEFAULTS.wyoming`` with the command's options)."""
 
     def __init__(self, tts: TTS, settings: WyomingSettings):
         self.tts = tts
@@ -105,13 +89,13 @@ class Speaker:
     def info(self) -> Info:
         """The ``info`` answer: the model's own voice, then the stored voices this checkpoint can speak in."""
         store, fingerprint = self.tts.voices, self.tts.checkpoint.fingerprint()
-        voices = [_voice(self.settings.own_voice, "the model's own voice")]
+        voices = [_voice(self.settings.voice, "the model's own voice")]
         for name in store.names():
             try:
                 stored = store.load(name, fingerprint)
             except VoiceError:  # damaged, or made with another checkpoint: it could not speak
                 continue
-            if name != self.settings.own_voice:  # the own voice's name means the model's own voice
+            if name != self.settings.voice:  # the own voice's name means the model's own voice
                 voices.append(_voice(name, f"cloned from a {stored.duration_s:.1f} s clip"))
         program = TtsProgram(
             name="audio8",
@@ -127,11 +111,11 @@ class Speaker:
     def voice(self, name: str | None) -> Voice | None:
         """The voice a request names: None for no name or the own voice's name, else the stored voice (raises
         VoiceError when there is none of that name, or it cannot be read or belongs to another checkpoint)."""
-        if name is None or name == self.settings.own_voice:
+        if name is None or name == self.settings.voice:
             return None
         if not self.tts.voices.path(name).is_file():
             raise VoiceError(
-                f"no voice named {name!r}: describe lists the voices (the model's own is {self.settings.own_voice!r})"
+                f"no voice named {name!r}: describe lists the voices (the model's own is {self.settings.voice!r})"
             )
         return self.tts.voices.load(name, self.tts.checkpoint.fingerprint())
 
@@ -268,7 +252,9 @@ class WyomingHandler(AsyncEventHandler):
         try:
             while self._is_running:
                 try:
-                    event = await read_event(self.reader, DEFAULTS.wyoming.max_event_bytes, DEFAULTS.wyoming.idle_s)
+                    event = await read_event(
+                        self.reader, self.speaker.settings.max_event_bytes, self.speaker.settings.idle_s
+                    )
                 except ProtocolError as e:
                     log.warning("wyoming client refused: %s", e)
                     with contextlib.suppress(ConnectionError):
