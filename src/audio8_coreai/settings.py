@@ -188,7 +188,7 @@ class RaySettings(_Group):
     @classmethod
     def _scale_range(cls, scale: tuple[int, int] | None) -> tuple[int, int] | None:
         if scale is not None and not 0 <= scale[0] <= scale[1] >= 1:
-            raise ValueError(f"autoscale must be [min, max] with 0 <= min <= max and max >= 1, got {list(scale)}")
+            raise ValueError(f"autoscale must be min and max replicas, 0 <= min <= max, max >= 1; got {list(scale)}")
         return scale
 
 
@@ -257,7 +257,8 @@ def override(group: Group, names: Mapping[str, str] | None = None, **changes: ob
             said = f"{option(name)} must be {takes(fields[name], False)}, got {error['input']!r}"
             raise ConfigError(said, name) from None
         said = str(error["msg"]).removeprefix("Value error, ")  # a rule over fields: said with the options' names
-        said = re.sub(r"\b[a-z_]+\b", lambda m: option(m[0]) if m[0] in fields else m[0], said)
+        named = {field for field in fields if "_" in field or field == name}  # not a plain word such as "replicas"
+        said = re.sub(r"\b[a-z_]+\b", lambda m: option(m[0]) if m[0] in named else m[0], said)
         raise ConfigError(said, name) from None
 
 

@@ -9,7 +9,7 @@ import typer
 
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import ConfigError
-from ..settings import DEFAULTS, SampleRate, override
+from ..settings import DEFAULTS, SampleRate, ServerSettings, override
 from .app import (
     AssetsOpt,
     BackendOpt,
@@ -150,8 +150,8 @@ def serve(
                 "--ray replicas run the torch backend, --batch rows each: drop --workers, --cuda-graphs, --backend "
                 "and --assets (scale with --batch and --replicas or --autoscale)"
             )
-        fields = dict(model=str(model), voices=voices and str(voices), device=device, precision=dtype, batch=batch)
-        _serve_on_ray(host, port, address, replicas, autoscale, replica_gpus, server=settings, **fields)
+        fields = dict(model=str(model), voices=voices and str(voices), device=device, precision=dtype)
+        _serve_on_ray(settings, address, replicas, autoscale, replica_gpus, **fields)
         return
     load_options = dict(
         device=device,
@@ -198,24 +198,25 @@ def check_instances_fit(tts: TTS, count: int) -> None:
 
 
 def _serve_on_ray(
-    host: str, port: int, address: str | None, replicas: int, autoscale: str | None, gpus: float | None, **fields
+    server: ServerSettings, address: str | None, replicas: int, autoscale: str | None, gpus: float | None, **fields
 ) -> None:
-    """``serve --ray``: the same app on Ray Serve (:mod:`..server.ray_app`), ``fields`` the rest of its
-    :class:`..server.ray_app.RayArgs`; raises ConfigError for a bad scale or when Ray Serve is not installed."""
+    """``serve --ray``: the same app on Ray Serve (:mod:`..server.ray_app`) under ``server``, ``DEFAULTS.ray`` with
+    the options (``fields``: the engine's checkpoint, voices, device and precision); raises ConfigError for a bad
+    scale or when Ray Serve is not installed."""
     try:
-        from ..server.ray_app import RayArgs, run_on_ray
+        from ..server.ray_app import run_on_ray
     except ImportError:
         raise ConfigError("--ray needs Ray Serve: pip install 'audio8-coreai[ray]'") from None
     scale = None
     if autoscale is not None:
-        low, _, high = autoscale.partition(":")
-        if not (low.isdigit() and high.isdigit() and int(low) <= int(high) and int(high) >= 1):
-            raise ConfigError(f"--autoscale takes MIN:MAX replicas with 0 <= MIN <= MAX, MAX >= 1; got {autoscale!r}")
+        low, colon, high = autoscale.partition(":")
+        if not (colon and low.isdigit() and high.isdigit()):
+            raise ConfigError(f"--autoscale takes MIN:MAX replicas, e.g. 1:8; got {autoscale!r}")
         scale = (int(low), int(high))
-    if replicas < 1 or (gpus is not None and gpus < 0):
-        raise ConfigError("--replicas must be >= 1 and --replica-gpus >= 0")
     if gpus is None:
         import torch
 
         gpus = 1.0 if fields["device"] != "cpu" and torch.cuda.is_available() else 0.0
-    run_on_ray(RayArgs(replicas=replicas, autoscale=scale, gpus=gpus, **fields), host, port, address)
+    names = {"gpus": "--replica-gpus", "model": "--model", "voices": "--voices", "precision": "--dtype"}
+    cluster = override(DEFAULTS.ray, names, replicas=replicas, autoscale=scale, gpus=gpus, **fields)
+    run_on_ray(cluster, server, address)
