@@ -11,8 +11,8 @@ import typer
 
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import BackendError, ConfigError
-from ..settings import DEFAULTS
-from .app import AssetsOpt, BackendOpt, CudaGraphsOpt, DeviceOpt, ModelOpt, app, err, friendly, out
+from ..settings import DEFAULTS, override
+from .app import AssetsOpt, BackendOpt, CudaGraphsOpt, DeviceOpt, ModelOpt, app, described, err, friendly, out
 
 
 @app.command()
@@ -229,11 +229,11 @@ def bench(
             "sampling, one call per fast row) for the vs-base ratio."
         ),
     ] = False,
-    device: DeviceOpt = "cpu",
-    frames: Annotated[int, typer.Option(help="Frames per timed frame loop (eos ignored).")] = DEFAULTS.bench.frames,
-    runs: Annotated[
-        int, typer.Option(help="Timed runs after one warm-up; medians are reported.")
-    ] = DEFAULTS.bench.runs,
+    device: DeviceOpt = DEFAULTS.bench.device,
+    frames: Annotated[
+        int, typer.Option(help=described(DEFAULTS.bench, "frames", more="; eos ignored"))
+    ] = DEFAULTS.bench.frames,
+    runs: Annotated[int, typer.Option(help=described(DEFAULTS.bench, "runs"))] = DEFAULTS.bench.runs,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write every figure here.")] = None,
     codec_dtype: Annotated[
         list[str] | None,
@@ -258,11 +258,10 @@ def bench(
 ) -> None:
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
     from ..backends.torch import resolve_device, resolve_dtype
-    from ..measure.bench import BenchConfig, ensure_checkpoint, format_table, meta, run_configs
+    from ..measure.bench import ensure_checkpoint, format_table, meta, run_configs
     from ..precision import resolve_precision, runtime_of
 
-    if frames < 1 or runs < 1:
-        raise ConfigError("--frames and --runs must be >= 1")
+    base = override(DEFAULTS.bench, checkpoint=str(model.expanduser()), device=device, frames=frames, runs=runs)
     if cuda_graphs and not device.startswith("cuda"):
         raise ConfigError(f"--cuda-graphs times CUDA graphs: add --device cuda (not {device})")
     # Checked here, not in the worker after minutes of loading: the device, every precision and codec dtype, and
@@ -274,21 +273,17 @@ def bench(
         resolve_dtype(name)
     if json_out is not None and not json_out.expanduser().parent.is_dir():
         raise ConfigError(f"--json {json_out}: the folder {json_out.expanduser().parent} does not exist")
-    log = functools.partial(err.print, highlight=False)
-    ckpt = str(ensure_checkpoint(model, log))
-    thread_list = threads or [None]
-    configs = (
-        [BenchConfig(ckpt, "torch", device, "fp32", t, runs, frames, baseline=True) for t in thread_list]
-        if baseline
-        else []
-    )
+    thread_list = threads or [DEFAULTS.bench.threads]
+    configs = [override(base, threads=t, precision="fp32", baseline=True) for t in thread_list] if baseline else []
     configs += [
-        BenchConfig(ckpt, "torch", device, p, t, runs, frames, codec_dtype=c, cuda_graphs=g)
-        for p in precision or ["fp32"]
+        override(base, precision=p, threads=t, codec_dtype=c, cuda_graphs=g)
+        for p in precision or [DEFAULTS.bench.precision]
         for t in thread_list
-        for c in codec_dtype or [None]
-        for g in ((False, True) if cuda_graphs else (False,))
+        for c in codec_dtype or [DEFAULTS.bench.codec_dtype]
+        for g in ((False, True) if cuda_graphs else (DEFAULTS.bench.cuda_graphs,))
     ]
+    log = functools.partial(err.print, highlight=False)
+    ensure_checkpoint(model, log)
     busy = meta()["load_average"][0]
     if busy > 0.5:
         log(

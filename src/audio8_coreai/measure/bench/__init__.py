@@ -45,17 +45,7 @@ their public names.
 """
 
 from .baseline import BaselineFrame
-from .config import (
-    DEFAULT_CHECKPOINT,
-    FAST_PASSES,
-    FIRST_CHUNK,
-    PUBLISHER,
-    SENTENCE,
-    STREAM_CHUNK,
-    STREAM_WINDOW,
-    BenchConfig,
-    median_ms,
-)
+from .config import FAST_PASSES, PUBLISHER, SENTENCE, STREAM_CHUNK, STREAM_WINDOW, label, median_ms
 from .parts import count_ops, frame_ops, frame_parts, linear_modules, weight_floor
 from .report import COLUMNS, format_table, meta
 from .run import measure, measure_codec, measure_group, measure_rss, with_totals
@@ -63,18 +53,16 @@ from .workers import ensure_checkpoint, main, run_configs
 
 __all__ = [
     "COLUMNS",
-    "DEFAULT_CHECKPOINT",
     "FAST_PASSES",
-    "FIRST_CHUNK",
     "PUBLISHER",
     "SENTENCE",
     "STREAM_CHUNK",
     "STREAM_WINDOW",
     "BaselineFrame",
-    "BenchConfig",
     "count_ops",
     "ensure_checkpoint",
     "format_table",
+    "label",
     "frame_parts",
     "frame_ops",
     "linear_modules",
