@@ -42,18 +42,18 @@ class _Group(BaseModel):
 class SpeechSettings(_Group):
     """Text and streaming (engine/stream.py, plan.py, tts.py)."""
 
-    chunk_frames: int = Field(16, ge=1, description="frames per streamed chunk: 16 x 2048 samples = 0.74 s of audio")
+    chunk_frames: int = Field(16, ge=1, description="frames per streamed chunk (2048 samples, 46 ms, a frame)")
     first_chunk_frames: int = Field(
         1, ge=1, description="frames in a stream's first chunk (TTFA waits for them); chunks then double"
     )
     pause_s: float = Field(0.25, ge=0, le=10, description="silence between the pieces of a split text (seconds)")
     frames_per_token: int = Field(8, ge=1, description="frames one text token takes when spoken, with margin")
-    min_voice_frames: int = Field(64, ge=1, description="frames a clone prompt must leave in the context (3.0 s)")
+    min_voice_frames: int = Field(64, ge=1, description="frames a clone prompt must leave in the context (64: 3.0 s)")
     # An utterance's frame cap when its caller sets none (engine/loop.py frame_budget): cap_base_frames plus
     # cap_frames_per_token per text token, about 3x read speech (6 frames a token), so a model that never samples
     # eos stops soon after the words' time; the checkpoint's max_new_tokens and the context cap it too.
-    cap_base_frames: int = Field(64, ge=0, description="frames of every utterance's cap (64 frames = 3.0 s)")
-    cap_frames_per_token: int = Field(16, ge=1, description="frames of the cap per text token (16 = 0.74 s)")
+    cap_base_frames: int = Field(64, ge=0, description="frames of every utterance's cap (64: 3.0 s)")
+    cap_frames_per_token: int = Field(16, ge=1, description="frames of the cap per text token (16: 0.74 s)")
 
     @field_validator("first_chunk_frames")
     @classmethod
@@ -213,7 +213,7 @@ class MeasureSettings(_Group):
     tolerance: float = Field(1e-4, gt=0, allow_inf_nan=False, description="max |logit/waveform diff| for fp32 parity")
     asr_margin: float = Field(0.05, ge=0, le=1, description="error-rate points the port may lose per language")
     speaker_margin: float = Field(0.05, ge=0, le=2, description="mean speaker cosine the port may lose")
-    checkpoint_seed: int = Field(0, ge=0, description="make-checkpoint: the seed of the random weights")
+    checkpoint_seed: int = Field(0, ge=0, description="the seed of make-checkpoint's random weights")
 
 
 class CoreAISettings(_Group):
@@ -221,7 +221,9 @@ class CoreAISettings(_Group):
 
     decoder_frames: int = Field(16, ge=1, description="codec decoder push: frames per call (state carried)")
     decoder_first_frames: int = Field(0, ge=0, description="codec decoder's 1-frame `first` function (0: none)")
-    encoder_frames: int = Field(216, ge=1, description="codec encoder bucket: 10.0 s, the voice-registration clip")
+    encoder_frames: int = Field(
+        216, ge=1, description="codec encoder bucket, the longest voice-registration clip (216: 10 s)"
+    )
 
 
 class Settings(BaseSettings):

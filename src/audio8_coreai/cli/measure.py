@@ -34,7 +34,7 @@ def parity(
     assets: AssetsOpt = None,
     cuda_graphs: CudaGraphsOpt = DEFAULTS.torch.cuda_graphs,
     tolerance: Annotated[
-        float, typer.Option(help="Max |logit/waveform diff| for fp32 parity (> 0).")
+        float, typer.Option(help=described(DEFAULTS.measure, "tolerance", more=" (> 0)"))
     ] = DEFAULTS.measure.tolerance,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full report as JSON.")] = False,
 ) -> None:
@@ -45,8 +45,7 @@ def parity(
     from ..measure.oracle import recorded_from_another
     from ..measure.parity import run_parity
 
-    if not tolerance > 0 or tolerance == float("inf"):
-        raise ConfigError(f"--tolerance must be a number > 0, got {tolerance}")
+    tolerance = override(DEFAULTS.measure, tolerance=tolerance).tolerance
     ckpt = load_checkpoint(model)
     port = open_backend(ckpt, backend, device=device, precision=dtype, assets=assets, cuda_graphs=cuda_graphs)
     exact = port.precision == "fp32"
@@ -147,10 +146,10 @@ def gate(
         int | None, typer.Option(help="Frame cap per free run (default: the checkpoint's max_new_tokens).")
     ] = None,
     asr_margin: Annotated[
-        float, typer.Option(help="Error-rate points (absolute) the port may lose to the reference per language.")
+        float, typer.Option(help=described(DEFAULTS.measure, "asr_margin", more=" (absolute, against the reference)"))
     ] = DEFAULTS.measure.asr_margin,
     speaker_margin: Annotated[
-        float, typer.Option(help="Mean speaker cosine the port may lose to the reference.")
+        float, typer.Option(help=described(DEFAULTS.measure, "speaker_margin", more=" (against the reference)"))
     ] = DEFAULTS.measure.speaker_margin,
     recognizer: Annotated[
         list[str] | None,
@@ -166,6 +165,7 @@ def gate(
     similarity against an fp32 run or an oracle fixture; exit 1 when a verdict fails."""
     from ..measure.gate import default_recognizers, load_recognizer, run_gate
 
+    margins = override(DEFAULTS.measure, asr_margin=asr_margin, speaker_margin=speaker_margin)
     recognizers = None  # the defaults, and why they are missing if they are
     if recognizer:
         recognizers = [load_recognizer(spec) for spec in recognizer] + default_recognizers()[0]
@@ -182,8 +182,8 @@ def gate(
         reference_device=reference_device,
         max_frames=max_frames,
         recognizers=recognizers,
-        asr_margin=asr_margin,
-        speaker_margin=speaker_margin,
+        asr_margin=margins.asr_margin,
+        speaker_margin=margins.speaker_margin,
         log=lambda line: err.print(line, highlight=False),
     )
     t = report.totals()
