@@ -20,8 +20,6 @@ import audio8_coreai.server.wyoming as wyoming_server
 from audio8_coreai.settings import DEFAULTS, WyomingSettings
 from test_wyoming import never_eos_tts, serving, talk  # noqa: F401 - never_eos_tts is a fixture
 
-LIMIT = DEFAULTS.wyoming.max_event_bytes
-
 
 async def _raw(port: int, sent: bytes, then: bytes = b"", events: int | None = None) -> tuple[list[dict], float]:
     """Send ``sent`` on a fresh connection, then ``then`` (up to 1 MB, as much as the server takes); read what
@@ -71,7 +69,8 @@ def test_a_promised_length_past_the_bound_is_refused_without_reading_it(never_eo
     header = json.dumps({"type": "audio-chunk" if key == "payload_length" else "synthesize", key: 10**11}) + "\n"
     with caplog.at_level(logging.WARNING, logger="audio8_coreai.server.wyoming"):
         error, seconds = _refused(never_eos_tts, header.encode(), b"\0" * 4096 if key == "payload_length" else b"")
-    assert error.code == "ProtocolError" and f"{key} of 100000000000 bytes is over this server's {LIMIT}" in error.text
+    bound = WyomingSettings().max_event_bytes  # the served speaker's (test_wyoming.serving)
+    assert error.code == "ProtocolError" and f"{key} of 100000000000 bytes is over this server's {bound}" in error.text
     assert seconds < 10
     assert [r.getMessage() for r in caplog.records if "refused" in r.getMessage()] == [
         f"wyoming client refused: {error.text}"
