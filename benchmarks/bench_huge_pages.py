@@ -24,6 +24,7 @@ import audio8_coreai.backends.torch.backend as torch_backend
 from audio8_coreai import TTS
 from audio8_coreai.backends.torch.memory import back_with_huge_pages
 from audio8_coreai.measure.bench import ensure_checkpoint
+from audio8_coreai.settings import DEFAULTS
 
 TEXT = "The quarterly report shows that revenue grew by twelve percent while costs stayed flat."
 
@@ -58,7 +59,7 @@ def _timed(call) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=Path("~/.cache/audio8-coreai/bench-0.6b"))
+    ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--frames", type=int, default=40)
     args = ap.parse_args()

@@ -126,12 +126,17 @@ class ServerSettings(_Group):
     first_chunk_frames: int | None = Field(
         None, ge=1, description="frames in a stream's first chunk; None: speech.first_chunk_frames"
     )
-    sample_rate: SampleRate | None = Field(None, description="every body's rate; None: pcm 24 kHz, the rest 44.1")
+    sample_rate: SampleRate | None = Field(
+        None, description="every body's rate; None: pcm_sample_rate, the rest the model's"
+    )
     voice_map: dict[str, str] = Field(default_factory=dict, description="OpenAI voice names onto stored voices")
+
     default_voice: str | None = Field(None, description="stored voice of requests naming none; None: the model's")
     gather_s: float = Field(0.003, ge=0, le=1, description="batched: how long a frame call waits for the other rows")
     recent_s: float = Field(2.0, gt=0, description="batched: a row heard from this recently is expected again soon")
-    pcm_sample_rate: SampleRate = Field(24000, description="a pcm body's rate when neither request nor server sets one")
+    pcm_sample_rate: int = Field(
+        24000, ge=8000, le=48000, description="a pcm body's rate unless request or server sets one"
+    )
     default_voice_seed: int = Field(0, ge=0, le=2**53 - 1, description="seed of a request naming no voice nor seed")
     # Slow clients (uvicorn's own knobs, set by server/connections.py). uvicorn times out nothing before a request's
     # head is whole and none of its body, so the server adds a deadline for a whole request.
@@ -147,6 +152,11 @@ class ServerSettings(_Group):
     @classmethod
     def _first_fits(cls, first: int | None, info: ValidationInfo) -> int | None:
         return _first_chunk(first, info)
+
+    @field_validator("voice_map")
+    @classmethod
+    def _lower_names(cls, voice_map: dict[str, str]) -> dict[str, str]:
+        return {name.lower(): voice for name, voice in voice_map.items()}  # a request's name is matched lower-cased
 
 
 class WyomingSettings(_Group):
