@@ -14,6 +14,7 @@ import pytest
 
 from audio8_coreai.audio import MPEG_RATES
 from audio8_coreai.errors import ConfigError
+from audio8_coreai.request import MAX_SEED
 from audio8_coreai.settings import (
     DEFAULTS,
     RaySettings,
@@ -166,6 +167,11 @@ def test_what_a_field_takes_in_words():
 
 def test_the_sample_rates_are_those_every_format_takes():
     assert typing.get_args(SampleRate) == tuple(MPEG_RATES)
+
+
+def test_seeds_stop_where_a_requests_do():
+    for info in (ServerSettings.model_fields["default_voice_seed"], WyomingSettings.model_fields["seed"]):
+        assert takes(info, typed=False) == f"0 to {MAX_SEED}"
 
 
 def test_help_shows_the_defaults_the_fields_hold():

@@ -137,6 +137,7 @@ class ServerSettings(_Group):
     pcm_sample_rate: int = Field(
         24000, ge=8000, le=48000, description="a pcm body's rate unless request or server sets one"
     )
+    # Seeds stop at request.MAX_SEED, 2**53 - 1, as a request's (tests/test_settings.py holds them equal)
     default_voice_seed: int = Field(0, ge=0, le=2**53 - 1, description="seed of a request naming no voice nor seed")
     # Slow clients (uvicorn's own knobs, set by server/connections.py). uvicorn times out nothing before a request's
     # head is whole and none of its body, so the server adds a deadline for a whole request.
