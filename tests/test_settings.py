@@ -97,6 +97,7 @@ def test_environment_variables_set_fields(env):
         ("AUDIO8_TORCH__BATCH_BUCKETS", "1,2", "AUDIO8_TORCH__BATCH_BUCKETS is not JSON: give it as JSON"),
         ("AUDIO8_TORCH__BATCH_BUCKETS", "[4, 2]", "AUDIO8_TORCH__BATCH_BUCKETS: batch_buckets must be rising"),
         ("AUDIO8_SERVER", '{"port": 0}', "AUDIO8_SERVER's port must be a whole number 1 to 65535, got 0"),
+        ("AUDIO8_SERVER", "8000", "AUDIO8_SERVER: Input should be a valid dictionary"),
     ],
 )
 def test_a_wrong_variable_is_named_with_what_it_takes(env, name, value, said):

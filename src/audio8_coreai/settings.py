@@ -337,6 +337,8 @@ def _variable(group: str, field: str) -> str:
     """The variable that set ``group.field``: ``AUDIO8_GROUP__FIELD``, or the group's own JSON variable."""
     nested, whole = f"{PREFIX}{group}__{field}".upper(), f"{PREFIX}{group}".upper()
     names = {key.upper() for key in os.environ}
+    if not field:  # the group as a whole: no JSON object
+        return whole
     return f"{whole}'s {field}" if whole in names and nested not in names else nested
 
 
