@@ -29,12 +29,13 @@ from audio8_coreai.measure.agreement import (
     record_reference,
     save_recordings,
 )
-from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
+from audio8_coreai.measure.bench import ensure_checkpoint
+from audio8_coreai.settings import DEFAULTS
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
+    ap.add_argument("--checkpoint", type=Path, default=Path(DEFAULTS.bench.checkpoint))
     ap.add_argument("--precision", action="append", default=None)
     ap.add_argument("--device", default="cpu", help="where the precisions replay (the recording is the CPU's)")
     ap.add_argument("--frames", type=int, default=128)

@@ -30,7 +30,8 @@ import torch
 
 from audio8_coreai import TTS
 from audio8_coreai.engine.batch import BatchEngine
-from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, STREAM_CHUNK, ensure_checkpoint, measure_codec
+from audio8_coreai.measure.bench import STREAM_CHUNK, ensure_checkpoint, measure_codec
+from audio8_coreai.settings import DEFAULTS
 
 SENTENCE = (
     "The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "
@@ -53,7 +54,7 @@ def main() -> None:
     ap.add_argument(
         "--model",
         type=Path,
-        default=DEFAULT_CHECKPOINT,
+        default=Path(DEFAULTS.bench.checkpoint),
         help="0.6b checkpoint folder (made once, random weights, when absent)",
     )
     ap.add_argument("--precision", action="append", help="torch precision (repeatable; default int16)")

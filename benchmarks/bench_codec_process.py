@@ -32,6 +32,7 @@ import torch
 from audio8_coreai import TTS
 from audio8_coreai.backends.torch.threads import CallThreads
 from audio8_coreai.measure.bench import SENTENCE, ensure_checkpoint
+from audio8_coreai.settings import DEFAULTS
 
 FRAME_S = 2048 / 44100
 
@@ -54,7 +55,7 @@ def stream_once(tts: TTS, frames: int, overlap: bool | None) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=Path("~/.cache/audio8-coreai/bench-0.6b"))
+    ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint))
     ap.add_argument("--precision", default="fp16w")
     ap.add_argument("--threads", type=int, help="torch threads in this process (default: torch's own)")
     ap.add_argument("--frames", type=int, default=48)

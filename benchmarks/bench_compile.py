@@ -25,9 +25,10 @@ import torch.nn.functional as F
 from audio8_coreai import TTS
 from audio8_coreai.backends.base import StepInputs
 from audio8_coreai.backends.torch.fp16 import Fp16FeedForward, Fp16Linear
-from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
+from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.measure.bench.parts import count_ops
 from audio8_coreai.model.layers import Block
+from audio8_coreai.settings import DEFAULTS
 
 PACKED: list = []  # the prepacked weights, by handle
 HANDLES: dict[int, int] = {}  # id of a prepacked weight -> its handle (made once: a compiled graph holds it)
@@ -73,7 +74,7 @@ def traceable(model, on: bool) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, default=DEFAULT_CHECKPOINT)
+    ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint))
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--frames", type=int, default=4, help="frames per timed sample")
     args = ap.parse_args()

@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=None)
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--codec-frames", type=int, default=64, help="frames of the codec stream (0: skip it)")
-    ap.add_argument("--chunk-frames", type=int, default=DEFAULTS.chunk_frames, help="frames per pushed chunk")
+    ap.add_argument("--chunk-frames", type=int, default=DEFAULTS.speech.chunk_frames, help="frames per pushed chunk")
     args = ap.parse_args()
     ckpt = load_checkpoint(args.model)
     with tempfile.TemporaryDirectory() as tmp:

@@ -48,9 +48,10 @@ from audio8_coreai.backends.torch.codec_rows import CodecRows, Push
 from audio8_coreai.backends.torch.cudagraphs import StepTimes
 from audio8_coreai.engine.batch import BatchEngine
 from audio8_coreai.engine.loop import generate
-from audio8_coreai.measure.bench import DEFAULT_CHECKPOINT, ensure_checkpoint
+from audio8_coreai.measure.bench import ensure_checkpoint
+from audio8_coreai.settings import DEFAULTS
 
-CHUNK = 16  # frames per streamed chunk (DEFAULTS.chunk_frames)
+CHUNK = 16  # frames per streamed chunk (DEFAULTS.speech.chunk_frames)
 
 
 def sync(device: torch.device) -> None:
@@ -207,7 +208,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("part", choices=["single", "batched", "streams"])
     ap.add_argument(
-        "--model", type=Path, default=DEFAULT_CHECKPOINT, help="checkpoint folder (random 0.6b made when absent)"
+        "--model",
+        type=Path,
+        default=Path(DEFAULTS.bench.checkpoint),
+        help="checkpoint folder (random 0.6b made when absent)",
     )
     ap.add_argument("--device", default="cuda", help="cuda, or cpu (checks the script; times mean nothing there)")
     ap.add_argument(

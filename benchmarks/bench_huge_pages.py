@@ -13,7 +13,6 @@ before and after) and the frame is timed again. Also printed: the read bandwidth
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import time
@@ -25,6 +24,7 @@ import audio8_coreai.backends.torch.backend as torch_backend
 from audio8_coreai import TTS
 from audio8_coreai.backends.torch.memory import back_with_huge_pages
 from audio8_coreai.measure.bench import ensure_checkpoint
+from audio8_coreai.settings import DEFAULTS
 
 TEXT = "The quarterly report shows that revenue grew by twelve percent while costs stayed flat."
 
@@ -59,12 +59,13 @@ def _timed(call) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=Path("~/.cache/audio8-coreai/bench-0.6b"))
+    ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--frames", type=int, default=40)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    held = dataclasses.replace(torch_backend.DEFAULTS, huge_pages_min_bytes=2**62)
+    held = torch_backend.DEFAULTS.torch.model_copy(update={"huge_pages_min_bytes": 2**62})
+    held = torch_backend.DEFAULTS.model_copy(update={"torch": held})
     torch_backend.DEFAULTS = held  # this load backs nothing by huge pages itself
     tts = TTS.load(ensure_checkpoint(args.model), device="cpu")
     print(f"{tts.backend.description}; one thread reads {read_gbps():.1f} GB/s; load {os.getloadavg()[0]:.2f}")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from audio8_coreai import TTS
 from audio8_coreai.measure.bench import ensure_checkpoint
+from audio8_coreai.settings import DEFAULTS
 
 SENTENCE = (
     "The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "
@@ -78,7 +79,7 @@ def cpu_flags() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=Path("~/.cache/audio8-coreai/bench-0.6b"))
+    ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint))
     ap.add_argument("--frames", type=int, default=96)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--chunk-frames", type=int, default=None, help="Default: the package's.")

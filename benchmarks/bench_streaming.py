@@ -38,6 +38,7 @@ import torch
 from audio8_coreai import TTS
 from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.model.codec import StreamingDecoder
+from audio8_coreai.settings import DEFAULTS
 
 SENTENCE = (
     "The quarterly report shows that revenue grew by twelve percent while costs stayed flat, so the board "
@@ -158,10 +159,10 @@ def bench_steady(tts: TTS, chunk: int, frames: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=Path("~/.cache/audio8-coreai/bench-0.6b"))
+    ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch (and ONNX Runtime) threads.")
-    ap.add_argument("--chunk-frames", type=int, default=16)
+    ap.add_argument("--chunk-frames", type=int, default=DEFAULTS.speech.chunk_frames)
     ap.add_argument(
         "--first-chunk-frames",
         type=int,

@@ -196,7 +196,8 @@ def percentiles(values: list[float]) -> str:
 def make_app(args: argparse.Namespace):
     """The app of ``audio8 serve`` for ``--model`` with ``--workers``/``--batch``."""
     from audio8_coreai import TTS
-    from audio8_coreai.server import ServerSettings, create_app
+    from audio8_coreai.server import create_app
+    from audio8_coreai.settings import ServerSettings
 
     instances = 1 if args.batch else args.workers
     instances = [

@@ -61,7 +61,8 @@ for suffix in ("wav", "flac"):
 del sys.modules["opentelemetry"]  # fastapi's own dependency: see the module's docstring
 from fastapi.testclient import TestClient  # noqa: E402
 
-from audio8_coreai.server import ServerSettings, create_app  # noqa: E402
+from audio8_coreai.server import create_app  # noqa: E402
+from audio8_coreai.settings import ServerSettings  # noqa: E402
 
 asked = {
     "wav": {"response_format": "wav"},

@@ -10,7 +10,6 @@ import pytest
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.measure.bench import (
     SENTENCE,
-    BenchConfig,
     count_ops,
     format_table,
     frame_ops,
@@ -19,6 +18,7 @@ from audio8_coreai.measure.bench import (
     measure_rss,
     weight_floor,
 )
+from audio8_coreai.settings import BenchSettings
 
 KEYS = (
     "prefill_ms_per_token",
@@ -80,7 +80,7 @@ def test_the_floor_counts_every_weight_of_a_low_precision(tiny_tts):
 
 
 def test_measure_reports_every_figure(tiny_checkpoint, tiny_tts):
-    row = measure(BenchConfig(str(tiny_checkpoint), frames=2, runs=1))
+    row = measure(BenchSettings(checkpoint=str(tiny_checkpoint), frames=2, runs=1))
     for key in KEYS:
         assert math.isfinite(row[key]) and row[key] > 0, key
     check_figures(row, 2)
@@ -88,7 +88,7 @@ def test_measure_reports_every_figure(tiny_checkpoint, tiny_tts):
     cfg = load_checkpoint(tiny_checkpoint).config
     assert row["fast_passes"] == 9 and row["weights_per_frame_m"] == pytest.approx(weights_per_frame(cfg) / 1e6)
     assert row["vs_publisher"] == pytest.approx(265.0 / row["ms_per_frame"])
-    base = measure(BenchConfig(str(tiny_checkpoint), frames=2, runs=1, baseline=True))
+    base = measure(BenchSettings(checkpoint=str(tiny_checkpoint), frames=2, runs=1, baseline=True))
     assert base["ms_per_frame"] > 0 and "floor_ms" not in base
     text = format_table([base, row])
     assert "frame/floor" in text and "ops/frame" in text and "baseline autot" in text and "fp32 autot" in text
@@ -112,8 +112,8 @@ def test_operator_calls_are_counted_per_frame_and_part(tiny_tts):
 
 def test_side_by_side_group_and_rss(tiny_checkpoint):
     cfgs = [
-        BenchConfig(str(tiny_checkpoint), frames=2, runs=1, baseline=True),
-        BenchConfig(str(tiny_checkpoint), frames=2, runs=1, precision="int16"),
+        BenchSettings(checkpoint=str(tiny_checkpoint), frames=2, runs=1, baseline=True),
+        BenchSettings(checkpoint=str(tiny_checkpoint), frames=2, runs=1, precision="int16"),
     ]
     base, row = measure_group(cfgs)
     assert base["vs_baseline"] == 1.0

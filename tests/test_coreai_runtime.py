@@ -316,7 +316,7 @@ def test_cli_say_with_coreai(speakable, fp32_assets, tmp_path):
     said = _said(result)
     frames = int(re.search(r"(\d+)\s+frames", said).group(1))
     pieces = re.search(r"in (\d+) piece", said)  # the assets' short context may split TEXT into sentences
-    pauses = (int(pieces.group(1)) - 1) * round(DEFAULTS.pause_s * 44100) if pieces else 0
+    pauses = (int(pieces.group(1)) - 1) * round(DEFAULTS.speech.pause_s * 44100) if pieces else 0
     assert sf.read(out)[0].shape == (frames * 2048 + pauses,) and "coreai fp32" in said
     result = _run("say", TEXT, "-o", out, "--model", speakable, "--backend", "coreai", "--assets", tmp_path / "no")
     assert result.exit_code == 2 and "no Core AI asset folder" in _said(result)

@@ -42,7 +42,7 @@ def test_static_frame_equals_the_eager_frame(oracle_dir):
     prompt[1:] = rng.integers(0, cfg.codebook_size, (cfg.num_codebooks, 7))
     window = np.full(cfg.ras_window_size, -1, dtype=np.int64)
     for params in [
-        SamplingParams(temperature=0.5 + 0.1 * i, top_k=10 + i) for i in range(DEFAULTS.cuda_graphs_kept + 1)
+        SamplingParams(temperature=0.5 + 0.1 * i, top_k=10 + i) for i in range(DEFAULTS.torch.cuda_graphs_kept + 1)
     ]:
         noise_slow = rng.random((2, cfg.num_semantic + 1), dtype=np.float32).clip(1e-6)
         noise_fast = rng.random((cfg.num_codebooks - 1, cfg.codebook_size), dtype=np.float32).clip(1e-6)

@@ -25,12 +25,12 @@ def never_eos_tts(never_eos_512):
 
 
 def _cap(tokens: int) -> int:
-    return DEFAULTS.cap_base_frames + DEFAULTS.cap_frames_per_token * tokens
+    return DEFAULTS.speech.cap_base_frames + DEFAULTS.speech.cap_frames_per_token * tokens
 
 
 def test_the_rule_is_three_seconds_and_a_fraction_per_token():
     """The documented numbers: 64 frames (3.0 s) plus 16 frames (0.74 s) per text token."""
-    assert (DEFAULTS.cap_base_frames, DEFAULTS.cap_frames_per_token) == (64, 16)
+    assert (DEFAULTS.speech.cap_base_frames, DEFAULTS.speech.cap_frames_per_token) == (64, 16)
     assert _cap(3) == 112
 
 

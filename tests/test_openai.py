@@ -24,8 +24,9 @@ import clips
 from audio8_coreai import TTS
 from audio8_coreai.audio import StreamStretcher, time_stretch
 from audio8_coreai.errors import ConfigError, VoiceError
-from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
+from audio8_coreai.server import create_app, serve_in_thread
 from audio8_coreai.server.voicenames import parse_voice_map
+from audio8_coreai.settings import ServerSettings
 
 TEXT = "The meeting has been moved to Thursday afternoon."
 FRAMES = 12
@@ -110,8 +111,8 @@ def test_the_readme_sdk_example_streams_to_a_file(client, tmp_path):
 
 
 def test_requests_without_voice_or_seed_get_one_steady_voice(base):
-    """The model's own voice is drawn with the fixed seed DEFAULTS.default_voice_seed (0) when a request gives none:
-    the same text gives the same bytes, under no voice, 'default' or an unmapped OpenAI name."""
+    """The model's own voice is drawn with the fixed seed DEFAULTS.server.default_voice_seed (0) when a request gives
+    none: the same text gives the same bytes, under no voice, 'default' or an unmapped OpenAI name."""
     first = post(base, response_format="wav")
     assert first.headers["x-seed"] == "0"
     assert post(base, response_format="wav").content == first.content

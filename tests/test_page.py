@@ -13,7 +13,8 @@ import soundfile as sf
 
 import clips
 from audio8_coreai import TTS
-from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
+from audio8_coreai.server import create_app, serve_in_thread
+from audio8_coreai.settings import ServerSettings
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(

@@ -157,7 +157,7 @@ def test_a_plan_holds_what_its_speech_is_made_of(tts):
     assert plan.seed == 2 and plan.warning is None
     assert plan.tokens == len(tts.prompts.encode(text))
     assert (plan.params.temperature, plan.params.top_k) == (0.5, tts.checkpoint.generation.top_k)
-    assert (plan.chunk_frames, plan.first_chunk_frames) == (4, min(DEFAULTS.first_chunk_frames, 4))
+    assert (plan.chunk_frames, plan.first_chunk_frames) == (4, min(DEFAULTS.speech.first_chunk_frames, 4))
     for piece in plan.pieces:
         assert np.array_equal(piece.prompt, tts.prompts.clone(piece.text, voice.transcript, voice.codes))
         assert piece.max_frames == 3

@@ -19,13 +19,14 @@ import pytest
 
 import clips
 from audio8_coreai import TTS
-from audio8_coreai.server import ApiError, ServerSettings, create_app, serve_in_thread
+from audio8_coreai.server import ApiError, create_app, serve_in_thread
+from audio8_coreai.settings import RaySettings, ServerSettings
 
 pytest.importorskip("ray.serve")
 
 from ray import serve  # noqa: E402
 
-from audio8_coreai.server.ray_app import RayArgs, RaySynthesizer, SynthDeployment, build_app, voice_key  # noqa: E402
+from audio8_coreai.server.ray_app import RaySynthesizer, SynthDeployment, application, build_app, voice_key  # noqa: E402
 from audio8_coreai.voices import VoiceStore  # noqa: E402
 
 TEXT = "The meeting has been moved to Thursday afternoon."
@@ -63,8 +64,9 @@ def voices(tmp_path_factory) -> Path:
 def local_app(checkpoint: Path, voices: Path, name: str):
     """The Synth deployment (2 rows) on ``checkpoint`` in Ray's local testing mode behind the app served by uvicorn;
     yields its base URL."""
-    args = RayArgs(model=str(checkpoint), voices=str(voices), device="cpu", batch=2, server=SETTINGS)
-    handle = serve.run(SynthDeployment.bind(args), name=name, _local_testing_mode=True)
+    cluster = RaySettings(model=str(checkpoint), voices=str(voices), device="cpu")
+    server = SETTINGS.model_copy(update={"batch": 2})
+    handle = serve.run(SynthDeployment.bind(cluster, server), name=name, _local_testing_mode=True)
     synth = RaySynthesizer(handle, VoiceStore(voices), SETTINGS.max_queue, handle.info.remote().result())
     with serve_in_thread(create_app(synth, SETTINGS)) as url:
         yield url
@@ -196,19 +198,24 @@ def test_the_serve_config_builds_the_application():
     assert isinstance(build_app(application["args"]), serve.Application)
     with pytest.raises(pydantic.ValidationError, match="batchs"):
         build_app({**application["args"], "batchs": 8})  # a misspelt knob is an error, not a default
+    with pytest.raises(pydantic.ValidationError, match="batchs"):
+        build_app({**application["args"], "server": {"batchs": 8}})
+    with pytest.raises(pydantic.ValidationError, match="replicas"):
+        build_app({**application["args"], "replicas": 0})
 
 
-def test_ray_args_and_the_cli_check_the_scale(tiny_checkpoint):
+def test_ray_settings_and_the_cli_check_the_scale(tiny_checkpoint):
     from typer.testing import CliRunner
 
     from audio8_coreai.cli import app
 
-    assert RayArgs(autoscale=(0, 4)).autoscale == (0, 4)
+    assert RaySettings(autoscale=(0, 4)).autoscale == (0, 4)
     for bad in ((3, 1), (0, 0), (-1, 2)):
         with pytest.raises(ValueError, match="autoscale"):
-            RayArgs(autoscale=bad)
+            RaySettings(autoscale=bad)
     for options, said in (
-        (["--autoscale", "3:1"], "--autoscale takes MIN:MAX"),
+        (["--autoscale", "3:1"], "--autoscale must be min and max replicas, 0 <= min <= max"),
+        (["--replica-gpus", "-1"], "--replica-gpus must be a number >= 0, got -1.0"),
         (["--autoscale", "two"], "--autoscale takes MIN:MAX"),
         (["--workers", "2"], "drop --workers"),
         (["--replicas", "0"], "--replicas must be >= 1"),
@@ -237,10 +244,8 @@ def cluster(never_eos_long_checkpoint, voices):
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         threads = torch.get_num_threads()
-        args = RayArgs(
-            model=str(never_eos_long_checkpoint), voices=str(voices), batch=1, replicas=2, cpus=threads, server=SETTINGS
-        )
-        serve.run(build_app(args), name="audio8", route_prefix="/")
+        cluster = RaySettings(model=str(never_eos_long_checkpoint), voices=str(voices), replicas=2, cpus=threads)
+        serve.run(application(cluster, SETTINGS.model_copy(update={"batch": 1})), name="audio8", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()

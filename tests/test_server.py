@@ -22,7 +22,8 @@ import soundfile as sf
 import clips
 from audio8_coreai import TTS
 from audio8_coreai.audio import SPEECH_FORMATS, STREAMABLE_FORMATS, SpeechEncoder, encode_speech
-from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
+from audio8_coreai.server import create_app, serve_in_thread
+from audio8_coreai.settings import ServerSettings
 
 TEXT = "The meeting has been moved to Thursday afternoon."
 SETTINGS = ServerSettings(

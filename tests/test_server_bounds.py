@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from audio8_coreai.server import ServerSettings
 from audio8_coreai.server.connections import reset
+from audio8_coreai.settings import ServerSettings
 from test_server import serving
 
 LIMIT = 64 * 1024

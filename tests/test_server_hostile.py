@@ -21,7 +21,8 @@ import pytest
 
 import clips
 from audio8_coreai import TTS
-from audio8_coreai.server import ServerSettings, create_app
+from audio8_coreai.server import create_app
+from audio8_coreai.settings import ServerSettings
 from test_server import TEXT, metric, serving, speech
 
 SETTINGS = ServerSettings(workers=2, max_queue=4, max_input_chars=300, max_upload_bytes=1_000_000, max_frames=200)

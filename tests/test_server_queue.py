@@ -12,7 +12,8 @@ import httpx
 import numpy as np
 
 from audio8_coreai import TTS
-from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
+from audio8_coreai.server import create_app, serve_in_thread
+from audio8_coreai.settings import ServerSettings
 from test_server import SETTINGS, TEXT, metric, serving, speech
 
 

@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from audio8_coreai import TTS
-from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
+from audio8_coreai.server import create_app, serve_in_thread
+from audio8_coreai.settings import ServerSettings
 
 FRESH = re.compile(r"req_[0-9a-f]{32}")
 SPEECH = {"input": "Hi.", "max_frames": 2, "response_format": "pcm"}

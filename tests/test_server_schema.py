@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from audio8_coreai import TTS
-from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
+from audio8_coreai.server import create_app, serve_in_thread
+from audio8_coreai.settings import ServerSettings
 
 
 @pytest.fixture(scope="module")

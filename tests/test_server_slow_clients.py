@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from audio8_coreai import TTS
-from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
-from audio8_coreai.settings import DEFAULTS
+from audio8_coreai.server import create_app, serve_in_thread
+from audio8_coreai.settings import DEFAULTS, ServerSettings
 from test_server import TEXT, metric, serving, speech
 
 
@@ -95,10 +95,10 @@ def test_a_stream_whose_client_stops_reading_buffers_a_bounded_amount_then_is_dr
     sent = asyncio.run(drive())
     assert sent[0]["status"] == 200
     # one chunk sent, two queued, one made while waiting for room (4 chunks), and, with the codec in a process of
-    # its own, up to DEFAULTS.codec_queue chunks decoding beside the frame loop and a chunk's worth less one frame
+    # its own, up to DEFAULTS.torch.codec_queue chunks decoding beside the frame loop and a chunk's worth less one frame
     # not yet full: 4 frames a chunk
     frames = next(s.value for s in server.metrics.frames.collect()[0].samples if s.name.endswith("_total"))
-    bound = (4 + (DEFAULTS.codec_queue if server.synth.instances[0].backend.codec_process else 0)) * 4 + 3
+    bound = (4 + (DEFAULTS.torch.codec_queue if server.synth.instances[0].backend.codec_process else 0)) * 4 + 3
     assert 4 <= frames <= bound
     assert any("not reading" in r.getMessage() for r in caplog.records)
 

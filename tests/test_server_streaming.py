@@ -15,7 +15,8 @@ import soundfile as sf
 
 from audio8_coreai import TTS
 from audio8_coreai.audio import MEDIA_TYPES, STREAMABLE_FORMATS, SpeechEncoder
-from audio8_coreai.server import ServerSettings, create_app, serve_in_thread
+from audio8_coreai.server import create_app, serve_in_thread
+from audio8_coreai.settings import ServerSettings
 from test_server import decode, metric
 
 FRAMES = 4

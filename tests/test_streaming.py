@@ -134,7 +134,7 @@ def test_stream_equals_generate_chunk_by_chunk(endless_tts):
     speech = endless_tts.stream(TEXT, seed=1, max_frames=20, chunk_frames=8)
     chunks = list(speech)
     assert whole.frames == 20 and speech.frames == whole.frames
-    assert speech.first_chunk_frames == DEFAULTS.first_chunk_frames == 1
+    assert speech.first_chunk_frames == DEFAULTS.speech.first_chunk_frames == 1
     assert [len(c) for c in chunks[:-1]] == [1 * 2048, 2 * 2048, 4 * 2048] + [8 * 2048] * (len(chunks) - 4)
     assert all(c.dtype == np.float32 for c in chunks)
     assert float(np.abs(np.concatenate(chunks) - whole.audio).max()) <= EXACT
@@ -212,7 +212,7 @@ def test_long_text_is_split_and_spoken_in_order_with_pauses(tiny_tts):
     assert len(speech.pieces) == 3
     assert " ".join(p.text for p in speech.pieces) == text
     chunks = list(speech)
-    pause = round(DEFAULTS.pause_s * 44100)
+    pause = round(DEFAULTS.speech.pause_s * 44100)
     assert sum(len(c) == pause and not c.any() for c in chunks) == len(speech.pieces) - 1
     assert len(speech.reached_eos) == len(speech.pieces)
     again = np.concatenate(list(tiny_tts.stream(text, seed=2, max_frames=5, chunk_frames=4)))

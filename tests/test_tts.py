@@ -132,13 +132,15 @@ def test_at_most_prefix_cache_heads_are_kept(tiny_tts):
     backend = tiny_tts.backend
     backend.forget_heads()
     codes = np.zeros((10, 2), np.int64)
-    prompts = [tiny_tts.prompts.clone(TEXT, f"Voice number {i}.", codes) for i in range(DEFAULTS.prefix_cache + 2)]
+    prompts = [
+        tiny_tts.prompts.clone(TEXT, f"Voice number {i}.", codes) for i in range(DEFAULTS.torch.prefix_cache + 2)
+    ]
     for p in prompts:  # a voice per transcript: each its own head
         backend.prefill(p)
     heads = [p[:, : tiny_tts.prompts.prefix_length(p)].tobytes() for p in prompts]
     assert backend.kept_heads == heads[2:]  # the least recently used went first
     backend.prefill(tiny_tts.prompts.plain(TEXT))
-    assert len(backend.kept_heads) == DEFAULTS.prefix_cache
+    assert len(backend.kept_heads) == DEFAULTS.torch.prefix_cache
 
 
 def test_threads_take_turns_and_an_overtaken_stream_says_so(tiny_tts):
@@ -223,7 +225,7 @@ def test_check_request_normalises():
     req = check_request("  Hello\n there. ", voice="Ann", top_k=np.int32(20), seed=None, first_chunk_frames=2)
     assert (req.text, req.voice, req.top_k, req.temperature) == ("Hello there.", "Ann", 20, None)
     assert type(req.top_k) is int and 0 <= req.seed < 2**31
-    assert (req.chunk_frames, req.first_chunk_frames) == (DEFAULTS.chunk_frames, 2)
+    assert (req.chunk_frames, req.first_chunk_frames) == (DEFAULTS.speech.chunk_frames, 2)
 
 
 def test_numpy_integers_are_whole_numbers(tiny_tts):

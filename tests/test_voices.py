@@ -179,7 +179,7 @@ def test_stale_leftovers_of_a_killed_write_are_swept_when_the_store_opens(tmp_pa
     old, fresh = tmp_path / ".bob.k3j2h1.tmp", tmp_path / ".carol.a1b2c3.tmp"
     old.write_bytes(b"half a voice")
     fresh.write_bytes(b"being written")
-    hour_ago = time.time() - DEFAULTS.stale_temp_s - 60
+    hour_ago = time.time() - DEFAULTS.server.stale_temp_s - 60
     os.utime(old, (hour_ago, hour_ago))
     store = VoiceStore(tmp_path)
     assert not old.exists() and fresh.exists() and store.names() == ["alice"]

@@ -25,15 +25,15 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from audio8_coreai import TTS, Voice
 from audio8_coreai.audio import encode_speech
 from audio8_coreai.cli import app
-from audio8_coreai.server.wyoming import Speaker, WyomingSettings, serve
-from audio8_coreai.settings import DEFAULTS
+from audio8_coreai.server.wyoming import Speaker, serve
+from audio8_coreai.settings import DEFAULTS, WyomingSettings
 from audio8_coreai.text import LANGUAGES
 from audio8_coreai.text.split import complete_sentences
 
 SEED = 7
 FRAMES = 3  # the server's frame cap: the never-eos checkpoint makes exactly this many frames per utterance
 HOP = 2048  # samples per frame
-PAUSE = round(DEFAULTS.pause_s * 44100)  # the silence between the sentences of a stream
+PAUSE = round(DEFAULTS.speech.pause_s * 44100)  # the silence between the sentences of a stream
 
 
 def free_port() -> int:
@@ -139,7 +139,7 @@ def test_describe_lists_the_own_voice_and_this_checkpoints_stored_voices(never_e
     (events,) = talk(never_eos_tts, [Describe().event(), None])
     (program,) = Info.from_event(events[0]).tts
     assert program.name == "audio8" and program.installed and program.supports_synthesize_streaming
-    assert [v.name for v in program.voices] == [DEFAULTS.wyoming_voice, "ana"]  # not another's, not a damaged one
+    assert [v.name for v in program.voices] == [DEFAULTS.wyoming.voice, "ana"]  # not another's, not a damaged one
     assert all(v.languages == list(LANGUAGES) for v in program.voices)
     assert set(LANGUAGES) == {"en", "zh", "ja", "ko", "de", "fr", "es"}
 
@@ -159,7 +159,7 @@ def test_home_assistants_voice_picker_shows_each_voice_by_its_name(never_eos_tts
             picker.setdefault(language, []).append((voice.name, voice.description or voice.name))
     expected = [
         ("ana", "ana: cloned from a 1.5 s clip"),
-        (DEFAULTS.wyoming_voice, f"{DEFAULTS.wyoming_voice}: the model's own voice"),
+        (DEFAULTS.wyoming.voice, f"{DEFAULTS.wyoming.voice}: the model's own voice"),
         ("bo", "bo: cloned from a 1.5 s clip"),
     ]
     assert set(picker) == set(LANGUAGES)
@@ -171,7 +171,7 @@ def test_synthesize_streams_the_samples_tts_gives_as_they_are_made(never_eos_tts
     plain, own, ana = talk(  # three clients at once: the model speaks for one at a time, each gets its own audio
         never_eos_tts,
         [Synthesize(text).event(), None],
-        [Synthesize(text, voice=SynthesizeVoice(DEFAULTS.wyoming_voice)).event(), None],
+        [Synthesize(text, voice=SynthesizeVoice(DEFAULTS.wyoming.voice)).event(), None],
         [Synthesize(text, voice=SynthesizeVoice("ana")).event(), None],
     )
     assert pcm(plain) == pcm(own) == spoken(never_eos_tts, text)
@@ -357,5 +357,5 @@ def test_the_command_serves_describe_and_synthesize(never_eos_checkpoint, tmp_pa
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-    assert [v.name for v in Info.from_event(events[0]).tts[0].voices] == [DEFAULTS.wyoming_voice]
+    assert [v.name for v in Info.from_event(events[0]).tts[0].voices] == [DEFAULTS.wyoming.voice]
     assert len(pcm(events[1:])) == 2 * HOP  # one frame of 16-bit samples

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import socket
@@ -18,10 +17,8 @@ from wyoming.error import Error
 from wyoming.event import Event
 
 import audio8_coreai.server.wyoming as wyoming_server
-from audio8_coreai.settings import DEFAULTS
+from audio8_coreai.settings import DEFAULTS, WyomingSettings
 from test_wyoming import never_eos_tts, serving, talk  # noqa: F401 - never_eos_tts is a fixture
-
-LIMIT = DEFAULTS.wyoming_max_event_bytes
 
 
 async def _raw(port: int, sent: bytes, then: bytes = b"", events: int | None = None) -> tuple[list[dict], float]:
@@ -50,11 +47,11 @@ async def _raw(port: int, sent: bytes, then: bytes = b"", events: int | None = N
     return lines, time.monotonic() - t0
 
 
-def _refused(tts, sent: bytes, then: bytes = b"") -> tuple[Error, float]:
+def _refused(tts, sent: bytes, then: bytes = b"", settings: WyomingSettings | None = None) -> tuple[Error, float]:
     """What one hostile connection gets (its only event must be an error), and that the server serves on."""
 
     async def main():
-        async with serving(tts) as port:
+        async with serving(tts, settings) as port:
             got = await _raw(port, sent, then)
             after = await _raw(port, b'{"type": "describe"}\n', events=1)
             return got, after
@@ -72,7 +69,8 @@ def test_a_promised_length_past_the_bound_is_refused_without_reading_it(never_eo
     header = json.dumps({"type": "audio-chunk" if key == "payload_length" else "synthesize", key: 10**11}) + "\n"
     with caplog.at_level(logging.WARNING, logger="audio8_coreai.server.wyoming"):
         error, seconds = _refused(never_eos_tts, header.encode(), b"\0" * 4096 if key == "payload_length" else b"")
-    assert error.code == "ProtocolError" and f"{key} of 100000000000 bytes is over this server's {LIMIT}" in error.text
+    bound = WyomingSettings().max_event_bytes  # the served speaker's (test_wyoming.serving)
+    assert error.code == "ProtocolError" and f"{key} of 100000000000 bytes is over this server's {bound}" in error.text
     assert seconds < 10
     assert [r.getMessage() for r in caplog.records if "refused" in r.getMessage()] == [
         f"wyoming client refused: {error.text}"
@@ -100,16 +98,15 @@ def test_a_malformed_event_is_an_error_event(never_eos_tts, line, needle):  # no
     assert "Traceback" not in error.text
 
 
-def test_a_client_silent_mid_event_is_closed(never_eos_tts, monkeypatch):  # noqa: F811
+def test_a_client_silent_mid_event_is_closed(never_eos_tts):  # noqa: F811
     """A synthesize whose 100 promised bytes of data never come: closed after the idle bound, saying so."""
-    monkeypatch.setattr(wyoming_server, "DEFAULTS", dataclasses.replace(DEFAULTS, wyoming_idle_s=0.5))
-    error, seconds = _refused(never_eos_tts, b'{"type": "synthesize", "data_length": 100}\n')
+    sent = b'{"type": "synthesize", "data_length": 100}\n'
+    error, seconds = _refused(never_eos_tts, sent, settings=WyomingSettings(idle_s=0.5))
     assert "no event data from the client in 0.5 s" in error.text and 0.4 < seconds < 10
 
 
-def test_an_idle_connection_is_closed(never_eos_tts, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(wyoming_server, "DEFAULTS", dataclasses.replace(DEFAULTS, wyoming_idle_s=0.5))
-    error, seconds = _refused(never_eos_tts, b"")
+def test_an_idle_connection_is_closed(never_eos_tts):  # noqa: F811
+    error, seconds = _refused(never_eos_tts, b"", settings=WyomingSettings(idle_s=0.5))
     assert "no event from the client in 0.5 s" in error.text and 0.4 < seconds < 10
 
 
@@ -138,7 +135,13 @@ def test_a_client_that_stops_reading_is_dropped_and_its_utterance_stopped(never_
     """A synthesize whose client then reads nothing (a small receive window) while the model could speak for ever:
     the frames run at most ``stream_buffer_chunks`` chunks ahead, and after ``stall_s`` the connection is reset, the
     utterance stopped, one line logged; the next client is served."""
-    monkeypatch.setattr(wyoming_server, "DEFAULTS", dataclasses.replace(DEFAULTS, stall_s=1.0, stream_buffer_chunks=2))
+    monkeypatch.setattr(
+        wyoming_server,
+        "DEFAULTS",
+        DEFAULTS.model_copy(
+            update={"server": DEFAULTS.server.model_copy(update={"stall_s": 1.0, "stream_buffer_chunks": 2})}
+        ),
+    )
     made = []
 
     def endless(*args, on_frame, **kwargs):  # a second of tone a chunk (88 KB as pcm), a frame's check before each

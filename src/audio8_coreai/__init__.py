@@ -14,6 +14,9 @@ Every error raised on purpose is an :class:`Audio8Error` (ConfigError, Checkpoin
 VoiceError, EngineError, BackendError are exported here too); its message says what to change.
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from .errors import (
     Audio8Error,
     AudioError,
@@ -25,8 +28,23 @@ from .errors import (
     UnsupportedLanguageWarning,
     VoiceError,
 )
-from .tts import TTS, Synthesis
-from .voices import Voice, VoiceStore
+
+if TYPE_CHECKING:
+    from .tts import TTS, Synthesis
+    from .voices import Voice, VoiceStore
+
+_LATER = {"TTS": "tts", "Synthesis": "tts", "Voice": "voices", "VoiceStore": "voices"}
+
+
+def __getattr__(name: str) -> object:
+    """TTS, Synthesis, Voice and VoiceStore, imported on first use: importing the package and its errors reads no
+    settings yet, so the ``audio8`` command says a wrong AUDIO8_* variable in one line (cli/__init__.py)."""
+    if name not in _LATER:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LATER[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "TTS",

@@ -35,7 +35,7 @@ class VoiceCloning:
         resampled to 44.1 kHz, 0.5-30 s; its warnings land in ``Voice.warnings``) and encoded by this
         checkpoint's codec into codes int64 [num_codebooks, ceil(N / 2048)].
         Raises AudioError (unusable clip), PromptError (empty transcript), VoiceError (the clone prompt
-        would leave fewer than DEFAULTS.min_voice_frames frames of the context; the message gives the numbers).
+        would leave fewer than DEFAULTS.speech.min_voice_frames frames of the context; the message gives the numbers).
         """
         return self._clip_voice(audio, check_text(text, "reference text"), name)
 
@@ -98,8 +98,8 @@ class VoiceCloning:
 
     def _check_voice_room(self, frames: int, transcript: str) -> None:
         """Raise VoiceError unless the clone prompt for a reference of ``frames`` code frames and a one-word
-        text leaves at least DEFAULTS.min_voice_frames frames of ``max_seq_len`` (the slow AR's context holds prompt
-        and frames). Checked before encoding, from the sample count: a refusal costs no codec time."""
+        text leaves at least DEFAULTS.speech.min_voice_frames frames of ``max_seq_len`` (the slow AR's context holds
+        prompt and frames). Checked before encoding, from the sample count: a refusal costs no codec time."""
         # The prompt's length without the reference: the template, the transcript and a one-token target.
         one_frame = np.zeros((self.config.num_codebooks, 1), dtype=np.int64)
         context = self.config.max_seq_len
@@ -110,17 +110,17 @@ class VoiceCloning:
             raise VoiceError(
                 f"the reference transcript is too long for this model: {tokens} tokens, while the "
                 f"model's context holds {context} positions for the whole prompt (reference and "
-                f"transcript included) and at least {DEFAULTS.min_voice_frames} frames of speech; "
+                f"transcript included) and at least {DEFAULTS.speech.min_voice_frames} frames of speech; "
                 "use a shorter clip (0.5-30 s) with its transcript"
             ) from None
         room = context - overhead - frames
-        if room >= DEFAULTS.min_voice_frames:
+        if room >= DEFAULTS.speech.min_voice_frames:
             return
         seconds = self.checkpoint.codec_config.frame_length / self.sample_rate
-        longest = max(0, context - overhead - DEFAULTS.min_voice_frames)
+        longest = max(0, context - overhead - DEFAULTS.speech.min_voice_frames)
         raise VoiceError(
             f"the reference clip is too long for this model: its {frames} frames ({frames * seconds:.1f} "
             f"s) and the {overhead} tokens of prompt text leave {max(room, 0)} of the context's "
-            f"{context} positions for speech, under the {DEFAULTS.min_voice_frames} a voice must leave; use a "
+            f"{context} positions for speech, under the {DEFAULTS.speech.min_voice_frames} a voice must leave; use a "
             f"clip of at most {longest * seconds:.1f} s (or a shorter transcript)"
         )

@@ -63,7 +63,7 @@ def check_request(
     top_k: int | None = None,
     top_p: float | None = None,
     max_frames: int | None = None,
-    chunk_frames: int = DEFAULTS.chunk_frames,
+    chunk_frames: int | None = None,
     first_chunk_frames: int | None = None,
 ) -> CheckedRequest:
     """Check a request without weights, files or a tokenizer, before a model is loaded or a worker taken; return
@@ -72,8 +72,9 @@ def check_request(
 
     Raises PromptError (no words to speak in ``text`` or ``ref_text``), VoiceError (a voice and a clip both, a
     clip without its transcript, a bad voice name), ConfigError naming the setting (sampling settings out of
-    range, as ``generation_config.json``'s rules; ``seed`` < 0; ``max_frames`` < 1; ``chunk_frames`` < 1;
-    ``first_chunk_frames`` outside 1 to ``chunk_frames``; any of them not a number of the right kind).
+    range, as ``generation_config.json``'s rules; ``seed`` < 0; ``max_frames`` < 1; ``chunk_frames`` < 1 (None:
+    ``DEFAULTS.speech.chunk_frames``); ``first_chunk_frames`` outside 1 to ``chunk_frames``; any of them not a number
+    of the right kind).
     """
     text = check_text(text)
     check_voice_choice(voice, ref_audio, ref_text)
@@ -86,6 +87,7 @@ def check_request(
     gen = sampling_config(GenerationConfig(), temperature, top_k, top_p)  # the overrides against the publisher's rules
     if max_frames is not None:
         max_frames = check_int(max_frames, "max_frames")
+    chunk_frames = DEFAULTS.speech.chunk_frames if chunk_frames is None else chunk_frames
     chunk_frames, first_chunk_frames = check_chunks(chunk_frames, first_chunk_frames)
     return CheckedRequest(
         text,

@@ -60,8 +60,8 @@ class TTS(VoiceCloning):
         assets: str | Path | None = None,
         precision: str | None = None,
         codec_dtype: str | None = None,
-        cuda_graphs: bool | None = DEFAULTS.cuda_graphs,
-        codec_process: bool | None = DEFAULTS.codec_process,
+        cuda_graphs: bool | None = DEFAULTS.torch.cuda_graphs,
+        codec_process: bool | None = DEFAULTS.torch.codec_process,
     ) -> TTS:
         """Load a checkpoint folder (publisher layout) or hub id, validate it and build the backend.
 
@@ -71,10 +71,11 @@ class TTS(VoiceCloning):
         them, so the draws are fp32's) and int16 for fp32 ones, fp32 on CUDA. ``codec_dtype`` (torch): bf16
         opts the codec decoder into bf16 on CPU (not exact); default fp32 on CPU, as the publisher.
         ``cuda_graphs`` (torch on CUDA): replay each frame as one captured CUDA graph, and batched frames
-        (:meth:`batched`) as one per bucketed batch size (backends/torch/cudagraphs.py); None (the default): on
-        when the device is CUDA; False: eager frames.
+        (:meth:`batched`) as one per bucketed batch size (backends/torch/cudagraphs.py); None: on when the device
+        is CUDA; False: eager frames; default ``DEFAULTS.torch.cuda_graphs``.
         ``codec_process`` (torch on CPU): the codec decoder in a process of its own, on another core beside the
-        frames (streaming and :meth:`generate` overlap the two; same samples); None: on when 2+ CPUs are usable.
+        frames (streaming and :meth:`generate` overlap the two; same samples); None: on when 2+ CPUs are usable;
+        default ``DEFAULTS.torch.codec_process``.
         :meth:`close` (or ``with TTS.load(...) as tts:``) ends that process; it also ends with this one.
         ``voices_dir``: the voice store's folder (default: the per-user one, see :mod:`.voices`).
         ``backend``: torch, or coreai with ``assets`` the folder ``audio8 convert`` wrote from this
@@ -132,12 +133,12 @@ class TTS(VoiceCloning):
         settings and the language warning. ``frame_cap``: a ceiling on the default frame cap (a server's), clipped
         to what the context leaves; an explicit ``max_frames`` is the request's.
 
-        A frame cap (``max_frames`` None) is 3.0 s plus 0.74 s per text token (settings.py), at most the
-        checkpoint's max_new_tokens (512, about 23.8 s), clipped to the context; an explicit one that does not fit
-        is an error. Raises VoiceError (unknown voice, one from another checkpoint), AudioError (an unusable clip),
-        PromptError (a prompt that fills the context, a damaged voice's codes, a run of text that cannot be split),
-        EngineError (an explicit ``max_frames`` past the context; of a split text, naming the piece), ConfigError
-        (``frame_cap`` no whole number >= 1).
+        A frame cap (``max_frames`` None) is ``DEFAULTS.speech.cap_base_frames`` plus ``cap_frames_per_token``
+        per text token (settings.py), at most the checkpoint's max_new_tokens, clipped to the context; an
+        explicit one that does not fit is an error. Raises VoiceError (unknown voice, one from another
+        checkpoint), AudioError (an unusable clip), PromptError (a prompt that fills the context, a damaged
+        voice's codes, a run of text that cannot be split), EngineError (an explicit ``max_frames`` past the
+        context; of a split text, naming the piece), ConfigError (``frame_cap`` no whole number >= 1).
         """
         voice = self._voice(checked)
         return make_plan(
@@ -293,8 +294,9 @@ class TTS(VoiceCloning):
         if len(plan.pieces) == 1:
             out = self.generate(plan, on_start=on_start)
             return out.audio, out.sample_rate
-        # Every chunk DEFAULTS.chunk_frames long, the push size that decodes fastest (see TorchBackend.decode_window).
-        chunks = DEFAULTS.chunk_frames
+        # Every chunk DEFAULTS.speech.chunk_frames long, the push size that decodes fastest (see
+        # TorchBackend.decode_window).
+        chunks = DEFAULTS.speech.chunk_frames
         speech = self.stream(dataclasses.replace(plan, chunk_frames=chunks, first_chunk_frames=chunks))
         if on_start is not None:
             on_start(speech.max_frames)
@@ -317,15 +319,15 @@ class TTS(VoiceCloning):
         **request: Any,
     ) -> SpeechStream:
         """Speak ``text`` as it is made: a :class:`.engine.stream.SpeechStream` of float32 chunks (mono, 44.1 kHz),
-        exact to the whole-utterance decode. The first chunk holds ``first_chunk_frames`` (None: 1, at most
-        ``chunk_frames``), so the first audio comes sooner, and each next one twice the last up to
-        ``chunk_frames`` (default 16 frames, 0.74 s), so sent audio covers the next chunk's making when frames
-        come faster than real time.
+        exact to the whole-utterance decode. The first chunk holds ``first_chunk_frames`` (None:
+        ``DEFAULTS.speech.first_chunk_frames``, at most ``chunk_frames``), so the first audio comes sooner, and each
+        next one twice the last up to ``chunk_frames`` (default ``DEFAULTS.speech.chunk_frames``), so sent audio
+        covers the next chunk's making when frames come faster than real time.
 
         ``text`` is a plan (:meth:`plan`), spoken as it is; or a string with the keywords of :meth:`generate` and
         ``chunk_frames``, ``first_chunk_frames`` (through the API the first chunk may be longer than the others;
         the CLI and server keep it at most ``chunk_frames``) and ``frame_cap`` (a ceiling on the default frame cap,
-        as a server's), checked and planned split: pieces whose estimated speech (``DEFAULTS.frames_per_token``
+        as a server's), checked and planned split: pieces whose estimated speech (``DEFAULTS.speech.frames_per_token``
         frames per text token) fits the context and the checkpoint's ``max_new_tokens``, spoken in order in the
         same voice, the seed's noise stream running on, with a short pause between. Text kept in one piece gives
         :meth:`generate`'s samples with the same arguments. ``max_frames`` caps every piece. ``on_frame`` as in

@@ -169,7 +169,7 @@ class VoiceStore:
 
     ``folder`` None means :func:`default_voices_dir`. The folder is created on the first save; reading an
     absent folder finds no voices. Opening it removes the temporary files of writes that crashed (older than
-    ``DEFAULTS.stale_temp_s``; a younger one may be another process's write in progress).
+    ``DEFAULTS.server.stale_temp_s``; a younger one may be another process's write in progress).
     """
 
     def __init__(self, folder: str | Path | None = None):
@@ -179,9 +179,9 @@ class VoiceStore:
         self._sweep()
 
     def _sweep(self) -> None:
-        """Remove temporary voice files older than ``DEFAULTS.stale_temp_s``; a store that cannot be changed keeps
-        them (listing and loading skip them anyway)."""
-        stale = time.time() - DEFAULTS.stale_temp_s
+        """Remove temporary voice files older than ``DEFAULTS.server.stale_temp_s``; a store that cannot be changed
+        keeps them (listing and loading skip them anyway)."""
+        stale = time.time() - DEFAULTS.server.stale_temp_s
         try:
             for p in self.root.glob("." + "*" + TEMP_SUFFIX):
                 if p.is_file() and p.stat().st_mtime < stale:

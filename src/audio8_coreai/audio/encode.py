@@ -41,13 +41,13 @@ STREAMABLE_FORMATS = ("wav", "pcm", "mp3", "opus", "aac")
 
 def output_rate(fmt: str, model_rate: int, asked: int | None = None) -> int:
     """The sample rate (Hz) of a ``fmt`` body of speech made at ``model_rate``: opus always OPUS_RATE; else
-    ``asked`` (a request's ``sample_rate`` or the server's); else pcm DEFAULTS.pcm_sample_rate (OpenAI's 24 kHz)
+    ``asked`` (a request's ``sample_rate`` or the server's); else pcm DEFAULTS.server.pcm_sample_rate (OpenAI's 24 kHz)
     and the rest ``model_rate``. Raises AudioError for ``asked`` outside RATE_RANGE, or not one of MPEG_RATES for
     mp3 and aac."""
     if fmt == "opus":
         return OPUS_RATE
     if asked is None:
-        return DEFAULTS.pcm_sample_rate if fmt == "pcm" else model_rate
+        return DEFAULTS.server.pcm_sample_rate if fmt == "pcm" else model_rate
     if not RATE_RANGE[0] <= asked <= RATE_RANGE[1]:
         raise AudioError(f"sample_rate {asked} is out of range: give {RATE_RANGE[0]} to {RATE_RANGE[1]} Hz")
     if fmt in ("mp3", "aac") and asked not in MPEG_RATES:

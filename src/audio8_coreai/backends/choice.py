@@ -16,7 +16,7 @@ BACKENDS = ("torch", "coreai")
 
 
 def check_backend_choice(
-    backend: str, device: str = "auto", assets: object = None, cuda_graphs: bool | None = DEFAULTS.cuda_graphs
+    backend: str, device: str = "auto", assets: object = None, cuda_graphs: bool | None = DEFAULTS.torch.cuda_graphs
 ) -> None:
     """Check a backend choice before anything loads: a known backend, assets exactly for coreai, CUDA graphs
     (``cuda_graphs`` True; None is the default, on where the device is CUDA) only for torch on a CUDA device.
@@ -49,10 +49,10 @@ def open_backend(
     device: str = "auto",
     precision: str | None = None,
     codec_dtype: str | None = None,
-    cuda_graphs: bool | None = DEFAULTS.cuda_graphs,
+    cuda_graphs: bool | None = DEFAULTS.torch.cuda_graphs,
     assets: object = None,
     prefix_length: Callable[[np.ndarray], int] | None = None,
-    codec_process: bool | None = DEFAULTS.codec_process,
+    codec_process: bool | None = DEFAULTS.torch.codec_process,
 ) -> Backend:
     """THE backend picker (the API, the CLI and the gate call it): ``torch`` on ``device`` at ``precision`` (None:
     the device's default), its codec at ``codec_dtype``, frames as CUDA graphs with ``cuda_graphs`` (None: when the

@@ -1,10 +1,19 @@
 """The ``audio8`` command: say | prompt | parity | gate | bench | convert | make-checkpoint | serve | voice (add,
 list, show, rm) | wyoming; a module per command group, each registering its commands on :data:`app` (the entry
-point)."""
+point). Importing it reads the settings (settings.py): a wrong ``AUDIO8_*`` variable ends the command with one
+'error:' line naming it, and status 2."""
 
 # ruff: noqa: I001, F401  (the imports register the commands; their order is the order `audio8 --help` lists them)
-from . import say, prompt, measure, assets, checkpoint, serve, voices
-from . import wyoming
-from .app import app
+import sys
+
+from ..errors import ConfigError
+
+try:  # the commands read the settings tree (their defaults): a wrong AUDIO8_* variable is said here, in one line
+    from . import say, prompt, measure, assets, checkpoint, serve, voices
+    from . import wyoming
+    from .app import app
+except ConfigError as e:
+    sys.stderr.write(f"error: {e}\n")
+    raise SystemExit(2) from None
 
 __all__ = ["app"]

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
 from ..errors import Audio8Error, ConfigError
+from ..settings import DEFAULTS
 
 app = typer.Typer(
     add_completion=False,
@@ -46,6 +48,13 @@ def friendly(fn):
     return wrapper
 
 
+def described(group: BaseModel, field: str, lead: str = "", more: str = "") -> str:
+    """The help of an option that sets ``group``'s ``field``: ``lead``, the field's description (settings.py; its
+    "None: X" said "default: X"), ``more``. The option's default is the field's value, which ``--help`` shows."""
+    text = str(type(group).model_fields[field].description).replace("None: ", "default: ")
+    return f"{lead}{text if lead else text[0].upper() + text[1:]}{more}."
+
+
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Checkpoint folder (publisher layout) or hub id.")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 DtypeOpt = Annotated[
@@ -61,18 +70,12 @@ DtypeOpt = Annotated[
 ]
 CudaGraphsOpt = Annotated[
     bool | None,
-    typer.Option(
-        "--cuda-graphs/--no-cuda-graphs",
-        help="Torch on CUDA: replay each frame (and each batched frame, at bucketed batch sizes) as one captured "
-        "CUDA graph; default: on when the device is CUDA.",
-    ),
+    typer.Option("--cuda-graphs/--no-cuda-graphs", help=described(DEFAULTS.torch, "cuda_graphs", "Torch on CUDA: ")),
 ]
 CodecProcessOpt = Annotated[
     bool | None,
     typer.Option(
-        "--codec-process/--no-codec-process",
-        help="Torch on CPU: decode audio in a process of its own, on another core beside the frames (same audio); "
-        "default: on when 2+ CPUs are usable.",
+        "--codec-process/--no-codec-process", help=described(DEFAULTS.torch, "codec_process", "Torch on CPU: ")
     ),
 ]
 VoicesOpt = Annotated[Path | None, typer.Option("--voices", help="Voices folder (default: the per-user one).")]
@@ -89,12 +92,11 @@ def print_warnings(warnings) -> None:
 
 
 def check_port(host: str, port: int) -> None:
-    """Raise ConfigError unless ``host:port`` can be listened on now (serve and wyoming check before loading)."""
+    """Raise ConfigError unless ``host:port`` (a port the settings took) can be listened on now (serve and wyoming
+    check before loading)."""
     import errno
     import socket
 
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"--port must be 1 to 65535, got {port}")
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds

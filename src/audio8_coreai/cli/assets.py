@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from ..checkpoint import DEFAULT_MODEL
-from ..settings import DEFAULTS
-from .app import ModelOpt, app, friendly, out
+from ..settings import DEFAULTS, override
+from .app import ModelOpt, app, described, friendly, out
 
 
 @app.command()
@@ -27,15 +27,14 @@ def convert(
         typer.Option(help="KV slots for prompt + frames, a multiple of 32 (default: the model's max_seq_len)."),
     ] = None,
     decoder_frames: Annotated[
-        int, typer.Option(help="Codec decoder push: frames per call (2048 samples each).")
-    ] = DEFAULTS.decoder_frames,
+        int, typer.Option(help=described(DEFAULTS.coreai, "decoder_frames"))
+    ] = DEFAULTS.coreai.decoder_frames,
     decoder_first_frames: Annotated[
-        int,
-        typer.Option(help="Codec decoder's second function, for a stream's first chunk of this many frames (0: none)."),
-    ] = DEFAULTS.decoder_first_frames,
+        int, typer.Option(help=described(DEFAULTS.coreai, "decoder_first_frames", more=", for a stream's first chunk"))
+    ] = DEFAULTS.coreai.decoder_first_frames,
     encoder_frames: Annotated[
-        int, typer.Option(help="Codec encoder bucket, frames per call.")
-    ] = DEFAULTS.encoder_frames,
+        int, typer.Option(help=described(DEFAULTS.coreai, "encoder_frames"))
+    ] = DEFAULTS.coreai.encoder_frames,
     part: Annotated[
         list[str] | None,
         typer.Option(help="Convert only this part (repeatable): dualar, codec_decoder, codec_encoder."),
@@ -59,6 +58,12 @@ def convert(
     from ..precision import resolve_precision
 
     resolve_precision(precision, "coreai")  # before the checkpoint is read: names the Core AI precisions
+    frames = override(
+        DEFAULTS.coreai,
+        decoder_frames=decoder_frames,
+        decoder_first_frames=decoder_first_frames,
+        encoder_frames=encoder_frames,
+    )
     t0 = time.perf_counter()
     ckpt = load_checkpoint(model)
     sampling = SamplingParams.from_configs(ckpt.config, ckpt.generation)
@@ -68,9 +73,9 @@ def convert(
         precision,
         context,
         sampling=dataclasses.replace(sampling, do_sample=False) if greedy else sampling,
-        decoder_frames=decoder_frames,
-        decoder_first_frames=decoder_first_frames,
-        encoder_frames=encoder_frames,
+        decoder_frames=frames.decoder_frames,
+        decoder_first_frames=frames.decoder_first_frames,
+        encoder_frames=frames.encoder_frames,
         parts=part or PARTS,
     )
     sizes = ", ".join(

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from ..settings import DEFAULTS
-from .app import app, err, friendly, out
+from ..settings import DEFAULTS, override
+from .app import app, described, err, friendly, out
 
 
 class Size(StrEnum):
@@ -22,10 +22,14 @@ class Size(StrEnum):
 def make_checkpoint_cmd(
     directory: Annotated[Path, typer.Argument(help="New folder to write (must not exist or be empty).")],
     size: Annotated[Size, typer.Option(help="tiny (tests) or 0.6b (benchmarks, about 2.8 GB).")] = Size.tiny,
-    seed: Annotated[int, typer.Option(help="Same seed, byte-identical files.")] = DEFAULTS.checkpoint_seed,
+    seed: Annotated[
+        int, typer.Option(help=described(DEFAULTS.measure, "checkpoint_seed", more=": same seed, same files"))
+    ] = DEFAULTS.measure.checkpoint_seed,
 ) -> None:
     """Write a checkpoint with random weights in the publisher's exact layout."""
     from ..checkpoint import make_checkpoint
+
+    seed = override(DEFAULTS.measure, names={"checkpoint_seed": "--seed"}, checkpoint_seed=seed).checkpoint_seed
 
     with err.status(f"writing a {size.value} checkpoint..."):
         path = make_checkpoint(directory, size.value, seed)

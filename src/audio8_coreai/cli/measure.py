@@ -11,8 +11,8 @@ import typer
 
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import BackendError, ConfigError
-from ..settings import DEFAULTS
-from .app import AssetsOpt, BackendOpt, CudaGraphsOpt, DeviceOpt, ModelOpt, app, err, friendly, out
+from ..settings import DEFAULTS, override
+from .app import AssetsOpt, BackendOpt, CudaGraphsOpt, DeviceOpt, ModelOpt, app, described, err, friendly, out
 
 
 @app.command()
@@ -32,10 +32,10 @@ def parity(
     ] = "fp32",
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
-    cuda_graphs: CudaGraphsOpt = None,
+    cuda_graphs: CudaGraphsOpt = DEFAULTS.torch.cuda_graphs,
     tolerance: Annotated[
-        float, typer.Option(help="Max |logit/waveform diff| for fp32 parity (> 0).")
-    ] = DEFAULTS.tolerance,
+        float, typer.Option(help=described(DEFAULTS.measure, "tolerance", more=" (> 0)"))
+    ] = DEFAULTS.measure.tolerance,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full report as JSON.")] = False,
 ) -> None:
     """Replay an oracle fixture; exit 0 only when fp32 parity holds (reports agreement counts for the other
@@ -45,8 +45,7 @@ def parity(
     from ..measure.oracle import recorded_from_another
     from ..measure.parity import run_parity
 
-    if not tolerance > 0 or tolerance == float("inf"):
-        raise ConfigError(f"--tolerance must be a number > 0, got {tolerance}")
+    tolerance = override(DEFAULTS.measure, tolerance=tolerance).tolerance
     ckpt = load_checkpoint(model)
     port = open_backend(ckpt, backend, device=device, precision=dtype, assets=assets, cuda_graphs=cuda_graphs)
     exact = port.precision == "fp32"
@@ -147,11 +146,11 @@ def gate(
         int | None, typer.Option(help="Frame cap per free run (default: the checkpoint's max_new_tokens).")
     ] = None,
     asr_margin: Annotated[
-        float, typer.Option(help="Error-rate points (absolute) the port may lose to the reference per language.")
-    ] = DEFAULTS.asr_margin,
+        float, typer.Option(help=described(DEFAULTS.measure, "asr_margin", more=" (absolute, against the reference)"))
+    ] = DEFAULTS.measure.asr_margin,
     speaker_margin: Annotated[
-        float, typer.Option(help="Mean speaker cosine the port may lose to the reference.")
-    ] = DEFAULTS.speaker_margin,
+        float, typer.Option(help=described(DEFAULTS.measure, "speaker_margin", more=" (against the reference)"))
+    ] = DEFAULTS.measure.speaker_margin,
     recognizer: Annotated[
         list[str] | None,
         typer.Option(
@@ -166,6 +165,7 @@ def gate(
     similarity against an fp32 run or an oracle fixture; exit 1 when a verdict fails."""
     from ..measure.gate import default_recognizers, load_recognizer, run_gate
 
+    margins = override(DEFAULTS.measure, asr_margin=asr_margin, speaker_margin=speaker_margin)
     recognizers = None  # the defaults, and why they are missing if they are
     if recognizer:
         recognizers = [load_recognizer(spec) for spec in recognizer] + default_recognizers()[0]
@@ -182,8 +182,8 @@ def gate(
         reference_device=reference_device,
         max_frames=max_frames,
         recognizers=recognizers,
-        asr_margin=asr_margin,
-        speaker_margin=speaker_margin,
+        asr_margin=margins.asr_margin,
+        speaker_margin=margins.speaker_margin,
         log=lambda line: err.print(line, highlight=False),
     )
     t = report.totals()
@@ -213,7 +213,7 @@ def bench(
             "-m",
             help="A 0.6b checkpoint folder; a random one (seed 0, about 2.8 GB) is written there when absent.",
         ),
-    ] = Path(DEFAULTS.bench_checkpoint),
+    ] = Path(DEFAULTS.bench.checkpoint),
     precision: Annotated[
         list[str] | None,
         typer.Option(
@@ -229,11 +229,11 @@ def bench(
             "sampling, one call per fast row) for the vs-base ratio."
         ),
     ] = False,
-    device: DeviceOpt = "cpu",
-    frames: Annotated[int, typer.Option(help="Frames per timed frame loop (eos ignored).")] = DEFAULTS.bench_frames,
-    runs: Annotated[
-        int, typer.Option(help="Timed runs after one warm-up; medians are reported.")
-    ] = DEFAULTS.bench_runs,
+    device: DeviceOpt = DEFAULTS.bench.device,
+    frames: Annotated[
+        int, typer.Option(help=described(DEFAULTS.bench, "frames", more="; eos ignored"))
+    ] = DEFAULTS.bench.frames,
+    runs: Annotated[int, typer.Option(help=described(DEFAULTS.bench, "runs"))] = DEFAULTS.bench.runs,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write every figure here.")] = None,
     codec_dtype: Annotated[
         list[str] | None,
@@ -258,11 +258,10 @@ def bench(
 ) -> None:
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
     from ..backends.torch import resolve_device, resolve_dtype
-    from ..measure.bench import BenchConfig, ensure_checkpoint, format_table, meta, run_configs
+    from ..measure.bench import ensure_checkpoint, format_table, meta, run_configs
     from ..precision import resolve_precision, runtime_of
 
-    if frames < 1 or runs < 1:
-        raise ConfigError("--frames and --runs must be >= 1")
+    base = override(DEFAULTS.bench, checkpoint=str(model.expanduser()), device=device, frames=frames, runs=runs)
     if cuda_graphs and not device.startswith("cuda"):
         raise ConfigError(f"--cuda-graphs times CUDA graphs: add --device cuda (not {device})")
     # Checked here, not in the worker after minutes of loading: the device, every precision and codec dtype, and
@@ -274,21 +273,17 @@ def bench(
         resolve_dtype(name)
     if json_out is not None and not json_out.expanduser().parent.is_dir():
         raise ConfigError(f"--json {json_out}: the folder {json_out.expanduser().parent} does not exist")
-    log = functools.partial(err.print, highlight=False)
-    ckpt = str(ensure_checkpoint(model, log))
-    thread_list = threads or [None]
-    configs = (
-        [BenchConfig(ckpt, "torch", device, "fp32", t, runs, frames, baseline=True) for t in thread_list]
-        if baseline
-        else []
-    )
+    thread_list = threads or [DEFAULTS.bench.threads]
+    configs = [override(base, threads=t, precision="fp32", baseline=True) for t in thread_list] if baseline else []
     configs += [
-        BenchConfig(ckpt, "torch", device, p, t, runs, frames, codec_dtype=c, cuda_graphs=g)
-        for p in precision or ["fp32"]
+        override(base, precision=p, threads=t, codec_dtype=c, cuda_graphs=g)
+        for p in precision or [DEFAULTS.bench.precision]
         for t in thread_list
-        for c in codec_dtype or [None]
-        for g in ((False, True) if cuda_graphs else (False,))
+        for c in codec_dtype or [DEFAULTS.bench.codec_dtype]
+        for g in ((False, True) if cuda_graphs else (DEFAULTS.bench.cuda_graphs,))
     ]
+    log = functools.partial(err.print, highlight=False)
+    ensure_checkpoint(model, log)
     busy = meta()["load_average"][0]
     if busy > 0.5:
         log(

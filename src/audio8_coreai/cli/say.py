@@ -23,6 +23,7 @@ from .app import (
     ModelOpt,
     VoicesOpt,
     app,
+    described,
     err,
     friendly,
     out,
@@ -44,20 +45,21 @@ def say(
     ] = Path("speech.wav"),
     model: ModelOpt = DEFAULT_MODEL,
     seed: Annotated[int | None, typer.Option(help="Same seed, same audio; default: a fresh one.")] = None,
-    temperature: Annotated[float | None, typer.Option(help="Sampling temperature (default 0.7).")] = None,
-    top_k: Annotated[int | None, typer.Option(help="Top-k (default 50).")] = None,
-    top_p: Annotated[float | None, typer.Option(help="Top-p (default 0.9).")] = None,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature (default: the checkpoint's).")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Top-k (default: the checkpoint's).")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Top-p (default: the checkpoint's).")] = None,
     max_frames: Annotated[
         int | None,
         typer.Option(
-            help="Frame cap (46 ms each; default: 64 plus 16 per text token, at most the checkpoint's max_new_tokens, "
-            "512, and what the context leaves)."
+            help=f"Frame cap (46 ms each; default: {DEFAULTS.speech.cap_base_frames} plus "
+            f"{DEFAULTS.speech.cap_frames_per_token} per text token, at most the checkpoint's max_new_tokens and "
+            "what the context leaves)."
         ),
     ] = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
-    cuda_graphs: CudaGraphsOpt = None,
-    codec_process: CodecProcessOpt = None,
+    cuda_graphs: CudaGraphsOpt = DEFAULTS.torch.cuda_graphs,
+    codec_process: CodecProcessOpt = DEFAULTS.torch.codec_process,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     voice: Annotated[str | None, typer.Option(help="Speak in this stored voice (see `audio8 voice`).")] = None,
@@ -76,13 +78,17 @@ def say(
         ),
     ] = False,
     chunk_frames: Annotated[
-        int, typer.Option(help="With --stream: frames per chunk (46 ms each).")
-    ] = DEFAULTS.chunk_frames,
+        int, typer.Option(help=described(DEFAULTS.speech, "chunk_frames", "With --stream: "))
+    ] = DEFAULTS.speech.chunk_frames,
     first_chunk_frames: Annotated[
         int | None,
         typer.Option(
-            help=f"With --stream: frames in the first chunk, so the first audio comes sooner (default "
-            f"{DEFAULTS.first_chunk_frames}, at most --chunk-frames)."
+            help=described(
+                DEFAULTS.speech,
+                "first_chunk_frames",
+                "With --stream: ",
+                f" (default {DEFAULTS.speech.first_chunk_frames}, at most --chunk-frames)",
+            )
         ),
     ] = None,
 ) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import typing
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import ConfigError
-from ..settings import DEFAULTS
+from ..settings import DEFAULTS, SampleRate, ServerSettings, override
 from .app import (
     AssetsOpt,
     BackendOpt,
@@ -20,6 +21,7 @@ from .app import (
     VoicesOpt,
     app,
     check_port,
+    described,
     err,
     friendly,
 )
@@ -31,49 +33,51 @@ if TYPE_CHECKING:
 @app.command()
 @friendly
 def serve(
-    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = DEFAULTS.host,
-    port: Annotated[int, typer.Option(help="TCP port.")] = DEFAULTS.port,
+    host: Annotated[str, typer.Option(help=described(DEFAULTS.server, "host"))] = DEFAULTS.server.host,
+    port: Annotated[int, typer.Option(help=described(DEFAULTS.server, "port"))] = DEFAULTS.server.port,
     model: ModelOpt = DEFAULT_MODEL,
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
-    cuda_graphs: CudaGraphsOpt = None,
-    codec_process: CodecProcessOpt = None,
+    cuda_graphs: CudaGraphsOpt = DEFAULTS.torch.cuda_graphs,
+    codec_process: CodecProcessOpt = DEFAULTS.torch.codec_process,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
-    workers: Annotated[
-        int, typer.Option(help="Model instances, each serving one request at a time.")
-    ] = DEFAULTS.workers,
-    max_queue: Annotated[
-        int, typer.Option(help="Requests that may wait for a worker; more get 503.")
-    ] = DEFAULTS.max_queue,
-    max_frames: Annotated[int | None, typer.Option(help="Frame cap per utterance (default: the model's).")] = None,
-    chunk_frames: Annotated[int, typer.Option(help="Frames per streamed chunk (46 ms each).")] = DEFAULTS.chunk_frames,
+    workers: Annotated[int, typer.Option(help=described(DEFAULTS.server, "workers"))] = DEFAULTS.server.workers,
+    max_queue: Annotated[int, typer.Option(help=described(DEFAULTS.server, "max_queue"))] = DEFAULTS.server.max_queue,
+    max_frames: Annotated[
+        int | None, typer.Option(help=described(DEFAULTS.server, "max_frames"))
+    ] = DEFAULTS.server.max_frames,
+    chunk_frames: Annotated[
+        int, typer.Option(help=described(DEFAULTS.speech, "chunk_frames"))
+    ] = DEFAULTS.server.chunk_frames or DEFAULTS.speech.chunk_frames,
     first_chunk_frames: Annotated[
         int | None,
         typer.Option(
-            help=f"Frames in a stream's first chunk (default {DEFAULTS.first_chunk_frames}, at most --chunk-frames)."
+            help=described(
+                DEFAULTS.speech,
+                "first_chunk_frames",
+                more=f" (default {DEFAULTS.speech.first_chunk_frames}, at most --chunk-frames)",
+            )
         ),
-    ] = None,
-    max_input_chars: Annotated[int, typer.Option(help="Longest input text per request.")] = DEFAULTS.max_input_chars,
+    ] = DEFAULTS.server.first_chunk_frames,
+    max_input_chars: Annotated[
+        int, typer.Option(help=described(DEFAULTS.server, "max_input_chars"))
+    ] = DEFAULTS.server.max_input_chars,
     max_upload_mb: Annotated[
         float, typer.Option(help="Largest voice upload in MB (2**20 bytes); 30 s of 96 kHz stereo float wav is 22 MB.")
-    ] = DEFAULTS.max_upload_bytes / 2**20,
+    ] = DEFAULTS.server.max_upload_bytes / 2**20,
     batch: Annotated[
-        int,
-        typer.Option(
-            help="Serve N requests at once from ONE model instance, their frames batched (torch backend; "
-            "replaces --workers). 0: off."
-        ),
-    ] = 0,
+        int, typer.Option(help=described(DEFAULTS.server, "batch", more=" (torch backend; replaces --workers)"))
+    ] = DEFAULTS.server.batch,
     sample_rate: Annotated[
         int | None,
         typer.Option(
-            help="Sample rate (Hz) of every response body unless a request asks another (one of 8000, 11025, "
-            "12000, 16000, 22050, 24000, 32000, 44100, 48000; default: pcm 24000 as OpenAI's, the rest 44100; "
-            "opus is always 48000)."
+            help="Sample rate (Hz) of every response body unless a request asks another (one of "
+            f"{', '.join(map(str, typing.get_args(SampleRate)))}; default: pcm {DEFAULTS.server.pcm_sample_rate} "
+            "as OpenAI's, the rest the model's 44100; opus is always 48000)."
         ),
-    ] = None,
+    ] = DEFAULTS.server.sample_rate,
     voice_map: Annotated[
         str | None,
         typer.Option(help="OpenAI voice names onto stored voices, e.g. alloy=ana,echo=bob (each must be stored)."),
@@ -84,7 +88,7 @@ def serve(
             help="Stored voice of requests naming none (or an unmapped OpenAI name); default: the model's own "
             "voice, with a fixed seed when the request gives none."
         ),
-    ] = None,
+    ] = DEFAULTS.server.default_voice,
     ray: Annotated[
         bool,
         typer.Option(
@@ -97,7 +101,7 @@ def serve(
         str | None,
         typer.Option(help="--ray: the cluster to join (auto: the one this machine is in; default: a new one)."),
     ] = None,
-    replicas: Annotated[int, typer.Option(help="--ray: engine replicas.")] = DEFAULTS.ray_replicas,
+    replicas: Annotated[int, typer.Option(help=described(DEFAULTS.ray, "replicas", "--ray: "))] = DEFAULTS.ray.replicas,
     autoscale: Annotated[
         str | None, typer.Option(help="--ray: MIN:MAX replicas, scaled on requests in flight (replaces --replicas).")
     ] = None,
@@ -108,29 +112,20 @@ def serve(
     """Serve the OpenAI-compatible speech API (POST /v1/audio/speech), voices, /health and /metrics."""
     import uvicorn
 
-    from ..audio import MPEG_RATES
-    from ..request import check_chunks
-    from ..server import ServerSettings, create_app
+    from ..server import create_app
     from ..server.connections import uvicorn_config
     from ..server.voicenames import parse_voice_map
     from ..tts import TTS
     from ..voices import check_name
 
-    if workers < 1 or max_queue < 0 or max_input_chars < 1 or (max_frames is not None and max_frames < 1) or batch < 0:
-        raise ConfigError("--workers, --max-input-chars and --max-frames must be >= 1, --max-queue and --batch >= 0")
-    if not 0 < max_upload_mb <= 1024:
+    if not 0 < max_upload_mb <= 1024:  # the option's unit; the field (bytes) is checked with the rest
         raise ConfigError(f"--max-upload-mb must be over 0 and at most 1024, got {max_upload_mb:g}")
-    check_chunks(chunk_frames, first_chunk_frames)
-    if sample_rate is not None and sample_rate not in MPEG_RATES:  # rates every format here can take
-        raise ConfigError(f"--sample-rate must be one of {', '.join(map(str, MPEG_RATES))}, got {sample_rate}")
-    voice_names = parse_voice_map(voice_map or "")
-    if default_voice is not None:
-        default_voice = check_name(default_voice)
-    check_port(host, port)  # before minutes of loading
-    if batch and workers != 1:
-        raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
-    settings = ServerSettings(
-        workers=batch or workers,
+    settings = override(
+        DEFAULTS.server,
+        host=host,
+        port=port,
+        workers=workers,
+        batch=batch,
         max_queue=max_queue,
         max_input_chars=max_input_chars,
         max_upload_bytes=round(max_upload_mb * 2**20),
@@ -138,17 +133,25 @@ def serve(
         chunk_frames=chunk_frames,
         first_chunk_frames=first_chunk_frames,
         sample_rate=sample_rate,
-        voice_map=voice_names,
-        default_voice=default_voice,
+        voice_map=parse_voice_map(voice_map) if voice_map is not None else DEFAULTS.server.voice_map,
+        default_voice=None if default_voice is None else check_name(default_voice),
     )
+    check_port(host, port)  # before minutes of loading
+    if batch and workers != DEFAULTS.server.workers:
+        raise ConfigError("--batch N serves N requests from one model instance: give --batch or --workers, not both")
     if ray:
-        if workers != 1 or cuda_graphs is not None or backend != "torch" or assets is not None:
+        if (
+            workers != DEFAULTS.server.workers
+            or cuda_graphs != DEFAULTS.torch.cuda_graphs
+            or backend != "torch"
+            or assets
+        ):
             raise ConfigError(
                 "--ray replicas run the torch backend, --batch rows each: drop --workers, --cuda-graphs, --backend "
                 "and --assets (scale with --batch and --replicas or --autoscale)"
             )
-        fields = dict(model=str(model), voices=voices and str(voices), device=device, precision=dtype, batch=batch)
-        _serve_on_ray(host, port, address, replicas, autoscale, replica_gpus, server=settings, **fields)
+        fields = dict(model=str(model), voices=voices and str(voices), device=device, precision=dtype)
+        _serve_on_ray(settings, address, replicas, autoscale, replica_gpus, **fields)
         return
     load_options = dict(
         device=device,
@@ -195,24 +198,25 @@ def check_instances_fit(tts: TTS, count: int) -> None:
 
 
 def _serve_on_ray(
-    host: str, port: int, address: str | None, replicas: int, autoscale: str | None, gpus: float | None, **fields
+    server: ServerSettings, address: str | None, replicas: int, autoscale: str | None, gpus: float | None, **fields
 ) -> None:
-    """``serve --ray``: the same app on Ray Serve (:mod:`..server.ray_app`), ``fields`` the rest of its
-    :class:`..server.ray_app.RayArgs`; raises ConfigError for a bad scale or when Ray Serve is not installed."""
+    """``serve --ray``: the same app on Ray Serve (:mod:`..server.ray_app`) under ``server``, ``DEFAULTS.ray`` with
+    the options (``fields``: the engine's checkpoint, voices, device and precision); raises ConfigError for a bad
+    scale or when Ray Serve is not installed."""
     try:
-        from ..server.ray_app import RayArgs, run_on_ray
+        from ..server.ray_app import run_on_ray
     except ImportError:
         raise ConfigError("--ray needs Ray Serve: pip install 'audio8-coreai[ray]'") from None
     scale = None
     if autoscale is not None:
-        low, _, high = autoscale.partition(":")
-        if not (low.isdigit() and high.isdigit() and int(low) <= int(high) and int(high) >= 1):
-            raise ConfigError(f"--autoscale takes MIN:MAX replicas with 0 <= MIN <= MAX, MAX >= 1; got {autoscale!r}")
+        low, colon, high = autoscale.partition(":")
+        if not (colon and low.isdigit() and high.isdigit()):
+            raise ConfigError(f"--autoscale takes MIN:MAX replicas, e.g. 1:8; got {autoscale!r}")
         scale = (int(low), int(high))
-    if replicas < 1 or (gpus is not None and gpus < 0):
-        raise ConfigError("--replicas must be >= 1 and --replica-gpus >= 0")
     if gpus is None:
         import torch
 
         gpus = 1.0 if fields["device"] != "cpu" and torch.cuda.is_available() else 0.0
-    run_on_ray(RayArgs(replicas=replicas, autoscale=scale, gpus=gpus, **fields), host, port, address)
+    names = {"gpus": "--replica-gpus", "model": "--model", "voices": "--voices", "precision": "--dtype"}
+    cluster = override(DEFAULTS.ray, names, replicas=replicas, autoscale=scale, gpus=gpus, **fields)
+    run_on_ray(cluster, server, address)

@@ -8,7 +8,7 @@ import typer
 
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import ConfigError
-from ..settings import DEFAULTS
+from ..settings import DEFAULTS, override
 from .app import (
     AssetsOpt,
     BackendOpt,
@@ -19,31 +19,45 @@ from .app import (
     VoicesOpt,
     app,
     check_port,
+    described,
     err,
     friendly,
 )
+
+_CHECKPOINTS = " (default: the checkpoint's)"
 
 
 @app.command()
 @friendly
 def wyoming(
-    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = DEFAULTS.host,
-    port: Annotated[int, typer.Option(help="TCP port (10200: Wyoming's for text to speech).")] = DEFAULTS.wyoming_port,
+    host: Annotated[str, typer.Option(help=described(DEFAULTS.wyoming, "host"))] = DEFAULTS.wyoming.host,
+    port: Annotated[int, typer.Option(help=described(DEFAULTS.wyoming, "port"))] = DEFAULTS.wyoming.port,
     model: ModelOpt = DEFAULT_MODEL,
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = None,
-    cuda_graphs: CudaGraphsOpt = None,
+    cuda_graphs: CudaGraphsOpt = DEFAULTS.torch.cuda_graphs,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     seed: Annotated[
-        int | None, typer.Option(help="Seed of every utterance (default: each draws one; a stream one for all).")
-    ] = None,
-    temperature: Annotated[float | None, typer.Option(help="Sampling temperature (default: the checkpoint's).")] = None,
-    top_k: Annotated[int | None, typer.Option(help="Top-k (default: the checkpoint's).")] = None,
-    top_p: Annotated[float | None, typer.Option(help="Top-p (default: the checkpoint's).")] = None,
-    max_frames: Annotated[int | None, typer.Option(help="Frame cap per utterance (default: the model's).")] = None,
-    max_input_chars: Annotated[int, typer.Option(help="Longest text per request.")] = DEFAULTS.max_input_chars,
+        int | None,
+        typer.Option(help=described(DEFAULTS.wyoming, "seed", more=" (a stream: one for all its sentences)")),
+    ] = DEFAULTS.wyoming.seed,
+    temperature: Annotated[
+        float | None, typer.Option(help=described(DEFAULTS.wyoming, "temperature", more=_CHECKPOINTS))
+    ] = DEFAULTS.wyoming.temperature,
+    top_k: Annotated[
+        int | None, typer.Option(help=described(DEFAULTS.wyoming, "top_k", more=_CHECKPOINTS))
+    ] = DEFAULTS.wyoming.top_k,
+    top_p: Annotated[
+        float | None, typer.Option(help=described(DEFAULTS.wyoming, "top_p", more=_CHECKPOINTS))
+    ] = DEFAULTS.wyoming.top_p,
+    max_frames: Annotated[
+        int | None, typer.Option(help=described(DEFAULTS.wyoming, "max_frames"))
+    ] = DEFAULTS.wyoming.max_frames,
+    max_input_chars: Annotated[
+        int, typer.Option(help=described(DEFAULTS.wyoming, "max_input_chars"))
+    ] = DEFAULTS.wyoming.max_input_chars,
 ) -> None:
     """Serve Home Assistant's Wyoming protocol: describe, synthesize and streaming synthesize, 44.1 kHz audio."""
     import asyncio
@@ -51,20 +65,17 @@ def wyoming(
     try:
         from wyoming.server import AsyncTcpServer
 
-        from ..server.wyoming import Speaker, WyomingSettings, serve
+        from ..server.wyoming import Speaker, serve
     except ImportError as e:
         raise ConfigError(
             f"audio8 wyoming needs the wyoming package: pip install 'audio8-coreai[wyoming]' ({e})"
         ) from e
-    from ..request import check_request
     from ..tts import TTS
 
-    if max_input_chars < 1 or (max_frames is not None and max_frames < 1):
-        raise ConfigError("--max-input-chars and --max-frames must be >= 1")
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    check_request("a", seed=seed, **sampling)  # the seed and sampling settings, against the publisher's rules
+    options = dict(host=host, port=port, seed=seed, max_frames=max_frames, max_input_chars=max_input_chars)
+    settings = override(DEFAULTS.wyoming, **options, **sampling)
     check_port(host, port)  # before minutes of loading
-    settings = WyomingSettings(seed=seed, max_frames=max_frames, max_input_chars=max_input_chars, **sampling)
     with err.status("loading the model..."):
         options = dict(device=device, dtype=dtype, backend=backend, assets=assets, cuda_graphs=cuda_graphs)
         tts = TTS.load(model, voices_dir=voices, **options)

@@ -189,9 +189,9 @@ def frame_budget(
 
 
 def text_frame_cap(text_tokens: int) -> int:
-    """The most frames the speech of ``text_tokens`` text tokens may take: ``DEFAULTS.cap_base_frames`` plus
-    ``DEFAULTS.cap_frames_per_token`` per token (settings.py says why)."""
-    return DEFAULTS.cap_base_frames + DEFAULTS.cap_frames_per_token * text_tokens
+    """The most frames the speech of ``text_tokens`` text tokens may take: ``DEFAULTS.speech.cap_base_frames`` plus
+    ``DEFAULTS.speech.cap_frames_per_token`` per token (settings.py says why)."""
+    return DEFAULTS.speech.cap_base_frames + DEFAULTS.speech.cap_frames_per_token * text_tokens
 
 
 def check_context(cfg: ModelConfig, prompt_length: int, max_frames: int) -> None:

@@ -35,11 +35,11 @@ _POOL_LOCK = threading.Lock()
 
 
 def _pool() -> ThreadPoolExecutor:
-    """The process's noise threads (``DEFAULTS.noise_threads``), started on first use."""
+    """The process's noise threads (``DEFAULTS.torch.noise_threads``), started on first use."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(DEFAULTS.noise_threads, thread_name_prefix="audio8-noise")
+            _POOL = ThreadPoolExecutor(DEFAULTS.torch.noise_threads, thread_name_prefix="audio8-noise")
         return _POOL
 
 

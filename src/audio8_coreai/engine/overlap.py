@@ -26,7 +26,9 @@ class CodecQueue:
     leaving it cancels the chunks not yet started and waits for the one being decoded.
     """
 
-    def __init__(self, decode: Callable[[np.ndarray], np.ndarray], overlap: bool, limit: int = DEFAULTS.codec_queue):
+    def __init__(
+        self, decode: Callable[[np.ndarray], np.ndarray], overlap: bool, limit: int = DEFAULTS.torch.codec_queue
+    ):
         self._decode = decode
         self._limit = max(1, limit)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="audio8-codec") if overlap else None
@@ -71,11 +73,11 @@ class UtteranceDecode:
     (``Backend.codec_process``): pass :meth:`add` as :func:`.loop.generate`'s ``on_codes``, then :meth:`audio`.
 
     Overlapped, every ``chunk_frames`` frames go to one codec stream as they come, the pushes
-    ``Backend.decode_window`` makes (``DEFAULTS.decode_chunk_frames``), so the samples are its samples; otherwise
+    ``Backend.decode_window`` makes (``DEFAULTS.torch.decode_chunk_frames``), so the samples are its samples; otherwise
     :meth:`audio` is ``decode_window`` of the whole. Use as a context manager (see :class:`CodecQueue`).
     """
 
-    def __init__(self, backend: Backend, chunk_frames: int = DEFAULTS.decode_chunk_frames):
+    def __init__(self, backend: Backend, chunk_frames: int = DEFAULTS.torch.decode_chunk_frames):
         self._backend = backend
         self._chunk = chunk_frames
         self._frames: list[np.ndarray] = []

@@ -68,7 +68,7 @@ class SpeechStream:
     order: how frames and codec overlapped). It drives the backend's single KV state: a
     stream paused while another utterance runs on the same backend (another stream, a generate, from any thread)
     raises EngineError when resumed, instead of continuing from the other's state. ``overlap_codec``: decode chunk k
-    beside the frames of chunk k+1 (:class:`.overlap.CodecQueue`, at most ``DEFAULTS.codec_queue`` chunks in
+    beside the frames of chunk k+1 (:class:`.overlap.CodecQueue`, at most ``DEFAULTS.torch.codec_queue`` chunks in
     flight; the stream's first chunk is decoded at once, for the earliest first audio; the samples are the same);
     None: when the backend's codec runs in a process of its own (``Backend.codec_process``), the only way the two
     truly run at once on a CPU; True also overlaps an in-process codec on a thread (same samples); only for a
@@ -86,7 +86,7 @@ class SpeechStream:
         first_chunk_frames: int,
         sample_rate: int,
         frame_length: int,
-        pause_s: float = DEFAULTS.pause_s,
+        pause_s: float = DEFAULTS.speech.pause_s,
         on_frame: Callable[[int], None] | None = None,
         overlap_codec: bool | None = None,
     ):

@@ -334,7 +334,9 @@ def _describe(p: SamplingParams) -> str:
     return f"T {p.temperature:g} top-k {p.top_k} top-p {p.top_p:g} (RAS T {p.ras_temperature:g} top-p {p.ras_top_p:g})"
 
 
-def run_parity(backend: Backend, fixture_path: str | Path, tolerance: float = DEFAULTS.tolerance) -> ParityReport:
+def run_parity(
+    backend: Backend, fixture_path: str | Path, tolerance: float = DEFAULTS.measure.tolerance
+) -> ParityReport:
     """Every scenario of an oracle fixture through ``backend``; see the module docstring.
 
     Raises ParityError when the fixture does not belong to the backend's checkpoint (other sizes).

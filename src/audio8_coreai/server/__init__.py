@@ -3,7 +3,7 @@
 Endpoints:
 
 * ``POST /v1/audio/speech`` (JSON), as OpenAI's: ``model`` (any name; echoed in the ``X-Model`` header),
-  ``input`` (1 to ``max_input_chars`` characters, 4096 by default as OpenAI's), ``voice`` (a name or
+  ``input`` (1 to ``max_input_chars`` characters, ``DEFAULTS.server.max_input_chars``: OpenAI's), ``voice`` (a name or
   ``{"id": NAME}``: a stored voice, an OpenAI name mapped by ``serve --voice-map``, or absent, ``default`` or
   another OpenAI name such as ``alloy``: the default voice, see :mod:`.voicenames`), ``response_format``
   wav | pcm | flac | mp3 | opus | aac (default mp3 as OpenAI's; wav and pcm 16-bit little-endian; pcm at 24 kHz
@@ -51,6 +51,5 @@ cluster (``audio8 serve --ray``, :mod:`.ray_app`).
 from .app import create_app, serve_in_thread
 from .errors import ApiError
 from .schemas import SpeechRequest
-from .state import ServerSettings
 
-__all__ = ["ApiError", "ServerSettings", "SpeechRequest", "create_app", "serve_in_thread"]
+__all__ = ["ApiError", "SpeechRequest", "create_app", "serve_in_thread"]

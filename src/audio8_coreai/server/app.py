@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+from ..settings import DEFAULTS, ServerSettings
 from ..tts import TTS
 from . import errors
 from .body_limit import SpeechBodyLimit
@@ -18,7 +19,7 @@ from .connections import uvicorn_config
 from .metrics import Metrics
 from .requestid import RequestIds
 from .routers import health, models, page, speech, voices
-from .state import ServerSettings, State
+from .state import State
 from .synth import LocalSynthesizer, Synthesizer
 from .voicenames import check_voices
 
@@ -33,12 +34,13 @@ class _App(FastAPI):
 
 def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker) or a
-    :class:`.synth.Synthesizer` (a cluster's, :mod:`.ray_app`); raises ValueError without an instance, VoiceError
+    :class:`.synth.Synthesizer` (a cluster's, :mod:`.ray_app`), under ``settings`` (None: ``DEFAULTS.server``, the
+    AUDIO8_SERVER__* environment's); raises ValueError without an instance, VoiceError
     for a ``voice_map`` target or ``default_voice`` that is no usable stored voice (``voicenames.check_voices``).
     Text outside the model's languages is told to each client in an ``X-Audio8-Warning`` header (the plan's
     warning, :class:`..plan.Plan`), not as the keyword API's UnsupportedLanguageWarning; the process's warning
     filters are left as they are. Every answer has an ``x-request-id`` (:mod:`.requestid`)."""
-    settings = settings or ServerSettings()
+    settings = settings or DEFAULTS.server
     metrics = Metrics()
     synth = instances if isinstance(instances, Synthesizer) else LocalSynthesizer(instances, settings, metrics)
     check_voices(synth.voices, settings.voice_map, settings.default_voice, synth.fingerprint)

@@ -8,8 +8,8 @@ from .metrics import Metrics
 
 
 class SpeechBodyLimit:
-    """ASGI middleware: a speech request's body over DEFAULTS.max_speech_body_bytes is a 413 before it is parsed (by its
-    content-length; a chunked body is read here up to the limit). Plain ASGI, not ``@app.middleware``: that
+    """ASGI middleware: a speech request's body over DEFAULTS.server.max_speech_body_bytes is a 413 before it is parsed
+    (by its content-length; a chunked body is read here up to the limit). Plain ASGI, not ``@app.middleware``: that
     wrapper hides a client's disconnect from the handler, which watches for it (see :mod:`.routers.speech`)."""
 
     def __init__(self, app, max_input_chars: int, metrics: Metrics):
@@ -19,7 +19,7 @@ class SpeechBodyLimit:
         if scope["type"] == "http" and scope["path"] == "/v1/audio/speech":
             size = dict(scope["headers"]).get(b"content-length", b"")
             if size.isdigit():
-                if int(size) > DEFAULTS.max_speech_body_bytes:
+                if int(size) > DEFAULTS.server.max_speech_body_bytes:
                     await self._refuse(f"{int(size)} bytes", scope, receive, send)
                     return
             else:  # chunked: read it here, up to the limit, and hand it on whole
@@ -30,7 +30,7 @@ class SpeechBodyLimit:
                         return  # the client left
                     body += message.get("body", b"")
                     more = message.get("more_body", False)
-                    if len(body) > DEFAULTS.max_speech_body_bytes:
+                    if len(body) > DEFAULTS.server.max_speech_body_bytes:
                         await self._refuse("over that (sent in chunks)", scope, receive, send)
                         return
                 receive = _replay(body, receive)
@@ -40,8 +40,8 @@ class SpeechBodyLimit:
         self.metrics.count(413, "body_too_large")
         refusal = ApiError(
             413,
-            f"a speech request's body takes at most {DEFAULTS.max_speech_body_bytes} bytes; this one is {size}: send "
-            f"the text (at most {self.max_input_chars} characters) and the settings only",
+            f"a speech request's body takes at most {DEFAULTS.server.max_speech_body_bytes} bytes; this one is "
+            f"{size}: send the text (at most {self.max_input_chars} characters) and the settings only",
             None,
             "body_too_large",
         )

@@ -23,9 +23,9 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from ..settings import ServerSettings
 from .errors import ApiError
 from .requestid import RequestIdFilter, request_id
-from .state import ServerSettings
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,11 @@
 """The server on Ray Serve (``audio8 serve --ray``, ``serve deploy deploy/serve_config.yaml``): many engines on many
 GPUs and machines behind the same HTTP API.
 
-Two deployments: :class:`Synth` wraps one engine (the ``--batch N`` batched model on its device, one GPU where there
-is one) and makes speech as :class:`.synth.LocalSynthesizer` does in ``audio8 serve``, streaming the encoded chunks;
-:class:`Ingress` serves the same FastAPI app (:func:`.app.create_app`: routes, validation, errors, formats, voices)
-over :class:`RaySynthesizer`, which forwards speech and voice registration to Synth replicas. Ray routes, queues,
+Two deployments, built from the settings tree's ``ray`` and ``server`` groups (:mod:`..settings`): :class:`Synth`
+wraps one engine (the ``--batch N`` batched model on its device, one GPU where there is one) and makes speech as
+:class:`.synth.LocalSynthesizer` does in ``audio8 serve``, streaming the encoded chunks; :class:`Ingress` serves the
+same FastAPI app (:func:`.app.create_app`: routes, validation, errors, formats, voices) over
+:class:`RaySynthesizer`, which forwards speech and voice registration to Synth replicas. Ray routes, queues,
 autoscales (on requests in flight) and places the replicas.
 
 * Voice affinity: a stored voice's requests carry ``NAME@DIGEST`` (:func:`voice_key`, the digest of its codes,
@@ -13,9 +14,9 @@ autoscales (on requests in flight) and places the replicas.
   reuses the old one.
 * The voice store is one folder all replicas share (``--voices``: a network folder on a cluster); a write is atomic
   (:meth:`.voices.VoiceStore.save`), a voice added through any replica is read by every other.
-* Back-pressure: each Synth replica runs at most ``max(batch, 1)`` requests (``max_ongoing_requests``); at most
-  ``max_queue`` more wait per ingress replica (``max_queued_requests``); beyond that the answer is 503 with
-  Retry-After. A client that leaves cancels its Ray request: the engine stops at its next frame.
+* Back-pressure: each Synth replica runs at most :func:`rows` requests (``max_ongoing_requests``); at most
+  ``server.max_queue`` more wait per ingress replica (``max_queued_requests``); beyond that the answer is 503 with
+  Retry-After (``ray.retry_after_s``). A client that leaves cancels its Ray request: the engine stops at its next frame.
 * Slow clients: the app's checks and error shapes are the same (they are the app's); the connections are Ray's
   proxy's, which takes the server's ``keep_alive_s`` but has no whole-request deadline or connection limit as
   :mod:`.connections` gives uvicorn, and a replica's chunks wait in Ray's stream, not in a bounded :mod:`.relay`.
@@ -33,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.exceptions import NodeDiedError, RayActorError, RayError, RayTaskError, WorkerCrashedError
 from ray.serve.exceptions import (
@@ -47,13 +47,12 @@ from ray.serve.handle import DeploymentHandle
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import Audio8Error
 from ..request import CheckedRequest
-from ..settings import DEFAULTS
+from ..settings import DEFAULTS, RaySettings, ServerSettings
 from ..tts import TTS
 from ..voices import Voice, VoiceStore
 from .app import create_app
 from .errors import ApiError, api_error
 from .metrics import Metrics
-from .state import ServerSettings
 from .synth import LOCAL, LocalSynthesizer, Output, Speech, Synthesizer, failed
 
 T = TypeVar("T")
@@ -64,39 +63,9 @@ log = logging.getLogger("audio8_coreai.server")
 LOST = (RayActorError, WorkerCrashedError, NodeDiedError, ReplicaUnavailableError, DeploymentUnavailableError)
 
 
-class RayArgs(BaseModel):
-    """What a Ray deployment of the server is built from (``audio8 serve --ray`` or a serve config's ``args``).
-    ``model``: a checkpoint folder or hub id every replica can read; ``voices``: the voice store, a folder every
-    replica shares (None: each machine's per-user folder, fine on one machine only); ``device``, ``precision``,
-    ``batch`` as ``audio8 serve`` (``batch`` 0: one utterance at a time per replica); ``replicas`` Synth replicas,
-    or ``autoscale`` ``[min, max]`` (on requests in flight, ``max(batch, 1)`` per replica as the target);
-    ``gpus``/``cpus`` per Synth replica; ``server``: the HTTP limits (``max_queue``: requests that wait per ingress
-    replica before a 503)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = DEFAULT_MODEL
-    voices: str | None = None
-    device: str = "auto"
-    precision: str | None = None
-    batch: int = Field(0, ge=0)
-    replicas: int = Field(DEFAULTS.ray_replicas, ge=1)
-    autoscale: tuple[int, int] | None = None
-    gpus: float = Field(0.0, ge=0)
-    cpus: float = Field(1.0, ge=0)
-    server: ServerSettings = Field(default_factory=ServerSettings)
-
-    @model_validator(mode="after")
-    def _scale_range(self) -> RayArgs:
-        low, high = self.autoscale or (0, 1)
-        if not 0 <= low <= high or high < 1:
-            raise ValueError(f"autoscale must be [min, max] with 0 <= min <= max and max >= 1, got {self.autoscale}")
-        return self
-
-    @property
-    def rows(self) -> int:
-        """Requests one Synth replica runs at once."""
-        return max(self.batch, 1)
+def rows(server: ServerSettings) -> int:
+    """Requests one Synth replica runs at once: its ``server.batch`` rows, or one utterance at a time."""
+    return max(server.batch, 1)
 
 
 def voice_key(voice: Voice) -> str:
@@ -135,13 +104,15 @@ class Finished:
 
 
 class Synth:
-    """One engine (``args.batch`` rows of one model, or one instance) on this replica's device, making speech as
-    ``audio8 serve`` does (:class:`.synth.LocalSynthesizer`). Its errors leave it as ApiError (picklable)."""
+    """One engine (``server.batch`` rows of one model, or one instance) of ``cluster``'s checkpoint on this replica's
+    device, making speech as ``audio8 serve`` does (:class:`.synth.LocalSynthesizer`). Its errors leave it as
+    ApiError (picklable)."""
 
-    def __init__(self, args: RayArgs):
-        tts = TTS.load(args.model, device=args.device, precision=args.precision, voices_dir=args.voices)
-        instances = tts.batched(args.batch)[1] if args.batch else [tts]
-        settings = dataclasses.replace(args.server, workers=len(instances), max_queue=len(instances))
+    def __init__(self, cluster: RaySettings, server: ServerSettings):
+        model = cluster.model or DEFAULT_MODEL
+        tts = TTS.load(model, device=cluster.device, precision=cluster.precision, voices_dir=cluster.voices)
+        instances = tts.batched(server.batch)[1] if server.batch else [tts]
+        settings = server.model_copy(update={"workers": len(instances), "max_queue": len(instances)})
         self.local = LocalSynthesizer(instances, settings, Metrics())  # Ray bounds what reaches it; a margin
         try:
             self.replica = serve.get_replica_context().replica_id.unique_id
@@ -158,7 +129,7 @@ class Synth:
             raise ApiError(409, message, "voice", "voice_changed")
         return voice
 
-    @serve.multiplexed(max_num_models_per_replica=DEFAULTS.prefix_cache)
+    @serve.multiplexed(max_num_models_per_replica=DEFAULTS.torch.prefix_cache)
     async def kept_voice(self, key: str) -> Voice:
         """:meth:`read_voice`, kept by this replica while ``key`` is among its last ``prefix_cache`` voices (as its
         backend keeps their prompt heads); Ray sends the requests of ``key`` to the replicas that keep it."""
@@ -204,7 +175,7 @@ async def _remote(step: Awaitable[T]) -> T:
     try:
         return await step
     except BackPressureError as e:
-        wait = math.ceil(e.retry_after_s or DEFAULTS.ray_retry_after_s)
+        wait = math.ceil(e.retry_after_s or DEFAULTS.ray.retry_after_s)
         raise ApiError(
             503,
             "the cluster is busy (every replica running, its queue full); retry later",
@@ -218,7 +189,7 @@ async def _remote(step: Awaitable[T]) -> T:
             "the cluster lost the replica serving this request (it stopped or cannot be reached; logged there): "
             "send the request again",
             code="replica_unavailable",
-            headers={"Retry-After": str(math.ceil(DEFAULTS.ray_retry_after_s))},
+            headers={"Retry-After": str(math.ceil(DEFAULTS.ray.retry_after_s))},
         ) from None
     except RayTaskError as e:  # raised in a replica: its cause is what it raised
         raise failed(e.cause) from None
@@ -277,52 +248,63 @@ class RaySynthesizer(Synthesizer):
 
 
 class Ingress:
-    """The HTTP side: the app of ``audio8 serve`` over :class:`RaySynthesizer` (built on the replica)."""
+    """The HTTP side: the app of ``audio8 serve`` under ``server`` over :class:`RaySynthesizer` (built on the
+    replica), ``cluster.voices`` its voice store."""
 
-    def __init__(self, synth: DeploymentHandle, args: RayArgs):
-        self.synth, self.args = synth, args
+    def __init__(self, synth: DeploymentHandle, cluster: RaySettings, server: ServerSettings):
+        self.synth, self.cluster, self.server = synth, cluster, server
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
-        server, info = self.args.server, await _remote(self.synth.info.remote())
-        return create_app(RaySynthesizer(self.synth, VoiceStore(self.args.voices), server.max_queue, info), server)
+        server, info = self.server, await _remote(self.synth.info.remote())
+        return create_app(RaySynthesizer(self.synth, VoiceStore(self.cluster.voices), server.max_queue, info), server)
 
 
 SynthDeployment = serve.deployment(Synth, name="Synth")
 IngressDeployment = serve.deployment(serve.ingress()(Ingress), name="Ingress")
 
 
-def build_app(args: RayArgs | dict[str, Any]) -> serve.Application:
-    """The Ray application of ``args`` (a RayArgs, or the ``args`` of ``deploy/serve_config.yaml``, whose import
-    path this is: validated here into RayArgs, raising pydantic's ValidationError). Each Synth replica runs
-    ``args.rows`` requests at once; autoscaling aims at that many in flight per replica."""
-    args = RayArgs.model_validate(args)
-    if args.autoscale is None:
-        scale: dict[str, Any] = {"num_replicas": args.replicas}
+def build_app(args: dict[str, Any]) -> serve.Application:
+    """The Ray application of ``args``, ``deploy/serve_config.yaml``'s (whose import path this is): the ``ray``
+    group's fields (:class:`..settings.RaySettings`) and ``server``, the HTTP server's
+    (:class:`..settings.ServerSettings`, ``batch`` the rows of each replica), each over its group of
+    :data:`..settings.DEFAULTS` (the AUDIO8_* environment's). Raises pydantic's ValidationError for a field that is
+    wrong or unknown."""
+    fields = dict(args)
+    server = ServerSettings(**{**dict(DEFAULTS.server), **fields.pop("server", {})})
+    return application(RaySettings(**{**dict(DEFAULTS.ray), **fields}), server)
+
+
+def application(cluster: RaySettings, server: ServerSettings) -> serve.Application:
+    """The Ray application: ``cluster.replicas`` Synth replicas, or ``cluster.autoscale`` on requests in flight
+    aiming at :func:`rows` per replica, each running that many requests at once, behind one ingress."""
+    if cluster.autoscale is None:
+        scale: dict[str, Any] = {"num_replicas": cluster.replicas}
     else:
-        low, high = args.autoscale
+        low, high = cluster.autoscale
         scale = {
-            "autoscaling_config": {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": args.rows}
+            "autoscaling_config": {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": rows(server)}
         }
     synth = SynthDeployment.options(
-        max_ongoing_requests=args.rows,
-        max_queued_requests=max(args.server.max_queue, 1),  # Ray: at least 1 (-1 is no limit)
-        backpressure_config={"retry_after_s": DEFAULTS.ray_retry_after_s},
-        ray_actor_options={"num_gpus": args.gpus, "num_cpus": args.cpus},
+        max_ongoing_requests=rows(server),
+        max_queued_requests=max(server.max_queue, 1),  # Ray: at least 1 (-1 is no limit)
+        backpressure_config={"retry_after_s": cluster.retry_after_s},
+        ray_actor_options={"num_gpus": cluster.gpus, "num_cpus": cluster.cpus},
         **scale,
-    ).bind(args)
+    ).bind(cluster, server)
     # No CPU reserved for the ingress (it waits on Synth, as Ray's proxy does): N replicas fit N cores.
     ingress = IngressDeployment.options(
-        max_ongoing_requests=DEFAULTS.ray_ingress_requests, ray_actor_options={"num_cpus": 0}
+        max_ongoing_requests=cluster.ingress_requests, ray_actor_options={"num_cpus": 0}
     )
-    return ingress.bind(synth, args)
+    return ingress.bind(synth, cluster, server)
 
 
-def run_on_ray(args: RayArgs, host: str, port: int, address: str | None = None) -> None:
+def run_on_ray(cluster: RaySettings, server: ServerSettings, address: str | None = None) -> None:
     """``audio8 serve --ray``: join the Ray cluster at ``address`` ("auto": the one this machine belongs to; None:
-    start one here), serve ``args``' application behind Ray's HTTP proxy on ``host:port``, and block until
-    interrupted."""
+    start one here), serve :func:`application` behind Ray's HTTP proxy on ``server.host:server.port``, and block
+    until interrupted."""
     import ray
 
     ray.init(address=address)
-    serve.start(http_options={"host": host, "port": port, "keep_alive_timeout_s": args.server.keep_alive_s})
-    serve.run(build_app(args), name="audio8", route_prefix="/", blocking=True)
+    http = {"host": server.host, "port": server.port, "keep_alive_timeout_s": server.keep_alive_s}
+    serve.start(http_options=http)
+    serve.run(application(cluster, server), name="audio8", route_prefix="/", blocking=True)

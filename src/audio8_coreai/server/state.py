@@ -1,5 +1,5 @@
-"""What every route shares: the server's settings, its synthesizer (model instances and their workers, or a
-cluster) and the metrics."""
+"""What every route shares: the server's settings (:class:`..settings.ServerSettings`), its synthesizer (model
+instances and their workers, or a cluster) and the metrics."""
 
 from __future__ import annotations
 
@@ -8,39 +8,9 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from ..settings import DEFAULTS
+from ..settings import ServerSettings
 from .metrics import Metrics
 from .synth import Synthesizer
-
-
-@dataclass
-class ServerSettings:
-    """What ``audio8 serve`` can set (defaults: :data:`.settings.DEFAULTS`). ``max_frames``: the cap per piece
-    (None: the model's default budget); a request may ask for less, never more. ``chunk_frames``: frames per
-    streamed chunk; ``first_chunk_frames``: frames in a stream's first chunk (None: the default of
-    :class:`..engine.stream.SpeechStream`). ``sample_rate``: every body's rate unless a request
-    asks another (None: pcm 24 kHz, the others the model's). ``voice_map``: OpenAI voice names (lower case) onto
-    stored voices; ``default_voice``: the stored voice of requests naming none (None: the model's own voice with
-    the seed DEFAULTS.default_voice_seed when the request gives none); see :mod:`.voicenames`. Slow clients:
-    ``request_timeout_s``, ``keep_alive_s``, ``max_connections`` and ``max_head_bytes`` (:mod:`.connections`),
-    ``stream_buffer_chunks`` and ``stall_s`` (:mod:`.relay`)."""
-
-    workers: int = DEFAULTS.workers
-    max_queue: int = DEFAULTS.max_queue
-    max_input_chars: int = DEFAULTS.max_input_chars
-    max_upload_bytes: int = DEFAULTS.max_upload_bytes
-    max_frames: int | None = None
-    chunk_frames: int = DEFAULTS.chunk_frames
-    first_chunk_frames: int | None = None
-    sample_rate: int | None = None
-    voice_map: dict[str, str] = field(default_factory=dict)
-    default_voice: str | None = None
-    request_timeout_s: float = DEFAULTS.request_timeout_s
-    keep_alive_s: int = DEFAULTS.keep_alive_s
-    max_connections: int = DEFAULTS.max_connections
-    max_head_bytes: int = DEFAULTS.max_head_bytes
-    stream_buffer_chunks: int = DEFAULTS.stream_buffer_chunks
-    stall_s: float = DEFAULTS.stall_s
 
 
 @dataclass

@@ -35,7 +35,7 @@ from .relay import Cancelled, Relay, Stalled
 from .workers import Workers
 
 if TYPE_CHECKING:
-    from .state import ServerSettings
+    from ..settings import ServerSettings
 
 log = logging.getLogger("audio8_coreai.server")
 

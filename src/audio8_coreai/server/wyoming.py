@@ -3,7 +3,7 @@
 Events served (the ``wyoming`` package's own classes, its :class:`AsyncServer` and :class:`AsyncEventHandler`):
 
 * ``describe`` -> ``info``: one TTS program whose voices are the model's own voice (listed as
-  ``DEFAULTS.wyoming_voice``) and the stored voices made with this checkpoint, each speaking :data:`LANGUAGES`; a
+  the settings' ``voice``) and the stored voices made with this checkpoint, each speaking :data:`LANGUAGES`; a
   voice's description, which Home Assistant shows as its name, is its name and then what it is
   (``ana: cloned from a 3.3 s clip``).
 * ``synthesize`` -> ``audio-start`` (44.1 kHz, 16-bit, mono: the model's rate), ``audio-chunk`` as the audio is
@@ -20,8 +20,8 @@ text says what to change and whose code is the error's class
 connection is then closed, as wyoming-piper does, so a client that waits for ``audio-stop`` without reading
 ``error`` events (as Home Assistant's non-streaming one has) sees the end instead of waiting for ever. The model runs
 on one thread of its own, one utterance at a time, so the event loop keeps serving; a client that disconnects
-stops its utterance at the next frame. Its frames run at most ``DEFAULTS.stream_buffer_chunks`` chunks ahead of what
-the client reads, and a client that reads nothing for ``DEFAULTS.stall_s`` seconds is dropped: its utterance
+stops its utterance at the next frame. Its frames run at most ``DEFAULTS.server.stream_buffer_chunks`` chunks ahead of
+what the client reads, and a client that reads nothing for ``DEFAULTS.server.stall_s`` seconds is dropped: its utterance
 stopped, its connection reset, one line logged.
 """
 
@@ -47,7 +47,7 @@ from ..audio import encode_speech
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import Audio8Error, ConfigError, NoAudio, PromptError, ProtocolError, VoiceError
 from ..request import CheckedRequest, check_request, check_seed
-from ..settings import DEFAULTS
+from ..settings import DEFAULTS, WyomingSettings
 from ..text import LANGUAGES, check_text
 from ..text.split import complete_sentences
 from ..tts import TTS
@@ -63,25 +63,9 @@ CHANNELS = 1
 _ATTRIBUTION = Attribution(name="Audio8", url=f"https://huggingface.co/{DEFAULT_MODEL}")
 
 
-@dataclass(frozen=True)
-class WyomingSettings:
-    """What one ``audio8 wyoming`` serves: ``seed`` (None: the model's own voice speaks with
-    DEFAULTS.default_voice_seed, one steady speaker as over HTTP; a stored voice draws one per utterance), sampling
-    overrides (None: the checkpoint's), a frame cap per utterance (``max_frames``, None: the model's budget), the
-    longest text per request or unfinished sentence (``max_input_chars``) and the name the model's own voice is
-    listed under (``own_voice``)."""
-
-    seed: int | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    max_frames: int | None = None
-    max_input_chars: int = DEFAULTS.max_input_chars
-    own_voice: str = DEFAULTS.wyoming_voice
-
-
 class _NotReading(Exception):
-    """The client read nothing for ``DEFAULTS.stall_s`` seconds: its connection is reset (its utterance stopped)."""
+    """The client read nothing for ``DEFAULTS.server.stall_s`` seconds: its connection is reset (its utterance
+    stopped)."""
 
 
 @dataclass
@@ -93,7 +77,8 @@ class _End:
 
 
 class Speaker:
-    """One :class:`.tts.TTS` behind one model thread: utterances queue for it and run one at a time."""
+    """One :class:`.tts.TTS` behind one model thread: utterances queue for it and run one at a time, served as
+    ``settings`` says (:class:`..settings.WyomingSettings`: ``DEFAULTS.wyoming`` with the command's options)."""
 
     def __init__(self, tts: TTS, settings: WyomingSettings):
         self.tts = tts
@@ -104,13 +89,13 @@ class Speaker:
     def info(self) -> Info:
         """The ``info`` answer: the model's own voice, then the stored voices this checkpoint can speak in."""
         store, fingerprint = self.tts.voices, self.tts.checkpoint.fingerprint()
-        voices = [_voice(self.settings.own_voice, "the model's own voice")]
+        voices = [_voice(self.settings.voice, "the model's own voice")]
         for name in store.names():
             try:
                 stored = store.load(name, fingerprint)
             except VoiceError:  # damaged, or made with another checkpoint: it could not speak
                 continue
-            if name != self.settings.own_voice:  # the own voice's name means the model's own voice
+            if name != self.settings.voice:  # the own voice's name means the model's own voice
                 voices.append(_voice(name, f"cloned from a {stored.duration_s:.1f} s clip"))
         program = TtsProgram(
             name="audio8",
@@ -126,19 +111,20 @@ class Speaker:
     def voice(self, name: str | None) -> Voice | None:
         """The voice a request names: None for no name or the own voice's name, else the stored voice (raises
         VoiceError when there is none of that name, or it cannot be read or belongs to another checkpoint)."""
-        if name is None or name == self.settings.own_voice:
+        if name is None or name == self.settings.voice:
             return None
         if not self.tts.voices.path(name).is_file():
             raise VoiceError(
-                f"no voice named {name!r}: describe lists the voices (the model's own is {self.settings.own_voice!r})"
+                f"no voice named {name!r}: describe lists the voices (the model's own is {self.settings.voice!r})"
             )
         return self.tts.voices.load(name, self.tts.checkpoint.fingerprint())
 
     def seed(self, voice: Voice | None) -> int | None:
         """The seed of a request in ``voice``: the server's ``--seed``; else, in the model's own voice,
-        DEFAULTS.default_voice_seed (one steady speaker, as the HTTP server's default voice); else None (drawn)."""
+        DEFAULTS.server.default_voice_seed (one steady speaker, as the HTTP server's default voice); else None
+        (drawn)."""
         if self.settings.seed is None and voice is None:
-            return DEFAULTS.default_voice_seed
+            return DEFAULTS.server.default_voice_seed
         return self.settings.seed
 
     def check(self, text: str, voice: Voice | None, seed: int | None) -> CheckedRequest:
@@ -161,11 +147,11 @@ class Speaker:
 
     async def speak(self, checked: CheckedRequest, send: Callable[[np.ndarray], Awaitable[None]]) -> int:
         """Speak ``checked`` on the model thread, awaiting ``send(chunk)`` (float32 [n], 44.1 kHz) for each chunk as
-        it is made, at most ``DEFAULTS.stream_buffer_chunks`` chunks ahead of it (:class:`.relay.Relay`: the frames
-        wait for a client that reads slowly); returns the frames made. Its plan's language warning goes to the log.
-        Raises what :meth:`.tts.TTS.plan` and :meth:`.tts.TTS.stream` raise;
+        it is made, at most ``DEFAULTS.server.stream_buffer_chunks`` chunks ahead of it (:class:`.relay.Relay`: the
+        frames wait for a client that reads slowly); returns the frames made. Its plan's language warning goes to the
+        log. Raises what :meth:`.tts.TTS.plan` and :meth:`.tts.TTS.stream` raise;
         leaving early (an error in ``send``, a cancelled task) stops the utterance at its next frame."""
-        relay = Relay(asyncio.get_running_loop(), DEFAULTS.stream_buffer_chunks, DEFAULTS.stall_s)
+        relay = Relay(asyncio.get_running_loop(), DEFAULTS.server.stream_buffer_chunks, DEFAULTS.server.stall_s)
 
         def job() -> None:
             try:
@@ -266,7 +252,9 @@ class WyomingHandler(AsyncEventHandler):
         try:
             while self._is_running:
                 try:
-                    event = await read_event(self.reader, DEFAULTS.wyoming_max_event_bytes, DEFAULTS.wyoming_idle_s)
+                    event = await read_event(
+                        self.reader, self.speaker.settings.max_event_bytes, self.speaker.settings.idle_s
+                    )
                 except ProtocolError as e:
                     log.warning("wyoming client refused: %s", e)
                     with contextlib.suppress(ConnectionError):
@@ -275,7 +263,7 @@ class WyomingHandler(AsyncEventHandler):
                 if event is None or not await self.handle_event(event):
                     break
         except _NotReading:
-            log.warning("dropped a wyoming client: it read nothing for %g s", DEFAULTS.stall_s)
+            log.warning("dropped a wyoming client: it read nothing for %g s", DEFAULTS.server.stall_s)
             reset(self.writer.transport)  # what it was not reading is discarded, not held for it
         finally:
             await self.disconnect()
@@ -283,9 +271,10 @@ class WyomingHandler(AsyncEventHandler):
 
     async def write_event(self, event: Event) -> None:
         """Send ``event``, waiting while the client reads slowly; raises _NotReading when it takes nothing for
-        ``DEFAULTS.stall_s`` seconds (a full socket would otherwise hold the connection and its audio for ever)."""
+        ``DEFAULTS.server.stall_s`` seconds (a full socket would otherwise hold the connection and its audio for
+        ever)."""
         try:
-            await asyncio.wait_for(super().write_event(event), DEFAULTS.stall_s)
+            await asyncio.wait_for(super().write_event(event), DEFAULTS.server.stall_s)
         except TimeoutError:
             raise _NotReading from None
 
@@ -353,7 +342,7 @@ class WyomingHandler(AsyncEventHandler):
         stream = self.stream
         checked = self.speaker.check(sentence, stream.voice, stream.seed)
         stream.tried += 1
-        pause = np.zeros(round(DEFAULTS.pause_s * stream.audio.rate), np.float32)
+        pause = np.zeros(round(DEFAULTS.speech.pause_s * stream.audio.rate), np.float32)
         before = stream.audio.samples
 
         async def send(chunk: np.ndarray) -> None:

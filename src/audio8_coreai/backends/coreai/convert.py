@@ -146,9 +146,9 @@ def convert(
     context: int | None = None,
     *,
     sampling: SamplingParams | None = None,
-    decoder_frames: int = DEFAULTS.decoder_frames,
-    decoder_first_frames: int = DEFAULTS.decoder_first_frames,
-    encoder_frames: int = DEFAULTS.encoder_frames,
+    decoder_frames: int = DEFAULTS.coreai.decoder_frames,
+    decoder_first_frames: int = DEFAULTS.coreai.decoder_first_frames,
+    encoder_frames: int = DEFAULTS.coreai.encoder_frames,
     parts: Collection[str] = PARTS,
     progress: bool = True,
 ) -> Path:

@@ -6,9 +6,9 @@ An asset folder (written by :func:`~.convert.convert`, read by :class:`~.runtime
   ``prefill`` and ``frame`` share the KV state ``k_cache``/``v_cache`` [n_layer, 1, n_kv, context, head_dim].
 * ``codec_decoder.aimodel``: ``main``, the exact incremental codec decoder with its state as Core AI state
   (contract below), and where asked ``first``, the same for a 1-frame push (a stream's first chunk) on its state;
-  every frame of an utterance is decoded once, in pushes of P = 16 frames by default.
+  every frame of an utterance is decoded once, in pushes of P frames (``DEFAULTS.coreai.decoder_frames`` by default).
 * ``codec_encoder.aimodel``: ``main`` audio [1, 1, T_enc * 2048] float32 (mono, 44.1 kHz, right-padded
-  with zeros) -> codes [1, C, T_enc] int32; T_enc = 216 frames (10 s) by default.
+  with zeros) -> codes [1, C, T_enc] int32; T_enc frames (``DEFAULTS.coreai.encoder_frames`` by default).
 
 Every asset's metadata carries a JSON manifest (creator-defined key ``audio8``): the format version, the
 graph contract (names, shapes, dtypes of inputs, outputs and states), the precision, the shapes chosen at

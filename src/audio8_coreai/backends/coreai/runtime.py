@@ -248,7 +248,7 @@ class CoreAIBackend(Backend):
         """Mono 44.1 kHz float32 audio [N] -> codes int64 [C, ceil(N / frame_length)] (one call).
 
         The clip is right-padded with zeros to the encoder's bucket (the encoder is causal). Raises
-        BackendError for empty audio or a clip longer than the bucket (216 frames, 10.0 s by default).
+        BackendError for empty audio or a clip longer than the bucket (``DEFAULTS.coreai.encoder_frames`` by default).
         """
         fns, manifest = self._codec_fns("codec_encoder")
         bucket = manifest["frames"]

@@ -75,18 +75,21 @@ class TorchBackend(Backend):
     ``prefix_length``: where a prompt's head ends (:meth:`.prompt.PromptBuilder.prefix_length`), to keep the KV
     state of heads (see :meth:`prefill`); None keeps none.
 
-    ``fused_kernels`` (CUDA only; None, ``DEFAULTS.fused_kernels``: on where the device is CUDA): the blocks' small
-    op chains as Triton kernels (:mod:`.fused`: one launch per norm after an add, per RoPE and KV write, per SwiGLU).
+    ``fused_kernels`` (CUDA only; None, ``DEFAULTS.torch.fused_kernels``: on where the device is CUDA): the
+    blocks' small op chains as Triton kernels (:mod:`.fused`: one launch per norm after an add, per RoPE and KV
+    write, per SwiGLU).
 
     ``codec_process`` (CPU only): the codec decoder runs in a child process of its own (:mod:`.codec_worker`), on
-    another core beside the frames, and this process holds no copy of its weights; None (``DEFAULTS.codec_process``):
-    on when the device is the CPU and the process may use 2+ CPUs. Off, the decoder is built here on first use.
+    another core beside the frames, and this process holds no copy of its weights; None
+    (``DEFAULTS.torch.codec_process``): on when the device is the CPU and the process may use 2+ CPUs. Off, the
+    decoder is built here on first use.
     ``codec_worker`` is the child's handle (None when off); :meth:`close` ends the child (a finalizer does when the
     backend is dropped).
 
     ``threads`` (:class:`.threads.CallThreads`): prefills and this process's codec run on torch's thread count where
     the backend was loaded (``torch.set_num_threads``, ``OMP_NUM_THREADS``); with the codec process on, it takes
-    ``DEFAULTS.codec_threads`` of them (None: half) and frames the rest; set on whichever OS thread makes the call.
+    ``DEFAULTS.torch.codec_threads`` of them (None: half) and frames the rest; set on whichever OS thread makes the
+    call.
     """
 
     name = "torch"
@@ -101,8 +104,8 @@ class TorchBackend(Backend):
         codec_dtype: str | None = None,
         frame_mode: str = "eager",
         prefix_length: Callable[[np.ndarray], int] | None = None,
-        codec_process: bool | None = DEFAULTS.codec_process,
-        fused_kernels: bool | None = DEFAULTS.fused_kernels,
+        codec_process: bool | None = DEFAULTS.torch.codec_process,
+        fused_kernels: bool | None = DEFAULTS.torch.fused_kernels,
     ):
         self.device = resolve_device(device)
         if fused_kernels and self.device.type != "cuda":
@@ -133,7 +136,9 @@ class TorchBackend(Backend):
         if codec_dtype is not None:  # opt-in: bf16 on CPU is about 1.5x faster and not exact (max |diff| ~5e-2)
             self.codec_dtype = resolve_dtype(codec_dtype)
         self.codec_process = default_codec_process(self.device) if codec_process is None else bool(codec_process)
-        self.threads = CallThreads.for_backend(torch.get_num_threads(), self.codec_process, DEFAULTS.codec_threads)
+        self.threads = CallThreads.for_backend(
+            torch.get_num_threads(), self.codec_process, DEFAULTS.torch.codec_threads
+        )
         # Started first, so the child builds its decoder while the model loads here. Sized for the longest utterance
         # the context allows, as the in-process decoder.
         self.codec_worker = (
@@ -175,7 +180,7 @@ class TorchBackend(Backend):
             self._graphed = GraphedFrame(self.model, self.k_cache, self.v_cache, capture=self.device.type == "cuda")
         self.prefix_length = prefix_length
         self._heads: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
-        if self.device.type == "cpu" and checkpoint.model_file.stat().st_size >= DEFAULTS.huge_pages_min_bytes:
+        if self.device.type == "cpu" and checkpoint.model_file.stat().st_size >= DEFAULTS.torch.huge_pages_min_bytes:
             back_with_huge_pages_soon()  # the weights the frames stream, in 2 MiB pages
         if self.codec_worker is not None:
             self.codec_worker.wait_ready()
@@ -262,8 +267,8 @@ class TorchBackend(Backend):
 
         With :attr:`prefix_length` set, the prompt's head (its first ``prefix_length(prompt)`` columns: the
         system turn and a voice's reference) runs as windows of its own, and its KV state is kept for the
-        next prompt with the same head (the last DEFAULTS.prefix_cache heads), which then runs only the rest. A head's
-        state is the same whether computed or kept, so a seed gives the same audio either way; against one
+        next prompt with the same head (the last DEFAULTS.torch.prefix_cache heads), which then runs only the rest. A
+        head's state is the same whether computed or kept, so a seed gives the same audio either way; against one
         sweep over the whole prompt the windows differ, so logits differ by float rounding.
         """
         if k_cache is None:
@@ -278,7 +283,7 @@ class TorchBackend(Backend):
         if kept is None:
             self._windows(prompt[:, :start], 0, k_cache, v_cache)
             self._heads[key] = (k_cache[:, :, :, :start].clone(), v_cache[:, :, :, :start].clone())
-            while len(self._heads) > DEFAULTS.prefix_cache:
+            while len(self._heads) > DEFAULTS.torch.prefix_cache:
                 self._heads.popitem(last=False)
         else:
             self._heads.move_to_end(key)
@@ -327,7 +332,7 @@ class TorchBackend(Backend):
         """Codec decode of codes int [C, T] -> float32 audio [T * frame_length] at 44.1 kHz.
 
         The publisher's whole-utterance decode, run as the exact incremental decoder
-        (:class:`.model.codec.StreamingDecoder`) in pushes of ``DEFAULTS.decode_chunk_frames``: equal to one whole
+        (:class:`.model.codec.StreamingDecoder`) in pushes of ``DEFAULTS.torch.decode_chunk_frames``: equal to one whole
         run up to float rounding (about 6e-6 on the 0.6b codec), faster and smaller (settings.py says why).
         """
         return self.decode_batch([np.asarray(codes)])[0]
@@ -348,9 +353,9 @@ class TorchBackend(Backend):
         for i, c in enumerate(codes):
             batch[i, :, : c.shape[1]] = c
         push = self.codec_stream().push_rows
-        starts = range(0, longest, DEFAULTS.decode_chunk_frames)
+        starts = range(0, longest, DEFAULTS.torch.decode_chunk_frames)
         wav = np.concatenate(
-            [push(batch[..., start : start + DEFAULTS.decode_chunk_frames]) for start in starts], axis=-1
+            [push(batch[..., start : start + DEFAULTS.torch.decode_chunk_frames]) for start in starts], axis=-1
         )
         return [wav[i, : c.shape[1] * hop] for i, c in enumerate(codes)]
 

@@ -46,15 +46,20 @@ class CodecRows:
     Thread-safe: streams push from any thread (each stream from one at a time). ``calls`` and ``pushes`` count the
     codec calls run and the pushes they held. :meth:`close` stops the thread (pushes then raise RuntimeError).
     Raises ValueError for a decoder shorter than its transformer's window and one push
-    (``DEFAULTS.decode_chunk_frames`` frames).
+    (``DEFAULTS.torch.decode_chunk_frames`` frames).
     """
 
-    def __init__(self, decoder: CodecDecoder, gather_s: float = DEFAULTS.gather_s, recent_s: float = DEFAULTS.recent_s):
+    def __init__(
+        self,
+        decoder: CodecDecoder,
+        gather_s: float = DEFAULTS.server.gather_s,
+        recent_s: float = DEFAULTS.server.recent_s,
+    ):
         self.decoder, self.gather_s, self.recent_s = decoder, gather_s, recent_s
         self.maths = StreamingDecoder(decoder)  # the static form's maths; the state is each stream's
         post = decoder.quantizer.post_module
         self.max_frames = post.rope.shape[0]
-        least = post.window - 1 + DEFAULTS.decode_chunk_frames
+        least = post.window - 1 + DEFAULTS.torch.decode_chunk_frames
         if self.max_frames < least:  # the static form's mask band is a slice of the window mask
             raise ValueError(
                 f"the batched codec needs a decoder of at least {least} frames, not {self.max_frames}: decode per "
@@ -174,12 +179,12 @@ class CodecRowsStream:
         return self.push_rows(np.asarray(codes)[None])[0]
 
     def push_rows(self, codes: np.ndarray) -> np.ndarray:
-        # pieces of DEFAULTS.decode_chunk_frames frames: pushes of one length stack, and the static form's mask
+        # pieces of DEFAULTS.torch.decode_chunk_frames frames: pushes of one length stack, and the static form's mask
         # band stays in the table
         codes = np.asarray(codes, dtype=np.int64)
         pieces = [
-            codes[..., s : s + DEFAULTS.decode_chunk_frames]
-            for s in range(0, codes.shape[-1], DEFAULTS.decode_chunk_frames)
+            codes[..., s : s + DEFAULTS.torch.decode_chunk_frames]
+            for s in range(0, codes.shape[-1], DEFAULTS.torch.decode_chunk_frames)
         ]
         return np.concatenate([self.rows.submit(Push(self, piece)) for piece in pieces], -1)
 

@@ -57,8 +57,8 @@ def usable_cpus() -> int:
 
 
 def default_codec_process(device: torch.device) -> bool:
-    """Whether the codec decoder runs in a process of its own by default (``DEFAULTS.codec_process`` None): on a CPU
-    device when this process may use 2+ CPUs and may start children (a daemonic multiprocessing worker may not)."""
+    """Whether the codec decoder runs in a process of its own by default (``DEFAULTS.torch.codec_process`` None): on a
+    CPU device when this process may use 2+ CPUs and may start children (a daemonic multiprocessing worker may not)."""
     return device.type == "cpu" and usable_cpus() >= 2 and not multiprocessing.current_process().daemon
 
 

@@ -124,7 +124,7 @@ class GraphedFrame:
         self.frame = Frame(model, mode="graph")
         self.k_cache, self.v_cache, self.capture = k_cache, v_cache, capture
         self.inputs = _frame_inputs(model, 1, k_cache.device, 0)
-        self.graphs = Graphs(DEFAULTS.cuda_graphs_kept, k_cache.device) if capture else None
+        self.graphs = Graphs(DEFAULTS.torch.cuda_graphs_kept, k_cache.device) if capture else None
 
     @torch.inference_mode()
     def __call__(self, params: SamplingParams, inputs: FrameInputs) -> Outputs:
@@ -137,7 +137,7 @@ class GraphedFrame:
         return run() if self.graphs is None else self.graphs.run(params, run)
 
 
-def bucket_sizes(max_batch: int, buckets: Sequence[int] = DEFAULTS.batch_buckets) -> tuple[int, ...]:
+def bucket_sizes(max_batch: int, buckets: Sequence[int] = DEFAULTS.torch.batch_buckets) -> tuple[int, ...]:
     """The batch sizes batched graphs are made at for ``max_batch`` rows: the ``buckets`` below it, and ``max_batch``
     itself (a bucket is a view of the KV state's first rows, so none is larger)."""
     return (*sorted(b for b in set(buckets) if b < max_batch), max_batch)
@@ -175,8 +175,8 @@ class GraphedRows:
     copied; keep the rows in use low, as :meth:`.rows.TorchBatchFrames.acquire` does). Its inputs go through the
     bucket's :class:`.staging.Staging`; rows not in the call are padding (see :meth:`.model.frame.Frame.rows`). One
     graph per (bucket, sampling settings) is captured on first use or by :meth:`capture_all`, kept as :class:`Graphs`
-    says (``DEFAULTS.cuda_graphs_kept`` per bucket). Raises ValueError for ``capture`` off a CUDA device, or buckets
-    past R.
+    says (``DEFAULTS.torch.cuda_graphs_kept`` per bucket). Raises ValueError for ``capture`` off a CUDA device, or
+    buckets past R.
     """
 
     def __init__(self, model: DualAR, k_cache: Tensor, v_cache: Tensor, buckets: Sequence[int], capture: bool):
@@ -187,7 +187,7 @@ class GraphedRows:
         if self.buckets[-1] > k_cache.shape[1]:
             raise ValueError(f"bucket {self.buckets[-1]} is larger than the KV state's {k_cache.shape[1]} rows")
         self._staging: dict[int, Staging] = {}
-        self.graphs = Graphs(DEFAULTS.cuda_graphs_kept * len(self.buckets), k_cache.device) if capture else None
+        self.graphs = Graphs(DEFAULTS.torch.cuda_graphs_kept * len(self.buckets), k_cache.device) if capture else None
 
     def bucket(self, rows: int) -> int:
         """The batch size a call over rows ``[0, rows)`` runs at; ValueError past the largest bucket."""

@@ -19,8 +19,8 @@ as CUDA graphs (the default on CUDA) the batched frames are graphs too, one per 
 (:class:`.cudagraphs.GraphedRows`).
 
 Rows whose thread is busy elsewhere (decoding a chunk, sending bytes) are simply not in that frame's call; the
-frame thread waits at most ``gather_s`` for the rows heard from in the last ``DEFAULTS.recent_s`` once one call is
-ready.
+frame thread waits at most ``gather_s`` for the rows heard from in the last ``DEFAULTS.server.recent_s`` once one call
+is ready.
 Calls with different sampling
 settings go in separate batched calls.
 """
@@ -206,8 +206,8 @@ class FrameServer:
         self,
         backend: TorchBackend,
         max_batch: int,
-        gather_s: float = DEFAULTS.gather_s,
-        batch_codec: bool | None = DEFAULTS.batch_codec,
+        gather_s: float = DEFAULTS.server.gather_s,
+        batch_codec: bool | None = DEFAULTS.torch.batch_codec,
         warm: Sequence[SamplingParams] = (),
     ):
         if batch_codec is None:
@@ -270,7 +270,7 @@ class FrameServer:
             now = time.monotonic()
             deadline = now + self.gather_s
             # Rows heard from lately are in an utterance: worth waiting a moment for.
-            expected = sum(now - seen < DEFAULTS.recent_s for seen in self._seen.values())
+            expected = sum(now - seen < DEFAULTS.server.recent_s for seen in self._seen.values())
             while len(self._jobs) < expected and (left := deadline - time.monotonic()) > 0:
                 self._cond.wait(left)
                 if any(job.run is not None for job in self._jobs):

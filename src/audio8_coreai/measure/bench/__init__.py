@@ -26,11 +26,11 @@ subprocess. Figures (milliseconds unless named):
   codec is the same module whatever the precision, so it is timed once per codec dtype and thread count;
 * ``rtf`` (whole utterance of ``frames`` frames: prefill + frames + one decode, per second of audio),
   ``rtf_streaming`` (steady state: 32 frames plus one 32-frame chunk decode per 32 frames of audio),
-  ``ttfa_ms`` (time to first audio when streaming: prefill + the first chunk's frames (``DEFAULTS.first_chunk_frames``)
-  + their decode; the prefill with the prompt's head kept, ``prefill_head_kept_ms``, where the backend keeps
-  heads (torch): what every request in a voice after its first waits for);
-* ``peak_rss_gb`` (``ru_maxrss`` of the configuration's own subprocess: load, prefill, frames, a chunk, plus its codec
-  process's peak, ``codec_process_rss_gb``, when the codec runs in one of its own) and
+  ``ttfa_ms`` (time to first audio when streaming: prefill + the first chunk's frames
+  (``DEFAULTS.speech.first_chunk_frames``) + their decode; the prefill with the prompt's head kept,
+  ``prefill_head_kept_ms``, where the backend keeps heads (torch): what every request in a voice after its first waits
+for); * ``peak_rss_gb`` (``ru_maxrss`` of the configuration's own subprocess: load, prefill, frames, a chunk, plus its
+  codec process's peak, ``codec_process_rss_gb``, when the codec runs in one of its own) and
   ``cpu_use`` (CPU s / wall s of the side-by-side run: well under the thread count means other processes
   took the cores and every wall time is inflated).
 
@@ -45,17 +45,7 @@ their public names.
 """
 
 from .baseline import BaselineFrame
-from .config import (
-    DEFAULT_CHECKPOINT,
-    FAST_PASSES,
-    FIRST_CHUNK,
-    PUBLISHER,
-    SENTENCE,
-    STREAM_CHUNK,
-    STREAM_WINDOW,
-    BenchConfig,
-    median_ms,
-)
+from .config import FAST_PASSES, PUBLISHER, SENTENCE, STREAM_CHUNK, STREAM_WINDOW, label, median_ms
 from .parts import count_ops, frame_ops, frame_parts, linear_modules, weight_floor
 from .report import COLUMNS, format_table, meta
 from .run import measure, measure_codec, measure_group, measure_rss, with_totals
@@ -63,18 +53,16 @@ from .workers import ensure_checkpoint, main, run_configs
 
 __all__ = [
     "COLUMNS",
-    "DEFAULT_CHECKPOINT",
     "FAST_PASSES",
-    "FIRST_CHUNK",
     "PUBLISHER",
     "SENTENCE",
     "STREAM_CHUNK",
     "STREAM_WINDOW",
     "BaselineFrame",
-    "BenchConfig",
     "count_ops",
     "ensure_checkpoint",
     "format_table",
+    "label",
     "frame_parts",
     "frame_ops",
     "linear_modules",

@@ -1,48 +1,29 @@
-"""The benchmark's configurations and constants (the sentence, streaming chunk sizes, the default checkpoint),
-and the median timer every figure uses."""
+"""The benchmark's constants (the sentence, streaming chunk sizes), a configuration's label (a configuration is
+the settings tree's :class:`...settings.BenchSettings`) and the median timer every figure uses."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
-from ...settings import DEFAULTS
+from ...settings import BenchSettings
 
 SENTENCE = (
     "The meeting has been moved to Thursday afternoon, so please update your calendars and let "
     "the rest of the team know before the end of the day."
 )
 STREAM_CHUNK = 32  # frames emitted per streaming decode
-FIRST_CHUNK = DEFAULTS.first_chunk_frames  # frames of a stream's first chunk (engine/stream.py)
 STREAM_WINDOW = 160  # frames decoded per streaming chunk (128 of context, attention window of the codec)
 FAST_PASSES = 9  # rows 0+1 in one pass, then rows 2..9
-DEFAULT_CHECKPOINT = Path(DEFAULTS.bench_checkpoint)
 PUBLISHER = {"ms_per_frame": 265.0, "rtf": 6.7, "peak_rss_gb": 5.75}  # its own fp32 generate, this machine
 
 
-@dataclass(frozen=True)
-class BenchConfig:
-    """One configuration, run in its own subprocess."""
-
-    checkpoint: str
-    backend: str = "torch"
-    device: str = "cpu"
-    precision: str = "fp32"
-    threads: int | None = None
-    runs: int = DEFAULTS.bench_runs
-    frames: int = DEFAULTS.bench_frames
-    baseline: bool = False  # measure the publisher-style frame instead of the backend's
-    codec_dtype: str | None = None  # None: the backend's default (fp32 on CPU); bf16 opts in
-    cuda_graphs: bool = False  # the frame replayed as one CUDA graph (backends/torch/cudagraphs.py)
-
-    @property
-    def label(self) -> str:
-        name = "baseline" if self.baseline else self.precision
-        codec = f" codec {self.codec_dtype}" if self.codec_dtype else ""
-        return f"{name} {self.threads or 'auto'}t{codec}" + (" graphs" if self.cuda_graphs else "")
+def label(cfg: BenchSettings) -> str:
+    """A configuration's name in the table: its precision (or baseline), threads, codec dtype and graphs."""
+    name = "baseline" if cfg.baseline else cfg.precision
+    codec = f" codec {cfg.codec_dtype}" if cfg.codec_dtype else ""
+    return f"{name} {cfg.threads or 'auto'}t{codec}" + (" graphs" if cfg.cuda_graphs else "")
 
 
 def median_ms(fn: Callable[[], object], runs: int, inner: int = 1) -> tuple[float, list[float]]:

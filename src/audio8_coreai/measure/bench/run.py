@@ -5,16 +5,16 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-from dataclasses import asdict
 
 import numpy as np
 
+from ...settings import DEFAULTS, BenchSettings
 from .baseline import BaselineFrame
-from .config import FIRST_CHUNK, PUBLISHER, SENTENCE, STREAM_CHUNK, STREAM_WINDOW, BenchConfig, median_ms
+from .config import PUBLISHER, SENTENCE, STREAM_CHUNK, STREAM_WINDOW, label, median_ms
 from .parts import frame_ops, frame_parts, read_bandwidth_gbps, weight_floor
 
 
-def _load(cfg: BenchConfig):
+def _load(cfg: BenchSettings):
     import torch
 
     from ...tts import TTS
@@ -45,7 +45,7 @@ def _random_codes(cc, n: int, rng) -> np.ndarray:
 class _Run:
     """One loaded configuration and its samples; :meth:`round` takes one sample of everything."""
 
-    def __init__(self, cfg: BenchConfig):
+    def __init__(self, cfg: BenchSettings):
         import torch
 
         t0 = time.perf_counter()
@@ -130,8 +130,8 @@ class _Run:
 
     def result(self) -> dict:
         out: dict = {
-            "label": self.cfg.label,
-            **asdict(self.cfg),
+            "label": label(self.cfg),
+            **self.cfg.model_dump(),
             "threads_used": self.threads,
             "load_s": self.load_s,
             "prompt_columns": int(self.prompt.shape[1]),
@@ -160,8 +160,8 @@ class _Run:
 
 def measure_codec(backend, runs: int) -> dict:
     """The codec, median of ``runs`` after a warm-up: ``decode_window`` of a [10, 160] window (the whole-utterance
-    cost per frame) and pushes into a fresh ``codec_stream``: the first, of ``DEFAULTS.first_chunk_frames`` frames
-    as :class:`...engine.stream.SpeechStream` sends first (``codec_first_chunk_ms``), and the steady state
+    cost per frame) and pushes into a fresh ``codec_stream``: the first, of ``DEFAULTS.speech.first_chunk_frames``
+    frames as :class:`...engine.stream.SpeechStream` sends first (``codec_first_chunk_ms``), and the steady state
     (``codec_ms_per_chunk``: the 2nd and 3rd pushes of 32 frames)."""
     cc = backend.checkpoint.codec_config
     rng = np.random.default_rng(0)
@@ -171,15 +171,15 @@ def measure_codec(backend, runs: int) -> dict:
         "codec_window_frames": STREAM_WINDOW,
         "frame_audio_ms": cc.frame_length / cc.sample_rate * 1e3,
     }
-    first, steady = [], []
+    first, steady, head = [], [], DEFAULTS.speech.first_chunk_frames
     for _ in range(runs + 1):
         stream = backend.codec_stream()
         t0 = time.perf_counter()
-        stream.push(window[:, :FIRST_CHUNK])
+        stream.push(window[:, :head])
         first.append((time.perf_counter() - t0) * 1e3)
         for i in (1, 2):
             t0 = time.perf_counter()
-            stream.push(window[:, FIRST_CHUNK + (i - 1) * STREAM_CHUNK : FIRST_CHUNK + i * STREAM_CHUNK])
+            stream.push(window[:, head + (i - 1) * STREAM_CHUNK : head + i * STREAM_CHUNK])
             steady.append((time.perf_counter() - t0) * 1e3)
     out.update(
         codec_first_chunk_ms=statistics.median(first[1:]),
@@ -199,11 +199,11 @@ def with_totals(row: dict, codec: dict) -> dict:
     row["rtf"] = (row["prefill_ms"] + n * (f + per_frame)) / (n * frame_audio_ms)
     row["rtf_streaming"] = (STREAM_CHUNK * f + codec["codec_ms_per_chunk"]) / (STREAM_CHUNK * frame_audio_ms)
     prefill = row.get("prefill_head_kept_ms", row["prefill_ms"])
-    row["ttfa_ms"] = prefill + FIRST_CHUNK * f + codec["codec_first_chunk_ms"]
+    row["ttfa_ms"] = prefill + DEFAULTS.speech.first_chunk_frames * f + codec["codec_first_chunk_ms"]
     return row
 
 
-def measure_group(configs: list[BenchConfig]) -> list[dict]:
+def measure_group(configs: list[BenchSettings]) -> list[dict]:
     """Several configurations in this process, side by side: all loaded, then ``runs + 1`` rounds in which each
     takes one sample of every figure in turn (the first round is the warm-up), so a change of machine load
     hits every configuration alike and their ratios hold. The codec (the same fp32 module whatever the
@@ -242,17 +242,17 @@ def measure_group(configs: list[BenchConfig]) -> list[dict]:
     return rows
 
 
-def measure_rss(cfg: BenchConfig) -> dict:
+def measure_rss(cfg: BenchSettings) -> dict:
     """Peak RSS of one configuration alone: load, prefill, a few frames, one streaming-chunk decode."""
-    r = _Run(BenchConfig(**{**asdict(cfg), "frames": 4}))
+    r = _Run(cfg.model_copy(update={"frames": 4}))
     r.backend.prefill(r.prompt)
     r._frame_loop()
     cc = r.backend.checkpoint.codec_config
     r.backend.decode_window(_random_codes(cc, STREAM_WINDOW, np.random.default_rng(0)))
-    return {"label": cfg.label, **peak_rss(r.backend), "load_s_alone": r.load_s}
+    return {"label": label(cfg), **peak_rss(r.backend), "load_s_alone": r.load_s}
 
 
-def measure(cfg: BenchConfig) -> dict:
+def measure(cfg: BenchSettings) -> dict:
     """Every figure for one configuration in this process (peak RSS included: it is alone here)."""
     row = measure_group([cfg])[0]
     row["peak_rss_gb"] = _own_peak_gb() + row["codec_process_rss_gb"]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
-from .config import BenchConfig
+from ...settings import BenchSettings
+from .config import label
 from .run import measure, measure_group, measure_rss
 
 
@@ -40,26 +40,26 @@ def _worker(mode: str, payload) -> list | dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_configs(configs: list[BenchConfig], log=print, rss: bool = True) -> list[dict]:
+def run_configs(configs: list[BenchSettings], log=print, rss: bool = True) -> list[dict]:
     """Time ``configs`` side by side in one subprocess (:func:`measure_group`), then (``rss``) measure each
     one's peak RSS alone in its own subprocess (:func:`measure_rss`)."""
-    log(f"measuring {', '.join(c.label for c in configs)} side by side...")
-    rows = _worker("--group", [asdict(c) for c in configs])
+    log(f"measuring {', '.join(label(c) for c in configs)} side by side...")
+    rows = _worker("--group", [c.model_dump() for c in configs])
     if rss:
         for c, row in zip(configs, rows):
-            log(f"peak RSS of {c.label} alone...")
-            row.update(_worker("--rss", asdict(c)))
+            log(f"peak RSS of {label(c)} alone...")
+            row.update(_worker("--rss", c.model_dump()))
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 2 and argv[0] == "--group":
-        print(json.dumps(measure_group([BenchConfig(**c) for c in json.loads(argv[1])])))
+        print(json.dumps(measure_group([BenchSettings(**c) for c in json.loads(argv[1])])))
     elif len(argv) == 2 and argv[0] == "--rss":
-        print(json.dumps(measure_rss(BenchConfig(**json.loads(argv[1])))))
+        print(json.dumps(measure_rss(BenchSettings(**json.loads(argv[1])))))
     elif len(argv) == 2 and argv[0] == "--worker":
-        print(json.dumps(measure(BenchConfig(**json.loads(argv[1])))))
+        print(json.dumps(measure(BenchSettings(**json.loads(argv[1])))))
     else:
         raise SystemExit(
             "usage: python -m audio8_coreai.measure.bench --group|--rss|--worker JSON (use `audio8 bench`)"

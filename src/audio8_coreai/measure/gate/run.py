@@ -64,8 +64,8 @@ def run_gate(
     max_frames: int | None = None,
     recognizers: Sequence[Recognizer] | None = None,
     speaker_encoder: SpeakerEncoder | None = None,
-    asr_margin: float = DEFAULTS.asr_margin,
-    speaker_margin: float = DEFAULTS.speaker_margin,
+    asr_margin: float = DEFAULTS.measure.asr_margin,
+    speaker_margin: float = DEFAULTS.measure.speaker_margin,
     log: Callable[[str], None] | None = None,
 ) -> GateReport:
     """Run the ladder (package docstring) and write ``report.json``, ``report.md``, ``summary.png``,

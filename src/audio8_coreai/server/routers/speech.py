@@ -34,8 +34,8 @@ _GONE = object()
 def _check(req: SpeechRequest, server: State) -> CheckedRequest:
     """A request the schema has passed, checked against this server's limits and voices and by
     :func:`...request.check_request` (the seed drawn here; the model's own voice without one takes
-    DEFAULTS.default_voice_seed, one steady speaker); raises ApiError or the Audio8Error that says what to change.
-    A stored voice is read here, its codes and checkpoint checked (a damaged one is refused before a place is
+    DEFAULTS.server.default_voice_seed, one steady speaker); raises ApiError or the Audio8Error that says what to
+    change. A stored voice is read here, its codes and checkpoint checked (a damaged one is refused before a place is
     taken), and handed to the synthesizer: deleting it while the request waits for a place changes nothing."""
     settings, synth = server.settings, server.synth
     if len(req.input) > settings.max_input_chars:
@@ -74,7 +74,7 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
         )
     seed = req.seed
     if seed is None and voice is None:
-        seed = DEFAULTS.default_voice_seed
+        seed = DEFAULTS.server.default_voice_seed
     return check_request(
         req.input,
         voice=voice,
