@@ -61,7 +61,7 @@ def main() -> None:
         recs, meta = load_recordings(cache)
         print(f"fp32 recording from {cache}", file=sys.stderr)
     else:
-        ref = TTS.load(ckpt, device="cpu", dtype="fp32", codec_process=False)
+        ref = TTS.load(ckpt, device="cpu", precision="fp32", codec_process=False)
         params = ref.sampling()
         t0 = time.perf_counter()
         recs = [

@@ -200,9 +200,7 @@ def make_app(args: argparse.Namespace):
     from audio8_coreai.settings import ServerSettings
 
     instances = 1 if args.batch else args.workers
-    instances = [
-        TTS.load(args.model, device=args.device, dtype=args.dtype, precision=args.precision) for _ in range(instances)
-    ]
+    instances = [TTS.load(args.model, device=args.device, precision=args.precision) for _ in range(instances)]
     if args.batch:
         _, instances = instances[0].batched(args.batch)
     settings = ServerSettings(workers=len(instances), max_queue=max(args.clients, 1), chunk_frames=args.chunk_frames)
@@ -229,7 +227,6 @@ def main() -> int:
     ap.add_argument("--precision", default=None, help="With --model: torch precision (default: the CPU default).")
     ap.add_argument("--chunk-frames", type=int, default=16, help="With --model: frames per streamed chunk.")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default=None)
     ap.add_argument("--json", help="Also write the figures here.")
     ap.add_argument("--mix", action="store_true", help="Mixed formats, streamed and whole (see above).")
     ap.add_argument("--disconnect", type=float, default=0.0, help="With --mix: share of requests left early.")

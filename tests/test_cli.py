@@ -205,7 +205,7 @@ def test_parity_command_passes_on_the_oracle(oracle_dir):
 
 
 def test_parity_against_other_weights_names_the_fixture_checkpoint(oracle_dir, tiny_checkpoint):
-    result = run("parity", "--model", tiny_checkpoint, "--fixture", oracle_dir / "fixture.npz", "--dtype", "fp32")
+    result = run("parity", "--model", tiny_checkpoint, "--fixture", oracle_dir / "fixture.npz", "--precision", "fp32")
     assert result.exit_code == 1 and "FAIL" in result.output
     assert f"recorded from the checkpoint in {oracle_dir}" in result.output
     assert f"run with --model {oracle_dir}" in result.output

@@ -40,7 +40,7 @@ def wrong_type(tiny_checkpoint, tmp_path):
         ("bad extension", ["say", "Hi", "-o", "{tmp}/o.txt"], ".wav"),
         ("missing model", ["say", "Hi", "-o", "{tmp}/o.wav", "--model", "{tmp}/nowhere"], "no checkpoint"),
         ("device", ["say", "Hi", "-o", "{tmp}/o.wav", "--device", "tpu"], "device"),
-        ("dtype", ["say", "Hi", "-o", "{tmp}/o.wav", "--dtype", "fp8"], "dtype"),
+        ("precision", ["say", "Hi", "-o", "{tmp}/o.wav", "--precision", "fp8"], "precision"),
         ("cuda absent", ["say", "Hi", "-o", "{tmp}/o.wav", "--device", "cuda"], "CUDA"),
         (
             "graphs on cpu",
@@ -87,7 +87,7 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
         (["serve", "--max-frames", "0"], "must be >= 1"),
         (["bench", "--cuda-graphs"], "add --device cuda (not cpu)"),
         (["parity", "--fixture", "{tmp}/f.npz", "--tolerance", "-1"], "--tolerance must be a number > 0"),
-        (["bench", "--precision", "int3"], "unknown dtype or precision 'int3': use one of fp32, bf16"),
+        (["bench", "--precision", "int3"], "unknown precision 'int3': use one of fp32, bf16"),
         (["bench", "--codec-dtype", "fp8"], "unknown dtype 'fp8'"),
         (["bench", "--device", "tpu"], "device"),
         (["bench", "--json", "{tmp}/missing/b.json"], "missing does not exist"),

@@ -256,7 +256,7 @@ def test_sampling_other_than_the_baked_one_is_refused(fp32_backend, oracle, fixt
 def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
     with pytest.raises(AssetError, match="not an empty folder"):
         convert(oracle, fp32_assets, progress=False)
-    with pytest.raises(PrecisionError, match="unknown dtype or precision 'int4'"):
+    with pytest.raises(PrecisionError, match="unknown precision 'int4'"):
         convert(oracle, tmp_path / "a", "int4", progress=False)
     with pytest.raises(
         PrecisionError, match="precision int16 does not run on coreai: use one of fp32, fp16, int8-fp16"

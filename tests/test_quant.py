@@ -183,7 +183,7 @@ def test_precision_names(oracle_dir):
     }
     assert resolve_precision("int8").slow == "int8" and resolve_precision("int8").fast == "fp32"
     assert resolve_precision("float32").name == "fp32" and resolve_precision("bfloat16", "torch-cuda").name == "bf16"
-    with pytest.raises(PrecisionError, match="unknown dtype or precision 'int3'"):
+    with pytest.raises(PrecisionError, match="unknown precision 'int3'"):
         TorchBackend(load_checkpoint(oracle_dir), "cpu", precision="int3")
     with pytest.raises(PrecisionError, match="'mixed' is now int8-int16 on torch and int8-fp16 on coreai"):
         resolve_precision("mixed")

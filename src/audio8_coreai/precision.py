@@ -184,7 +184,7 @@ def resolve_precision(name: str, runtime: str | None = None) -> Precision:
     choices = names(runtime) if runtime else list(PRECISIONS)
     if spec is None:
         hint = f"{_RENAMED[name]}; " if name in _RENAMED else ""
-        raise PrecisionError(f"unknown dtype or precision {name!r}: {hint}use one of {', '.join(choices)}")
+        raise PrecisionError(f"unknown precision {name!r}: {hint}use one of {', '.join(choices)}")
     if runtime is not None and runtime not in spec.runtimes:
         raise PrecisionError(f"precision {spec.name} does not run on {runtime}: use one of {', '.join(choices)}")
     return spec

@@ -54,7 +54,6 @@ class TTS(VoiceCloning):
         model: str | Path = DEFAULT_MODEL,
         *,
         device: str = "auto",
-        dtype: str | None = None,
         backend: str = "torch",
         voices_dir: str | Path | None = None,
         assets: str | Path | None = None,
@@ -65,10 +64,9 @@ class TTS(VoiceCloning):
     ) -> TTS:
         """Load a checkpoint folder (publisher layout) or hub id, validate it and build the backend.
 
-        ``device``: auto | cpu | cuda[:N]; ``dtype``: fp32 | bf16 (the codec stays fp32 on CPU).
-        ``precision`` (torch): fp32 | bf16 | fp16w | int16 | int12 | int8 | int8-int16 (precision.py); given, it
-        overrides ``dtype``; with neither, the default: on CPU fp16w for bf16 weights (the release: float16 holds
-        them, so the draws are fp32's) and int16 for fp32 ones, fp32 on CUDA. ``codec_dtype`` (torch): bf16
+        ``device``: auto | cpu | cuda[:N]. ``precision`` (torch): a name of precision.py's table (fp32, bf16, fp16w,
+        bf16w, int16, ...); None, the default: on CPU fp16w for bf16 weights (the release: float16 holds them, so
+        the draws are fp32's) and int16 for fp32 ones, fp32 on CUDA. ``codec_dtype`` (torch): bf16
         opts the codec decoder into bf16 on CPU (not exact); default fp32 on CPU, as the publisher.
         ``cuda_graphs`` (torch on CUDA): replay each frame as one captured CUDA graph, and batched frames
         (:meth:`batched`) as one per bucketed batch size (backends/torch/cudagraphs.py); None: on when the device
@@ -79,9 +77,9 @@ class TTS(VoiceCloning):
         :meth:`close` (or ``with TTS.load(...) as tts:``) ends that process; it also ends with this one.
         ``voices_dir``: the voice store's folder (default: the per-user one, see :mod:`.voices`).
         ``backend``: torch, or coreai with ``assets`` the folder ``audio8 convert`` wrote from this
-        checkpoint (``device``/``dtype`` then do not apply: the assets fix the precision).
+        checkpoint (``device``/``precision`` then do not apply: the assets fix the precision).
         Raises CheckpointError (missing/corrupt files, wrong shapes, no tokenizer), BackendError
-        (unknown device/dtype/backend; missing, stale or foreign assets; cuda_graphs off CUDA).
+        (unknown device/precision/backend; missing, stale or foreign assets; cuda_graphs off CUDA).
         """
         check_backend_choice(backend, device, assets, cuda_graphs)
         ckpt = load_checkpoint(model)
@@ -93,7 +91,7 @@ class TTS(VoiceCloning):
             ckpt,
             backend,
             device=device,
-            precision=precision or dtype,
+            precision=precision,
             codec_dtype=codec_dtype,
             cuda_graphs=cuda_graphs,
             assets=assets,

@@ -57,10 +57,9 @@ def described(group: BaseModel, field: str, lead: str = "", more: str = "") -> s
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Checkpoint folder (publisher layout) or hub id.")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
-DtypeOpt = Annotated[
+PrecisionOpt = Annotated[
     str | None,
     typer.Option(
-        "--dtype",
         "--precision",
         help="Torch precision: fp32 (exact), bf16, fp16w (float16 weights, fp32 activations), int16 (16-bit fixed "
         "point), int12; the fast tier, not exact (int8 weights miss draws): int8-fp16w, int8-int8, also int8 and "

@@ -21,10 +21,9 @@ def parity(
     fixture: Annotated[Path, typer.Option(help="An oracle fixture.npz recorded from the publisher's code.")],
     model: ModelOpt = DEFAULT_MODEL,
     device: DeviceOpt = "cpu",
-    dtype: Annotated[
+    precision: Annotated[
         str,
         typer.Option(
-            "--dtype",
             "--precision",
             help="Torch precision to replay: fp32 (the parity "
             "criterion), or bf16, fp16w, int16, int12, int8, int8-int16, int8-fp16w, int8-int8 (agreement counts).",
@@ -47,7 +46,7 @@ def parity(
 
     tolerance = override(DEFAULTS.measure, tolerance=tolerance).tolerance
     ckpt = load_checkpoint(model)
-    port = open_backend(ckpt, backend, device=device, precision=dtype, assets=assets, cuda_graphs=cuda_graphs)
+    port = open_backend(ckpt, backend, device=device, precision=precision, assets=assets, cuda_graphs=cuda_graphs)
     exact = port.precision == "fp32"
     report = run_parity(port, fixture, tolerance)
     if as_json:
@@ -119,10 +118,9 @@ def gate(
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     device: DeviceOpt = "auto",
-    dtype: Annotated[
+    precision: Annotated[
         str,
         typer.Option(
-            "--dtype",
             "--precision",
             help="The port's precision on torch (precision.py's names: fp32, bf16, fp16w, int16, "
             "int12, int8, int8-int16, int8-fp16w, int8-int8); a non-fp32 one is judged by its speech, "
@@ -175,7 +173,7 @@ def gate(
         against=against,
         backend=backend,
         device=device,
-        dtype=dtype,
+        precision=precision,
         assets=assets,
         fixtures=fixtures,
         names=fixture,

@@ -19,8 +19,8 @@ from .app import (
     CodecProcessOpt,
     CudaGraphsOpt,
     DeviceOpt,
-    DtypeOpt,
     ModelOpt,
+    PrecisionOpt,
     VoicesOpt,
     app,
     described,
@@ -57,7 +57,7 @@ def say(
         ),
     ] = None,
     device: DeviceOpt = "auto",
-    dtype: DtypeOpt = None,
+    precision: PrecisionOpt = None,
     cuda_graphs: CudaGraphsOpt = DEFAULTS.torch.cuda_graphs,
     codec_process: CodecProcessOpt = DEFAULTS.torch.codec_process,
     backend: BackendOpt = "torch",
@@ -125,7 +125,7 @@ def say(
     elif voice is not None:  # read once, before loading: an unknown or damaged voice fails here (its checkpoint:
         req = dataclasses.replace(req, voice=VoiceStore(voices).load(req.voice))  # checked by the plan)
     load_options = dict(
-        device=device, dtype=dtype, voices_dir=voices, backend=backend, assets=assets, cuda_graphs=cuda_graphs
+        device=device, precision=precision, voices_dir=voices, backend=backend, assets=assets, cuda_graphs=cuda_graphs
     )
     load_options["codec_process"] = codec_process
     with err.status("loading the model..."):

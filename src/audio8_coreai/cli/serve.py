@@ -16,8 +16,8 @@ from .app import (
     CodecProcessOpt,
     CudaGraphsOpt,
     DeviceOpt,
-    DtypeOpt,
     ModelOpt,
+    PrecisionOpt,
     VoicesOpt,
     app,
     check_port,
@@ -38,7 +38,7 @@ def serve(
     model: ModelOpt = DEFAULT_MODEL,
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
-    dtype: DtypeOpt = None,
+    precision: PrecisionOpt = None,
     cuda_graphs: CudaGraphsOpt = DEFAULTS.torch.cuda_graphs,
     codec_process: CodecProcessOpt = DEFAULTS.torch.codec_process,
     backend: BackendOpt = "torch",
@@ -150,12 +150,12 @@ def serve(
                 "--ray replicas run the torch backend, --batch rows each: drop --workers, --cuda-graphs, --backend "
                 "and --assets (scale with --batch and --replicas or --autoscale)"
             )
-        fields = dict(model=str(model), voices=voices and str(voices), device=device, precision=dtype)
+        fields = dict(model=str(model), voices=voices and str(voices), device=device, precision=precision)
         _serve_on_ray(settings, address, replicas, autoscale, replica_gpus, **fields)
         return
     load_options = dict(
         device=device,
-        dtype=dtype,
+        precision=precision,
         voices_dir=voices,
         backend=backend,
         assets=assets,
@@ -217,6 +217,6 @@ def _serve_on_ray(
         import torch
 
         gpus = 1.0 if fields["device"] != "cpu" and torch.cuda.is_available() else 0.0
-    names = {"gpus": "--replica-gpus", "model": "--model", "voices": "--voices", "precision": "--dtype"}
+    names = {"gpus": "--replica-gpus", "model": "--model", "voices": "--voices", "precision": "--precision"}
     cluster = override(DEFAULTS.ray, names, replicas=replicas, autoscale=scale, gpus=gpus, **fields)
     run_on_ray(cluster, server, address)

@@ -14,8 +14,8 @@ from .app import (
     BackendOpt,
     CudaGraphsOpt,
     DeviceOpt,
-    DtypeOpt,
     ModelOpt,
+    PrecisionOpt,
     VoicesOpt,
     app,
     check_port,
@@ -35,7 +35,7 @@ def wyoming(
     model: ModelOpt = DEFAULT_MODEL,
     voices: VoicesOpt = None,
     device: DeviceOpt = "auto",
-    dtype: DtypeOpt = None,
+    precision: PrecisionOpt = None,
     cuda_graphs: CudaGraphsOpt = DEFAULTS.torch.cuda_graphs,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
@@ -77,7 +77,7 @@ def wyoming(
     settings = override(DEFAULTS.wyoming, **options, **sampling)
     check_port(host, port)  # before minutes of loading
     with err.status("loading the model..."):
-        options = dict(device=device, dtype=dtype, backend=backend, assets=assets, cuda_graphs=cuda_graphs)
+        options = dict(device=device, precision=precision, backend=backend, assets=assets, cuda_graphs=cuda_graphs)
         tts = TTS.load(model, voices_dir=voices, **options)
     err.print(f"Wyoming text to speech on tcp://{host}:{port} (Home Assistant: add the Wyoming integration)")
     asyncio.run(serve(Speaker(tts, settings), AsyncTcpServer(host, port)))

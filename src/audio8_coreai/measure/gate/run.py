@@ -56,7 +56,7 @@ def run_gate(
     against: str | Path = "fp32",
     backend: str = "torch",
     device: str = "cpu",
-    dtype: str = "fp32",
+    precision: str = "fp32",
     assets: str | Path | None = None,
     fixtures: str | Path | None = None,
     names: Sequence[str] | None = None,
@@ -73,7 +73,7 @@ def run_gate(
 
     ``against``: ``"fp32"`` (the checkpoint in fp32 torch on ``reference_device``, over ``fixtures``, optionally
     only ``names``) or the path of an oracle ``fixture.npz`` recorded for this checkpoint. The port is
-    ``backend`` (torch on ``device`` in ``dtype``, or coreai with ``assets``). ``max_frames`` caps every
+    ``backend`` (torch on ``device`` in ``precision``, or coreai with ``assets``). ``max_frames`` caps every
     free run (default: the checkpoint's max_new_tokens). ``recognizers`` / ``speaker_encoder`` replace the
     defaults (pocketsphinx, resemblyzer). ``log`` receives a line per step (progress).
     Raises GateError, ParityError, CheckpointError, BackendError and the TTS errors for bad input.
@@ -101,7 +101,7 @@ def run_gate(
             out,
             backend,
             device,
-            dtype,
+            precision,
             assets,
             fixtures,
             names,
@@ -114,7 +114,7 @@ def run_gate(
             say,
         )
     else:
-        report = _against_oracle(model, out, Path(against).expanduser(), backend, device, dtype, assets, say)
+        report = _against_oracle(model, out, Path(against).expanduser(), backend, device, precision, assets, say)
     report.margins = {"asr": asr_margin, "speaker": speaker_margin}
     report.seconds = time.perf_counter() - t0
     plot_summary(out / "summary.png", report)
@@ -126,12 +126,14 @@ def run_gate(
     return report
 
 
-def _against_oracle(model, out: Path, fixture: Path, backend: str, device: str, dtype: str, assets, say) -> GateReport:
+def _against_oracle(
+    model, out: Path, fixture: Path, backend: str, device: str, precision: str, assets, say
+) -> GateReport:
     """The oracle rungs: parity's whole replay, margins for its misses, the codec stage and pictures."""
     from ...checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(model)
-    port = open_backend(ckpt, backend, device=device, precision=dtype, assets=assets)
+    port = open_backend(ckpt, backend, device=device, precision=precision, assets=assets)
     fx, meta = load_fixture(fixture)
     say(f"replaying {fixture} through {port.description}")
     parity: ParityReport = run_parity(port, fixture)
@@ -187,7 +189,7 @@ def _against_fp32(
     out: Path,
     backend: str,
     device: str,
-    dtype: str,
+    precision: str,
     assets,
     fixtures,
     names,
@@ -209,7 +211,7 @@ def _against_fp32(
         if unknown:
             raise GateError(f"no fixture named {', '.join(unknown)}; the file has {', '.join(f.name for f in chosen)}")
         chosen = [f for f in chosen if f.name in set(names)]
-    port = TTS.load(model, device=device, dtype=dtype, backend=backend, assets=assets)
+    port = TTS.load(model, device=device, precision=precision, backend=backend, assets=assets)
     ref = TTS(port.checkpoint, open_backend(port.checkpoint, device=reference_device, precision="fp32"), port.prompts)
     if recognizers is None:
         recognizers, why = default_recognizers()
