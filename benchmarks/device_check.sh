@@ -117,8 +117,8 @@ if ! part gate 45 "$PY" benchmarks/device_gate.py --device "$DEVICE" "${wheels[@
 fi
 
 # the fused kernels and bf16w natively (CI runs them under Triton's interpreter), the graphs captured for real
-tests=(tests/test_fused.py tests/test_bf16w.py tests/test_cudagraphs.py tests/test_graph_rows.py tests/test_codec_rows.py
-    tests/test_capture_safety.py)
+tests=(tests/backends/torch/test_fused.py tests/backends/torch/test_bf16w.py tests/backends/torch/test_cudagraphs.py tests/backends/torch/test_graph_rows.py tests/backends/torch/test_codec_rows.py
+    tests/backends/torch/test_capture_safety.py)
 # the image's own pytest plugins stay out (PYTEST_DISABLE_PLUGIN_AUTOLOAD): ours alone, named
 part tests 120 env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -m pytest -o addopts= -q -p no:cacheprovider -p pytest_json --results-json "$OUT/tests.json" -rfEs \
     -k "cuda or not test_codec_rows" "${tests[@]}"

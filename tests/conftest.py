@@ -3,28 +3,13 @@ are read from temporary copies in the publisher's layout, so no test writes into
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ORACLE = Path(__file__).resolve().parent / "oracle"
-
-
-def write_codec_pth(folder: Path) -> None:
-    """Write ``folder/codec.pth`` (the publisher's format: ``torch.save`` of a plain dict of tensors) from
-    ``folder/codec.safetensors``, its keys in the publisher's file order: the released 0.6b codec's
-    (``param_shapes_0.6b.json``), of which the tiny codec's names are a subset (safetensors sorts its keys)."""
-    import torch
-    from safetensors.torch import load_file
-
-    tensors = load_file(folder / "codec.safetensors")
-    order = [name for name, _ in json.loads((ORACLE / "param_shapes_0.6b.json").read_text())["codec"]]
-    ordered = {name: tensors[name] for name in order if name in tensors}
-    assert ordered.keys() == tensors.keys(), "codec.safetensors holds names the 0.6b codec does not"
-    torch.save(ordered, folder / "codec.pth")
+from tests.oracle_files import ORACLE, write_codec_pth
 
 
 @pytest.fixture(scope="session")
@@ -108,7 +93,7 @@ def tiny_tts(tiny_checkpoint):
 def eos_first_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
     """The tiny checkpoint with every compact logit 0: with top-k 1 every utterance ends on its first frame
     (steered.py)."""
-    from steered import steer_eos
+    from tests.steered import steer_eos
 
     return steer_eos(tiny_checkpoint, tmp_path_factory.mktemp("steered") / "eos_first", "first")
 
@@ -117,7 +102,7 @@ def eos_first_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
 def never_eos_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
     """The tiny checkpoint that never draws eos, with a context of 128 positions (prompt + frames), so an
     utterance always runs to its frame cap (steered.py)."""
-    from steered import steer_eos
+    from tests.steered import steer_eos
 
     return steer_eos(tiny_checkpoint, tmp_path_factory.mktemp("steered") / "never_eos", "never", max_seq_len=128)
 
@@ -126,7 +111,7 @@ def never_eos_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
 def never_eos_long_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
     """The tiny checkpoint that never draws eos, with its own context of 512 positions: room for the servers' test
     text (a prompt of 114 positions) and hundreds of frames, each request running to its frame cap (steered.py)."""
-    from steered import steer_eos
+    from tests.steered import steer_eos
 
     return steer_eos(tiny_checkpoint, tmp_path_factory.mktemp("steered") / "never_eos_long", "never")
 
@@ -142,7 +127,7 @@ def oracle(oracle_dir):
 @pytest.fixture(scope="session")
 def child_conversions(oracle_dir, tmp_path_factory):
     """fp16, int8-fp16 and greedy Core AI assets converted by a child process (coreai_support.py)."""
-    from coreai_support import _ChildConversions
+    from tests.backends.coreai.coreai_support import _ChildConversions
 
     conversions = _ChildConversions(oracle_dir, tmp_path_factory.mktemp("coreai_child"))
     yield conversions

@@ -18,9 +18,9 @@ from audio8_coreai.sampling import (
     sample_semantic,
     sample_top_k_top_p,
 )
+from tests.sampling_support import EOS, SEM_BEGIN, V, W
 
 # the tiny oracle checkpoint (meta.json): semantic ids 300..555, eos 2, codebook_size 256, RAS window 10
-SEM_BEGIN, EOS, V, W = 300, 2, 256, 10
 SAMPLED = ["plain", "batch", "clone"]
 
 

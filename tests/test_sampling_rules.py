@@ -18,7 +18,7 @@ from audio8_coreai.sampling import (
     sample_semantic,
     sample_top_k_top_p,
 )
-from test_sampling import EOS, SEM_BEGIN, V, W
+from tests.sampling_support import EOS, SEM_BEGIN, V, W
 
 # --- the publisher's rule on hand-made cases -------------------------------------------------------------------
 

@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-import clips
 from audio8_coreai.errors import AudioError, DamagedVoice, PromptError, VoiceError, VoiceExists, VoiceStorageError
 from audio8_coreai.settings import DEFAULTS
 from audio8_coreai.voices import Voice, VoiceStore, check_name, default_voices_dir
+from tests import clips
 
 TEXT = "The meeting has been moved to Thursday afternoon."
 
@@ -259,7 +259,7 @@ def rewrite_codes(path, codes: np.ndarray) -> None:
 def test_codes_out_of_range_or_of_the_wrong_codebook_count_are_a_damaged_voice_when_read(tmp_path, damage, why):
     """The codes' shape and range are checked as the store reads the file (no model loaded), against what the codec
     that made them gives (recorded in the file): a damaged voice with its remedy, listed as damaged by the CLI."""
-    from cli_support import run
+    from tests.cli.cli_support import run
 
     store = VoiceStore(tmp_path)
     voice = make_voice("edited")

@@ -78,7 +78,7 @@ def rope_rotation(table: Tensor) -> tuple[Tensor, Tensor]:
     t = table.unsqueeze(1)
     sin = t[..., 1:]
     # (-sin, sin) by a negation, not a product with a constant tensor: a tensor made from Python values inside the
-    # frame is a host-to-device copy, which a CUDA graph capture refuses (tests/test_capture_safety.py)
+    # frame is a host-to-device copy, which a CUDA graph capture refuses (tests/backends/torch/test_capture_safety.py)
     return t[..., :1].expand(t.shape), torch.cat([-sin, sin], dim=-1)
 
 

@@ -37,7 +37,7 @@ def store_fp16(module: nn.Module) -> None:
 
     The exported program then holds float16 constants followed by a cast, which coreai-torch 0.4.3 keeps for
     weights of about 250,000 elements or more (the asset stores half their bytes while every op computes in
-    float32) and folds into a float32 constant for smaller ones (measured; tests/test_coreai.py).
+    float32) and folds into a float32 constant for smaller ones (measured; tests/backends/coreai/test_coreai_parity.py).
     """
     for sub in list(module.modules()):
         for name, param in list(sub.named_parameters(recurse=False)):

@@ -4,8 +4,8 @@ exactly an fp32 one, so this computes what fp32 computes on a bf16 checkpoint, r
 
 One Triton kernel, ``y[M, N] = x[M, K] @ w[N, K]^T (+ b)``, tiles of x (fp32) and w (bf16, widened in registers)
 multiplied in IEEE fp32 (no TF32). Triton runs the same kernel on the CPU under ``TRITON_INTERPRET=1``, which is
-how the tests prove it (tests/test_bf16w.py). Imported only for the bf16w precision (it needs ``triton``, which
-PyTorch's CUDA builds bring: :func:`..quantize.widened`).
+how the tests prove it (tests/backends/torch/test_bf16w.py). Imported only for the bf16w precision (it needs
+``triton``, which PyTorch's CUDA builds bring: :func:`..quantize.widened`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ model (:func:`install_fused`, by :class:`.backend.TorchBackend` on CUDA), the bl
 The elementwise maths repeats the eager ops' roundings (fp32 products and sums, no fused multiply-add: RoPE and the
 KV it writes are bit-identical); a reduction (the norm's mean) or a transcendental (SiLU's exp) may differ in its last
 bit. Triton runs the same kernels on the CPU under ``TRITON_INTERPRET=1``, which is how CI proves them
-(tests/test_fused.py). Imported only where they run (it needs ``triton``, which PyTorch's CUDA builds bring).
+(tests/backends/torch/test_fused.py). Imported only where they run (it needs ``triton``, which PyTorch's CUDA
+builds bring).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ scores once for the softmax's normaliser, the candidates' values and indices, an
 candidates. The same maths: products and quotients round as the torch ops' (no fused multiply-add); the full
 softmax's sum and the top-p cumulative sum may differ from torch's in their last bit, so a draw can differ only where
 a probability sits within a rounding of ``top_p`` or two race values within a rounding of each other. Tested under
-``TRITON_INTERPRET=1`` against :func:`...sampling.draws` (tests/test_fused.py).
+``TRITON_INTERPRET=1`` against :func:`...sampling.draws` (tests/backends/torch/test_fused.py).
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ class PocketSphinxRecognizer:
     Input is resampled to 16 kHz, peak-normalised to 0.5 and given a fixed, seeded noise floor of 3e-3 RMS
     (-50 dBFS): pocketsphinx's features break down on digital silence, which synthetic speech is full of
     (measured on espeak-ng en-us sentences: WER 0.86-0.95 without the floor; 34/54 = 0.63 with it on the five of
-    tests/test_gate.py, where a floor of 1e-3 or 1e-2, or no peak normalisation, did no better). Even so, its
+    tests/measure/test_gate.py, where a floor of 1e-3 or 1e-2, or no peak normalisation, did no better). Even so, its
     rates on synthetic speech are high: read them beside the reference's, not as absolute quality.
     """
 

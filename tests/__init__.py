@@ -1,0 +1,1 @@
+"""The test suite: folders mirror the package's layers; shared helpers beside the tests that use them."""

@@ -1,0 +1,240 @@
+"""Reading reference clips: formats, rates, channels, resampling, and the rules that refuse or warn."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+import soxr
+
+from audio8_coreai.audio import check_writable, read_reference
+from audio8_coreai.errors import AudioError
+from tests import clips
+
+RATES = [8000, 16000, 22050, 44100, 48000]
+# (extension, subtype): 16/24-bit integer and float WAV, 16/24-bit FLAC (FLAC has no float samples).
+FORMATS = [("wav", "PCM_16"), ("wav", "PCM_24"), ("wav", "FLOAT"), ("flac", "PCM_16"), ("flac", "PCM_24")]
+
+
+@pytest.mark.parametrize("rate", RATES)
+@pytest.mark.parametrize("channels", [1, 2])
+@pytest.mark.parametrize("ext, subtype", FORMATS)
+def test_any_rate_channels_and_sample_format(tmp_path, rate, channels, ext, subtype):
+    data = clips.sweep(rate, 1.0) if channels == 1 else clips.stereo(rate, 1.0)
+    path = clips.write(tmp_path / f"clip.{ext}", data, rate, subtype)
+    audio, info = read_reference(path)
+    assert audio.dtype == np.float32 and audio.ndim == 1 and audio.flags.c_contiguous
+    assert abs(len(audio) - 44100) <= 1  # 1.0 s at 44.1 kHz
+    assert (info.sample_rate, info.channels, info.subtype) == (rate, channels, subtype)
+    assert info.duration_s == pytest.approx(1.0)
+    assert info.format == ext.upper()
+    low_rate = [w for w in info.warnings if f"{rate} Hz" in w]
+    assert bool(low_rate) == (rate < 16000) and len(info.warnings) == len(low_rate)
+    # The level survives the mix-down and the resampling (RMS within 2 %).
+    mono = data if channels == 1 else data.mean(axis=1)
+    assert np.sqrt(np.mean(audio**2)) == pytest.approx(np.sqrt(np.mean(mono**2)), rel=0.02)
+
+
+def test_channels_are_averaged_and_44k_is_not_resampled(tmp_path):
+    left, right = clips.sweep(44100, 1.0), clips.bursts(44100, 1.0)
+    path = clips.write(tmp_path / "s.wav", np.stack([left, right], axis=1), 44100, "FLOAT")
+    audio, _ = read_reference(path)
+    np.testing.assert_array_equal(audio, (np.stack([left, right], axis=1)).mean(axis=1))
+
+
+def test_resampling_keeps_the_pitch(tmp_path):
+    rate = 48000
+    tone = (0.5 * np.sin(2 * np.pi * 1000 * np.arange(rate) / rate)).astype(np.float32)
+    audio, _ = read_reference(clips.write(tmp_path / "tone.wav", tone, rate, "FLOAT"))
+    spectrum = np.abs(np.fft.rfft(audio * np.hanning(len(audio))))
+    assert np.fft.rfftfreq(len(audio), 1 / 44100)[spectrum.argmax()] == pytest.approx(1000, abs=1.5)
+    np.testing.assert_allclose(audio, soxr.resample(tone, rate, 44100, quality="VHQ"), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "ext, subtype",
+    [("wav", "PCM_U8"), ("wav", "PCM_32"), ("ogg", "VORBIS"), ("aiff", "PCM_16"), ("mp3", "MPEG_LAYER_III")],
+)
+def test_more_containers_and_depths(tmp_path, ext, subtype):
+    if not sf.check_format(ext.upper() if ext != "aiff" else "AIFF", subtype):
+        pytest.skip(f"this libsndfile cannot write {ext}/{subtype}")
+    audio, info = read_reference(clips.write(tmp_path / f"c.{ext}", clips.sweep(22050, 1.0), 22050, subtype))
+    assert info.subtype == subtype
+    assert abs(len(audio) / 44100 - 1.0) < 0.06  # mp3 may pad a few ms
+
+
+def test_paths_with_spaces_and_non_ascii(tmp_path):
+    path = clips.write(tmp_path / "dossier à espaces" / "クリップ ü.flac", clips.sweep(16000, 0.8), 16000)
+    audio, info = read_reference(str(path))
+    assert info.path == path and abs(len(audio) - round(0.8 * 44100)) <= 1
+
+
+@pytest.mark.parametrize("seconds, shown", [(0.3, "0.30 s"), (45.0, "45.00 s")])
+def test_too_short_or_too_long_is_refused_with_the_duration(tmp_path, seconds, shown):
+    path = clips.write(tmp_path / "c.wav", clips.bursts(8000, seconds), 8000)
+    with pytest.raises(AudioError, match=f"{shown} long.*0.5 to 30 s"):
+        read_reference(path)
+
+
+@pytest.mark.parametrize("rate, samples", [(1, 3), (100, 300), (4000, 4000)])
+def test_a_clip_of_too_few_samples_is_refused_whatever_its_length_in_seconds(tmp_path, rate, samples):
+    """Three samples at 1 Hz are "3 s" by the header: a voice needs a rate that holds speech (8 kHz) as well."""
+    path = clips.write(tmp_path / "c.wav", clips.bursts(8000, 1.0)[:samples], rate)
+    with pytest.raises(AudioError, match=f"{samples} samples at {rate} Hz.*8000 Hz"):
+        read_reference(path)
+
+
+def test_long_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    path = clips.write(tmp_path / "long.wav", np.zeros((8000 * 45, 1), np.float32), 8000)
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("the samples were read")
+
+    monkeypatch.setattr(sf.SoundFile, "read", no_read)
+    with pytest.raises(AudioError, match="45.00 s"):
+        read_reference(path)
+
+
+def test_digital_silence_is_refused(tmp_path):
+    with pytest.raises(AudioError, match="digital silence"):
+        read_reference(clips.write(tmp_path / "z.wav", np.zeros(44100, np.float32), 44100))
+
+
+@pytest.mark.parametrize("kind", ["one blip", "hiss"])
+def test_nearly_all_silence_is_refused(tmp_path, kind):
+    rate = 16000
+    if kind == "one blip":  # 0.2 s of sound in 5 s
+        data = np.zeros(5 * rate, np.float32)
+        data[rate : rate + rate // 5] = clips.sweep(rate, 0.2)
+    else:  # steady noise at about -65 dBFS RMS
+        data = np.random.default_rng(1).normal(0, 10 ** (-65 / 20), 2 * rate).astype(np.float32)
+    with pytest.raises(AudioError, match="nearly all silence"):
+        read_reference(clips.write(tmp_path / "q.wav", data, rate, "FLOAT"))
+
+
+def test_half_silence_is_accepted(tmp_path):
+    read_reference(clips.write(tmp_path / "b.wav", clips.bursts(22050, 1.0), 22050))
+
+
+def test_clipping_gets_a_warning_and_a_full_scale_sine_does_not(tmp_path):
+    loud = np.clip(clips.sweep(44100, 1.0, amplitude=1.6), -1, 1)
+    _, info = read_reference(clips.write(tmp_path / "clip.wav", loud, 44100, "PCM_16"))
+    assert any("clipped" in w for w in info.warnings)
+    for subtype in ("FLOAT", "PCM_16"):  # the sweep's 100 Hz crests span several samples above 0.999
+        _, info = read_reference(clips.write(tmp_path / "full.wav", clips.sweep(44100, 1.0, 1.0), 44100, subtype))
+        assert info.warnings == []
+
+
+def test_very_low_level_gets_a_warning(tmp_path):
+    _, info = read_reference(clips.write(tmp_path / "quiet.wav", clips.sweep(44100, 1.0, 0.01), 44100, "PCM_24"))
+    assert info.peak_dbfs == pytest.approx(-40, abs=0.5)
+    assert [w for w in info.warnings if "very quiet" in w and "-40" in w]
+
+
+@pytest.mark.parametrize("kind", ["not audio", "truncated header", "empty file"])
+def test_unreadable_files_are_refused_clearly(tmp_path, kind):
+    path = tmp_path / "broken.wav"
+    good = clips.write(tmp_path / "good.wav", clips.sweep(16000, 1.0), 16000).read_bytes()
+    path.write_bytes(
+        {"not audio": b"this is text, not sound\n" * 20, "truncated header": good[:30], "empty file": b""}[kind]
+    )
+    with pytest.raises(AudioError, match="cannot read reference audio .*broken.wav"):
+        read_reference(path)
+
+
+def test_nan_samples_are_refused(tmp_path):
+    data = clips.sweep(16000, 1.0)
+    data[100] = np.nan
+    with pytest.raises(AudioError, match="NaN"):
+        read_reference(clips.write(tmp_path / "nan.wav", data, 16000, "FLOAT"))
+
+
+def test_missing_file_and_folder(tmp_path):
+    with pytest.raises(AudioError, match="does not exist"):
+        read_reference(tmp_path / "nope.wav")
+    with pytest.raises(AudioError, match="is a folder"):
+        read_reference(tmp_path)
+
+
+@pytest.mark.skipif(clips.ESPEAK is None, reason="espeak-ng is not installed")
+def test_espeak_speech_reads_without_warnings(tmp_path):
+    path = clips.speech(tmp_path / "speech.wav")
+    audio, info = read_reference(path)
+    assert info.sample_rate == 22050 and info.warnings == []
+    assert len(audio) == pytest.approx(info.duration_s * 44100, abs=1)
+
+
+def test_a_failed_write_is_an_audio_error_that_names_a_full_disk(tmp_path, monkeypatch):
+    """A full disk mid-stream (libsndfile says only 'System error.') and a folder that refuses new files: one
+    clear AudioError naming the user's file, the target left as it was, the partial file that filled the disk
+    removed, never a traceback."""
+    import shutil
+    from collections import namedtuple
+
+    from audio8_coreai.audio import open_audio_writer, partial_path, write_audio
+
+    out = tmp_path / "keep.wav"
+    out.write_bytes(b"old")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(10 << 20, 10 << 20, 0))
+
+    def full(self, data):
+        raise sf.LibsndfileError(0, "System error.")
+
+    with pytest.raises(AudioError, match=r"cannot write .*/keep\.wav: .*the disk is full") as caught:
+        with open_audio_writer(out, 44100) as f:
+            f.write(np.zeros(4096, np.float32))
+            f.flush()
+            assert f.frames == 4096
+            monkeypatch.setattr(sf.SoundFile, "write", full)
+            f.write(np.zeros(4096, np.float32))
+    assert "partial" not in str(caught.value)
+    assert out.read_bytes() == b"old" and not partial_path(out).exists()  # its space given back
+
+    def no_temp_file(**kwargs):  # as mkstemp fails in /proc: naming the hidden temporary file
+        raise FileNotFoundError(2, "No such file or directory", str(tmp_path / ".keep.wav.p8bhc020.wav"))
+
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "mkstemp", no_temp_file)
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(10 << 20, 0, 10 << 20))  # room enough
+    with pytest.raises(AudioError) as caught:
+        write_audio(out, np.zeros(100, np.float32), 44100)
+    assert str(caught.value) == (
+        f"cannot write {out}: No such file or directory (no file can be made in {tmp_path}: write elsewhere)"
+    )
+    assert out.read_bytes() == b"old"
+
+
+def test_a_file_system_without_a_size_is_not_called_full(tmp_path, monkeypatch):
+    """A folder whose file system reports no size at all (a pseudo file system such as /proc: total 0, free 0)
+    that refuses the file: the error names the user's file, not a full disk; a write opened for streaming names
+    the user's file too, not the hidden partial one."""
+    import shutil
+    from collections import namedtuple
+
+    from audio8_coreai.audio import open_audio_writer
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda folder: usage(0, 0, 0))
+
+    def refused(*args, **kwargs):
+        raise sf.LibsndfileError(0, "System error.")
+
+    monkeypatch.setattr(sf, "SoundFile", refused)
+    out = tmp_path / "speech.wav"
+    with pytest.raises(AudioError) as caught:
+        with open_audio_writer(out, 44100):
+            pass
+    message = str(caught.value)
+    assert message.startswith(f"cannot write {out}:") and "full" not in message
+
+
+@pytest.mark.parametrize("name", ["out", "out.wav"])
+def test_a_folder_given_as_the_output_is_told_as_a_folder(tmp_path, name):
+    """A folder named as the output file, with or without an audio suffix: told it is a folder, with a file name
+    to give instead (not a refused suffix)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    with pytest.raises(AudioError, match=rf"{folder} is a folder: give a file name such as {folder}/speech.wav"):
+        check_writable(folder)
