@@ -106,13 +106,13 @@ def test_prompt_heads_are_kept_and_give_the_same_state(tiny_tts):
     """The second prompt with a known head runs only its rest: the same logits and KV state as when the head
     was computed (bitwise), within float rounding of one sweep over the whole prompt, and the same audio."""
     backend = tiny_tts.backend
-    backend.forget_heads()
+    backend.heads.clear()
     prompt = tiny_tts.prompts.plain(TEXT)
     head = tiny_tts.prompts.prefix_length(prompt)
     assert 0 < head < prompt.shape[1]
     computed = backend.prefill(prompt)
     k_computed = backend.k_cache[:, :, :, : prompt.shape[1]].clone()
-    assert len(backend.kept_heads) == 1
+    assert len(backend.heads.keys()) == 1
     kept = backend.prefill(prompt)
     assert np.array_equal(computed[0], kept[0]) and np.array_equal(computed[1], kept[1])
     assert torch.equal(backend.k_cache[:, :, :, : prompt.shape[1]], k_computed)
@@ -130,7 +130,7 @@ def test_prompt_heads_are_kept_and_give_the_same_state(tiny_tts):
 def test_at_most_prefix_cache_heads_are_kept(tiny_tts):
 
     backend = tiny_tts.backend
-    backend.forget_heads()
+    backend.heads.clear()
     codes = np.zeros((10, 2), np.int64)
     prompts = [
         tiny_tts.prompts.clone(TEXT, f"Voice number {i}.", codes) for i in range(DEFAULTS.torch.prefix_cache + 2)
@@ -138,9 +138,9 @@ def test_at_most_prefix_cache_heads_are_kept(tiny_tts):
     for p in prompts:  # a voice per transcript: each its own head
         backend.prefill(p)
     heads = [p[:, : tiny_tts.prompts.prefix_length(p)].tobytes() for p in prompts]
-    assert backend.kept_heads == heads[2:]  # the least recently used went first
+    assert backend.heads.keys() == heads[2:]  # the least recently used went first
     backend.prefill(tiny_tts.prompts.plain(TEXT))
-    assert len(backend.kept_heads) == DEFAULTS.torch.prefix_cache
+    assert len(backend.heads.keys()) == DEFAULTS.torch.prefix_cache
 
 
 def test_threads_take_turns_and_an_overtaken_stream_says_so(tiny_tts):

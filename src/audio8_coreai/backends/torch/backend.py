@@ -5,7 +5,6 @@ It implements :class:`..base.Backend`; tensors stay on the device between the ca
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -24,6 +23,7 @@ from ..base import Backend, BatchFrames, FrameResult, FrameRows, StepInputs
 from .codec_streams import MODEL_FILE, FiniteStream, TorchCodecStream
 from .codec_worker import CodecWorker, build_decoder, default_codec_process
 from .cudagraphs import GraphedFrame
+from .heads import PromptHeads
 from .host_edge import frame_inputs, frame_results
 from .memory import back_with_huge_pages_soon, device_memory_bytes, release_freed_memory
 from .quantize import apply_precision
@@ -179,7 +179,7 @@ class TorchBackend(Backend):
         if frame_mode == "graph":
             self._graphed = GraphedFrame(self.model, self.k_cache, self.v_cache, capture=self.device.type == "cuda")
         self.prefix_length = prefix_length
-        self._heads: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self.heads = PromptHeads(DEFAULTS.torch.prefix_cache)  # the prompt heads whose KV state is kept
         if self.device.type == "cpu" and checkpoint.model_file.stat().st_size >= DEFAULTS.torch.huge_pages_min_bytes:
             back_with_huge_pages_soon()  # the weights the frames stream, in 2 MiB pages
         if self.codec_worker is not None:
@@ -244,15 +244,6 @@ class TorchBackend(Backend):
         self.k_cache.zero_()
         self.v_cache.zero_()
 
-    @property
-    def kept_heads(self) -> list[bytes]:
-        """The prompt heads whose KV state is kept (the head's codes as int64 bytes), least recently used first."""
-        return list(self._heads)
-
-    def forget_heads(self) -> None:
-        """Drop every kept prompt head: the next prefill computes its head again."""
-        self._heads.clear()
-
     @torch.inference_mode()
     def prefill(
         self, prompt: np.ndarray, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None
@@ -279,14 +270,11 @@ class TorchBackend(Backend):
         if not 0 < start < n:  # no head, or nothing after it
             return self._windows(prompt, 0, k_cache, v_cache)
         key = np.ascontiguousarray(prompt[:, :start], dtype=np.int64).tobytes()
-        kept = self._heads.get(key)
+        kept = self.heads.take(key)
         if kept is None:
             self._windows(prompt[:, :start], 0, k_cache, v_cache)
-            self._heads[key] = (k_cache[:, :, :, :start].clone(), v_cache[:, :, :, :start].clone())
-            while len(self._heads) > DEFAULTS.torch.prefix_cache:
-                self._heads.popitem(last=False)
+            self.heads.keep(key, k_cache[:, :, :, :start].clone(), v_cache[:, :, :, :start].clone())
         else:
-            self._heads.move_to_end(key)
             k_cache[:, :, :, :start] = kept[0]
             v_cache[:, :, :, :start] = kept[1]
         return self._windows(prompt, start, k_cache, v_cache)
