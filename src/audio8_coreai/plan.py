@@ -109,11 +109,11 @@ def _split(
     text: str, cloned: bool, overhead: int, cfg: ModelConfig, generation: GenerationConfig, ids: _Tokens
 ) -> list[str]:
     """``text`` as the pieces a stream speaks: each one's prompt (``overhead`` columns besides its tokens) plus its
-    estimated speech (DEFAULTS.speech.frames_per_token frames per text token) fits the context, and its frames the
-    default frame budget. Raises PromptError for a run of text that cannot be split to fit."""
+    estimated speech (DEFAULTS.speech.split_frames_per_token frames per text token) fits the context, and its frames
+    the default frame budget. Raises PromptError for a run of text that cannot be split to fit."""
     max_tokens = min(
-        (cfg.max_seq_len - overhead) // (1 + DEFAULTS.speech.frames_per_token),
-        generation.max_new_tokens // DEFAULTS.speech.frames_per_token,
+        (cfg.max_seq_len - overhead) // (1 + DEFAULTS.speech.split_frames_per_token),
+        generation.max_new_tokens // DEFAULTS.speech.split_frames_per_token,
     )
     try:
         return split_checked(text, max_tokens, lambda words: len(ids(words)))

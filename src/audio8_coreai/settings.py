@@ -47,7 +47,9 @@ class SpeechSettings(_Group):
         1, ge=1, description="frames in a stream's first chunk (TTFA waits for them); chunks then double"
     )
     pause_s: float = Field(0.25, ge=0, le=10, description="silence between the pieces of a split text (seconds)")
-    frames_per_token: int = Field(8, ge=1, description="frames one text token takes when spoken, with margin")
+    split_frames_per_token: int = Field(
+        8, ge=1, description="frames one text token takes when spoken, with margin: how long texts are split"
+    )
     min_voice_frames: int = Field(64, ge=1, description="frames a clone prompt must leave in the context (64: 3.0 s)")
     # An utterance's frame cap when its caller sets none (engine/loop.py frame_budget): cap_base_frames plus
     # cap_frames_per_token per text token, about 3x read speech (6 frames a token), so a model that never samples

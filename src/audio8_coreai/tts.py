@@ -325,9 +325,10 @@ class TTS(VoiceCloning):
         ``text`` is a plan (:meth:`plan`), spoken as it is; or a string with the keywords of :meth:`generate` and
         ``chunk_frames``, ``first_chunk_frames`` (through the API the first chunk may be longer than the others;
         the CLI and server keep it at most ``chunk_frames``) and ``frame_cap`` (a ceiling on the default frame cap,
-        as a server's), checked and planned split: pieces whose estimated speech (``DEFAULTS.speech.frames_per_token``
-        frames per text token) fits the context and the checkpoint's ``max_new_tokens``, spoken in order in the
-        same voice, the seed's noise stream running on, with a short pause between. Text kept in one piece gives
+        as a server's), checked and planned split: pieces whose estimated speech
+        (``DEFAULTS.speech.split_frames_per_token`` frames per text token) fits the context and the checkpoint's
+        ``max_new_tokens``, spoken in order in the same voice, the seed's noise stream running on, with a short pause
+        between. Text kept in one piece gives
         :meth:`generate`'s samples with the same arguments. ``max_frames`` caps every piece. ``on_frame`` as in
         :class:`.engine.stream.SpeechStream`; ``overlap_codec`` decodes each chunk while the next chunk's frames are
         made (same samples; None: when the codec runs in a process of its own, see :meth:`load`).
