@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..backends.base import Backend, FrameResult
+from ..backends.base import Backend, FrameResult, StepInputs
 from ..backends.torch import TorchBackend
-from ..backends.torch.host_edge import frame_results
+from ..backends.torch.host_edge import frame_inputs, frame_results
 from ..config import SamplingParams
 from ..engine.loop import generate
 from ..errors import ParityError
-from ..model.frame import FrameInputs, packed
+from ..model.frame import packed
 from ..model.layers import IndexKV, causal_cache_mask
 from ..settings import DEFAULTS
 from .oracle import _forced, _item_prompt, _params, _step_noise, load_fixture, recorded_noise
@@ -261,16 +261,12 @@ def replay_batch(backend: TorchBackend, fx: dict, meta: dict, sc: str = "batch")
             rope = torch.as_tensor(fx[f"{sc}__step_token_position"][s - 1], device=dev)[:, None]
             logits, hidden = model.slow(col, rope, k, v, IndexKV(slot, mask))
             logits, hidden = logits[:, -1], hidden[:, -1]
-        noises = [_step_noise(fx, sc, s, i, shapes) for i in range(b)]
-        forced = torch.as_tensor(np.stack([_forced(fx, sc, s, i) for i in range(b)]), device=dev)
-        inputs = FrameInputs(
-            noise_slow=torch.as_tensor(np.stack([n[0] for n in noises]), device=dev),
-            window=torch.as_tensor(fx[f"{sc}__ras_previous"][s], device=dev),
-            noise_fast=torch.as_tensor(np.stack([n[1] for n in noises]), device=dev),
-            forced=forced,
-            use_forced=torch.ones(b, device=dev),
-        )
-        out = backend.frame_maths.sample(params, logits, hidden, inputs)
+        items = []  # each item's step as the frame loop packs one (its column and slot stepped above)
+        for i in range(b):
+            noise_slow, noise_fast = _step_noise(fx, sc, s, i, shapes)
+            window = fx[f"{sc}__ras_previous"][s, i]
+            items.append(StepInputs(None, 0, noise_slow, window, noise_fast, forced=_forced(fx, sc, s, i)))
+        out = backend.frame_maths.sample(params, logits, hidden, frame_inputs(items, dev))
         for i, res in enumerate(frame_results(out, packed(out), range(b), [True] * b)):
             _compare_frame(rep, fx, sc, s, i, res, params.do_sample)
     return rep
