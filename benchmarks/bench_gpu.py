@@ -172,12 +172,13 @@ def release(dev: torch.device) -> None:
 
 def load(model: Path, device: str, precision: str, unfused: bool = False) -> dict[str, TTS]:
     """The eager TTS and the graph-mode one (captured on CUDA, their uncaptured form elsewhere: what the CPU tests
-    prove), both with the fused kernels where they run (CUDA); with ``unfused``, on CUDA, a graph-mode one without
+    prove), both with the fused kernels as ``DEFAULTS.torch.fused_kernels`` says (on CUDA by default;
+    ``AUDIO8_TORCH__FUSED_KERNELS=false`` turns them off); with ``unfused``, where they are on, a graph-mode one without
     them too."""
     eager = TTS.load(model, device=device, precision=precision, cuda_graphs=False, codec_process=False)
     out = {"eager": eager}
-    for name, fused in (("graphed", None), ("graphed_unfused", False)):
-        if fused is None or (unfused and eager.backend.device.type == "cuda"):
+    for name, fused in (("graphed", DEFAULTS.torch.fused_kernels), ("graphed_unfused", False)):
+        if name == "graphed" or (unfused and eager.backend.device.type == "cuda" and eager.backend.fused):
             backend = TorchBackend(
                 eager.checkpoint, device, precision, frame_mode="graph", codec_process=False, fused_kernels=fused
             )
