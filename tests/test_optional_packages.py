@@ -16,7 +16,7 @@ import pytest
 
 MISSING = ("av", "pedalboard", "sse_starlette", "opentelemetry")
 SITE = """import os, sys
-for name in os.environ["AUDIO8_TEST_MISSING"].split(","):
+for name in os.environ["PROBE_MISSING_PACKAGES"].split(","):
     sys.modules[name] = None  # `import name` raises ModuleNotFoundError, as for a package not installed
 """
 INSTALLS = {
@@ -31,7 +31,7 @@ def probe(tiny_checkpoint, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("missing")
     (folder / "sitecustomize.py").write_text(SITE)
     path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "AUDIO8_TEST_MISSING": ",".join(MISSING)}
+    env = {**os.environ, "PYTHONPATH": path, "PROBE_MISSING_PACKAGES": ",".join(MISSING)}
     script = Path(__file__).with_name("missing_packages_probe.py")
     ran = subprocess.run(
         [sys.executable, str(script), str(tiny_checkpoint), str(folder)],

@@ -98,6 +98,8 @@ def test_environment_variables_set_fields(env):
         ("AUDIO8_TORCH__BATCH_BUCKETS", "[4, 2]", "AUDIO8_TORCH__BATCH_BUCKETS: batch_buckets must be rising"),
         ("AUDIO8_SERVER", '{"port": 0}', "AUDIO8_SERVER's port must be a whole number 1 to 65535, got 0"),
         ("AUDIO8_SERVER", "8000", "AUDIO8_SERVER: Input should be a valid dictionary"),
+        ("AUDIO8_SERVR__PORT", "1", "AUDIO8_SERVR__PORT is not a setting: a variable is AUDIO8_<GROUP>__<FIELD> with"),
+        ("AUDIO8_PORT", "1", "AUDIO8_PORT is not a setting: a variable is AUDIO8_<GROUP>__<FIELD> with GROUP one of"),
     ],
 )
 def test_a_wrong_variable_is_named_with_what_it_takes(env, name, value, said):

@@ -278,7 +278,17 @@ def override(group: Group, names: Mapping[str, str] | None = None, **changes: ob
 
 
 def from_environment() -> Settings:
-    """The tree with the ``AUDIO8_*`` variables set now; raises ConfigError naming a variable that is wrong."""
+    """The tree with the ``AUDIO8_*`` variables set now; raises ConfigError naming a variable that is wrong, or one
+    that names no group (the tree would ignore it)."""
+    groups = list(Settings.model_fields)
+    for name in os.environ:
+        group = name[len(PREFIX) :].split("__")[0].lower() if name.upper().startswith(PREFIX) else None
+        if group is not None and group not in groups:
+            raise ConfigError(
+                f"{name} is not a setting: a variable is AUDIO8_<GROUP>__<FIELD> with GROUP one of "
+                f"{', '.join(g.upper() for g in groups)} (unset it, or fix its name)",
+                name,
+            )
     try:
         return Settings()
     except ValidationError as e:
