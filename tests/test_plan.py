@@ -198,3 +198,18 @@ def test_the_language_warning_is_data_of_the_plan(tts):
     with pytest.warns(UnsupportedLanguageWarning, match="Cyrillic") as caught:
         tts.generate("Привет, как дела?", seed=1, max_frames=2)
     assert len(caught) == 1 and caught[0].filename == __file__  # pointing at the caller's line
+
+
+def test_a_plan_is_made_of_a_checked_request_and_spoken_by_its_own_checkpoint(tts, tiny_checkpoint):
+    """plan refuses what is no checked request, saying how to make one; a plan made on one checkpoint is refused by
+    a model of another (its voice and prompts hold for the one it was made on)."""
+    for given in ("Hi.", {"text": "Hi."}):
+        with pytest.raises(TypeError, match=r"plan takes a checked request.*check_request\(text"):
+            tts.plan(given)
+    plan = tts.plan(check_request(TEXT, voice="ana", seed=1, max_frames=2), split=False)
+    assert plan.checkpoint == tts.checkpoint.fingerprint()
+    other = TTS.load(tiny_checkpoint, device="cpu", codec_process=False)
+    assert other.checkpoint.fingerprint() != plan.checkpoint
+    for speak in (other.generate, other.stream, other.synthesize):
+        with pytest.raises(EngineError, match="this plan was made for another checkpoint"):
+            speak(plan)

@@ -35,7 +35,8 @@ class Plan:
     overrides; ``seed``; ``tokens``: the text's token count (what a server reports as input tokens);
     ``chunk_frames`` and ``first_chunk_frames``: a stream's chunk sizes in frames; ``warning``: one ASCII line when
     the text is not in the model's languages (:func:`.text.language_warning`), else None: the caller tells it (the
-    CLI on stderr, the HTTP server in a header, Wyoming in its log, the keyword API as a Python warning).
+    CLI on stderr, the HTTP server in a header, Wyoming in its log, the keyword API as a Python warning);
+    ``checkpoint``: the fingerprint of the checkpoint it was made for (its prompts and voice hold for that one alone).
     """
 
     text: str
@@ -47,6 +48,7 @@ class Plan:
     chunk_frames: int
     first_chunk_frames: int
     warning: str | None
+    checkpoint: str
 
     @property
     def max_frames(self) -> int:
@@ -60,12 +62,14 @@ def make_plan(
     prompts: PromptBuilder,
     cfg: ModelConfig,
     generation: GenerationConfig,
+    fingerprint: str,
     *,
     split: bool = True,
     frame_cap: int | None = None,
 ) -> Plan:
     """The plan of ``checked`` spoken in ``voice`` (resolved by the caller), with the tokenizer of ``prompts``, the
-    context of ``cfg`` and the defaults of ``generation``: see :meth:`.tts.TTS.plan`, which raises what this does."""
+    context of ``cfg`` and the defaults of ``generation``, for the checkpoint of ``fingerprint``: see
+    :meth:`.tts.TTS.plan`, which raises what this does."""
     ids = _Tokens(prompts)
     head = prompts.head() if voice is None else prompts.head(voice.transcript, voice.codes)
     texts = (
@@ -88,6 +92,7 @@ def make_plan(
         checked.chunk_frames,
         min(DEFAULTS.speech.first_chunk_frames, checked.chunk_frames) if first is None else first,
         language_warning(checked.text),
+        fingerprint,
     )
 
 

@@ -136,12 +136,18 @@ class TTS(VoiceCloning):
         explicit one that does not fit is an error. Raises VoiceError (unknown voice, one from another
         checkpoint), AudioError (an unusable clip), PromptError (a prompt that fills the context, a damaged
         voice's codes, a run of text that cannot be split), EngineError (an explicit ``max_frames`` past the
-        context; of a split text, naming the piece), ConfigError (``frame_cap`` no whole number >= 1).
+        context; of a split text, naming the piece), ConfigError (``frame_cap`` no whole number >= 1), TypeError
+        (``checked`` no CheckedRequest).
         """
+        if not isinstance(checked, CheckedRequest):
+            raise TypeError(
+                f"plan takes a checked request, not {type(checked).__name__}: "
+                "tts.plan(check_request(text, ...)) (audio8_coreai.request.check_request)"
+            )
         voice = self._voice(checked)
-        return make_plan(
-            checked, voice, self.prompts, self.config, self.checkpoint.generation, split=split, frame_cap=frame_cap
-        )
+        ckpt = self.checkpoint
+        made_for = (self.prompts, self.config, ckpt.generation, ckpt.fingerprint())
+        return make_plan(checked, voice, *made_for, split=split, frame_cap=frame_cap)
 
     def generate(
         self,
@@ -367,6 +373,11 @@ class TTS(VoiceCloning):
             given = [k for k, v in {**request, "frame_cap": frame_cap}.items() if v is not None]
             if given:
                 raise TypeError(f"a Plan holds its request: give it alone, or give the text with {', '.join(given)}")
+            if text.checkpoint != self.checkpoint.fingerprint():
+                raise EngineError(
+                    "this plan was made for another checkpoint (its prompts and voice hold for that one alone): "
+                    "plan the request with this model, tts.plan(check_request(...))"
+                )
             return text
         checked = check_request(text, **request)
         if first_chunk_frames is not None:
