@@ -55,6 +55,7 @@ def wrong_type(tiny_checkpoint, tmp_path):
             ["say", "Hi", "-o", "{tmp}/o.wav", "--seed", str(2**64)],
             "seed must be at most 9007199254740991",
         ),
+        ("name too long", ["say", "Hi", "-o", "{tmp}/" + "a" * 300 + ".wav"], "use a shorter file name"),
     ],
 )
 def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_type, tmp_path):
@@ -91,6 +92,7 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
         (["bench", "--codec-dtype", "fp8"], "unknown dtype 'fp8'"),
         (["bench", "--device", "tpu"], "device"),
         (["bench", "--json", "{tmp}/missing/b.json"], "missing does not exist"),
+        (["bench", "--json", "{tmp}"], "is a folder: give a file name such as"),
         (["serve", "--port", "{busy}"], "pick another --port"),
         (["serve", "--host", "999.1.1.1"], "give --host an address of this machine"),
     ],

@@ -6,6 +6,7 @@ an unknown device) prints one line saying what to do and exits with status 2; no
 
 from __future__ import annotations
 
+import errno
 import functools
 from pathlib import Path
 from typing import Annotated
@@ -29,8 +30,28 @@ err = Console(stderr=True)
 out = Console()
 
 
+_OS_REMEDIES = {
+    errno.ENAMETOOLONG: "use a shorter file name",
+    errno.ENOSPC: "free some space or write elsewhere",
+    errno.EDQUOT: "free some space or write elsewhere",
+    errno.EACCES: "write elsewhere or change its permissions",
+    errno.EPERM: "write elsewhere or change its permissions",
+    errno.EROFS: "the file system is read-only: write elsewhere",
+    errno.ENOENT: "check the path",
+}
+
+
+def _os_error(e: OSError) -> str:
+    """One line for an OSError: what failed, on which path (cut to 120 characters), and what to do."""
+    name = str(e.filename) if e.filename is not None else ""
+    where = f" ({name[:117] + '...' if len(name) > 120 else name})" if name else ""
+    remedy = _OS_REMEDIES.get(e.errno or 0, "check the path and the disk")
+    return f"{e.strerror or e}{where}: {remedy}"
+
+
 def friendly(fn):
-    """Turn the project's user-facing errors (Audio8Error) into one 'error: ...' line and exit status 2."""
+    """Turn the project's user-facing errors (Audio8Error) and the system's refusals (OSError: a file name too long,
+    a full disk) into one 'error: ...' line and exit status 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -44,6 +65,11 @@ def friendly(fn):
         except KeyboardInterrupt:
             err.print("interrupted")
             raise typer.Exit(130) from None
+        except BrokenPipeError:  # the reader of stdout went away (`... -o - | head`): nothing left to say
+            raise typer.Exit(1) from None
+        except OSError as e:  # the system refused a file or a device: a name too long, a full disk, a permission
+            err.print(f"[bold red]error:[/] {escape(_os_error(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
 
     return wrapper
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -269,8 +270,14 @@ def bench(
         resolve_precision(name, runtime)
     for name in codec_dtype or []:
         resolve_dtype(name)
-    if json_out is not None and not json_out.expanduser().parent.is_dir():
-        raise ConfigError(f"--json {json_out}: the folder {json_out.expanduser().parent} does not exist")
+    if json_out is not None:  # checked before minutes of measuring, which a failed write would lose
+        json_out = json_out.expanduser()
+        folder = json_out.parent
+        if json_out.is_dir():
+            raise ConfigError(f"--json {json_out} is a folder: give a file name such as {json_out / 'bench.json'}")
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            why = "does not exist" if not folder.is_dir() else "is not writable"
+            raise ConfigError(f"--json {json_out}: the folder {folder} {why}: write elsewhere")
     thread_list = threads or [DEFAULTS.bench.threads]
     configs = [override(base, threads=t, precision="fp32", baseline=True) for t in thread_list] if baseline else []
     configs += [
