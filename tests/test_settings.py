@@ -98,6 +98,8 @@ def test_environment_variables_set_fields(env):
         ("AUDIO8_TORCH__BATCH_BUCKETS", "[4, 2]", "AUDIO8_TORCH__BATCH_BUCKETS: batch_buckets must be rising"),
         ("AUDIO8_SERVER", '{"port": 0}', "AUDIO8_SERVER's port must be a whole number 1 to 65535, got 0"),
         ("AUDIO8_SERVER", "8000", "AUDIO8_SERVER: Input should be a valid dictionary"),
+        ("AUDIO8_BENCH__CODEC_DTYPE", "fp16", "AUDIO8_BENCH__CODEC_DTYPE must be one of fp32, bf16, float32, bfloat16"),
+        ("AUDIO8_BENCH__BACKEND", "coreai", "AUDIO8_BENCH__BACKEND must be one of torch, got 'coreai'"),
         ("AUDIO8_SERVR__PORT", "1", "AUDIO8_SERVR__PORT is not a setting: a variable is AUDIO8_<GROUP>__<FIELD> with"),
         ("AUDIO8_PORT", "1", "AUDIO8_PORT is not a setting: a variable is AUDIO8_<GROUP>__<FIELD> with GROUP one of"),
     ],
@@ -188,3 +190,11 @@ def test_help_shows_the_defaults_the_fields_hold():
     assert "[default: 10300]" in wyoming.stdout
     bench = run_cli("bench", "--help", AUDIO8_BENCH__RUNS="7")
     assert "Timed runs after one warm-up (medians reported)." in bench.stdout and "[default: 7]" in bench.stdout
+
+
+def test_a_bench_precision_from_the_environment_is_checked_before_measuring(tiny_checkpoint):
+    """The bench's default precision may come from AUDIO8_BENCH__PRECISION: an unknown one is one line naming both
+    ways to set it, before any checkpoint is made or worker started."""
+    done = run_cli("bench", "--model", str(tiny_checkpoint), "--no-rss", AUDIO8_BENCH__PRECISION="int3")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: unknown precision 'int3'") and "AUDIO8_BENCH__PRECISION" in done.stderr

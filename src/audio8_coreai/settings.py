@@ -211,12 +211,14 @@ class BenchSettings(_Group):
     checkpoint: str = Field("~/.cache/audio8-coreai/bench-0.6b", description="the random 0.6b checkpoint's folder")
     frames: int = Field(32, ge=1, description="frames per timed frame loop (fewer when the model draws eos)")
     runs: int = Field(3, ge=1, description="timed runs after one warm-up (medians reported)")
-    backend: str = Field("torch", description="the backend measured")
+    backend: Literal["torch"] = Field("torch", description="the backend measured (the bench drives torch's)")
     device: str = Field("cpu", description="the device measured: cpu, cuda, cuda:N")
     precision: str = Field("fp32", description="torch precision measured")
     threads: int | None = Field(None, ge=1, description="torch threads; None: torch's")
     baseline: bool = Field(False, description="measure the publisher-style frame instead of the backend's")
-    codec_dtype: str | None = Field(None, description="codec dtype; None: the backend's (fp32 on CPU)")
+    codec_dtype: Literal["fp32", "bf16", "float32", "bfloat16"] | None = Field(
+        None, description="codec dtype; None: the backend's (fp32 on CPU)"
+    )
     cuda_graphs: bool = Field(False, description="the frame replayed as one CUDA graph")
 
 

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from ..checkpoint import DEFAULT_MODEL
-from ..errors import BackendError, ConfigError
+from ..errors import BackendError, ConfigError, PrecisionError
 from ..settings import DEFAULTS, override
 from .app import AssetsOpt, BackendOpt, CudaGraphsOpt, DeviceOpt, ModelOpt, app, described, err, friendly, out
 
@@ -287,6 +287,11 @@ def bench(
         for c in codec_dtype or [DEFAULTS.bench.codec_dtype]
         for g in ((False, True) if cuda_graphs else (DEFAULTS.bench.cuda_graphs,))
     ]
+    for config in configs:  # the precisions the settings gave too (AUDIO8_BENCH__PRECISION), not only the options
+        try:
+            resolve_precision(config.precision, runtime)
+        except PrecisionError as e:
+            raise ConfigError(f"{e} (--precision, or AUDIO8_BENCH__PRECISION for its default)", "precision") from None
     log = functools.partial(err.print, highlight=False)
     ensure_checkpoint(model, log)
     busy = meta()["load_average"][0]
