@@ -38,7 +38,8 @@ def check_backend_choice(
         raise BackendError("CUDA graphs (--cuda-graphs) are a torch-backend option: drop them for coreai")
     if cuda_graphs and resolve_device(device).type != "cuda":
         raise BackendError(
-            f"CUDA graphs need a CUDA device, not {resolve_device(device)}: drop the option or use --device cuda"
+            f"CUDA graphs need a CUDA device, not {resolve_device(device)}: drop --cuda-graphs (cuda_graphs=True, "
+            "AUDIO8_TORCH__CUDA_GRAPHS=true) or use --device cuda"
         )
 
 

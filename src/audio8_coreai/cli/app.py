@@ -87,10 +87,10 @@ PrecisionOpt = Annotated[
     str | None,
     typer.Option(
         "--precision",
-        help="Torch precision: fp32 (exact), bf16, fp16w (float16 weights, fp32 activations), int16 (16-bit fixed "
-        "point), int12; the fast tier, not exact (int8 weights miss draws): int8-fp16w, int8-int8, also int8 and "
-        "int8-int16; default on CPU fp16w for a bf16 checkpoint (the release) and int16 for an fp32 one, fp32 on "
-        "CUDA. The codec stays fp32 on CPU.",
+        help="Torch precision: fp32 (exact), bf16, fp16w (CPU: float16 weights, fp32 activations), bf16w (CUDA: "
+        "bf16 weights, fp32 maths), int16 (16-bit fixed point), int12; the fast tier, not exact (int8 weights miss "
+        "draws): int8-fp16w, int8-int8, also int8 and int8-int16; default on CPU fp16w for a bf16 checkpoint (the "
+        "release) and int16 for an fp32 one, fp32 on CUDA. The codec stays fp32 on CPU.",
     ),
 ]
 CudaGraphsOpt = Annotated[

@@ -109,7 +109,10 @@ class TorchBackend(Backend):
     ):
         self.device = resolve_device(device)
         if fused_kernels and self.device.type != "cuda":
-            raise BackendError(f"fused kernels are CUDA kernels (Triton): drop the option on {self.device}")
+            raise BackendError(
+                f"fused kernels are CUDA kernels (Triton), not for {self.device}: drop fused_kernels=True "
+                "(AUDIO8_TORCH__FUSED_KERNELS=true)"
+            )
         self.noise_ahead = self.device.type == "cuda"  # a GPU's frames leave the host idle
         if frame_mode not in ("eager", "graph"):
             raise BackendError(f"unknown frame mode {frame_mode!r}: eager or graph")
