@@ -83,6 +83,9 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
         ),
         (["say", "Hi", "-o", "{tmp}/o.wav", "--chunk-frames", "0"], "--chunk-frames must be >= 1"),  # long text streams
         (["serve", "--port", "99999"], "--port must be 1 to 65535"),
+        (["serve", "--max-upload-mb", "0.0000001"], "--max-upload-mb must be over 0 (a byte at least)"),
+        (["serve", "--replicas", "-5"], "--replicas: Ray Serve options: add --ray"),
+        (["serve", "--autoscale", "1:2", "--address", "auto"], "--address, --autoscale: Ray Serve options"),
         (["say", "Hi", "-o", "{tmp}/o.wav", "--assets", "{tmp}"], "add backend='coreai' (--backend coreai)"),
         (["say", "Hi", "-o", "{tmp}/o.wav", "--backend", "coreai"], "give assets=DIR (--assets)"),
         (["serve", "--max-frames", "0"], "must be >= 1"),

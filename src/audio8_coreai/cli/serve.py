@@ -118,8 +118,13 @@ def serve(
     from ..tts import TTS
     from ..voices import check_name
 
-    if not 0 < max_upload_mb <= 1024:  # the option's unit; the field (bytes) is checked with the rest
-        raise ConfigError(f"--max-upload-mb must be over 0 and at most 1024, got {max_upload_mb:g}")
+    if not 0 < max_upload_mb <= 1024 or round(max_upload_mb * 2**20) < 1:  # the option's unit, a byte at least
+        raise ConfigError(f"--max-upload-mb must be over 0 (a byte at least) and at most 1024, got {max_upload_mb:g}")
+    ray_only = {"--address": address, "--autoscale": autoscale, "--replica-gpus": replica_gpus}
+    ray_only["--replicas"] = None if replicas == DEFAULTS.ray.replicas else replicas
+    given = [name for name, value in ray_only.items() if value is not None]
+    if given and not ray:
+        raise ConfigError(f"{', '.join(given)}: Ray Serve options: add --ray, or drop them to serve here")
     settings = override(
         DEFAULTS.server,
         host=host,
