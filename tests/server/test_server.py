@@ -346,6 +346,8 @@ def test_voices_register_speak_list_and_delete(capped, tmp_path):
         ({"name": "bad/name", "transcript": "t"}, {"audio": ("c.wav", b"RIFF", "audio/wav")}, 400),
         ({"name": "junk", "transcript": "t"}, {"audio": ("my take.wav", b"not audio at all", "audio/wav")}, 400),
         ({"name": "nofile", "transcript": "t"}, None, 400),
+        ({"name": "Default", "transcript": "t"}, {"audio": ("c.wav", b"RIFF", "audio/wav")}, 400),
+        ({"name": "bo", "transcript": "t", "replace": "maybe"}, {"audio": ("c.wav", b"RIFF", "audio/wav")}, 400),
     ],
 )
 def test_bad_voice_uploads(base, form, files, status):
@@ -354,6 +356,10 @@ def test_bad_voice_uploads(base, form, files, status):
     assert r.status_code == status and message
     if form["name"] == "junk":  # the client's file name, never the server's temporary path
         assert "my take.wav" in message and "/tmp" not in message
+    if form["name"] == "Default":  # the id requests use for the default voice is no stored voice's name
+        assert "names the server's default voice" in message
+    if "replace" in form:
+        assert message == "replace must be true or false, got 'maybe'"
 
 
 def test_health_and_metrics(capped):

@@ -103,7 +103,10 @@ async def _register(form: FormData, server: State) -> dict[str, Any]:
     """The voice of ``form``'s fields, registered (see :func:`add_voice`)."""
     settings = server.settings
     name, transcript, upload = form.get("name"), form.get("transcript"), form.get("audio")
-    replace = str(form.get("replace", "false")).lower() in ("1", "true", "yes")
+    replace_field = str(form.get("replace", "false")).lower()
+    if replace_field not in ("1", "true", "yes", "0", "false", "no"):
+        raise ApiError(400, f"replace must be true or false, got {replace_field[:20]!r}", "replace", "invalid_request")
+    replace = replace_field in ("1", "true", "yes")
     wrong = [
         field
         for field, ok in (
@@ -126,6 +129,8 @@ async def _register(form: FormData, server: State) -> dict[str, Any]:
         raise _too_large(settings.max_upload_bytes)
     try:
         name = check_name(name)
+        if name.lower() == DEFAULT_VOICE:  # the id requests use for the server's default voice
+            raise VoiceError(f"{name!r} names the server's default voice in requests: give the voice another name")
         server.synth.voices.check_new(name, replace)
     except (VoiceExists, VoiceStorageError) as e:
         raise api_error(e) from None
