@@ -268,6 +268,8 @@ def test_a_body_that_is_not_json_is_a_400(base):
         error = r.json()["error"]
         assert r.status_code == 400 and error["code"] == "invalid_json"
         assert f"not valid JSON (at character {at})" in error["message"]
+    empty = httpx.post(f"{base}/v1/audio/speech", content=b"", headers={"content-type": "application/json"})
+    assert empty.status_code == 400 and empty.json()["error"]["message"].startswith("the body is empty: send a JSON")
 
 
 def test_a_body_not_a_json_object_says_to_send_one(base):

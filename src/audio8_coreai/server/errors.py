@@ -184,6 +184,8 @@ def schema_error(first: dict[str, Any]) -> ApiError:
     if own:
         return ApiError(400, first["msg"], where, own)
     code = FIELD_CODES.get((where, first.get("type")), "invalid_request")
+    if first.get("type") == "missing" and where is None:  # no body at all
+        return ApiError(400, f"the body is empty: send a JSON object such as {EXAMPLE}", None, "invalid_request")
     if first.get("type") == "missing":
         return ApiError(400, f"{where} is required: send it, as in {EXAMPLE} (every field: GET /docs)", where, code)
     remedy = "change it and send again (every field and its range: GET /docs)"
