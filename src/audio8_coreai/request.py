@@ -18,7 +18,7 @@ from .voices import Voice, check_name, check_voice_choice
 
 MAX_SEED = 2**53 - 1
 """The largest seed taken: the largest whole number every JSON client (JavaScript's Number included) reads exactly,
-so a seed told back (``X-Audio8-Seed``, the CLI's summary) replays the same audio from any client."""
+so a seed told back (the ``X-Seed`` header, the CLI's summary) replays the same audio from any client."""
 
 
 def check_seed(seed: int | None) -> int:
