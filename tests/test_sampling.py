@@ -8,16 +8,8 @@ import pytest
 import torch
 
 from audio8_coreai.config import SamplingParams
-from audio8_coreai.sampling import (
-    RasWindow,
-    greedy,
-    greedy_semantic,
-    np_processed_scores,
-    np_sample_semantic,
-    np_sample_top_k_top_p,
-    sample_semantic,
-    sample_top_k_top_p,
-)
+from audio8_coreai.sampling import RasWindow, greedy, greedy_semantic, sample_semantic, sample_top_k_top_p
+from audio8_coreai.sampling_reference import np_processed_scores, np_sample_semantic, np_sample_top_k_top_p
 from tests.sampling_support import EOS, SEM_BEGIN, V, W
 
 # the tiny oracle checkpoint (meta.json): semantic ids 300..555, eos 2, codebook_size 256, RAS window 10

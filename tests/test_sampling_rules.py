@@ -9,15 +9,8 @@ import pytest
 import torch
 
 from audio8_coreai.config import SamplingParams
-from audio8_coreai.sampling import (
-    CANDIDATES,
-    NoiseSource,
-    greedy_semantic,
-    np_sample_semantic,
-    np_sample_top_k_top_p,
-    sample_semantic,
-    sample_top_k_top_p,
-)
+from audio8_coreai.sampling import CANDIDATES, NoiseSource, greedy_semantic, sample_semantic, sample_top_k_top_p
+from audio8_coreai.sampling_reference import np_sample_semantic, np_sample_top_k_top_p
 from tests.sampling_support import EOS, SEM_BEGIN, V, W
 
 # --- the publisher's rule on hand-made cases -------------------------------------------------------------------

@@ -20,7 +20,7 @@ from audio8_coreai.measure.gate import (
     mel_filterbank,
     normalise_text,
 )
-from audio8_coreai.sampling import np_processed_scores
+from audio8_coreai.sampling_reference import np_processed_scores
 from tests.clips import needs_espeak
 
 # Five espeak-ng en-us sentences through pocketsphinx: measured WER 34/54 = 0.63 (silence or noise scores 1.0).

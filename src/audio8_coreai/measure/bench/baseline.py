@@ -22,7 +22,7 @@ class BaselineFrame:
     ) -> tuple[int, np.ndarray]:
         import torch
 
-        from ...sampling import np_sample_semantic, np_sample_top_k_top_p
+        from ...sampling_reference import np_sample_semantic, np_sample_top_k_top_p
 
         b, cfg, p = self.backend, self.backend.cfg, self.params
         model = b.model

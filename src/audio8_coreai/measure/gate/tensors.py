@@ -9,7 +9,7 @@ import numpy as np
 
 from ...config import SamplingParams
 from ...engine.loop import Generation
-from ...sampling import np_processed_scores
+from ...sampling_reference import np_processed_scores
 from ..parity import ScenarioReport
 from ..replay import Recording
 from ..stats import cosine
