@@ -41,6 +41,9 @@ def test_full_queue_is_503_and_a_disconnect_frees_the_slot(never_eos_long_checkp
                 busy = speech(url)
                 assert busy.status_code == 503 and int(busy.headers["retry-after"]) >= 1
                 assert busy.json()["error"]["code"] == "queue_full"
+                assert busy.json()["error"]["message"].startswith(
+                    "the server is busy: its 1 worker and 0 queue places are all taken; retry later"
+                )
             # leaving the block closed the connection mid-stream
         assert_worker_freed(url)
 

@@ -43,9 +43,11 @@ class Workers:
         with self._lock:
             if self.admitted >= len(self.instances) + self.max_queue:
                 wait = math.ceil(self._job_s * (1 + self.queued / len(self.instances)))
+                workers = len(self.instances)
                 raise ApiError(
                     503,
-                    f"the server is busy ({self.running} requests running, {self.queued} waiting); retry later",
+                    f"the server is busy: its {workers} worker{'s' * (workers != 1)} and {self.max_queue} queue "
+                    f"place{'s' * (self.max_queue != 1)} are all taken; retry later (after Retry-After seconds)",
                     code="queue_full",
                     headers={"Retry-After": str(wait)},
                 )
