@@ -143,7 +143,7 @@ def test_complete_sentences_of_growing_text(text, sentences, rest):
         ([Synthesize("Hi.", voice=SynthesizeVoice("broken")).event()], "DamagedVoice", "'broken' is damaged"),
         ([Synthesize("Hi.", voice=SynthesizeVoice("stranger")).event()], "VoiceError", "another checkpoint"),
         ([Synthesize("Hi. " * 20).event()], "ConfigError", "at most 40"),
-        ([Event("synthesize", {"voice": {}})], "ProtocolError", "malformed synthesize event"),
+        ([Event("synthesize", {"voice": {}})], "ProtocolError", "synthesize event: it needs its 'text' field"),
         ([Event("synthesize", {"text": 5})], "ProtocolError", "synthesize's text must be a string, got int"),
         ([SynthesizeChunk("Hi.").event()], "ProtocolError", "without synthesize-start"),
         ([SynthesizeStop().event()], "ProtocolError", "without synthesize-start"),

@@ -110,7 +110,9 @@ def parse(event: Event, kind: type[T]) -> T:
         )
     try:
         return kind.from_event(event)
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
+    except KeyError as e:  # a field the event must carry
+        raise ProtocolError(f"malformed {event.type} event: it needs its {e} field (the Wyoming protocol)") from None
+    except (TypeError, AttributeError, ValueError) as e:
         raise ProtocolError(
             f"malformed {event.type} event ({type(e).__name__}: {e}): see the Wyoming protocol"
         ) from None
