@@ -120,8 +120,9 @@ def check_chunks(chunk_frames: int, first_chunk_frames: int | None) -> tuple[int
     else:
         return int(chunk_frames), None if first_chunk_frames is None else int(first_chunk_frames)
     raise ConfigError(
-        f"--chunk-frames must be >= 1 and --first-chunk-frames 1 to --chunk-frames (whole numbers); "
-        f"got {chunk_frames!r} and {'the default' if first_chunk_frames is None else repr(first_chunk_frames)}",
+        f"--chunk-frames must be >= 1 and --first-chunk-frames 1 to --chunk-frames (whole numbers; chunk_frames and "
+        f"first_chunk_frames through the API); got {chunk_frames!r} and "
+        f"{'the default' if first_chunk_frames is None else repr(first_chunk_frames)}",
         wrong,
     )
 

@@ -45,7 +45,9 @@ def resolve_device(device: str) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise BackendError(f"unsupported device {device!r}: use auto, cpu, cuda or cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise BackendError(f"device {device!r} requested but this PyTorch build sees no CUDA GPU; use --device cpu")
+        raise BackendError(
+            f"device {device!r} requested but this PyTorch build sees no CUDA GPU; use --device cpu (device='cpu')"
+        )
     return dev
 
 
