@@ -50,7 +50,7 @@ def _add_rms_norm(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, x_row, d_row, N, eps, HAS_D
     tl.store(y_ptr + row * N + cols, (y * w).to(x.dtype), mask=inside)
 
 
-def _rows(t: Tensor) -> tuple[Tensor, int]:
+def as_rows(t: Tensor) -> tuple[Tensor, int]:
     """``t`` [..., N] as rows [M, N] (a view where the strides allow, else a copy) and the row stride."""
     rows = t.reshape(-1, t.shape[-1])
     if rows.stride(-1) != 1:
@@ -63,8 +63,8 @@ def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) ->
     ``rms_norm(h) * weight``, each shaped and typed as ``x`` [..., N] (float32 or bfloat16, ``weight`` [N] the same
     dtype). ``h`` is the eager add's bits; the norm's mean may differ from torch's in its last bit."""
     n = x.shape[-1]
-    xr, x_row = _rows(x)
-    dr, d_row = _rows(delta) if delta is not None else (xr, x_row)
+    xr, x_row = as_rows(x)
+    dr, d_row = as_rows(delta) if delta is not None else (xr, x_row)
     h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if delta is not None else x
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     _add_rms_norm[(xr.shape[0],)](
@@ -175,7 +175,7 @@ def swiglu(gate_up: Tensor) -> Tensor:
     """``silu(gate) * up`` in one kernel, ``gate_up`` [..., 2 * hidden] the stacked ``w1 || w3`` product (float32 or
     bfloat16) -> [..., hidden] in its dtype. SiLU's exp may differ from torch's in its last bit."""
     hidden = gate_up.shape[-1] // 2
-    rows, row = _rows(gate_up)
+    rows, row = as_rows(gate_up)
     y = torch.empty(*gate_up.shape[:-1], hidden, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     _swiglu[(rows.shape[0], triton.cdiv(hidden, block))](rows, y, row, hidden, BLOCK=block)

@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ...sampling import _DROPPED, MIN_TEMPERATURE, Race
-from .fused import EXACT
+from .fused import EXACT, as_rows
 
 
 @triton.jit
@@ -53,24 +53,16 @@ def _draw(x_ptr, x_row, vals_ptr, vals_row, cand_ptr, cand_row, u_ptr, u_row, ou
     tl.store(out_ptr + r, tl.min(index, axis=0).to(tl.int64))
 
 
-def _rows(t: Tensor) -> tuple[Tensor, int]:
-    """``t`` [..., n] as rows [R, n] with a unit column stride (a view where it can be) and the row stride."""
-    rows = t.reshape(-1, t.shape[-1])
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    return rows, rows.stride(0)
-
-
 def fused_draws(x: Tensor, vals: Tensor, cand: Tensor, races: Sequence[Race]) -> list[Tensor]:
     """:func:`...sampling.draws` in one kernel per race: scores ``x`` fp32 [..., N], candidates' values fp32 [..., k]
     and indices int64 [..., k]; each race (uniforms [..., N], ``top_p``, temperature) -> its index int64 [...]."""
     lead, n, k = x.shape[:-1], x.shape[-1], vals.shape[-1]
-    xr, x_row = _rows(x)
-    vr, v_row = _rows(vals)
-    cr, c_row = _rows(cand)
+    xr, x_row = as_rows(x)
+    vr, v_row = as_rows(vals)
+    cr, c_row = as_rows(cand)
     out = []
     for uniforms, top_p, temperature in races:
-        ur, u_row = _rows(uniforms.float())
+        ur, u_row = as_rows(uniforms.float())
         drawn = torch.empty(xr.shape[0], dtype=torch.int64, device=x.device)
         _draw[(xr.shape[0],)](
             xr, x_row, vr, v_row, cr, c_row, ur, u_row, drawn, n, float(top_p),
