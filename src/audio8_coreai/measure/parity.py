@@ -26,7 +26,7 @@ import torch
 
 from ..backends.base import Backend, FrameResult, StepInputs
 from ..backends.torch import TorchBackend
-from ..backends.torch.host_edge import frame_inputs, frame_results
+from ..backends.torch.host_edge import frame_inputs, frame_results, prefilled
 from ..config import SamplingParams
 from ..engine.loop import generate
 from ..errors import ParityError
@@ -266,7 +266,8 @@ def replay_batch(backend: TorchBackend, fx: dict, meta: dict, sc: str = "batch")
             noise_slow, noise_fast = _step_noise(fx, sc, s, i, shapes)
             window = fx[f"{sc}__ras_previous"][s, i]
             items.append(StepInputs(None, 0, noise_slow, window, noise_fast, forced=_forced(fx, sc, s, i)))
-        out = backend.frame_maths.sample(params, logits, hidden, frame_inputs(items, dev))
+        inputs = frame_inputs(cfg, items, dev)  # no column: each item drawn from the logits stepped above
+        out = backend.frame_maths(params, inputs, None, None, prefilled(list(zip(logits, hidden))))
         for i, res in enumerate(frame_results(out, packed(out), range(b), [True] * b)):
             _compare_frame(rep, fx, sc, s, i, res, params.do_sample)
     return rep

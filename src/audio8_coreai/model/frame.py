@@ -11,8 +11,11 @@ Written once (DESIGN.md "Speed is a mode, never a copy"); how the work is issued
   a stable sort, so a captured graph reads nothing on the host (:mod:`..backends.torch.cudagraphs`);
 * batched rows (continuous batching): :meth:`Frame.slow_rows` steps several utterances, each at its own slot, and
   :meth:`Frame.sample` draws for all of them at once; in ``graph`` mode :meth:`Frame.rows` is the whole batched
-  frame in static shapes (the batch's rows of the KV state in place, slots as a tensor, frame-0 rows blended in),
-  as CUDA graphs capture it.
+  frame in static shapes (the batch's rows of the KV state in place, slots as a tensor), as CUDA graphs capture it.
+
+Frame 0 is drawn from the prefill's last logits and hidden, in every form by one rule (:meth:`Frame.sample`'s
+``prefilled``): a frame 0 beside later frames steps a column it drops and takes its prefill's instead (one
+``torch.where``); a call of frame 0s alone (no column) steps nothing.
 
 The fast AR has one form in every mode: rows 0 (the slow hidden) and 1 (the semantic code's embedding) in one
 pass, then rows 2..C-1, over a per-frame KV buffer. Randomness is an input (uniform noise), the RAS window is
@@ -48,9 +51,9 @@ class FrameInputs:
     ``noise_slow`` float32 [B, 2, V+1] (the semantic draw and the RAS redraw), ``window`` int64 [B, W] RAS window
     of vocabulary ids (-1 = empty), ``noise_fast`` float32 [B, C-1, codebook_size], ``forced`` int64 [B, 1+C] a
     column (semantic id, c_0..c_{C-1}) taken instead of the draws where ``use_forced`` float32 [B] is 1.
-    ``column`` int64 [B, 1+C, 1] is the previous frame's column and ``pos`` its slot and RoPE position (an int in
-    ``eager`` mode, an int64 tensor [1] otherwise, [B] for :meth:`Frame.rows`); both unused for frame 0, which is
-    drawn from the prefill.
+    ``column`` int64 [B, 1+C, 1] is the previous frame's column and ``pos`` its slot and RoPE position: an int in
+    ``eager`` mode (a list of ints for batched rows, with ``rows`` the KV row of each entry), an int64 tensor [1]
+    otherwise, [B] for :meth:`Frame.rows`. ``column`` None: every entry is a frame 0 (see :meth:`Frame.forward`).
     """
 
     noise_slow: Tensor
@@ -59,15 +62,15 @@ class FrameInputs:
     forced: Tensor
     use_forced: Tensor
     column: Tensor | None = None
-    pos: Tensor | int = 0
+    pos: Tensor | int | list[int] = 0
+    rows: list[int] | None = None
 
 
 @dataclass
-class RowsInputs:
-    """What the batched frame in static shapes (:meth:`Frame.rows`) takes besides :class:`FrameInputs`, for B
-    utterances: ``first`` bool [B] True for a frame 0, drawn from its prefill's last ``logits`` [B, V+1] and
-    ``hidden`` [B, dim] (model dtype); its slow step is computed and dropped, at a slot no row attends before
-    writing it (see :meth:`Frame.rows`)."""
+class Prefilled:
+    """Frame 0's inputs for B utterances: ``first`` bool [B] True for an entry whose frame is its frame 0, drawn from
+    its prefill's last ``logits`` [B, V+1] and ``hidden`` [B, dim] (model dtype) instead of a slow step (the
+    entries not first hold anything finite there). See :meth:`Frame.forward`."""
 
     first: Tensor
     logits: Tensor
@@ -195,10 +198,21 @@ class Frame(nn.Module):
             self._fast_kv[batch] = self.model.fast.new_kv_buffer(batch)
         return self._fast_kv[batch]
 
-    def sample(self, params: SamplingParams, logits: Tensor, hidden: Tensor, inputs: FrameInputs) -> FrameOutputs:
+    def sample(
+        self,
+        params: SamplingParams,
+        logits: Tensor,
+        hidden: Tensor,
+        inputs: FrameInputs,
+        prefilled: Prefilled | None = None,
+    ) -> FrameOutputs:
         """Draw a frame from slow ``logits`` [B, V+1] and ``hidden`` [B, dim]: the semantic id (with RAS), then
-        the fast AR's rows, each fed the code kept for the row before. Frame 0 is this on the prefill's last
-        column; every later frame is :meth:`forward`."""
+        the fast AR's rows, each fed the code kept for the row before. The entries ``prefilled.first`` take their
+        prefill's logits and hidden instead (frame 0: the one place it is decided)."""
+        if prefilled is not None:
+            first = prefilled.first[:, None]
+            logits = torch.where(first, prefilled.logits, logits)
+            hidden = torch.where(first, prefilled.hidden, hidden)
         cfg, p, draws = self.model.cfg, params, self.model.draws
         how = {"eager": "eager", "graph": "sorted", "export": "static"}[self.mode]  # the candidates (sampling.py)
         if p.do_sample:
@@ -257,13 +271,13 @@ class Frame(nn.Module):
         return logits
 
     def rows(
-        self, params: SamplingParams, inputs: FrameInputs, rows: RowsInputs, k_cache: Tensor, v_cache: Tensor
+        self, params: SamplingParams, inputs: FrameInputs, prefilled: Prefilled, k_cache: Tensor, v_cache: Tensor
     ) -> FrameOutputs:
         """One frame for B utterances at their own slots in static shapes (``graph`` mode, batched CUDA graphs):
         utterance j is batch row j of ``k_cache``/``v_cache`` [n_layer, B, n_kv, L, D] (the caller passes a view of
         its rows, so attention reads the state in place), its slow step on ``inputs.column`` at slot and RoPE
-        position ``inputs.pos[j]`` (int64 [B]); frame-0 rows take their prefill's logits and hidden instead; then
-        :meth:`sample` for all.
+        position ``inputs.pos[j]`` (int64 [B]); then :meth:`sample` for all, frame-0 rows (``prefilled``) drawn from
+        their prefill.
 
         A row whose step is dropped (a frame 0, a row not in the call) steps at the last slot L-1: harmless, as a
         row at slot p attends slots [0, p] only after writing slot p itself."""
@@ -271,12 +285,25 @@ class Frame(nn.Module):
         visible = torch.arange(k_cache.shape[3], device=positions.device)[None, :] <= positions[:, None]  # [B, L]
         kv = RowSlotsKV(positions, visible[:, None, None])
         logits, hidden = self.model.slow(inputs.column, positions[:, None], k_cache, v_cache, kv)
-        first = rows.first[:, None]
-        logits = torch.where(first, rows.logits, logits[:, 0])
-        hidden = torch.where(first, rows.hidden, hidden[:, 0])
-        return self.sample(params, logits, hidden, inputs)
+        return self.sample(params, logits[:, 0], hidden[:, 0], inputs, prefilled)
 
-    def forward(self, params: SamplingParams, inputs: FrameInputs, k_cache: Tensor, v_cache: Tensor) -> FrameOutputs:
-        """One frame after frame 0: the slow step on ``inputs.column`` at ``inputs.pos``, then :meth:`sample`."""
-        logits, hidden = self.slow_step(inputs.column, inputs.pos, k_cache, v_cache)
-        return self.sample(params, logits, hidden, inputs)
+    def forward(
+        self,
+        params: SamplingParams,
+        inputs: FrameInputs,
+        k_cache: Tensor | None,
+        v_cache: Tensor | None,
+        prefilled: Prefilled | None = None,
+    ) -> FrameOutputs:
+        """One frame for B utterances: the slow step on ``inputs.column`` at ``inputs.pos`` (batched rows at their
+        own slots when ``inputs.rows`` is set, ``eager`` mode), then :meth:`sample`, the entries ``prefilled.first``
+        drawn from their prefill (a frame 0 steps a column it drops). With no column every entry is a frame 0:
+        drawn from ``prefilled`` alone, no slow step and no KV state (the eager first frame, Core AI's
+        ``first_frame`` function)."""
+        if inputs.column is None:
+            return self.sample(params, prefilled.logits, prefilled.hidden, inputs)
+        if inputs.rows is not None:
+            logits, hidden = self.slow_rows(inputs.column, inputs.rows, inputs.pos, k_cache, v_cache)
+        else:
+            logits, hidden = self.slow_step(inputs.column, inputs.pos, k_cache, v_cache)
+        return self.sample(params, logits, hidden, inputs, prefilled)

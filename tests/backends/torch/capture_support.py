@@ -68,4 +68,5 @@ def capture_inputs(cfg, batch: int, pos: torch.Tensor, forced: bool, device: str
         column=torch.ones(batch, 1 + c, 1, dtype=torch.long),
         pos=pos,
     )
-    return FrameInputs(**{f.name: getattr(inputs, f.name).to(device) for f in dataclasses.fields(inputs)})
+    tensors = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs) if f.name != "rows"}
+    return FrameInputs(**{name: t.to(device) for name, t in tensors.items()})

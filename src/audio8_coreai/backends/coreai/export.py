@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from ...config import CodecConfig, SamplingParams
 from ...model.codec import CodecDecoder, CodecEncoder, StreamingDecoder
 from ...model.dualar import DualAR
-from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs
+from ...model.frame import PREFILL_WIDTH, Frame, FrameInputs, FrameOutputs, Prefilled
 from .manifest import FRAME_OUTPUTS, STATE_NAMES
 
 # torch.export in torch 2.13 warns about its own pytree internals on every export.
@@ -72,7 +72,8 @@ class _PrefillFn(nn.Module):
 
 
 class _FirstFrameFn(nn.Module):
-    """``first_frame``: sample frame 0 from prefill's last logits/hidden; no slow step, no state."""
+    """``first_frame``: frame 0 from the prefill's last logits/hidden (the frame with no column: no slow step, no
+    state)."""
 
     def __init__(self, model: DualAR, params: SamplingParams):
         super().__init__()
@@ -89,13 +90,9 @@ class _FirstFrameFn(nn.Module):
         use_forced: Tensor,
     ) -> tuple[Tensor, ...]:
         # Outputs that are inputs unchanged would be graph arguments, not results: pass them through an op.
-        out = self.frame.sample(
-            self.params,
-            logits.clone()[None],
-            hidden.clone()[None],
-            _inputs(noise_slow, window, noise_fast, forced, use_forced),
-        )
-        return _frame_outputs(out)
+        first = Prefilled(torch.ones(1, dtype=torch.bool), logits.clone()[None], hidden.clone()[None])
+        inputs = _inputs(noise_slow, window, noise_fast, forced, use_forced)  # no column: frame 0
+        return _frame_outputs(self.frame(self.params, inputs, None, None, first))
 
 
 class _FrameFn(nn.Module):

@@ -24,7 +24,7 @@ from .codec_streams import MODEL_FILE, FiniteStream, TorchCodecStream
 from .codec_worker import CodecWorker, build_decoder, default_codec_process
 from .cudagraphs import GraphedFrame
 from .heads import PromptHeads
-from .host_edge import frame_inputs, frame_results
+from .host_edge import frame_inputs, frame_results, prefilled
 from .memory import back_with_huge_pages_soon, device_memory_bytes, release_freed_memory
 from .quantize import apply_precision
 from .threads import CallThreads, running_on
@@ -301,22 +301,16 @@ class TorchBackend(Backend):
 
     @torch.inference_mode()
     def frame(self, params: SamplingParams, step: StepInputs) -> FrameResult:
-        """Frame 0 from the prefill's last logits and hidden (``step.column`` None), or the slow step on the previous
-        column at slot ``step.pos`` then the draws."""
-        dev = self.device
-        inputs = frame_inputs([step], dev)
-        if step.column is not None:
-            inputs.column = torch.as_tensor(np.asarray(step.column, dtype=np.int64), device=dev).view(1, -1, 1)
-            inputs.pos = step.pos if self._graphed is None else torch.tensor([step.pos], device=dev)
+        """One frame (:meth:`...model.frame.Frame.forward`, or its graph): the slow step on the previous column at
+        slot ``step.pos`` then the draws; frame 0 (``step.column`` None) drawn from the prefill's last logits and
+        hidden."""
+        inputs = frame_inputs(self.cfg, [step], self.device, static=self._graphed is not None)
+        first = prefilled([self._last if step.column is None else None])
         with running_on(self.threads.frame):
-            if step.column is None:
-                logits, hidden = self._last
-                out = self.frame_maths.sample(params, logits[None], hidden[None], inputs)
-                ids = packed(out)
-            elif self._graphed is not None:
-                out, ids = self._graphed(params, inputs)
+            if self._graphed is not None:
+                out, ids = self._graphed(params, inputs, first)
             else:
-                out = self.frame_maths(params, inputs, self.k_cache, self.v_cache)
+                out = self.frame_maths(params, inputs, self.k_cache, self.v_cache, first)
                 ids = packed(out)
         return frame_results(out, ids, [0], [step.logits])[0]
 

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ...config import SamplingParams
 from ...model.dualar import DualAR
-from ...model.frame import Frame, FrameInputs, FrameOutputs, packed
+from ...model.frame import Frame, FrameInputs, FrameOutputs, Prefilled, packed
 from ...settings import DEFAULTS
 from ..base import StepInputs
 from .staging import Staging
@@ -104,18 +104,21 @@ def _frame_inputs(model: DualAR, batch: int, dev: torch.device, pos: int) -> Fra
 
 
 def _copy_into(static: object, given: object, n: int) -> None:
-    """Copy every field of the dataclass ``given`` (n utterances) into the first n of ``static``'s buffers."""
+    """Copy every tensor field of the dataclass ``given`` (n utterances) into the first n of ``static``'s buffers."""
     for field in dataclasses.fields(given):
-        getattr(static, field.name)[:n].copy_(getattr(given, field.name))
+        value = getattr(given, field.name)
+        if isinstance(value, Tensor):
+            getattr(static, field.name)[:n].copy_(value)
 
 
 class GraphedFrame:
     """:class:`.model.frame.Frame` (``graph`` mode) on ``model`` over the KV state ``k_cache``/``v_cache``
     [n_layer, 1, n_kv, L, D], batch 1, replayed as a CUDA graph when ``capture`` (needs a CUDA device).
 
-    Call with the sampling settings and a batch-1 :class:`.model.frame.FrameInputs` (``pos`` an int64 tensor
-    [1]); returns the frame's :class:`.model.frame.FrameOutputs` and :func:`.model.frame.packed` of them, which the
-    next call overwrites, whatever its settings (see :class:`Graphs`): read them first.
+    Call with the sampling settings, a batch-1 :class:`.model.frame.FrameInputs` (``pos`` an int64 tensor [1]) and,
+    for frame 0, its :class:`.model.frame.Prefilled` (a frame 0 is a replay like any other); returns the frame's
+    :class:`.model.frame.FrameOutputs` and :func:`.model.frame.packed` of them, which the next call overwrites,
+    whatever its settings (see :class:`Graphs`): read them first.
     Raises ValueError for ``capture`` off a CUDA device.
     """
 
@@ -123,15 +126,25 @@ class GraphedFrame:
         _check_capture(capture, k_cache.device)
         self.frame = Frame(model, mode="graph")
         self.k_cache, self.v_cache, self.capture = k_cache, v_cache, capture
-        self.inputs = _frame_inputs(model, 1, k_cache.device, 0)
-        self.graphs = Graphs(DEFAULTS.torch.cuda_graphs_kept, k_cache.device) if capture else None
+        dev, cfg = k_cache.device, model.cfg
+        self.inputs = _frame_inputs(model, 1, dev, 0)
+        self.prefilled = Prefilled(
+            torch.zeros(1, dtype=torch.bool, device=dev),
+            torch.zeros(1, cfg.num_semantic + 1, dtype=k_cache.dtype, device=dev),
+            torch.zeros(1, cfg.dim, dtype=k_cache.dtype, device=dev),
+        )
+        self.graphs = Graphs(DEFAULTS.torch.cuda_graphs_kept, dev) if capture else None
 
     @torch.inference_mode()
-    def __call__(self, params: SamplingParams, inputs: FrameInputs) -> Outputs:
+    def __call__(self, params: SamplingParams, inputs: FrameInputs, prefilled: Prefilled | None = None) -> Outputs:
         _copy_into(self.inputs, inputs, 1)
+        if prefilled is None:
+            self.prefilled.first.fill_(False)
+        else:
+            _copy_into(self.prefilled, prefilled, 1)
 
         def run() -> Outputs:
-            out = self.frame(params, self.inputs, self.k_cache, self.v_cache)
+            out = self.frame(params, self.inputs, self.k_cache, self.v_cache, self.prefilled)
             return out, packed(out)
 
         return run() if self.graphs is None else self.graphs.run(params, run)
@@ -218,7 +231,7 @@ class GraphedRows:
         k, v = self.k_cache[:, :size], self.v_cache[:, :size]
 
         def run() -> Outputs:
-            out = self.frame.rows(params, staging.inputs, staging.rows, k, v)
+            out = self.frame.rows(params, staging.inputs, staging.prefilled, k, v)
             return out, packed(out)
 
         return run() if self.graphs is None else self.graphs.run((size, params), run)

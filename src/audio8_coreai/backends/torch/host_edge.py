@@ -1,15 +1,16 @@
-"""The torch frame's host edge in eager mode: host steps in (:func:`frame_inputs`), host results out
-(:func:`frame_results`), for batch 1 and the batched rows alike."""
+"""The torch frame's host edge: host steps in (:func:`pack`, :func:`frame_inputs`, :func:`prefilled`), host results out
+(:func:`frame_results`), for batch 1, the batched rows and the graphs' fixed buffers alike."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
 from ...checkpoint import damaged
-from ...model.frame import FrameInputs, FrameOutputs, unpacked
+from ...config import ModelConfig
+from ...model.frame import FrameInputs, FrameOutputs, Prefilled, unpacked
 from ..base import FrameResult, StepInputs
 from .codec_streams import MODEL_FILE
 
@@ -39,21 +40,73 @@ def frame_results(
     return results
 
 
-def frame_inputs(steps: Sequence[StepInputs], device: torch.device) -> FrameInputs:
-    """The eager frame's inputs for ``steps`` (one utterance each, in order) on ``device``: noise, RAS windows and
-    forcing stacked batch-first (:class:`...model.frame.FrameInputs`); the previous columns and slots are the
-    caller's (batch 1 steps at one slot, batched rows each at its own). The one way host steps become a frame's
-    tensors in eager mode; the static graphs copy into fixed buffers instead (:mod:`.staging`, :mod:`.cudagraphs`)."""
-    c = len(steps[0].noise_fast) + 1
-    forced = np.zeros((len(steps), 1 + c), dtype=np.int64)
-    use_forced = np.zeros(len(steps), dtype=np.float32)
-    for i, x in enumerate(steps):
+def input_shapes(cfg: ModelConfig, size: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The shape and dtype of each of a frame's host inputs for ``size`` entries, by name: the fields of
+    :class:`...model.frame.FrameInputs` (``pos`` int64 [size]) and ``first`` (bool [size], a frame 0)."""
+    c = cfg.num_codebooks
+    return {
+        "noise_slow": ((size, 2, cfg.num_semantic + 1), torch.float32),
+        "window": ((size, cfg.ras_window_size), torch.int64),
+        "noise_fast": ((size, c - 1, cfg.codebook_size), torch.float32),
+        "forced": ((size, 1 + c), torch.int64),
+        "use_forced": ((size,), torch.float32),
+        "column": ((size, 1 + c, 1), torch.int64),
+        "pos": ((size,), torch.int64),
+        "first": ((size,), torch.bool),
+    }
+
+
+def pack(steps: Sequence[StepInputs], entries: Sequence[int], host: Mapping[str, np.ndarray], last_slot: int) -> None:
+    """Write ``steps`` into entries ``entries`` of the host arrays ``host`` (shaped as :func:`input_shapes`): THE
+    packer of host steps into a frame's inputs, for batch 1, the eager rows and the graphs' fixed buffers
+    (:mod:`.staging`). A frame 0 (no column) is ``first``, with a zero column at ``last_slot``: a slot no entry
+    attends before writing it itself, so the step it drops is harmless (:meth:`...model.frame.Frame.rows`)."""
+    for e, x in zip(entries, steps):
+        host["noise_slow"][e] = x.noise_slow
+        host["noise_fast"][e] = x.noise_fast
+        host["window"][e] = x.window
+        host["use_forced"][e] = x.forced is not None
         if x.forced is not None:
-            forced[i], use_forced[i] = x.forced, 1.0
-    return FrameInputs(
-        noise_slow=torch.as_tensor(np.stack([x.noise_slow for x in steps]), dtype=torch.float32, device=device),
-        window=torch.as_tensor(np.stack([np.asarray(x.window, dtype=np.int64) for x in steps]), device=device),
-        noise_fast=torch.as_tensor(np.stack([x.noise_fast for x in steps]), dtype=torch.float32, device=device),
-        forced=torch.as_tensor(forced, device=device),
-        use_forced=torch.as_tensor(use_forced, device=device),
-    )
+            host["forced"][e] = x.forced
+        host["first"][e] = x.column is None
+        host["column"][e, :, 0] = 0 if x.column is None else x.column
+        host["pos"][e] = last_slot if x.column is None else x.pos
+
+
+def frame_inputs(
+    cfg: ModelConfig,
+    steps: Sequence[StepInputs],
+    device: torch.device,
+    static: bool = False,
+    rows: Sequence[int] | None = None,
+) -> FrameInputs:
+    """The frame's inputs for ``steps`` (one utterance each, in order) on ``device`` (:func:`pack`). ``static``
+    (``graph`` mode): the slots a tensor [B], a column always. Else (``eager``): batch 1 at an int slot, or the
+    batched rows ``rows`` (the KV row of each step) at a list of slots; no column when every step is a frame 0.
+    The graphs' buffers are packed in place instead (:mod:`.staging`)."""
+    buffers = {k: torch.zeros(shape, dtype=dt) for k, (shape, dt) in input_shapes(cfg, len(steps)).items()}
+    host = {k: t.numpy() for k, t in buffers.items()}
+    pack(steps, range(len(steps)), host, cfg.max_seq_len - 1)
+    d = {k: t.to(device) for k, t in buffers.items()}
+    inputs = FrameInputs(d["noise_slow"], d["window"], d["noise_fast"], d["forced"], d["use_forced"], d["column"])
+    if static:
+        inputs.pos = d["pos"]
+    elif host["first"].all():
+        inputs.column = None
+    elif rows is None:
+        inputs.pos = int(host["pos"][0])
+    else:
+        inputs.pos, inputs.rows = host["pos"].tolist(), list(rows)
+    return inputs
+
+
+def prefilled(kept: Sequence[tuple[torch.Tensor, torch.Tensor] | None]) -> Prefilled | None:
+    """Frame 0's inputs (:class:`...model.frame.Prefilled`) for entries whose step is a frame 0 (``kept``: its
+    prefill's last logits [V+1] and hidden [dim] on the device) or not (None); None when no entry is a frame 0."""
+    some = next((k for k in kept if k is not None), None)
+    if some is None:
+        return None
+    logits = [torch.zeros_like(some[0]) if k is None else k[0] for k in kept]
+    hidden = [torch.zeros_like(some[1]) if k is None else k[1] for k in kept]
+    first = torch.tensor([k is not None for k in kept], device=some[0].device)
+    return Prefilled(first, torch.stack(logits), torch.stack(hidden))

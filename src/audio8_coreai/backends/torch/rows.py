@@ -45,7 +45,7 @@ from ..base import Backend, CodecStream, FrameResult, StepInputs
 from .backend import TorchBackend
 from .codec_rows import CodecRows
 from .cudagraphs import GraphedRows, StepTimes, bucket_sizes
-from .host_edge import frame_inputs, frame_results
+from .host_edge import frame_inputs, frame_results, prefilled
 from .memory import device_memory_bytes
 from .threads import running_on
 
@@ -126,7 +126,8 @@ class TorchBatchFrames:
     @torch.inference_mode()
     def frames(self, params: SamplingParams, calls: Sequence[tuple[int, StepInputs]]) -> list[FrameResult]:
         """One frame for each call (its KV row and its step's inputs), in one batched call: the slow step of the
-        calls with a column, then one sampler pass (semantic draws, the fast AR's rows, codebook draws) for all.
+        calls (a frame 0 steps one it drops, unless every call is a frame 0), then one sampler pass (semantic draws,
+        the fast AR's rows, codebook draws) for all.
         Returns their results in order;
         each equals the backend's ``frame`` on the same inputs up to float rounding."""
         if not calls:
@@ -152,27 +153,14 @@ class TorchBatchFrames:
         return results
 
     def _eager_frames(self, params: SamplingParams, calls: Sequence[tuple[int, StepInputs]]) -> list[FrameResult]:
-        """:meth:`frames` in eager mode: the slow rows of the calls with a column, then one sampler pass."""
-        n = len(calls)
-        b, c = self.backend, self.cfg.num_codebooks
-        dev, frame = b.device, b.frame_maths
+        """:meth:`frames` in eager mode: the frame over the calls' KV rows (:meth:`...model.frame.Frame.forward`)."""
+        b = self.backend
         rows = [row for row, _ in calls]
-        steps = [inputs for _, inputs in calls]
-        stepped = [i for i, x in enumerate(steps) if x.column is not None]
-        logits: list[torch.Tensor | None] = [None] * n
-        hidden: list[torch.Tensor | None] = [None] * n
-        if stepped:
-            column = torch.as_tensor(np.stack([steps[i].column for i in stepped]), device=dev).view(-1, 1 + c, 1)
-            lg, hd = frame.slow_rows(
-                column, [rows[i] for i in stepped], [steps[i].pos for i in stepped], self.k_cache, self.v_cache
-            )
-            for j, i in enumerate(stepped):
-                logits[i], hidden[i] = lg[j], hd[j]
-        for i, x in enumerate(steps):
-            if x.column is None:
-                logits[i], hidden[i] = self._prefilled[rows[i]]
-        out = frame.sample(params, torch.stack(logits), torch.stack(hidden), frame_inputs(steps, dev))
-        return frame_results(out, packed(out), range(n), [x.logits for x in steps])
+        steps = [x for _, x in calls]
+        inputs = frame_inputs(self.cfg, steps, b.device, rows=rows)
+        first = prefilled([self._prefilled[row] if x.column is None else None for row, x in calls])
+        out = b.frame_maths(params, inputs, self.k_cache, self.v_cache, first)
+        return frame_results(out, packed(out), range(len(calls)), [x.logits for x in steps])
 
 
 @dataclass
