@@ -133,7 +133,7 @@ def test_a_server_request_is_checked_tokenised_and_planned_once(tts, counts):
     }
     assert counts.voices_read == ["ana"]  # by the route, before a worker is taken
     assert counts.plans == 1
-    assert texts_checked(counts) == ["input", "text"]  # the schema's rule for the body, then check_request
+    assert texts_checked(counts) == ["input"]  # by check_request alone, named as the body names it
     assert counts.encoded[TEXT] == 1
     assert counts.encoded["<|speaker:0|>" + TRANSCRIPT] == 1
 

@@ -65,6 +65,7 @@ def check_request(
     max_frames: int | None = None,
     chunk_frames: int | None = None,
     first_chunk_frames: int | None = None,
+    text_field: str = "text",
 ) -> CheckedRequest:
     """Check a request without weights, files or a tokenizer, before a model is loaded or a worker taken; return
     its normalised values (:class:`CheckedRequest`). What needs the checkpoint (the prompt's fit in the context,
@@ -74,9 +75,9 @@ def check_request(
     clip without its transcript, a bad voice name), ConfigError naming the setting (sampling settings out of
     range, as ``generation_config.json``'s rules; ``seed`` < 0; ``max_frames`` < 1; ``chunk_frames`` < 1 (None:
     ``DEFAULTS.speech.chunk_frames``); ``first_chunk_frames`` outside 1 to ``chunk_frames``; any of them not a number
-    of the right kind).
+    of the right kind). ``text_field``: what the errors call the text (the HTTP body's ``input``).
     """
-    text = check_text(text)
+    text = check_text(text, text_field)
     check_voice_choice(voice, ref_audio, ref_text)
     if ref_audio is not None:
         ref_text = check_text(ref_text, "reference text")

@@ -61,3 +61,25 @@ def test_the_context_still_caps_a_short_text(never_eos_checkpoint):
     room = 128 - tts.prompts.plain("Hi.").shape[1]
     assert room < _cap(3)
     assert tts.stream("Hi.", seed=1).max_frames == room
+
+
+def test_the_loop_refuses_frames_past_the_context_before_any_work(never_eos_checkpoint):
+    """A tool's prompt and frame cap meet the loop's one guard (:class:`Utterance`): generate and a batch's admit
+    refuse it with the numbers before a prefill or a row is taken."""
+    from audio8_coreai.config import SamplingParams
+    from audio8_coreai.engine.batch import BatchEngine
+    from audio8_coreai.engine.loop import generate
+    from audio8_coreai.errors import EngineError
+
+    tts = TTS.load(never_eos_checkpoint, device="cpu")
+    prompt = tts.prompts.plain("Hi.")
+    room, params = 128 - prompt.shape[1], SamplingParams()
+    tts.backend.k_cache.fill_(1.0)
+    with pytest.raises(EngineError, match=rf"prompt {prompt.shape[1]} \+ {room + 1} frames exceeds the context 128"):
+        generate(tts.backend, prompt, params, seed=1, max_frames=room + 1)
+    assert bool((tts.backend.k_cache == 1.0).all())  # no prefill ran
+    engine = BatchEngine(tts.backend, params, 2)
+    with pytest.raises(EngineError, match="exceeds the context 128"):
+        engine.admit(prompt, room + 1, seed=1)
+    assert engine.free == 2 and not engine.items
+    assert generate(tts.backend, prompt, params, seed=1, max_frames=room).frames == room  # the room fits

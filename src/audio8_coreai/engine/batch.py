@@ -19,7 +19,7 @@ import numpy as np
 
 from ..backends.base import Backend, FrameResult
 from ..config import SamplingParams
-from .loop import Generation, Utterance, check_context
+from .loop import Generation, Utterance
 from .noise import NoiseLike, seeded_noise
 
 
@@ -66,14 +66,14 @@ class BatchEngine:
         :meth:`step`. Noise from ``NoiseSource(seed)`` unless ``noise`` is given (as :func:`.loop.generate`);
         ``logits``: its results carry the logits and hidden (tools).
         Raises EngineError when no row is free or the prompt and ``max_frames`` do not fit the context."""
-        check_context(self.cfg, prompt.shape[1], max_frames)
         if noise is None:
             if seed is None:
                 raise ValueError("admit needs a seed or a noise source")
             noise = seeded_noise(self.batch.backend, seed)
+        utterance = Utterance(self.cfg, prompt.shape[1], max_frames, noise, logits=logits)
         row = self.batch.acquire()
         self.batch.prefill(row, prompt)
-        item = BatchItem(row, Utterance(self.cfg, prompt.shape[1], max_frames, noise, logits=logits))
+        item = BatchItem(row, utterance)
         self.items.append(item)
         return item
 
@@ -108,8 +108,6 @@ def generate_batch(
     """
     if not len(prompts) == len(seeds) == len(max_frames):
         raise ValueError(f"{len(prompts)} prompts, {len(seeds)} seeds and {len(max_frames)} frame caps: give one each")
-    for prompt, cap in zip(prompts, max_frames):
-        check_context(backend.cfg, prompt.shape[1], cap)
     engine = BatchEngine(backend, params, min(max_batch, max(len(prompts), 1)))  # no rows beyond the prompts
     items: list[BatchItem | None] = [None] * len(prompts)
     times: list[list[float]] = [[0.0, 0.0, 0.0] for _ in prompts]  # admitted, prefill done, ended

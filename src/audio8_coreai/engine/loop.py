@@ -29,7 +29,11 @@ class Utterance:
     """The host side of one utterance's frame loop: ``prompt_length`` (columns), frame cap ``max_frames``, its
     noise stream and RAS window, the frames made so far (``codes``: int64 [C] each) and, once ``done``,
     ``reached_eos`` (False: the cap). ``forced`` (teacher forcing): the column int64 [1+C] kept at each step
-    instead of the draws; ``logits``: each step's result carries the logits and hidden (tools)."""
+    instead of the draws; ``logits``: each step's result carries the logits and hidden (tools).
+
+    Raises EngineError when the prompt and ``max_frames`` frames do not fit the context: the loop's one guard, for
+    every caller (a planned request's budget already fits, :func:`frame_budget`; a tool's prompt may not).
+    """
 
     cfg: ModelConfig
     prompt_length: int
@@ -44,6 +48,10 @@ class Utterance:
     reached_eos: bool = False
 
     def __post_init__(self) -> None:
+        if self.prompt_length + self.max_frames > self.cfg.max_seq_len:
+            raise EngineError(
+                f"prompt {self.prompt_length} + {self.max_frames} frames exceeds the context {self.cfg.max_seq_len}"
+            )
         self.window = RasWindow(self.cfg.ras_window_size)
 
     @property
@@ -135,11 +143,8 @@ def generate(
     ``on_codes(codes)`` gets each frame's codes int64 [C] as it is made (a decode beside the loop).
     Holds the backend's lease for the whole call. Raises EngineError when the prompt and frames do not fit.
     """
-    cfg = backend.cfg
-    check_context(cfg, prompt.shape[1], max_frames)
-    if noise is None:
-        noise = seeded_noise(backend, seed)
-    p_len = prompt.shape[1]
+    cfg, p_len = backend.cfg, prompt.shape[1]
+    noise = seeded_noise(backend, seed) if noise is None else noise
     utterance = Utterance(cfg, p_len, max_frames, noise, forced, keep_results)
     results: list[FrameResult] = []
     with backend.lease.hold():  # other threads' utterances on this backend wait; a paused stream is overtaken
@@ -192,9 +197,3 @@ def text_frame_cap(text_tokens: int) -> int:
     """The most frames the speech of ``text_tokens`` text tokens may take: ``DEFAULTS.speech.cap_base_frames`` plus
     ``DEFAULTS.speech.cap_frames_per_token`` per token (settings.py says why)."""
     return DEFAULTS.speech.cap_base_frames + DEFAULTS.speech.cap_frames_per_token * text_tokens
-
-
-def check_context(cfg: ModelConfig, prompt_length: int, max_frames: int) -> None:
-    """Raise EngineError unless a prompt of ``prompt_length`` columns and ``max_frames`` frames fit the context."""
-    if prompt_length + max_frames > cfg.max_seq_len:
-        raise EngineError(f"prompt {prompt_length} + {max_frames} frames exceeds the context {cfg.max_seq_len}")

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ...audio import MEDIA_TYPES, output_rate
-from ...errors import AudioError, DamagedVoice, VoiceError
+from ...errors import AudioError, DamagedVoice, PromptError, VoiceError
 from ...request import CheckedRequest, check_request
 from ...settings import DEFAULTS
 from ..errors import ApiError, documented
@@ -75,17 +75,21 @@ def _check(req: SpeechRequest, server: State) -> CheckedRequest:
     seed = req.seed
     if seed is None and voice is None:
         seed = DEFAULTS.server.default_voice_seed
-    return check_request(
-        req.input,
-        voice=voice,
-        seed=seed,
-        temperature=req.temperature,
-        top_k=req.top_k,
-        top_p=req.top_p,
-        max_frames=req.max_frames,
-        chunk_frames=settings.chunk_frames,
-        first_chunk_frames=settings.first_chunk_frames,
-    )
+    try:
+        return check_request(
+            req.input,
+            voice=voice,
+            seed=seed,
+            temperature=req.temperature,
+            top_k=req.top_k,
+            top_p=req.top_p,
+            max_frames=req.max_frames,
+            chunk_frames=settings.chunk_frames,
+            first_chunk_frames=settings.first_chunk_frames,
+            text_field="input",
+        )
+    except PromptError as e:  # the CLI's rule: nothing to speak (empty, whitespace, punctuation only)
+        raise ApiError(400, str(e), "input", "empty_input") from None
 
 
 @router.post(
