@@ -37,8 +37,11 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
       opened or its last answer was sent is closed (a request whose body has come whole is left to run: a long
       synthesis is no slow client);
     * a request head past ``max_head_bytes`` (bytes received while no head is whole) is answered 431 and the
-      connection closed, before the rest is read; a body its answer left unread (a 413) is read ``max_head_bytes``
-      further, then the connection is closed;
+      connection closed, before the rest is read;
+    * an answer that starts while its request's body is still coming (a 413) says ``connection: close`` and ends in
+      a lingering close: after the answer the server's side is shut (FIN) and the rest of the body is read and
+      dropped, up to ``max_unread_body_bytes``, until the client closes or the deadline; so the client, still
+      sending, reads its answer rather than a reset, and sends its next request on a new connection;
     * past ``max_connections`` a request is answered the API's JSON 503 (``too_many_connections``, Retry-After),
       where uvicorn's own is plain text;
     * a response the app leaves incomplete (a stream cut: failed, or dropped for a client that stopped reading)
@@ -52,6 +55,7 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
         _tail = b""  # the last bytes of the head read so far (its end may come in the next read)
         _unread = 0  # bytes of a request body received after its answer was complete
         _refused = False
+        _lingering = False  # answered with the body unread: the rest is dropped until the client closes
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -68,13 +72,13 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
             if self._refused:
                 return
             cycle = self.cycle
-            if cycle is not None and cycle.response_complete and cycle.more_body:  # a body its answer left unread
+            if self._lingering:  # the rest of a body its answer left unread: dropped, never parsed
                 self._unread += len(data)
-                if self._unread > settings.max_head_bytes:  # answered already: the rest is not read
+                if self._unread > settings.max_unread_body_bytes:
                     self._refused = True
                     self.transport.close()
-                    return
-            elif cycle is None or cycle.response_complete:  # reading a head
+                return
+            if cycle is None or cycle.response_complete:  # reading a head
                 seen = self._tail + data  # the end of the head may straddle two reads
                 end = seen.find(b"\r\n\r\n")
                 size = self._head_bytes + (len(data) if end < 0 else end + 4 - len(self._tail))
@@ -96,8 +100,16 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
 
         def _aborting(self, app: Any) -> Any:
             async def aborting(scope, receive, send) -> None:
+                async def sending(message) -> None:
+                    cycle = self.cycle
+                    early = cycle is not None and cycle.scope is scope and cycle.more_body
+                    if message["type"] == "http.response.start" and early:  # the body is still coming
+                        message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+                        cycle.transport = _Lingering(cycle.transport, self._linger)
+                    await send(message)
+
                 try:
-                    await app(scope, receive, send)
+                    await app(scope, receive, send if scope["type"] != "http" else sending)
                 finally:
                     cycle = self.cycle
                     if cycle is not None and cycle.scope is scope and cycle.response_started:
@@ -105,6 +117,14 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
                             reset(self.transport)
 
             return aborting
+
+        def _linger(self) -> None:
+            """The answer is whole: shut this side (FIN after it) and drop what the client still sends."""
+            self._lingering = True
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            else:
+                self.transport.close()
 
         def _arm(self) -> None:
             if self._deadline is not None:
@@ -134,6 +154,21 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
             self.transport.close()
 
     return Bounded
+
+
+class _Lingering:
+    """A connection's transport as its request's cycle sees it once the answer began before the body was whole: its
+    ``close`` (the answer complete, ``connection: close``) is ``linger`` (see :func:`bounded_protocol`), the rest the
+    transport's own."""
+
+    def __init__(self, transport: asyncio.Transport, linger: Any):
+        self._transport, self._linger = transport, linger
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._linger()
 
 
 def reset(transport: asyncio.Transport) -> None:
