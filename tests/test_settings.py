@@ -68,6 +68,8 @@ def test_environment_variables_set_fields(env):
     env.setenv("audio8_speech__chunk_frames", "8")  # any case
     env.setenv("AUDIO8_TORCH__CUDA_GRAPHS", "false")
     env.setenv("AUDIO8_TORCH__CODEC_THREADS", "none")
+    env.setenv("AUDIO8_TORCH__FUSED_KERNELS", "None")  # none in any case, or null
+    env.setenv("AUDIO8_SERVER__DEFAULT_VOICE", "NULL")
     env.setenv("AUDIO8_TORCH__BATCH_BUCKETS", "[1, 4, 16]")
     env.setenv("AUDIO8_SERVER__VOICE_MAP", '{"alloy": "ana"}')
     env.setenv("AUDIO8_RAY__AUTOSCALE", "[1, 8]")
@@ -75,6 +77,7 @@ def test_environment_variables_set_fields(env):
     tree = from_environment()
     assert (tree.server.port, tree.server.workers, tree.speech.chunk_frames) == (9000, 1, 8)
     assert tree.torch.cuda_graphs is False and tree.torch.codec_threads is None
+    assert tree.torch.fused_kernels is None and tree.server.default_voice is None
     assert tree.torch.batch_buckets == (1, 4, 16) and tree.server.voice_map == {"alloy": "ana"}
     assert tree.ray.autoscale == (1, 8) and (tree.wyoming.voice, tree.wyoming.idle_s, tree.wyoming.port) == (
         "house",
@@ -92,12 +95,14 @@ def test_environment_variables_set_fields(env):
         ("AUDIO8_SERVER__WORKERS", "0", "AUDIO8_SERVER__WORKERS must be a whole number >= 1, got '0'"),
         ("AUDIO8_MEASURE__TOLERANCE", "inf", "AUDIO8_MEASURE__TOLERANCE must be a number > 0, got 'inf'"),
         ("AUDIO8_TORCH__CUDA_GRAPHS", "maybe", "AUDIO8_TORCH__CUDA_GRAPHS must be true, false or none, got 'maybe'"),
+        ("AUDIO8_SERVER__PORT", "None", "AUDIO8_SERVER__PORT must be a whole number 1 to 65535, got 'None'"),
         ("AUDIO8_SERVER__SAMPLE_RATE", "9000", "AUDIO8_SERVER__SAMPLE_RATE must be one of 8000, 11025, 12000, 16000"),
         ("AUDIO8_SERVER__PORTT", "9000", "AUDIO8_SERVER__PORTT is not a setting: the server group has host, port,"),
         ("AUDIO8_TORCH__BATCH_BUCKETS", "1,2", "AUDIO8_TORCH__BATCH_BUCKETS is not JSON: give it as JSON"),
         ("AUDIO8_TORCH__BATCH_BUCKETS", "[4, 2]", "AUDIO8_TORCH__BATCH_BUCKETS: batch_buckets must be rising"),
         ("AUDIO8_SERVER", '{"port": 0}', "AUDIO8_SERVER's port must be a whole number 1 to 65535, got 0"),
-        ("AUDIO8_SERVER", "8000", "AUDIO8_SERVER: Input should be a valid dictionary"),
+        ("AUDIO8_SERVER", "8000", 'AUDIO8_SERVER is a group: give it as a JSON object, e.g. {"port": 8000}, or set'),
+        ("AUDIO8_SERVER", "[1]", "AUDIO8_SERVER is a group: give it as a JSON object"),
         ("AUDIO8_BENCH__CODEC_DTYPE", "fp16", "AUDIO8_BENCH__CODEC_DTYPE must be one of fp32, bf16, float32, bfloat16"),
         ("AUDIO8_BENCH__BACKEND", "coreai", "AUDIO8_BENCH__BACKEND must be one of torch, got 'coreai'"),
         ("AUDIO8_SERVR__PORT", "1", "AUDIO8_SERVR__PORT is not a setting: a variable is AUDIO8_<GROUP>__<FIELD> with"),

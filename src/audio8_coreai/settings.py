@@ -6,7 +6,8 @@ One root :class:`Settings` (pydantic-settings) holds a group per part: ``speech`
 has its default, its constraint and one description (shown by the CLI's ``--help`` where an option sets it).
 :data:`DEFAULTS` is built once, at import, from the environment: ``AUDIO8_<GROUP>__<FIELD>`` (two underscores
 between group and field, any case) sets a field, e.g. ``AUDIO8_SERVER__PORT=9000``, ``AUDIO8_TORCH__CUDA_GRAPHS=false``,
-``AUDIO8_SERVER__VOICE_MAP='{"alloy": "ana"}'`` (lists and mappings as JSON), ``none`` for a field that takes None.
+``AUDIO8_SERVER__VOICE_MAP='{"alloy": "ana"}'`` (lists and mappings as JSON), ``none`` (any case) or ``null`` for a
+field that takes None.
 A value the field does not take, or a name that is no field, raises ConfigError naming the variable and what it
 takes (the ``audio8`` command says it in one line). A command's option overrides its field for that run
 (:func:`override`, validated the same way). Only values a user or an operator might tune live here; the
@@ -37,6 +38,15 @@ Group = TypeVar("Group", bound=BaseModel)
 
 class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _none(cls, value: object, info: ValidationInfo) -> object:
+        """``none`` in any case, or ``null``, is None for a field that takes None (as a variable's ``none``)."""
+        if isinstance(value, str) and value.strip().lower() in ("none", "null"):
+            if _kind(cls.model_fields[info.field_name])[1]:
+                return None
+        return value
 
 
 class SpeechSettings(_Group):
@@ -345,6 +355,8 @@ def _kind(info: FieldInfo) -> tuple[object, bool]:
 
 def _wrong(name: str, info: FieldInfo | None, error: Mapping) -> str:
     """What an environment variable ``name`` setting the field ``info`` got wrong (``error``: pydantic's)."""
+    if info is None and error["type"] in ("model_type", "dict_type"):  # a group's own variable, not an object
+        return f'{name} is a group: give it as a JSON object, e.g. {{"port": 8000}}, or set {name}__<FIELD>'
     if info is None or error["type"] == "value_error":
         return f"{name}: {str(error['msg']).removeprefix('Value error, ')}"
     return f"{name} must be {takes(info)}, got {error['input']!r}"
