@@ -353,24 +353,24 @@ class WyomingHandler(AsyncEventHandler):
         await self.speaker.speak(checked, send)
 
     async def _finish(self) -> None:
-        """Speak what is left of the open stream, then ``audio-stop`` and ``synthesize-stopped``."""
+        """Speak what is left of the open stream, then ``audio-stop`` and ``synthesize-stopped``; a stream that held no
+        words (an assistant's empty reply) is only ``synthesize-stopped``, as a stream of nothing to say."""
         stream = self.stream
         if stream is None:
             raise ProtocolError("synthesize-stop without synthesize-start: start a stream first")
         try:
             rest = check_text(stream.pending)
         except PromptError:
-            if not stream.tried:  # the stream held no words: refused as empty text
-                raise
-            rest = None  # punctuation after the last sentence
+            rest = None  # punctuation after the last sentence, or a stream that held no words (an empty reply)
         if rest is not None:
             await self._say(rest)
-        if not stream.audio.samples:
+        if stream.tried and not stream.audio.samples:
             raise NoAudio(
                 "the model ended each sentence at once (eos on its first frame): no audio to send; "
                 "send it again (with another --seed, if the server has one)"
             )
-        await stream.audio.stop()
+        if stream.audio.samples:
+            await stream.audio.stop()
         self.stream = None
         await self.write_event(SynthesizeStopped().event())
 
