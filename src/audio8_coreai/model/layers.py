@@ -197,8 +197,8 @@ class SpanKV:
 
     def attend(self, att: Attention, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
         s = k.shape[2]
-        k_cache[:, :, :, self.start : self.start + s] = k.to(k_cache.dtype).unsqueeze(0)
-        v_cache[:, :, :, self.start : self.start + s] = v.to(v_cache.dtype).unsqueeze(0)
+        k_cache[:, :, :, self.start : self.start + s].copy_(k)  # copy_ casts and broadcasts: two calls, not four
+        v_cache[:, :, :, self.start : self.start + s].copy_(v)
         return self.read(att, q, k_cache, v_cache)
 
     def slot_table(self, batch: int, width: int) -> int:
