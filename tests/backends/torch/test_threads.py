@@ -18,6 +18,7 @@ from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.engine.batch import generate_batch
 from audio8_coreai.engine.loop import generate
+from audio8_coreai.errors import ConfigError
 
 
 @pytest.mark.parametrize(
@@ -33,8 +34,24 @@ from audio8_coreai.engine.loop import generate
         (0, False, None, (1, 1, 0)),
     ],
 )
-def test_the_codec_process_takes_half_the_cpus_and_frames_the_rest(threads, codec_process, codec_threads, expected):
+def test_the_codec_process_takes_half_the_cpus_and_frames_the_rest(
+    threads, codec_process, codec_threads, expected, monkeypatch
+):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
     assert CallThreads.for_backend(threads, codec_process, codec_threads) == CallThreads(*expected)
+
+
+def test_codec_threads_past_the_machines_cpus_are_refused_before_a_process_starts(monkeypatch):
+    """A count torch cannot run (100000 crashed the codec process; 2**63 overflowed in it): the setting named."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert CallThreads.for_backend(2, True, 2) == CallThreads(2, 1, 2)
+    for wrong in (3, 100_000, 2**63):
+        with pytest.raises(
+            ConfigError,
+            match=rf"codec_threads is {wrong}, more than this machine's 2 CPUs.*"
+            r"AUDIO8_TORCH__CODEC_THREADS",
+        ):
+            CallThreads.for_backend(2, True, wrong)
 
 
 def test_the_codec_process_runs_on_its_threads(tiny_checkpoint):

@@ -284,7 +284,9 @@ class CodecWorker:
             return self._conn.recv_bytes()
         except (EOFError, OSError):
             self._finalizer()  # closes our end: the next stream() starts a new child
-        hint = "; its error is printed above" if doing == "starting" else "; the next utterance starts a new one"
+        hint = (
+            "; its error, if it said one, is above" if doing == "starting" else "; the next utterance starts a new one"
+        )
         who = "" if self._pid[0] is None else f" (pid {self._pid[0]})"
         raise BackendError(f"the codec process{who} ended while {doing}{hint}")
 

@@ -10,11 +10,14 @@ prefill's do not).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+from ...errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,15 @@ class CallThreads:
     def for_backend(cls, threads: int, codec_process: bool, codec_threads: int | None = None) -> CallThreads:
         """The counts for a backend given ``threads`` (torch's count where it was loaded; at least 1 is used),
         whether its codec runs in a process of its own, and that process's ``codec_threads`` (None: half of
-        ``threads``, at least 1)."""
+        ``threads``, at least 1). Raises ConfigError for ``codec_threads`` over the machine's CPUs."""
         threads = max(1, int(threads))
+        cpus = os.cpu_count() or 1
+        if codec_threads is not None and codec_threads > cpus:
+            raise ConfigError(
+                f"codec_threads is {codec_threads}, more than this machine's {cpus} CPUs: set at most {cpus} "
+                "(AUDIO8_TORCH__CODEC_THREADS; none: half the threads)",
+                "codec_threads",
+            )
         if not codec_process:
             return cls(threads, threads, 0)
         codec = max(1, threads // 2 if codec_threads is None else int(codec_threads))
