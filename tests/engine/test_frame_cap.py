@@ -83,3 +83,35 @@ def test_the_loop_refuses_frames_past_the_context_before_any_work(never_eos_chec
         engine.admit(prompt, room + 1, seed=1)
     assert engine.free == 2 and not engine.items
     assert generate(tts.backend, prompt, params, seed=1, max_frames=room).frames == room  # the room fits
+
+
+def test_the_loop_refuses_a_prompt_cap_or_seed_it_cannot_run(never_eos_checkpoint):
+    """What a tool may hand the loop directly, each a clear error naming it before any work (a 0 or -3 cap ran one
+    frame; None, a 1-D or empty prompt, an id past the vocabulary and a seed of -1 were tracebacks)."""
+    import numpy as np
+
+    from audio8_coreai.config import SamplingParams
+    from audio8_coreai.engine.batch import BatchEngine
+    from audio8_coreai.engine.loop import generate
+    from audio8_coreai.errors import ConfigError, EngineError
+
+    tts = TTS.load(never_eos_checkpoint, device="cpu")
+    cfg, prompt, params = tts.backend.cfg, tts.prompts.plain("Hi."), SamplingParams()
+    for cap, said in ((0, "max_frames must be >= 1, got 0"), (-3, "got -3"), (None, "whole number, got None")):
+        with pytest.raises(ConfigError, match=said):
+            generate(tts.backend, prompt, params, seed=1, max_frames=cap)
+    bad_ids = prompt.copy()
+    bad_ids[0, 0] = cfg.vocab_size
+    prompts = {
+        f"shape [{prompt.shape[1]}]": prompt[0],
+        f"shape [{cfg.num_codebooks + 1}, 0]": prompt[:, :0],
+        "got ndarray float32": prompt.astype(np.float32),
+        f"ids are below {cfg.vocab_size}": bad_ids,
+    }
+    for said, wrong in prompts.items():
+        with pytest.raises(EngineError, match=rf"a prompt is an integer array \[{cfg.num_codebooks + 1}, columns\]"):
+            generate(tts.backend, wrong, params, seed=1, max_frames=2)
+        with pytest.raises(EngineError, match=said.replace("[", r"\[").replace("]", r"\]")):
+            BatchEngine(tts.backend, params, 1).admit(wrong, 2, seed=1)
+    with pytest.raises(ConfigError, match="seed must be >= 0, got -1"):
+        generate(tts.backend, prompt, params, seed=-1, max_frames=2)

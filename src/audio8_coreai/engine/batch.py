@@ -19,7 +19,7 @@ import numpy as np
 
 from ..backends.base import Backend, FrameResult
 from ..config import SamplingParams
-from .loop import Generation, Utterance
+from .loop import Generation, Utterance, check_prompt
 from .noise import NoiseLike, seeded_noise
 
 
@@ -70,7 +70,7 @@ class BatchEngine:
             if seed is None:
                 raise ValueError("admit needs a seed or a noise source")
             noise = seeded_noise(self.batch.backend, seed)
-        utterance = Utterance(self.cfg, prompt.shape[1], max_frames, noise, logits=logits)
+        utterance = Utterance(self.cfg, check_prompt(self.cfg, prompt), max_frames, noise, logits=logits)
         row = self.batch.acquire()
         self.batch.prefill(row, prompt)
         item = BatchItem(row, utterance)

@@ -31,8 +31,9 @@ class Utterance:
     ``reached_eos`` (False: the cap). ``forced`` (teacher forcing): the column int64 [1+C] kept at each step
     instead of the draws; ``logits``: each step's result carries the logits and hidden (tools).
 
-    Raises EngineError when the prompt and ``max_frames`` frames do not fit the context: the loop's one guard, for
-    every caller (a planned request's budget already fits, :func:`frame_budget`; a tool's prompt may not).
+    Raises EngineError when the prompt and ``max_frames`` frames do not fit the context, ConfigError for a
+    ``max_frames`` that is no whole number >= 1: the loop's one guard, for every caller (a planned request's budget
+    already fits, :func:`frame_budget`; a tool's prompt may not).
     """
 
     cfg: ModelConfig
@@ -48,6 +49,7 @@ class Utterance:
     reached_eos: bool = False
 
     def __post_init__(self) -> None:
+        self.max_frames = check_int(self.max_frames, "max_frames")
         if self.prompt_length + self.max_frames > self.cfg.max_seq_len:
             raise EngineError(
                 f"prompt {self.prompt_length} + {self.max_frames} frames exceeds the context {self.cfg.max_seq_len}"
@@ -143,7 +145,7 @@ def generate(
     ``on_codes(codes)`` gets each frame's codes int64 [C] as it is made (a decode beside the loop).
     Holds the backend's lease for the whole call. Raises EngineError when the prompt and frames do not fit.
     """
-    cfg, p_len = backend.cfg, prompt.shape[1]
+    cfg, p_len = backend.cfg, check_prompt(backend.cfg, prompt)
     noise = seeded_noise(backend, seed) if noise is None else noise
     utterance = Utterance(cfg, p_len, max_frames, noise, forced, keep_results)
     results: list[FrameResult] = []
@@ -160,6 +162,22 @@ def generate(
                 on_codes(res.codes)
     frames_s = time.perf_counter() - t1
     return Generation(utterance.frames(), utterance.reached_eos, p_len, max_frames, t1 - t0, frames_s, results)
+
+
+def check_prompt(cfg: ModelConfig, prompt: object) -> int:
+    """The length of ``prompt`` (columns) when it is what the loop prefills: an integer array [1+C, P], P >= 1, its
+    first row vocabulary ids and the others codes of the checkpoint's codebooks (a :class:`.text.PromptBuilder`'s);
+    else EngineError saying what it is. For the tools that hand the loop a prompt of their own."""
+    rows = cfg.num_codebooks + 1
+    what = f"a prompt is an integer array [{rows}, columns] (text.PromptBuilder makes one)"
+    if not isinstance(prompt, np.ndarray) or prompt.dtype.kind not in "iu":
+        raise EngineError(f"{what}, got {type(prompt).__name__} {getattr(prompt, 'dtype', '')}".rstrip())
+    if prompt.ndim != 2 or prompt.shape[0] != rows or prompt.shape[1] < 1:
+        raise EngineError(f"{what}, got shape {list(prompt.shape)}")
+    ids, codes = prompt[0], prompt[1:]
+    if ids.min() < 0 or ids.max() >= cfg.vocab_size or codes.min() < 0 or codes.max() >= cfg.codebook_size:
+        raise EngineError(f"{what}: its ids are below {cfg.vocab_size}, its codes below {cfg.codebook_size}")
+    return int(prompt.shape[1])
 
 
 def frame_budget(

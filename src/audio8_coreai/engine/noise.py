@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from ..backends.base import Backend
-from ..config import ModelConfig
+from ..config import ModelConfig, check_int
 from ..sampling import NoiseSource
 from ..settings import DEFAULTS
 
@@ -26,8 +26,9 @@ class NoiseLike(Protocol):
 
 
 def noise_source(cfg: ModelConfig, seed: int) -> NoiseSource:
-    """The seeded noise stream of an utterance (see :func:`.loop.generate`); several utterances may share one."""
-    return NoiseSource(seed, cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
+    """The seeded noise stream of an utterance (see :func:`.loop.generate`); several utterances may share one.
+    Raises ConfigError for a ``seed`` that is no whole number >= 0."""
+    return NoiseSource(check_int(seed, "seed", minimum=0), cfg.num_semantic, cfg.codebook_size, cfg.num_codebooks - 1)
 
 
 _POOL: ThreadPoolExecutor | None = None
