@@ -5,6 +5,7 @@ takes the checked request, never unpacked or checked again."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import numbers
 import secrets
 from dataclasses import dataclass
@@ -103,6 +104,14 @@ def check_request(
         chunk_frames,
         first_chunk_frames,
     )
+
+
+REQUEST_KEYWORDS = tuple(
+    name
+    for name, p in inspect.signature(check_request).parameters.items()
+    if p.kind is p.KEYWORD_ONLY and name != "text_field"
+)
+"""What a request sets beside its text (:func:`check_request`'s keywords; the keyword API's)."""
 
 
 def check_chunks(chunk_frames: int, first_chunk_frames: int | None) -> tuple[int, int | None]:

@@ -21,9 +21,9 @@ from .engine.batch import generate_batch
 from .engine.loop import generate
 from .engine.overlap import UtteranceDecode
 from .engine.stream import SpeechStream
-from .errors import BackendError, CheckpointError, EngineError, UnsupportedLanguageWarning
+from .errors import BackendError, CheckpointError, ConfigError, EngineError, UnsupportedLanguageWarning
 from .plan import Plan, make_plan
-from .request import CheckedRequest, check_request, sampling_config
+from .request import REQUEST_KEYWORDS, CheckedRequest, check_request, sampling_config
 from .settings import DEFAULTS
 from .synthesis import Synthesis
 from .text import PromptBuilder, load_tokenizer
@@ -218,32 +218,35 @@ class TTS(VoiceCloning):
         at fp32; at int16 the batched matmuls round differently and a draw may rarely differ). Each text must fit
         one utterance (no splitting). ``frames_s`` is an utterance's time from its admission to its last frame
         (shared frame calls included), ``codec_s`` the batched decode's time.
-        Raises as :meth:`generate`, and BackendError on a backend other than torch, ValueError when ``seeds``
-        does not match ``texts``, plans do not share their sampling settings or ``max_batch`` < 1, TypeError when
-        ``texts`` is one string or plans come with request keywords.
+        Raises as :meth:`generate`, and BackendError on a backend other than torch, ConfigError when ``texts`` is
+        no list (one string, a set, a generator), ``seeds`` does not match it, plans do not share their sampling
+        settings or ``max_batch`` < 1.
         """
         if not self.backend.batches:
             raise BackendError(f"batched generation runs on the torch backend, not {self.backend.name}")
         if isinstance(texts, str):  # a str is a sequence too: its characters would become texts
-            raise TypeError(
+            raise ConfigError(
                 "texts must be a list of strings, not one string: use generate() for one text, or "
-                "generate_batch([text])"
+                "generate_batch([text])",
+                "texts",
             )
         max_batch = check_int(max_batch, "max_batch")
         if not isinstance(texts, (list, tuple)):  # a set or dict has no order to keep; a generator no length
-            raise TypeError(f"texts must be a list of strings, got {type(texts).__name__}")
+            raise ConfigError(f"texts must be a list of strings, got {type(texts).__name__}", "texts")
         request = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "max_frames": max_frames}
         if isinstance(voice, str):  # read once for every text
             voice = self.voices.load(voice, self.checkpoint.fingerprint())
         if seeds is None:
             seeds = [None] * len(texts)
         if not isinstance(seeds, (list, tuple)) or len(seeds) != len(texts):
-            raise ValueError(f"{len(texts)} texts but seeds {seeds!r}: give a list of one seed per text (or none)")
+            shown = repr(seeds) if len(repr(seeds)) <= 80 else f"{repr(seeds)[:77]}..."
+            said = f"{len(texts)} texts but seeds {shown}: give a list of one seed per text (or none)"
+            raise ConfigError(said, "seeds")
         plans = []
         for text, seed in zip(texts, seeds):  # a loop, not a comprehension: a warning's stacklevel names the caller
             plans.append(self._planned(text, {**request, "voice": voice, "seed": seed}, split=False))
         if len({p.params for p in plans}) > 1:
-            raise ValueError("the plans of one batch share their sampling settings: batch them by their settings")
+            raise ConfigError("the plans of one batch share their sampling settings: batch them by their settings")
         if any(len(p.pieces) != 1 for p in plans):
             raise EngineError("generate_batch speaks plans of one piece each: plan them with split=False")
         pieces = [p.pieces[0] for p in plans]
@@ -379,6 +382,11 @@ class TTS(VoiceCloning):
                     "plan the request with this model, tts.plan(check_request(...))"
                 )
             return text
+        unknown = [key for key in request if key not in REQUEST_KEYWORDS]
+        if unknown:  # said as the caller's own, not check_request's
+            raise TypeError(
+                f"unexpected keyword argument {unknown[0]!r}: a request takes {', '.join(REQUEST_KEYWORDS)}"
+            )
         checked = check_request(text, **request)
         if first_chunk_frames is not None:
             checked = dataclasses.replace(

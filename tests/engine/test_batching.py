@@ -139,18 +139,23 @@ def test_tts_generate_batch_equals_generate(tts_fp32):
 def test_tts_generate_batch_bad_input(tts_fp32):
     from audio8_coreai.errors import ConfigError, PromptError
 
-    with pytest.raises(ValueError, match="one seed per text"):
+    with pytest.raises(ConfigError, match="one seed per text") as e:  # an Audio8Error, as every refusal
         tts_fp32.generate_batch(["a", "b"], seeds=[1])
+    assert e.value.field == "seeds"
     with pytest.raises(PromptError):
         tts_fp32.generate_batch(["fine", "   "], seeds=[1, 2])
     with pytest.raises(ConfigError, match="max_frames must be >= 1"):
         tts_fp32.generate_batch(["fine"], max_frames=0)
     with pytest.raises(ConfigError, match="max_batch must be a whole number"):
         tts_fp32.generate_batch(["fine"], max_batch=1.5)
-    with pytest.raises(TypeError, match="not one string"):
+    with pytest.raises(ConfigError, match="not one string"):
         tts_fp32.generate_batch("hello")
-    with pytest.raises(TypeError, match="a list of strings, got set"):
+    with pytest.raises(ConfigError, match="a list of strings, got set"):
         tts_fp32.generate_batch({"a", "b"})
+    with pytest.raises(ConfigError, match="a list of strings, got generator"):
+        tts_fp32.generate_batch(t for t in ("a", "b"))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus': a request takes voice, ref_audio"):
+        tts_fp32.generate("Hi.", bogus=1)  # said as generate's own, not check_request's
 
 
 def test_frame_server_rows_from_threads_equal_generate(tts_fp32):
