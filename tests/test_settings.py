@@ -103,6 +103,8 @@ def test_environment_variables_set_fields(env):
         ("AUDIO8_SERVER", '{"port": 0}', "AUDIO8_SERVER's port must be a whole number 1 to 65535, got 0"),
         ("AUDIO8_SERVER", "8000", 'AUDIO8_SERVER is a group: give it as a JSON object, e.g. {"port": 8000}, or set'),
         ("AUDIO8_SERVER", "[1]", "AUDIO8_SERVER is a group: give it as a JSON object"),
+        ("AUDIO8_SERVER", "null", "AUDIO8_SERVER is a group: give it as a JSON object"),
+        ("AUDIO8_SERVER__", "1", "AUDIO8_SERVER__ is not a setting: a variable is AUDIO8_<GROUP>__<FIELD>"),
         ("AUDIO8_BENCH__CODEC_DTYPE", "fp16", "AUDIO8_BENCH__CODEC_DTYPE must be one of fp32, bf16, float32, bfloat16"),
         ("AUDIO8_BENCH__BACKEND", "coreai", "AUDIO8_BENCH__BACKEND must be one of torch, got 'coreai'"),
         ("AUDIO8_SERVR__PORT", "1", "AUDIO8_SERVR__PORT is not a setting: a variable is AUDIO8_<GROUP>__<FIELD> with"),

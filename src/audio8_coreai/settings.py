@@ -296,14 +296,18 @@ def from_environment() -> Settings:
     """The tree with the ``AUDIO8_*`` variables set now; raises ConfigError naming a variable that is wrong, or one
     that names no group (the tree would ignore it)."""
     groups = list(Settings.model_fields)
-    for name in os.environ:
-        group = name[len(PREFIX) :].split("__")[0].lower() if name.upper().startswith(PREFIX) else None
-        if group is not None and group not in groups:
+    for name, value in os.environ.items():
+        if not name.upper().startswith(PREFIX):
+            continue
+        group, nested, field = name[len(PREFIX) :].lower().partition("__")
+        if group not in groups or (nested and not field):
             raise ConfigError(
                 f"{name} is not a setting: a variable is AUDIO8_<GROUP>__<FIELD> with GROUP one of "
                 f"{', '.join(g.upper() for g in groups)} (unset it, or fix its name)",
                 name,
             )
+        if not nested and value.strip().lower() in ("null", "none"):  # read as JSON null: the group unset
+            raise ConfigError(_wrong(name.upper(), None, {"type": "model_type"}), name)
     try:
         return Settings()
     except ValidationError as e:
