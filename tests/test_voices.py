@@ -429,3 +429,10 @@ def test_a_voice_from_espeak_speech(tts, tmp_path):
     assert voice.sample_rate == 22050 and voice.warnings == ()
     assert voice.frames == -(-round(voice.duration_s * 44100) // 2048)
     assert tts.generate("Good morning.", voice="espeak", seed=1, max_frames=4).codes.shape[1] <= 4
+
+
+def test_a_huge_name_is_refused_without_echoing_it_whole():
+    """A request may send 100,000 characters of name: the error shows its first 64 (a 400 of 100 KB before)."""
+    with pytest.raises(VoiceError, match="it is 100000 characters long") as e:
+        check_name("a" * 100_000)
+    assert f"bad voice name {'a' * 64!r}...: " in str(e.value) and len(str(e.value)) < 400

@@ -86,8 +86,9 @@ def check_name(name: str) -> str:
         why = "it holds " + ", ".join(repr(c) for c in bad)
     elif name.split(".")[0].rstrip().upper() in _WINDOWS_DEVICES:
         why = "Windows reserves it for a device"
-    if why:
-        raise VoiceError(f"bad voice name {name!r}: {why}; {_NAME_RULE}")
+    if why:  # the name shown cut: a request may send 100,000 characters of it
+        shown = repr(name) if len(name) <= MAX_NAME else f"{name[:MAX_NAME]!r}..."
+        raise VoiceError(f"bad voice name {shown}: {why}; {_NAME_RULE}")
     return name
 
 
