@@ -189,6 +189,7 @@ BAD_REQUESTS = [
     ({"voice": "../etc"}, 400, "invalid_voice"),
     ({"voice": "nobody-here"}, 400, "voice_not_found"),
     ({"stream_format": "chunks"}, 400, "unsupported_stream_format"),
+    ({"stream_format": "sse", "stream": False}, 400, "unsupported_stream_format"),  # was sse regardless
     ({"temperature": 0}, 400, "invalid_request"),
     ({"top_k": 0}, 400, "invalid_request"),
     ({"seed": -1}, 400, "invalid_request"),

@@ -38,7 +38,8 @@ class SpeechRequest(BaseModel):
     ``instructions`` accepted and ignored (the model takes no style prompt; the response says so in a header).
     Our extras: ``sample_rate`` (Hz), the body's rate (default: pcm 24 kHz as OpenAI's, the others 44.1 kHz);
     ``stream`` (absent: as OpenAI's, the audio is sent as it is made in every format that can be, whole in flac;
-    true: streamed, refused for flac; false: the whole file with its lengths), see :attr:`streamed`."""
+    true: streamed, refused for flac; false: the whole file with its lengths, refused with sse), see
+    :attr:`streamed`."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -118,6 +119,12 @@ class SpeechRequest(BaseModel):
     def _sse_streams(cls, stream_format: str, info: ValidationInfo) -> str:
         if stream_format != "sse":
             return stream_format
+        if info.data.get("stream") is False:  # events are sent as the speech is made: no whole file to give
+            raise refusal(
+                "unsupported_stream_format",
+                'stream_format "sse" sends the speech as events while it is made: drop "stream": false, or ask '
+                'stream_format "audio" for the whole file',
+            )
         try:  # the events are sse-starlette's
             require("sse_starlette", AudioError)
         except AudioError as e:
