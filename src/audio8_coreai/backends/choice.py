@@ -16,10 +16,15 @@ BACKENDS = ("torch", "coreai")
 
 
 def check_backend_choice(
-    backend: str, device: str = "auto", assets: object = None, cuda_graphs: bool | None = DEFAULTS.torch.cuda_graphs
+    backend: str,
+    device: str = "auto",
+    assets: object = None,
+    cuda_graphs: bool | None = DEFAULTS.torch.cuda_graphs,
+    precision: str | None = None,
 ) -> None:
     """Check a backend choice before anything loads: a known backend, assets exactly for coreai, CUDA graphs
-    (``cuda_graphs`` True; None is the default, on where the device is CUDA) only for torch on a CUDA device.
+    (``cuda_graphs`` True; None is the default, on where the device is CUDA) only for torch on a CUDA device, a
+    ``precision`` only for torch (assets hold the one they were converted at).
     Raises BackendError saying what to change."""
     from .torch import resolve_device
 
@@ -33,6 +38,11 @@ def check_backend_choice(
         raise BackendError(
             "assets (--assets) are run by the coreai backend: add backend='coreai' "
             "(--backend coreai), or drop the assets to use the torch backend"
+        )
+    if backend == "coreai" and precision is not None:
+        raise BackendError(
+            f"the coreai backend runs its assets at the precision they were converted at: drop --precision "
+            f"{precision} (precision=), or convert assets at it (audio8 convert --precision {precision})"
         )
     if backend == "coreai" and cuda_graphs:
         raise BackendError("CUDA graphs (--cuda-graphs) are a torch-backend option: drop them for coreai")
@@ -61,7 +71,7 @@ def open_backend(
     kept per ``prefix_length``, its codec in a process of its own per ``codec_process`` (None: the default, see
     :class:`.torch.TorchBackend`); or ``coreai`` running the asset folder ``assets``.
     Raises BackendError (see :func:`check_backend_choice`; missing, stale or foreign assets), PrecisionError."""
-    check_backend_choice(backend, device, assets, cuda_graphs)
+    check_backend_choice(backend, device, assets, cuda_graphs, precision)
     if backend == "coreai":
         from .coreai import CoreAIBackend
 
