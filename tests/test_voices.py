@@ -436,3 +436,11 @@ def test_a_huge_name_is_refused_without_echoing_it_whole():
     with pytest.raises(VoiceError, match="it is 100000 characters long") as e:
         check_name("a" * 100_000)
     assert f"bad voice name {'a' * 64!r}...: " in str(e.value) and len(str(e.value)) < 400
+
+
+def test_a_name_of_astral_letters_is_refused_by_its_bytes_before_any_file(tmp_path):
+    """64 letters of 4 bytes each (U+1D400) are 256 bytes: a file name no file system takes (it failed writing the
+    voice). 60 of them (240 bytes) are a name whose files fit."""
+    with pytest.raises(VoiceError, match="it is 256 bytes in UTF-8"):
+        check_name("\U0001d400" * 64)
+    assert check_name("\U0001d400" * 60) == "\U0001d400" * 60

@@ -45,11 +45,12 @@ from .settings import DEFAULTS
 FORMAT = 1  # the on-disk format version in ``meta``; a newer file is refused rather than misread
 SUFFIX = ".npz"
 TEMP_SUFFIX = ".tmp"  # a voice being written: ``.NAME.XXXXXXXX.tmp``
-MAX_NAME = 64  # fits every file system's name limit with room for the suffix and temporary names
+MAX_NAME = 64
+MAX_NAME_BYTES = 240  # UTF-8: its temporary file ``.NAME.XXXXXXXX.tmp`` within the 255 bytes file systems take
 _NAME_PUNCTUATION = set(" _-.")
 _NAME_RULE = (
-    "a voice name is 1 to 64 letters, digits, spaces, '_', '-' or '.', starting with a letter, digit "
-    "or '_' (no path separators, no '..')"
+    "a voice name is 1 to 64 letters, digits, spaces, '_', '-' or '.' (at most 240 bytes in UTF-8), starting "
+    "with a letter, digit or '_' (no path separators, no '..')"
 )
 
 
@@ -61,7 +62,8 @@ def check_name(name: str) -> str:
     """Return ``name`` (NFC-normalised) if it is a valid voice name, else raise :class:`VoiceError`.
 
     A name becomes a file name, so it must not reach outside the folder or hide as a dot-file: no path
-    separators, no ``..``, no leading dot; at most 64 characters; letters and digits of any script plus
+    separators, no ``..``, no leading dot; at most 64 characters and 240 bytes in UTF-8 (its files' names
+    within the 255 bytes of every file system); letters and digits of any script plus
     space, ``_``, ``-`` and ``.``; no leading or trailing space and no trailing dot (Windows drops them); not
     a Windows device name (CON, NUL, COM1...).
     NFC because macOS may hand back decomposed file names: "é" typed and "é" listed must be one voice.
@@ -74,6 +76,8 @@ def check_name(name: str) -> str:
         why = "it is empty"
     elif len(name) > MAX_NAME:
         why = f"it is {len(name)} characters long"
+    elif len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:  # a file name, in bytes
+        why = f"it is {len(name.encode('utf-8', 'surrogatepass'))} bytes in UTF-8"
     elif "/" in name or "\\" in name:
         why = "it holds a path separator"
     elif ".." in name:
