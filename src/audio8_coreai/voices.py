@@ -355,8 +355,10 @@ class VoiceStore:
 def codes_problem(codes: np.ndarray, codebooks: int = 0, codebook_size: int = 0) -> str | None:
     """What is wrong with a voice's ``codes`` (integers [codebooks, frames] in [0, codebook_size); a 0 bound is not
     checked), or None."""
-    if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer) or codes.shape[1] == 0:
+    if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer):
         return f"codes {codes.dtype} {list(codes.shape)}, not integers [codebooks, frames]"
+    if codes.shape[1] == 0:
+        return f"codes {list(codes.shape)}: no frames"
     if codebooks and codes.shape[0] != codebooks:
         return f"codes of {codes.shape[0]} codebooks, where the codec that made them gives {codebooks}"
     bad = (codes < 0) | (codes >= codebook_size) if codebook_size else codes < 0

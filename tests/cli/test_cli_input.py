@@ -225,7 +225,7 @@ def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(never_eos_long
         "--audio",
         clip,
         "--text",
-        "Hi, I am Bob.",
+        "Hi, I am Bob [the first].",
         "--model",
         never_eos_long_checkpoint,
         "--voices",
@@ -237,11 +237,12 @@ def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(never_eos_long
     said = " ".join(result.output.split())  # rich wraps at 80 columns
     assert "warning:" in said and "sampled at 8000 Hz" in said
     assert "17 frames" in said and (voices / "Bob 1.npz").is_file()
-    listed = run("voice", "list", "--voices", voices)
-    assert listed.exit_code == 0 and "Bob 1" in listed.output and "Hi, I am Bob." in listed.output
+    listed = run("voice", "list", "--voices", voices)  # brackets are text, not rich markup
+    assert listed.exit_code == 0 and "Bob 1" in listed.output and "Hi, I am Bob [the first]." in listed.output
+    assert "transcript    Hi, I am Bob [the first]." in run("voice", "show", "Bob 1", "--voices", voices).output
     shown = run("voice", "show", "Bob 1", "--voices", voices, "--json")
     data = json.loads(shown.output)
-    assert (data["sample_rate"], data["frames"], data["transcript"]) == (8000, 17, "Hi, I am Bob.")
+    assert (data["sample_rate"], data["frames"], data["transcript"]) == (8000, 17, "Hi, I am Bob [the first].")
     assert np.array(data["codes"]).shape == (10, 17)
 
     paths = [tmp_path / "by_name.wav", tmp_path / "inline.wav"]
@@ -250,7 +251,15 @@ def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(never_eos_long
     assert by_name.exit_code == 0, by_name.output
     assert "voice 'Bob 1'" in " ".join(by_name.output.split())
     inline = run(
-        "say", "Nice to meet you.", "-o", paths[1], "--ref-audio", clip, "--ref-text", "Hi, I am Bob.", *common
+        "say",
+        "Nice to meet you.",
+        "-o",
+        paths[1],
+        "--ref-audio",
+        clip,
+        "--ref-text",
+        "Hi, I am Bob [the first].",
+        *common,
     )
     assert inline.exit_code == 0, inline.output
     a, _ = sf.read(paths[0], dtype="float32")

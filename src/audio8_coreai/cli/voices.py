@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import VoiceError
@@ -55,6 +56,7 @@ def voice_add(
         f"voice {voice.name!r}: {voice.duration_s:.2f} s at {voice.sample_rate} Hz -> {voice.frames} frames, "
         f"saved to {store.path(voice.name)}",
         highlight=False,
+        markup=False,
     )
 
 
@@ -87,15 +89,17 @@ def voice_list(
         out.print(
             f"no voices in {store.root}; add one with: audio8 voice add NAME --audio CLIP --text TRANSCRIPT",
             highlight=False,
+            markup=False,
         )
     for _, v in entries:
         if isinstance(v, VoiceError):
-            out.print(f"[red]damaged:[/] {v}", highlight=False)
+            out.print(f"[red]damaged:[/] {escape(str(v))}", highlight=False)  # its text is not markup
         else:
             words = v.transcript if len(v.transcript) <= 50 else v.transcript[:49] + "…"
             out.print(
                 f'{v.name}  {v.duration_s:.1f} s, {v.frames} frames, {v.sample_rate} Hz, {v.created}  "{words}"',
                 highlight=False,
+                markup=False,
             )
 
 
@@ -126,7 +130,7 @@ def voice_show(
     ]
     rows += [("warning", w) for w in v.warnings]
     for key, value in rows:
-        out.print(f"{key:13s} {value}", highlight=False)
+        out.print(f"{key:13s} {value}", highlight=False, markup=False)
 
 
 @voice_app.command("rm")
@@ -136,4 +140,4 @@ def voice_rm(name: Annotated[str, typer.Argument(help="The voice to remove.")], 
     from ..voices import VoiceStore
 
     path = VoiceStore(voices).remove(name)
-    out.print(f"removed voice {name!r} ({path})", highlight=False)
+    out.print(f"removed voice {name!r} ({path})", highlight=False, markup=False)
