@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -275,9 +274,16 @@ def bench(
         folder = json_out.parent
         if json_out.is_dir():
             raise ConfigError(f"--json {json_out} is a folder: give a file name such as {json_out / 'bench.json'}")
-        if not folder.is_dir() or not os.access(folder, os.W_OK):
-            why = "does not exist" if not folder.is_dir() else "is not writable"
-            raise ConfigError(f"--json {json_out}: the folder {folder} {why}: write elsewhere")
+        if not folder.is_dir():
+            raise ConfigError(f"--json {json_out}: the folder {folder} does not exist: write elsewhere")
+        existed = json_out.exists()
+        try:  # a real write, not permission bits: root passes those where the file system still refuses (/proc)
+            with open(json_out, "a"):
+                pass
+        except OSError as e:
+            raise ConfigError(f"--json {json_out} cannot be written ({e.strerror}): write elsewhere") from None
+        if not existed:
+            json_out.unlink()
     thread_list = threads or [DEFAULTS.bench.threads]
     configs = [override(base, threads=t, precision="fp32", baseline=True) for t in thread_list] if baseline else []
     configs += [
