@@ -213,3 +213,15 @@ def test_a_plan_is_made_of_a_checked_request_and_spoken_by_its_own_checkpoint(tt
     for speak in (other.generate, other.stream, other.synthesize):
         with pytest.raises(EngineError, match="this plan was made for another checkpoint"):
             speak(plan)
+
+
+def test_a_context_too_small_for_any_words_is_said_with_its_numbers(tiny_checkpoint, tmp_path):
+    """Context 33: the prompt around the text leaves no room; the refusal gives the positions (it said an
+    utterance 'can hold -4 tokens' and guessed at a voice)."""
+    from audio8_coreai.errors import PromptError
+    from tests.steered import steer_eos
+
+    small = TTS.load(steer_eos(tiny_checkpoint, tmp_path / "small", "never", max_seq_len=33), device="cpu")
+    with pytest.raises(PromptError, match=r"no room for text: the prompt around it takes \d+ of the context's 33") as e:
+        small.plan(check_request("Hello."))
+    assert "-" not in str(e.value) and "voice" not in str(e.value)

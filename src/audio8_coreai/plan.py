@@ -120,6 +120,12 @@ def _split(
         (cfg.max_seq_len - overhead) // (1 + DEFAULTS.speech.split_frames_per_token),
         generation.max_new_tokens // DEFAULTS.speech.split_frames_per_token,
     )
+    if max_tokens < 1:  # said with the numbers, not as a count below 1
+        raise PromptError(
+            f"no room for text: the prompt around it takes {overhead} of the context's {cfg.max_seq_len} positions "
+            f"(max_seq_len), which leaves too little for any words and their speech"
+            + ("; a voice made from a shorter clip leaves more" if cloned else "")
+        )
     try:
         return split_checked(text, max_tokens, lambda words: len(ids(words)))
     except PromptError as e:
