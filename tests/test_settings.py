@@ -96,6 +96,7 @@ def test_environment_variables_set_fields(env):
         ("AUDIO8_MEASURE__TOLERANCE", "inf", "AUDIO8_MEASURE__TOLERANCE must be a number > 0, got 'inf'"),
         ("AUDIO8_TORCH__CUDA_GRAPHS", "maybe", "AUDIO8_TORCH__CUDA_GRAPHS must be true, false or none, got 'maybe'"),
         ("AUDIO8_SERVER__PORT", "None", "AUDIO8_SERVER__PORT must be a whole number 1 to 65535, got 'None'"),
+        ("AUDIO8_SERVER__VOICE_MAP", '{"alloy": "a", "Alloy": "b"}', "AUDIO8_SERVER__VOICE_MAP: voice_map maps a name"),
         ("AUDIO8_SERVER__SAMPLE_RATE", "9000", "AUDIO8_SERVER__SAMPLE_RATE must be one of 8000, 11025, 12000, 16000"),
         ("AUDIO8_SERVER__PORTT", "9000", "AUDIO8_SERVER__PORTT is not a setting: the server group has host, port,"),
         ("AUDIO8_TORCH__BATCH_BUCKETS", "1,2", "AUDIO8_TORCH__BATCH_BUCKETS is not JSON: give it as JSON"),

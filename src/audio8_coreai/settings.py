@@ -172,7 +172,10 @@ class ServerSettings(_Group):
     @field_validator("voice_map")
     @classmethod
     def _lower_names(cls, voice_map: dict[str, str]) -> dict[str, str]:
-        return {name.lower(): voice for name, voice in voice_map.items()}  # a request's name is matched lower-cased
+        lowered = {name.lower(): voice for name, voice in voice_map.items()}  # a request's name is matched so
+        if len(lowered) < len(voice_map):
+            raise ValueError("voice_map maps a name twice (names differing only in case are one)")
+        return lowered
 
 
 class WyomingSettings(_Group):

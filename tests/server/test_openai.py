@@ -338,6 +338,8 @@ def test_unknown_voice_map_targets_are_refused_at_start(tiny_checkpoint, voices_
     for bad in ("alloy", "alloy=../x", "=ana"):
         with pytest.raises(ConfigError, match="--voice-map"):
             parse_voice_map(bad)
+    with pytest.raises(ConfigError, match="--voice-map 'ALLOY=dc': 'ALLOY' is mapped twice"):  # the last won, unsaid
+        parse_voice_map("alloy=ana,ALLOY=dc")
 
 
 # ------------------------------------------------------------------------------------------------------------

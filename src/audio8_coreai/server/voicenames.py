@@ -18,14 +18,18 @@ DEFAULT_VOICE = "default"  # the id listed and accepted for the default voice
 
 def parse_voice_map(text: str) -> dict[str, str]:
     """``"alloy=ana,echo=bob"`` as ``{"alloy": "ana", "echo": "bob"}`` (names checked as voice names, keys
-    lower-cased as OpenAI's are matched). Raises ConfigError for a pair without ``=`` or a bad name."""
+    lower-cased as OpenAI's are matched). Raises ConfigError for a pair without ``=``, a bad name or a name mapped
+    twice."""
     mapping = {}
     for pair in filter(None, (p.strip() for p in text.split(","))):
         name, sep, target = (s.strip() for s in pair.partition("="))
         try:
             if not sep:
                 raise VoiceError("a pair has no '='")
-            mapping[check_name(name).lower()] = check_name(target)
+            key = check_name(name).lower()
+            if key in mapping:
+                raise VoiceError(f"{name!r} is mapped twice (names differing only in case are one)")
+            mapping[key] = check_name(target)
         except VoiceError as e:
             raise ConfigError(
                 f"--voice-map {pair!r}: {e}; give pairs NAME=STORED_VOICE separated by commas, e.g. alloy=ana,echo=bob",
