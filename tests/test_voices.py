@@ -241,6 +241,19 @@ def test_damaged_and_newer_files_are_refused_clearly(tmp_path):
         store.load("newer")
 
 
+@pytest.mark.parametrize("transcript", ["", "  ", "..."])
+def test_a_file_whose_transcript_says_nothing_is_a_damaged_voice(tmp_path, transcript):
+    """A hand-made file with no words in its transcript: damaged when read (it was listed healthy, then every text
+    spoken with it failed with 'reference text is empty')."""
+    store = VoiceStore(tmp_path)
+    voice = make_voice("mute")
+    store.save(voice)
+    meta = {**voice.meta(), "transcript": transcript}
+    np.savez(tmp_path / "mute.npz", codes=voice.codes.astype(np.int16), meta=np.array(json.dumps(meta)))
+    with pytest.raises(DamagedVoice, match=r"mute.npz is damaged \(its transcript .*\).*audio8 voice rm mute"):
+        store.load("mute")
+
+
 def rewrite_codes(path, codes: np.ndarray) -> None:
     """Replace the codes of the voice file ``path``, its meta kept (a damaged or hand-edited file)."""
     with np.load(path) as f:

@@ -39,8 +39,9 @@ import numpy as np
 import platformdirs
 
 from .audio import publish
-from .errors import AudioError, DamagedVoice, VoiceError, VoiceExists, VoiceStorageError
+from .errors import AudioError, DamagedVoice, PromptError, VoiceError, VoiceExists, VoiceStorageError
 from .settings import DEFAULTS
+from .text.checks import check_text
 
 FORMAT = 1  # the on-disk format version in ``meta``; a newer file is refused rather than misread
 SUFFIX = ".npz"
@@ -333,6 +334,10 @@ class VoiceStore:
             raise DamagedVoice(f"voice file {path} is damaged (meta: {type(e).__name__}: {e}){damaged}", name) from e
         if problem := codes_problem(codes, voice.codebooks, voice.codebook_size):
             raise DamagedVoice(f"voice file {path} is damaged ({problem}){damaged}", name)
+        try:  # its transcript is spoken before every text: a file that holds none cannot be spoken with
+            check_text(voice.transcript, "its transcript")
+        except PromptError as e:
+            raise DamagedVoice(f"voice file {path} is damaged ({e}){damaged}", name) from None
         if fingerprint is not None:
             voice.check_checkpoint(fingerprint)
         return voice
