@@ -85,7 +85,7 @@ def check_writable(path: str | Path) -> tuple[Path, Path]:
     if path.is_dir():  # whatever its name ends with
         raise AudioError(f"{path} is a folder: give a file name such as {path / 'speech.wav'}")
     if path.suffix.lower() not in WRITE_FORMATS:
-        raise AudioError(f"cannot write {path.name!r}: use a .wav, .flac or .ogg file name")
+        raise AudioError(f"cannot write {path}: use a .wav, .flac or .ogg file name")  # the path whole: /dev/full
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise AudioError(f"cannot write {path}: the folder {folder} does not exist")
