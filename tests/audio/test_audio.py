@@ -100,14 +100,16 @@ def test_digital_silence_is_refused(tmp_path):
         read_reference(clips.write(tmp_path / "z.wav", np.zeros(44100, np.float32), 44100))
 
 
-@pytest.mark.parametrize("kind", ["one blip", "hiss"])
+@pytest.mark.parametrize("kind", ["one blip", "hiss", "a constant offset"])
 def test_nearly_all_silence_is_refused(tmp_path, kind):
     rate = 16000
     if kind == "one blip":  # 0.2 s of sound in 5 s
         data = np.zeros(5 * rate, np.float32)
         data[rate : rate + rate // 5] = clips.sweep(rate, 0.2)
-    else:  # steady noise at about -65 dBFS RMS
+    elif kind == "hiss":  # steady noise at about -65 dBFS RMS
         data = np.random.default_rng(1).normal(0, 10 ** (-65 / 20), 2 * rate).astype(np.float32)
+    else:  # DC at half scale, 3 s: no sound (it was taken for a voice)
+        data = np.full(3 * rate, 0.5, np.float32)
     with pytest.raises(AudioError, match="nearly all silence"):
         read_reference(clips.write(tmp_path / "q.wav", data, rate, "FLOAT"))
 

@@ -153,12 +153,12 @@ def _check_duration(path: Path, samples: int, rate: int) -> None:
 
 
 def _sound_share(mono: np.ndarray, rate: int) -> float:
-    """The share of 20 ms windows of ``mono`` [N] whose RMS is at least -50 dBFS (the last partial window
-    is left out)."""
+    """The share of 20 ms windows of ``mono`` [N] whose RMS about their own mean is at least -50 dBFS (the last
+    partial window is left out): a constant offset (DC) is no sound."""
     window = max(1, min(len(mono), round(rate * SILENCE_WINDOW_S)))
     n = len(mono) // window
-    frames = mono[: n * window].reshape(n, window)
-    rms = np.sqrt(np.mean(np.square(frames, dtype=np.float64), axis=1))
+    frames = mono[: n * window].reshape(n, window).astype(np.float64)
+    rms = frames.std(axis=1)
     return float(np.mean(rms >= 10 ** (SILENCE_DBFS / 20)))
 
 
