@@ -77,11 +77,11 @@ class TTS(VoiceCloning):
         :meth:`close` (or ``with TTS.load(...) as tts:``) ends that process; it also ends with this one.
         ``voices_dir``: the voice store's folder (default: the per-user one, see :mod:`.voices`).
         ``backend``: torch, or coreai with ``assets`` the folder ``audio8 convert`` wrote from this
-        checkpoint (``device`` then does not apply, and a ``precision`` is refused: the assets fix it).
+        checkpoint (``device`` then does not apply, and a ``precision`` must be the assets' own: they fix it).
         Raises CheckpointError (missing/corrupt files, wrong shapes, no tokenizer), BackendError
         (unknown device/precision/backend; missing, stale or foreign assets; cuda_graphs off CUDA).
         """
-        check_backend_choice(backend, device, assets, cuda_graphs, precision)
+        check_backend_choice(backend, device, assets, cuda_graphs)
         ckpt = load_checkpoint(model)
         ckpt.fingerprint()  # of the files as loaded: voices are checked against these weights, not later files
         if ckpt.tokenizer_dir is None:

@@ -16,15 +16,10 @@ BACKENDS = ("torch", "coreai")
 
 
 def check_backend_choice(
-    backend: str,
-    device: str = "auto",
-    assets: object = None,
-    cuda_graphs: bool | None = DEFAULTS.torch.cuda_graphs,
-    precision: str | None = None,
+    backend: str, device: str = "auto", assets: object = None, cuda_graphs: bool | None = DEFAULTS.torch.cuda_graphs
 ) -> None:
     """Check a backend choice before anything loads: a known backend, assets exactly for coreai, CUDA graphs
-    (``cuda_graphs`` True; None is the default, on where the device is CUDA) only for torch on a CUDA device, a
-    ``precision`` only for torch (assets hold the one they were converted at).
+    (``cuda_graphs`` True; None is the default, on where the device is CUDA) only for torch on a CUDA device.
     Raises BackendError saying what to change."""
     from .torch import resolve_device
 
@@ -38,11 +33,6 @@ def check_backend_choice(
         raise BackendError(
             "assets (--assets) are run by the coreai backend: add backend='coreai' "
             "(--backend coreai), or drop the assets to use the torch backend"
-        )
-    if backend == "coreai" and precision is not None:
-        raise BackendError(
-            f"the coreai backend runs its assets at the precision they were converted at: drop --precision "
-            f"{precision} (precision=), or convert assets at it (audio8 convert --precision {precision})"
         )
     if backend == "coreai" and cuda_graphs:
         raise BackendError("CUDA graphs (--cuda-graphs) are a torch-backend option: drop them for coreai")
@@ -69,13 +59,20 @@ def open_backend(
     the device's default), its codec at ``codec_dtype``, frames as CUDA graphs with ``cuda_graphs`` (None: when the
     device is CUDA; single frames and batched rows alike, see :mod:`.torch.cudagraphs`), prompt heads
     kept per ``prefix_length``, its codec in a process of its own per ``codec_process`` (None: the default, see
-    :class:`.torch.TorchBackend`); or ``coreai`` running the asset folder ``assets``.
+    :class:`.torch.TorchBackend`); or ``coreai`` running the asset folder ``assets`` (a ``precision`` given must be
+    theirs).
     Raises BackendError (see :func:`check_backend_choice`; missing, stale or foreign assets), PrecisionError."""
-    check_backend_choice(backend, device, assets, cuda_graphs, precision)
+    check_backend_choice(backend, device, assets, cuda_graphs)
     if backend == "coreai":
         from .coreai import CoreAIBackend
 
-        return CoreAIBackend(checkpoint, assets)
+        chosen = CoreAIBackend(checkpoint, assets)
+        if precision is not None and precision != chosen.precision:  # assets run at the one they were made at
+            raise BackendError(
+                f"these assets were converted at {chosen.precision}, not {precision}: drop --precision {precision} "
+                f"(precision=), or convert assets at it (audio8 convert --precision {precision})"
+            )
+        return chosen
     from .torch import TorchBackend, resolve_device
 
     if cuda_graphs is None:

@@ -22,13 +22,14 @@ def parity(
     model: ModelOpt = DEFAULT_MODEL,
     device: DeviceOpt = "cpu",
     precision: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--precision",
-            help="Torch precision to replay: fp32 (the parity "
-            "criterion), or bf16, fp16w, int16, int12, int8, int8-int16, int8-fp16w, int8-int8 (agreement counts).",
+            help="Torch precision to replay: fp32 (the parity criterion; the default), or bf16, fp16w, int16, "
+            "int12, int8, int8-int16, int8-fp16w, int8-int8 (agreement counts). With --backend coreai: the "
+            "assets' own, which a value given must be.",
         ),
-    ] = "fp32",
+    ] = None,
     backend: BackendOpt = "torch",
     assets: AssetsOpt = None,
     cuda_graphs: CudaGraphsOpt = DEFAULTS.torch.cuda_graphs,
@@ -46,6 +47,8 @@ def parity(
 
     tolerance = override(DEFAULTS.measure, tolerance=tolerance).tolerance
     ckpt = load_checkpoint(model)
+    if precision is None and backend == "torch":
+        precision = "fp32"
     port = open_backend(ckpt, backend, device=device, precision=precision, assets=assets, cuda_graphs=cuda_graphs)
     exact = port.precision == "fp32"
     report = run_parity(port, fixture, tolerance)
@@ -119,14 +122,14 @@ def gate(
     assets: AssetsOpt = None,
     device: DeviceOpt = "auto",
     precision: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--precision",
-            help="The port's precision on torch (precision.py's names: fp32, bf16, fp16w, int16, "
+            help="The port's precision on torch (precision.py's names: fp32, the default, bf16, fp16w, int16, "
             "int12, int8, int8-int16, int8-fp16w, int8-int8); a non-fp32 one is judged by its speech, "
-            "its tensors reported.",
+            "its tensors reported. With --backend coreai: the assets' own, which a value given must be.",
         ),
-    ] = "fp32",
+    ] = None,
     against: Annotated[
         str,
         typer.Option(

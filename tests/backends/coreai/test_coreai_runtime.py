@@ -291,8 +291,9 @@ def test_tts_api_on_the_coreai_backend_matches_torch(speakable, fp32_assets):
     assert np.abs(a.audio - b.audio).max() < 1e-4
     with pytest.raises(BackendError, match="give assets=DIR"):
         TTS.load(speakable, backend="coreai")
-    with pytest.raises(BackendError, match="at the precision they were converted at: drop --precision int8"):
+    with pytest.raises(BackendError, match="these assets were converted at fp32, not int8: drop --precision int8"):
         TTS.load(speakable, backend="coreai", assets=fp32_assets, precision="int8")  # was run at fp32, unsaid
+    assert TTS.load(speakable, backend="coreai", assets=fp32_assets, precision="fp32").backend.precision == "fp32"
 
 
 def test_cli_say_with_coreai(speakable, fp32_assets, tmp_path):

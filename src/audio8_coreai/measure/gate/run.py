@@ -56,7 +56,7 @@ def run_gate(
     against: str | Path = "fp32",
     backend: str = "torch",
     device: str = "cpu",
-    precision: str = "fp32",
+    precision: str | None = None,
     assets: str | Path | None = None,
     fixtures: str | Path | None = None,
     names: Sequence[str] | None = None,
@@ -73,7 +73,8 @@ def run_gate(
 
     ``against``: ``"fp32"`` (the checkpoint in fp32 torch on ``reference_device``, over ``fixtures``, optionally
     only ``names``) or the path of an oracle ``fixture.npz`` recorded for this checkpoint. The port is
-    ``backend`` (torch on ``device`` in ``precision``, or coreai with ``assets``). ``max_frames`` caps every
+    ``backend`` (torch on ``device`` in ``precision``, None: fp32; or coreai with ``assets``, None: theirs; one
+    given must be theirs). ``max_frames`` caps every
     free run (default: the checkpoint's max_new_tokens). ``recognizers`` / ``speaker_encoder`` replace the
     defaults (pocketsphinx, resemblyzer). ``log`` receives a line per step (progress).
     Raises GateError, ParityError, CheckpointError, BackendError and the TTS errors for bad input.
@@ -81,6 +82,8 @@ def run_gate(
 
     t0 = time.perf_counter()
     say = log or (lambda line: None)
+    if precision is None and backend == "torch":
+        precision = "fp32"
     _matplotlib()  # a missing extra fails here, not after minutes of generation
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
@@ -127,7 +130,7 @@ def run_gate(
 
 
 def _against_oracle(
-    model, out: Path, fixture: Path, backend: str, device: str, precision: str, assets, say
+    model, out: Path, fixture: Path, backend: str, device: str, precision: str | None, assets, say
 ) -> GateReport:
     """The oracle rungs: parity's whole replay, margins for its misses, the codec stage and pictures."""
     from ...checkpoint import load_checkpoint
@@ -189,7 +192,7 @@ def _against_fp32(
     out: Path,
     backend: str,
     device: str,
-    precision: str,
+    precision: str | None,
     assets,
     fixtures,
     names,
