@@ -93,7 +93,7 @@ def test_environment_variables_set_fields(env):
         ("AUDIO8_SERVER__PORT", "99999", "AUDIO8_SERVER__PORT must be a whole number 1 to 65535, got '99999'"),
         ("AUDIO8_SERVER__PORT", "eighty", "AUDIO8_SERVER__PORT must be a whole number 1 to 65535, got 'eighty'"),
         ("AUDIO8_SERVER__WORKERS", "0", "AUDIO8_SERVER__WORKERS must be a whole number >= 1, got '0'"),
-        ("AUDIO8_MEASURE__TOLERANCE", "inf", "AUDIO8_MEASURE__TOLERANCE must be a number > 0, got 'inf'"),
+        ("AUDIO8_MEASURE__TOLERANCE", "inf", "AUDIO8_MEASURE__TOLERANCE must be a finite number > 0, got 'inf'"),
         ("AUDIO8_TORCH__CUDA_GRAPHS", "maybe", "AUDIO8_TORCH__CUDA_GRAPHS must be true, false or none, got 'maybe'"),
         ("AUDIO8_SERVER__PORT", "None", "AUDIO8_SERVER__PORT must be a whole number 1 to 65535, got 'None'"),
         ("AUDIO8_SERVER__VOICE_MAP", '{"alloy": "a", "Alloy": "b"}', "AUDIO8_SERVER__VOICE_MAP: voice_map maps a name"),
@@ -161,7 +161,7 @@ def test_a_commands_options_override_a_group_validated():
         (DEFAULTS.server, {"workers": 0}, "--workers must be >= 1, got 0"),
         (DEFAULTS.server, {"chunk_frames": 4, "first_chunk_frames": 5}, "--first-chunk-frames must be 1 to "),
         (DEFAULTS.ray, {"gpus": -1.0}, "--replica-gpus must be a number >= 0, got -1.0"),
-        (DEFAULTS.measure, {"tolerance": -1.0}, "--tolerance must be a number > 0, got -1.0"),
+        (DEFAULTS.measure, {"tolerance": -1.0}, "--tolerance must be a finite number > 0, got -1.0"),
     ]:
         with pytest.raises(ConfigError) as e:
             override(group, {"gpus": "--replica-gpus"}, **changes)
@@ -174,7 +174,7 @@ def test_what_a_field_takes_in_words():
     assert takes(server["port"]) == "a whole number 1 to 65535" and takes(server["port"], typed=False) == "1 to 65535"
     assert takes(torch_["cuda_graphs"]) == "true, false or none"
     assert takes(server["max_frames"]) == "a whole number >= 1 or none"
-    assert takes(fields["measure"].annotation.model_fields["tolerance"]) == "a number > 0"
+    assert takes(fields["measure"].annotation.model_fields["tolerance"]) == "a finite number > 0"  # inf is refused
     assert takes(torch_["batch_buckets"]) == "JSON such as [1, 2, 4, 8, 16, 32, 64, 128, 256]"
 
 

@@ -341,7 +341,9 @@ def takes(info: FieldInfo, typed: bool = True) -> str:
     elif kind is bool:
         return "true, false or none" if typed and optional else "true or false"
     elif kind in (int, float):
-        said = " ".join(filter(None, ("a number" if kind is float else "a whole number" if typed else "", bounds)))
+        finite = any(getattr(m, "allow_inf_nan", True) is False for m in info.metadata)
+        number = "a finite number" if finite else "a number"
+        said = " ".join(filter(None, (number if kind is float else "a whole number" if typed else "", bounds)))
     elif typing.get_origin(kind) in (tuple, dict):
         example = info.get_default(call_default_factory=True) or (
             [1, 4] if typing.get_origin(kind) is tuple else {"a": "b"}

@@ -91,7 +91,11 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
         (["say", "Hi", "-o", "{tmp}/o.wav", "--backend", "coreai"], "give assets=DIR (--assets)"),
         (["serve", "--max-frames", "0"], "must be >= 1"),
         (["bench", "--cuda-graphs"], "add --device cuda (not cpu)"),
-        (["parity", "--fixture", "{tmp}/f.npz", "--tolerance", "-1"], "--tolerance must be a number > 0"),
+        (["parity", "--fixture", "{tmp}/f.npz", "--tolerance", "-1"], "--tolerance must be a finite number > 0"),
+        (
+            ["parity", "--fixture", "{tmp}/f.npz", "--tolerance", "inf"],
+            "--tolerance must be a finite number > 0, got inf",
+        ),
         (["bench", "--precision", "int3"], "unknown precision 'int3': use one of fp32, bf16"),
         (["bench", "--codec-dtype", "fp8"], "unknown dtype 'fp8'"),
         (["bench", "--device", "tpu"], "device"),
