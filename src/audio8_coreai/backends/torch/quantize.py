@@ -42,7 +42,7 @@ def nbits(kind: str, block: int = DEFAULT_BLOCK) -> NBits:
     return NBits(bits, block, pieces, lo)
 
 
-def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int = 1) -> None:
+def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int = 1) -> list[Tensor]:
     """Swap the linears of transformer ``blocks`` (layers.Block) in place for ``kind``'s kernels.
 
     fp32: unchanged. fp16w: Fp16Linear for ``wqkv``/``wo`` and Fp16FeedForward (float16 weights, fp32
@@ -52,12 +52,13 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
     the weight's residual in 4 bits. ``threads`` blocks are converted at a time, one per thread (FBGEMM's prepack
     and ONNX Runtime's session builds run without the GIL); after each such group the pages of the weights it
     replaced are handed back (:func:`.memory.release_mapped_pages`), so converting from a mapped checkpoint holds
-    ``threads`` blocks' stored weights at a time beside the converted ones. Raises QuantError.
+    ``threads`` blocks' stored weights at a time beside the converted ones. Returns the stored weights replaced.
+    Raises QuantError.
     """
     if kind not in KINDS:
         raise QuantError(f"unknown weight kind {kind!r}: use one of {', '.join(KINDS)}")
     if kind == "fp32":
-        return
+        return []
     fmt = None if kind in WIDENED else nbits(kind, block)
 
     def convert(blk) -> list[Tensor]:
@@ -72,12 +73,14 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
             blk.feed_forward = NBitsFeedForward(ff, fmt, threads)
         return replaced
 
-    group = max(1, threads)
+    group, stored = max(1, threads), []
     with ThreadPoolExecutor(group, thread_name_prefix="audio8-convert") as pool:
         for start in range(0, len(blocks), group):
             replaced = [w for ws in pool.map(convert, blocks[start : start + group]) for w in ws]
             release_mapped_pages(replaced)
             release_freed_memory()
+            stored += replaced
+    return stored
 
 
 def quantize_linear(linear: nn.Linear, kind: str, block: int = DEFAULT_BLOCK, threads: int = 1) -> nn.Module:
@@ -114,10 +117,13 @@ def apply_precision(model, precision: Precision, threads: int | None = None) -> 
     by block (see :func:`quantize_blocks`). ONNX Runtime sessions get ``threads`` intra-op threads (default:
     torch's count)."""
     threads = threads or torch.get_num_threads()
-    quantize_blocks(model.slow.layers, precision.slow, precision.block, threads)
-    quantize_blocks(model.fast.fast_layers, precision.fast, precision.block, threads)
-    model.slow.head = quantize_linear(model.slow.head, precision.heads, precision.block, threads)
-    model.fast.fast_output = quantize_linear(model.fast.fast_output, precision.heads, precision.block, threads)
+    replaced = quantize_blocks(model.slow.layers, precision.slow, precision.block, threads)
+    replaced += quantize_blocks(model.fast.fast_layers, precision.fast, precision.block, threads)
+    for owner, name in ((model.slow, "head"), (model.fast, "fast_output")):
+        linear = getattr(owner, name)
+        setattr(owner, name, quantize_linear(linear, precision.heads, precision.block, threads))
+        if getattr(owner, name) is not linear:
+            replaced.append(linear.weight)
     dt = precision.dtype
     for owner, name in _embedding_tables(model):
         emb = getattr(owner, name)
@@ -135,6 +141,10 @@ def apply_precision(model, precision: Precision, threads: int | None = None) -> 
         for p in m.parameters(recurse=False):
             if p.is_floating_point() and p.dtype != dt:
                 p.data = p.data.to(dt)
+    # Once more over every replaced weight: a read fault maps the file's neighbouring pages too (the kernel's
+    # fault-around, 64 KiB), so a table or norm read after memory pressure dropped its pages maps back pages of a
+    # linear already handed back.
+    release_mapped_pages(replaced)
     release_freed_memory()
 
 
