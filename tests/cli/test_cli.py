@@ -197,6 +197,17 @@ def test_prompt_clone_with_reference_codes(tiny_checkpoint, tmp_path):
     assert np.array_equal(prompt[1:, cols], codes)
 
 
+def test_prompt_refuses_reference_codes_that_are_no_npy_file(tiny_checkpoint, tmp_path):
+    """A stored voice's .npz or a text file says it is no .npy file (numpy said "[1]" or "pickled data")."""
+    np.savez(tmp_path / "voice.npz", codes=np.zeros((10, 3), np.int64))
+    (tmp_path / "codes.txt").write_text("1 2 3\n")
+    for path in (tmp_path / "voice.npz", tmp_path / "codes.txt"):
+        result = run("prompt", "Hi", "--model", tiny_checkpoint, "--ref-text", "Ref.", "--ref-codes", path)
+        assert result.exit_code == 2
+        assert f"{path} is not a .npy file: --ref-codes takes a .npy int array [10, frames]" in result.output
+        assert "Traceback" not in result.output
+
+
 def test_parity_command_passes_on_the_oracle(oracle_dir):
     result = run("parity", "--model", oracle_dir, "--fixture", oracle_dir / "fixture.npz")
     assert result.exit_code == 0, result.output

@@ -34,13 +34,7 @@ def prompt(
     if (ref_text is None) != (ref_codes is None):
         raise PromptError("voice-clone prompts need both --ref-text and --ref-codes")
     if ref_codes is not None:
-        try:
-            codes = np.load(ref_codes, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise PromptError(
-                f"cannot read reference codes {ref_codes}: {e} (expected a .npy int array [10, T])"
-            ) from e
-        ids = builder.clone(check_text(text), ref_text, codes)
+        ids = builder.clone(check_text(text), ref_text, _read_codes(ref_codes))
     else:
         ids = builder.plain(check_text(text))
     if as_json:
@@ -48,3 +42,21 @@ def prompt(
     else:
         out.print(f"prompt [{ids.shape[0]}, {ids.shape[1]}]; row 0:", highlight=False)
         out.print(" ".join(str(int(i)) for i in ids[0]), highlight=False)
+
+
+def _read_codes(path: Path) -> np.ndarray:
+    """The reference codes of ``--ref-codes``: a .npy array, its shape and dtype checked by the prompt builder.
+    Raises PromptError naming the file where it cannot be read or is no .npy file (a stored voice's .npz, text)."""
+    try:
+        with open(path, "rb") as f:
+            npy = f.read(6) == b"\x93NUMPY"
+            f.seek(0)
+            codes = np.load(f, allow_pickle=False) if npy else None
+    except (OSError, ValueError) as e:
+        raise PromptError(f"cannot read reference codes {path}: {e} (expected a .npy int array [10, frames])") from e
+    if codes is None:
+        raise PromptError(
+            f"{path} is not a .npy file: --ref-codes takes a .npy int array [10, frames] "
+            "(a stored voice is spoken by name: audio8 say --voice NAME)"
+        )
+    return codes
