@@ -51,7 +51,8 @@ def say(
     max_frames: Annotated[
         int | None,
         typer.Option(
-            help=f"Frame cap (46 ms each; default: {DEFAULTS.speech.cap_base_frames} plus "
+            help=f"Frame cap of each utterance (46 ms a frame; a long text is split into utterances whatever the "
+            f"cap; default: {DEFAULTS.speech.cap_base_frames} plus "
             f"{DEFAULTS.speech.cap_frames_per_token} per text token, at most the checkpoint's max_new_tokens and "
             "what the context leaves)."
         ),
