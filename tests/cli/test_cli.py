@@ -97,7 +97,7 @@ def test_say_splits_text_too_long_for_one_utterance_as_say_stream_does(never_eos
     result = run("say", text, "-o", plain, *common)
     assert result.exit_code == 0, result.output
     assert "split into sentences" in result.output
-    pieces = int(re.search(r"in (\d+) piece\(s\)", result.output).group(1))
+    pieces = int(re.search(r"in (\d+) pieces?,", result.output).group(1))
     assert pieces >= 2
     assert run("say", text, "-o", streamed, "--stream", *common).exit_code == 0
     a, _ = sf.read(plain, dtype="float32")
@@ -129,7 +129,7 @@ def test_a_long_list_of_capped_pieces_is_cut_short(never_eos_checkpoint, tmp_pat
     model = ("--model", never_eos_checkpoint, "--device", "cpu", "--seed", 1, "--max-frames", 1)
     result = run("say", text, "-o", tmp_path / "many.wav", *model)
     said = " ".join(result.output.split())
-    found = re.search(r"in (\d+) piece\(s\)", said)
+    found = re.search(r"in (\d+) pieces?,", said)
     assert result.exit_code == 0 and found, said
     pieces = int(found.group(1))
     assert pieces > 10, said

@@ -157,7 +157,8 @@ def say(
             speech.on_frame = lambda step: progress.update(task, completed=step + 1)
             (_write_stdout if to_stdout else _write_stream)(speech, output)
         (err if to_stdout else out).print(
-            f"{output}: {speech.frames} frames in {len(speech.pieces)} piece(s), {speech.duration_s:.2f} s of audio, "
+            f"{output}: {_count(speech.frames, 'frame')} in {_count(len(speech.pieces), 'piece')}, "
+            f"{speech.duration_s:.2f} s of audio, "
             f"first audio after {speech.first_audio_s or 0:.2f} s ({spoken_as}seed {speech.seed}, "
             f"{tts.backend.description})",
             highlight=False,
@@ -178,11 +179,11 @@ def say(
         if remedy.startswith("the context is full"):
             remedy += ", or use --stream, which splits it by its estimated speech"
         err.print(
-            f"[yellow]warning:[/] stopped at the frame cap ({result.max_frames} frames) before the model "
+            f"[yellow]warning:[/] stopped at the frame cap ({_count(result.max_frames, 'frame')}) before the model "
             f"ended the utterance; the audio may be cut ({remedy})"
         )
     out.print(
-        f"{output}: {result.frames} frames, {result.duration_s:.2f} s of audio, RTF {result.rtf:.2f} "
+        f"{output}: {_count(result.frames, 'frame')}, {result.duration_s:.2f} s of audio, RTF {result.rtf:.2f} "
         f"({spoken_as}seed {result.seed}, {tts.backend.description})",
         highlight=False,
     )
@@ -269,3 +270,8 @@ def _cap_remedy(prompt_lengths: list[int], cap: int, context: int) -> str:
     if most <= cap:
         return "the context is full: shorten the text"
     return f"raise --max-frames, up to {most} (what the context leaves), or shorten the text"
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless one ("1 frame", "3 frames")."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
