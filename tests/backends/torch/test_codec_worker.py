@@ -145,6 +145,7 @@ def test_a_killed_child_raises_and_the_next_stream_restarts(checkpoint):
         first = stream.push(codes(4))
         pid = b.codec_worker.pid
         os.kill(pid, signal.SIGKILL)
+        assert gone(pid)  # dead before the push: its send meets a broken pipe
         with pytest.raises(BackendError, match=f"the codec process \\(pid {pid}\\) ended while decoding"):
             stream.push(codes(4, 1))
         with pytest.raises(BackendError, match="has ended; start the utterance again"):
@@ -152,6 +153,20 @@ def test_a_killed_child_raises_and_the_next_stream_restarts(checkpoint):
         again = b.codec_stream()
         assert b.codec_worker.pid != pid and gone(pid)
         assert np.array_equal(again.push(codes(4)), first)
+    finally:
+        b.close()
+
+
+def test_a_child_killed_between_utterances_is_replaced_by_the_next_stream(checkpoint):
+    """Killed while idle (the OOM killer between two requests): the next stream runs on a new child, no error."""
+    b = TorchBackend(checkpoint, "cpu", precision="fp32", codec_process=True)
+    try:
+        first = b.codec_stream().push(codes(4))
+        pid = b.codec_worker.pid
+        os.kill(pid, signal.SIGKILL)
+        assert gone(pid)
+        assert np.array_equal(b.codec_stream().push(codes(4)), first)
+        assert b.codec_worker.pid != pid
     finally:
         b.close()
 

@@ -197,8 +197,9 @@ class CodecWorker:
     ``max_frames`` frames long.
     The child starts here and builds its decoder while the caller goes on (the first worker of a process also
     starts the fork server: about the time torch takes to import); :meth:`wait_ready` waits for it. Calls from
-    several threads are serialized (one request in flight). A child that dies fails the call waiting on it with
-    BackendError; the next :meth:`stream` starts a new child. :meth:`close` ends the child (so does the worker's
+    several threads are serialized (one request in flight). A child that dies fails the call waiting on it or
+    sending to it with BackendError; the next :meth:`stream` starts a new child (also where it died between
+    utterances, killed while idle: its end of the pipe is seen). :meth:`close` ends the child (so does the worker's
     finalizer, without waiting); a closed worker raises BackendError.
     """
 
@@ -246,6 +247,8 @@ class CodecWorker:
     def stream(self) -> WorkerStream:
         """A new utterance stream on the child (a new child first, when the last one died)."""
         with self._lock:
+            if self._ready and not self._conn.closed and self._conn.poll():
+                self._finalizer()  # it speaks only when asked: an idle child's end readable is its end (killed)
             if not self._closed and self._conn.closed:  # _reply closes it when the child has died
                 self._start()
             self._check_ready()
@@ -263,8 +266,8 @@ class CodecWorker:
                 while self._ended:
                     gone, ended = self._ended.popleft()
                     if gone == self._child:
-                        self._conn.send(("end", ended, None))
-                self._conn.send(("push", stream, codes))
+                        self._send(("end", ended, None))
+                self._send(("push", stream, codes))
                 reply = self._reply("decoding")
             except BaseException:  # interrupted between request and reply (Ctrl-C): its reply would answer the next
                 self._finalizer()  # so this child is ended; the next stream() starts another
@@ -278,17 +281,29 @@ class CodecWorker:
         """Let the child forget ``stream`` (told with the next request; safe from any thread, finalizers too)."""
         self._ended.append((child, stream))
 
+    def _send(self, message: tuple) -> None:
+        """``message`` to the child, or BackendError when it has died (its end closed: a broken pipe)."""
+        try:
+            self._conn.send(message)
+        except OSError:
+            self._finalizer()  # closes our end: the next stream() starts a new child
+            raise self._ended_while("decoding") from None
+
     def _reply(self, doing: str) -> bytes:
         """The child's next message, or BackendError when it died instead (its end closed: never a hang)."""
         try:
             return self._conn.recv_bytes()
         except (EOFError, OSError):
             self._finalizer()  # closes our end: the next stream() starts a new child
+        raise self._ended_while(doing)
+
+    def _ended_while(self, doing: str) -> BackendError:
+        """The error of a call whose child ended while ``doing`` (starting, decoding)."""
         hint = (
             "; its error, if it said one, is above" if doing == "starting" else "; the next utterance starts a new one"
         )
         who = "" if self._pid[0] is None else f" (pid {self._pid[0]})"
-        raise BackendError(f"the codec process{who} ended while {doing}{hint}")
+        return BackendError(f"the codec process{who} ended while {doing}{hint}")
 
     def close(self) -> None:
         """End the child: close its pipe, wait up to STOP_S seconds for it to end, then kill it. Idempotent."""
