@@ -7,7 +7,7 @@ import pytest
 import soundfile as sf
 import soxr
 
-from audio8_coreai.audio import check_writable, read_reference
+from audio8_coreai.audio import check_writable, encode_speech, read_reference, write_audio
 from audio8_coreai.errors import AudioError
 from tests import clips
 
@@ -100,6 +100,19 @@ def test_digital_silence_is_refused(tmp_path):
         read_reference(clips.write(tmp_path / "z.wav", np.zeros(44100, np.float32), 44100))
 
 
+def test_channels_that_cancel_out_are_told_as_such(tmp_path):
+    """[x, -x]: no sample is 0, their average is (it was called "every sample is 0")."""
+    x = clips.sweep(44100, 1.0)
+    with pytest.raises(AudioError, match="channels cancel out: their average"):
+        read_reference(clips.write(tmp_path / "z.wav", np.stack([x, -x], axis=1), 44100, "FLOAT"))
+
+
+def test_a_float_clip_over_full_scale_gets_a_warning(tmp_path):
+    _, info = read_reference(clips.write(tmp_path / "hot.wav", clips.sweep(44100, 1.0, 30.0), 44100, "FLOAT"))
+    assert info.peak_dbfs == pytest.approx(29.5, abs=0.1)
+    assert [w for w in info.warnings if "over full scale (peak +29.5 dBFS" in w]
+
+
 @pytest.mark.parametrize("kind", ["one blip", "hiss", "a constant offset"])
 def test_nearly_all_silence_is_refused(tmp_path, kind):
     rate = 16000
@@ -156,6 +169,30 @@ def test_missing_file_and_folder(tmp_path):
         read_reference(tmp_path / "nope.wav")
     with pytest.raises(AudioError, match="is a folder"):
         read_reference(tmp_path)
+    with pytest.raises(AudioError, match="/dev/null is not a regular file"):
+        read_reference("/dev/null")
+
+
+@pytest.mark.parametrize(
+    ("audio", "rate", "message"),
+    [
+        (np.full(1000, np.nan, np.float32), 44100, "holds 1000 NaN or infinite samples"),  # LAME aborted on NaN
+        (np.zeros((1000, 2), np.float32), 44100, r"must be mono \[samples\], not shape \[1000, 2\]"),
+        (np.zeros(1000, np.float32), 44100.5, "sample_rate must be a whole number of Hz >= 1, not 44100.5"),
+        (np.zeros(1000, np.float32), 0, "sample_rate must be a whole number of Hz >= 1, not 0"),
+    ],
+)
+def test_speech_out_is_mono_finite_at_a_whole_rate(tmp_path, audio, rate, message):
+    """encode_speech (every format) and write_audio refuse what they cannot write faithfully; one channel shaped
+    [1, N] is mono."""
+    for fmt in ("wav", "mp3", "flac"):
+        with pytest.raises(AudioError, match=message):
+            encode_speech(audio, rate, fmt)
+    with pytest.raises(AudioError, match=message):
+        write_audio(tmp_path / "out.wav", audio, rate)
+    assert not (tmp_path / "out.wav").exists()
+    one = np.linspace(-0.5, 0.5, 1000, dtype=np.float32)
+    assert encode_speech(one[None], 44100, "wav") == encode_speech(one, 44100, "wav")
 
 
 @pytest.mark.skipif(clips.ESPEAK is None, reason="espeak-ng is not installed")

@@ -12,6 +12,7 @@ from ..errors import AudioError
 from ..settings import DEFAULTS
 from .aac import AAC_RATES, AacWriter, pyav
 from .mp3tag import gapless_tag, tag_span
+from .samples import mono_samples, sample_rate_of
 
 # Encoded speech for the HTTP API (OpenAI's response_format names). libsndfile (through soundfile) encodes all but
 # aac: MP3 with LAME since libsndfile 1.1, Opus in Ogg since 1.0.29; a build without them gets a clear error; aac
@@ -138,13 +139,13 @@ class SpeechEncoder:
     is OPUS_RATE whatever is given), reached by a streaming soxr resampler whose chunks joined equal
     :func:`encode_speech`'s one-shot resampling (the same samples: soxr's stream and one-shot share their
     filter). The bytes of all calls joined are a file that soundfile (aac: PyAV) reads. Raises AudioError as
-    :func:`check_speech_format` and :func:`output_rate`.
+    :func:`check_speech_format`, :func:`output_rate` and (each chunk) :func:`.samples.mono_samples`.
     """
 
     def __init__(self, fmt: str, sample_rate: int, rate: int | None = None):
         check_speech_format(fmt, stream=True)
         self.fmt = fmt
-        self.sample_rate = sample_rate
+        self.sample_rate = sample_rate = sample_rate_of(sample_rate)
         self.rate = _body_rate(fmt, sample_rate, rate)
         self._header = _wav_header(self.rate, 0xFFFFFFFF) if fmt == "wav" else b""
         self._file: sf.SoundFile | AacWriter | None = None
@@ -168,7 +169,7 @@ class SpeechEncoder:
         return self._sink.take()
 
     def write(self, chunk: np.ndarray) -> bytes:
-        chunk = np.asarray(chunk, dtype=np.float32).reshape(-1)
+        chunk = mono_samples(chunk)
         head, self._header = self._header, b""
         if self._resampler is not None:
             chunk = self._resampler.resample_chunk(chunk)
@@ -202,12 +203,13 @@ def encode_speech(audio: np.ndarray, sample_rate: int, fmt: str, rate: int | Non
 
     wav, pcm: 16-bit signed little-endian (wav with exact sizes); flac 16-bit, the samples of wav; mp3 (LAME,
     variable bit rate, gapless length tag); opus (Ogg); aac (ADTS, PyAV). The same audio gives the same bytes in
-    every format but opus (Ogg numbers each stream at random). Raises AudioError as :func:`check_speech_format`
-    and :func:`output_rate`.
+    every format but opus (Ogg numbers each stream at random). Raises AudioError as :func:`check_speech_format`,
+    :func:`output_rate` and :func:`.samples.mono_samples`, and for a ``sample_rate`` no whole number.
     """
     check_speech_format(fmt)
+    sample_rate = sample_rate_of(sample_rate)
     rate = _body_rate(fmt, sample_rate, rate)
-    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+    audio = mono_samples(audio)
     if rate != sample_rate:
         audio = soxr.resample(audio, sample_rate, rate, quality=RESAMPLE_QUALITY).astype(np.float32)
     if fmt == "pcm":

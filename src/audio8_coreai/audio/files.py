@@ -17,6 +17,7 @@ import numpy as np
 import soundfile as sf
 
 from ..errors import AudioError
+from .samples import mono_samples, sample_rate_of
 
 # Formats written by extension; soundfile (libsndfile) encodes them all.
 WRITE_FORMATS = {".wav": ("WAV", "FLOAT"), ".flac": ("FLAC", "PCM_24"), ".ogg": ("OGG", "VORBIS")}
@@ -30,12 +31,13 @@ def write_audio(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
     interrupted write never leaves a truncated file and never clobbers an existing one half-way.
 
     Raises:
-        AudioError: unknown extension, a missing or unwritable folder, or a path that is a folder.
+        AudioError: unknown extension, a missing or unwritable folder, or a path that is a folder; audio not mono
+        or not finite (:func:`.samples.mono_samples`), a ``sample_rate`` no whole number.
     """
     path, folder = check_writable(path)
     ext = path.suffix.lower()
     fmt, subtype = WRITE_FORMATS[ext]
-    data = np.asarray(audio, dtype=np.float32).reshape(-1)
+    data, sample_rate = mono_samples(audio), sample_rate_of(sample_rate)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=ext, dir=folder)
@@ -114,6 +116,7 @@ def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[_ChunkWrit
     """
     path, folder = check_writable(path)
     fmt, subtype = WRITE_FORMATS[path.suffix.lower()]
+    sample_rate = sample_rate_of(sample_rate)
     partial = partial_path(path)
     try:
         f = sf.SoundFile(str(partial), "w", sample_rate, 1, subtype, format=fmt)
@@ -145,7 +148,7 @@ class _ChunkWriter:
         return self._f.frames
 
     def write(self, chunk: np.ndarray) -> None:
-        self._call(self._f.write, chunk)
+        self._call(self._f.write, mono_samples(chunk))
 
     def flush(self) -> None:
         self._call(self._f.flush)

@@ -58,12 +58,14 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     quality), so a clip that is not already at 44.1 kHz can give codes that differ slightly from the
     publisher's. A 44.1 kHz clip is not resampled and gives the publisher's codes exactly.
 
-    Raises AudioError, with the reason and what to do, for: a missing file or a folder, a file libsndfile
-    cannot read (not audio, corrupt, truncated header), no samples, NaN or infinite samples, a sample rate under
-    8 kHz, a duration under 0.5 s or over 30 s (checked from the header first, so a long file is refused unread),
-    digital silence, and a clip that is nearly all silence (fewer than 10 % of its 20 ms windows above -50 dBFS RMS).
+    Raises AudioError, with the reason and what to do, for: a missing file, a folder or no regular file, a file
+    libsndfile cannot read (not audio, corrupt, truncated header), no samples, NaN or infinite samples, a sample
+    rate under 8 kHz, a duration under 0.5 s or over 30 s (checked from the header first, so a long file is refused
+    unread), digital silence (also channels that cancel out), and a clip that is nearly all silence (fewer than
+    10 % of its 20 ms windows above -50 dBFS RMS).
     Warnings (in ``info.warnings``, the clip is still used): clipping (runs of >= 3 equal full-scale samples
-    making up over 0.01 % of the clip), a very low level (peak under -30 dBFS), a sample rate under 16 kHz.
+    making up over 0.01 % of the clip), a float clip over full scale (peak above 0 dBFS), a very low level (peak
+    under -30 dBFS), a sample rate under 16 kHz.
     """
     if not isinstance(path, (str, os.PathLike)):  # samples or an open file: the clip is read from its file
         raise AudioError(
@@ -73,8 +75,10 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     path = Path(path).expanduser()
     if path.is_dir():
         raise AudioError(f"{path} is a folder: give the reference clip's audio file")
-    if not path.is_file():
+    if not path.exists():
         raise AudioError(f"reference audio {path} does not exist")
+    if not path.is_file():
+        raise AudioError(f"reference audio {path} is not a regular file (a device or a pipe): give an audio file")
     try:
         with sf.SoundFile(str(path)) as f:
             rate, channels, fmt, subtype = f.samplerate, f.channels, f.format, f.subtype
@@ -98,6 +102,11 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     clipped = _clipped_samples(data)
     mono = data.mean(axis=1)  # the publisher averages channels (SPEC.md section 9)
     peak = float(np.abs(mono).max())
+    if peak == 0.0 and data.any():
+        raise AudioError(
+            f"reference audio {path}'s channels cancel out: their average, the mono clip a voice is made from, "
+            "is 0 everywhere (one channel inverted?); give a clip whose channels hold the speech alike, or one channel"
+        )
     if peak == 0.0:
         raise AudioError(
             f"reference audio {path} is digital silence (every sample is 0): give a clip of the speaker talking"
@@ -114,6 +123,11 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
         warnings.append(
             f"{path.name} is clipped: {clipped} samples ({100 * clipped / data.size:.2f} %) sit at "
             "full scale, and the cloned voice may copy the distortion; record at a lower level"
+        )
+    if peak > 1.0:
+        warnings.append(
+            f"{path.name} goes over full scale (peak {peak_dbfs:+.1f} dBFS, a float file): the encoder hears it "
+            "unscaled and the cloned voice may distort; normalise the clip to peak below 0 dBFS"
         )
     if peak_dbfs < LOW_PEAK_DBFS:
         warnings.append(

@@ -1,0 +1,32 @@
+"""Speech samples handed to a writer or an encoder, checked once at its entry: mono, finite, a whole-number rate."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..errors import AudioError
+
+
+def mono_samples(audio: np.ndarray) -> np.ndarray:
+    """``audio`` as float32 [N]: mono [N], or one channel shaped [N, 1] / [1, N]. Raises AudioError for several
+    channels (they would be written one after the other as one longer signal) or a NaN or infinite sample (LAME
+    aborts the process on NaN; wav would hold noise)."""
+    data = np.asarray(audio, dtype=np.float32)
+    if sum(n > 1 for n in data.shape) > 1:
+        raise AudioError(
+            f"speech audio must be mono [samples], not shape {list(data.shape)}: mix the channels first "
+            "(audio.mean(axis=1) for [samples, channels])"
+        )
+    data = data.reshape(-1)
+    if not np.isfinite(data).all():
+        raise AudioError(f"speech audio holds {int((~np.isfinite(data)).sum())} NaN or infinite samples")
+    return data
+
+
+def sample_rate_of(sample_rate: object) -> int:
+    """``sample_rate`` as an int of Hz. Raises AudioError for anything but a whole number >= 1 (bools too)."""
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Integral) or sample_rate < 1:
+        raise AudioError(f"sample_rate must be a whole number of Hz >= 1, not {sample_rate!r}")
+    return int(sample_rate)
