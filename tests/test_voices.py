@@ -254,6 +254,45 @@ def test_a_file_whose_transcript_says_nothing_is_a_damaged_voice(tmp_path, trans
         store.load("mute")
 
 
+@pytest.mark.parametrize(
+    "field, value, why",
+    [
+        ("transcript", 5, "transcript 5 is not a text"),  # it was read as '5'
+        ("warnings", "abc", "warnings 'abc' are not a list of texts"),  # it was read as ('a', 'b', 'c')
+        ("sample_rate", "44100", "sample_rate '44100' is not a whole number of Hz >= 1"),
+        ("duration_s", -1.5, "duration_s -1.5 is not a number of seconds >= 0"),
+        ("codebooks", True, "codebooks True is not a whole number >= 0"),
+    ],
+)
+def test_a_file_whose_meta_holds_the_wrong_types_is_a_damaged_voice(tmp_path, field, value, why):
+    """A hand-edited meta is checked, not converted: each field its type and range."""
+    store = VoiceStore(tmp_path)
+    voice = make_voice("edited")
+    store.save(voice)
+    meta = {**voice.meta(), field: value}
+    np.savez(tmp_path / "edited.npz", codes=voice.codes.astype(np.int16), meta=np.array(json.dumps(meta)))
+    with pytest.raises(DamagedVoice, match=f"edited.npz is damaged \\({why}\\)"):
+        store.load("edited")
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        ({"transcript": None}, "transcript None is not a text"),  # it was stored, then read as the text 'None'
+        ({"transcript": ""}, "its transcript"),  # it was stored, then refused as damaged when read
+        ({"warnings": ["clipped"]}, "warnings \\['clipped'\\] are not a list of texts"),
+        ({"sample_rate": 0}, "sample_rate 0 is not a whole number of Hz >= 1"),
+    ],
+)
+def test_a_voice_the_store_would_refuse_to_read_is_not_saved(tmp_path, change, why):
+    store = VoiceStore(tmp_path)
+    with pytest.raises(VoiceError, match=f"voice 'odd': {why}"):
+        store.save(dataclasses.replace(make_voice("odd"), **change))
+    assert store.names() == []
+    store.save(dataclasses.replace(make_voice("odd"), sample_rate=np.int64(22050), duration_s=np.float32(1.5)))
+    assert store.load("odd").sample_rate == 22050  # numpy numbers are numbers
+
+
 def rewrite_codes(path, codes: np.ndarray) -> None:
     """Replace the codes of the voice file ``path``, its meta kept (a damaged or hand-edited file)."""
     with np.load(path) as f:

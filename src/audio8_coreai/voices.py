@@ -26,6 +26,8 @@ import dataclasses
 import difflib
 import errno
 import json
+import math
+import numbers
 import os
 import tempfile
 import time
@@ -159,10 +161,43 @@ class Voice:
             f"{self.name or 'NAME'} --audio CLIP --text TRANSCRIPT --force`"
         )
 
+    def problem(self) -> str | None:
+        """What makes this voice one that cannot be stored or spoken, or None: a field of the wrong type or range
+        (whole numbers >= 0, a sample rate >= 1, a finite duration, texts, warnings a tuple of texts), its codes
+        (:func:`codes_problem`) or a transcript with no words. Checked alike when a voice is saved and read."""
+        for name, kind in _FIELD_KINDS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, kind[0]) or not kind[1](value):
+                return f"{name} {value!r} is not {kind[2]}"
+        if not isinstance(self.warnings, tuple) or not all(isinstance(w, str) for w in self.warnings):
+            return f"warnings {self.warnings!r} are not a list of texts"
+        if problem := codes_problem(np.asarray(self.codes), self.codebooks, self.codebook_size):
+            return problem
+        try:  # its transcript is spoken before every text: a voice that holds none cannot be spoken with
+            check_text(self.transcript, "its transcript")
+        except PromptError as e:
+            return str(e)
+        return None
+
     def meta(self) -> dict:
         """Everything but the codes, as stored in the file's ``meta`` JSON."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "codes"}
+        fields = {k: v.item() if isinstance(v, np.generic) else v for k, v in fields.items()}  # numpy numbers
         return {"format": FORMAT, **fields, "warnings": list(self.warnings)}
+
+
+# A Voice's scalar fields: (types, range rule, what it must be).
+_FIELD_KINDS = {
+    "transcript": (str, lambda v: True, "a text"),
+    "sample_rate": (numbers.Integral, lambda v: v >= 1, "a whole number of Hz >= 1"),
+    "duration_s": (numbers.Real, lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0"),
+    "fingerprint": (str, bool, "a checkpoint fingerprint"),
+    "created": (str, lambda v: True, "a text"),
+    "name": (str, lambda v: True, "a text"),
+    "source": (str, lambda v: True, "a text"),
+    "codebooks": (numbers.Integral, lambda v: v >= 0, "a whole number >= 0"),
+    "codebook_size": (numbers.Integral, lambda v: v >= 0, "a whole number >= 0"),
+}
 
 
 def now_utc() -> str:
@@ -263,7 +298,7 @@ class VoiceStore:
             message = f"cannot create the voices folder {self.root}: {e}; give another with --voices DIR"
             raise _storage_error(message, e) from e
         codes = np.asarray(voice.codes)
-        problem = codes_problem(codes, voice.codebooks, voice.codebook_size)
+        problem = voice.problem()
         if problem is None and codes.max() >= 1 << 15:
             problem = f"code {int(codes.max())} is over 32767, which a voice file (int16) cannot hold"
         if problem:
@@ -317,27 +352,24 @@ class VoiceStore:
                 name,
             )
         try:
+            warnings = meta.get("warnings", [])
             voice = Voice(
-                codes=codes.astype(np.int64),
-                transcript=str(meta["transcript"]),
-                sample_rate=int(meta["sample_rate"]),
-                duration_s=float(meta["duration_s"]),
-                fingerprint=str(meta["fingerprint"]),
-                created=str(meta["created"]),
+                codes=codes if codes.dtype.kind not in "iu" else codes.astype(np.int64),
+                transcript=meta["transcript"],
+                sample_rate=meta["sample_rate"],
+                duration_s=meta["duration_s"],
+                fingerprint=meta["fingerprint"],
+                created=meta["created"],
                 name=name,
-                source=str(meta.get("source", "")),
-                warnings=tuple(meta.get("warnings", ())),
-                codebooks=int(meta.get("codebooks", 0)),
-                codebook_size=int(meta.get("codebook_size", 0)),
+                source=meta.get("source", ""),
+                warnings=tuple(warnings) if isinstance(warnings, list) else warnings,
+                codebooks=meta.get("codebooks", 0),
+                codebook_size=meta.get("codebook_size", 0),
             )
-        except (KeyError, TypeError, ValueError) as e:
-            raise DamagedVoice(f"voice file {path} is damaged (meta: {type(e).__name__}: {e}){damaged}", name) from e
-        if problem := codes_problem(codes, voice.codebooks, voice.codebook_size):
+        except KeyError as e:
+            raise DamagedVoice(f"voice file {path} is damaged (meta holds no {e}){damaged}", name) from e
+        if problem := voice.problem():
             raise DamagedVoice(f"voice file {path} is damaged ({problem}){damaged}", name)
-        try:  # its transcript is spoken before every text: a file that holds none cannot be spoken with
-            check_text(voice.transcript, "its transcript")
-        except PromptError as e:
-            raise DamagedVoice(f"voice file {path} is damaged ({e}){damaged}", name) from None
         if fingerprint is not None:
             voice.check_checkpoint(fingerprint)
         return voice
