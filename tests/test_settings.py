@@ -74,11 +74,13 @@ def test_environment_variables_set_fields(env):
     env.setenv("AUDIO8_SERVER__VOICE_MAP", '{"alloy": "ana"}')
     env.setenv("AUDIO8_RAY__AUTOSCALE", "[1, 8]")
     env.setenv("AUDIO8_WYOMING", '{"voice": "house", "idle_s": 5}')  # a group as one JSON object
+    env.setenv("AUDIO8_SERVER__SAMPLE_RATE", "16000")  # a Literal of ints: every rate was refused as text
     tree = from_environment()
     assert (tree.server.port, tree.server.workers, tree.speech.chunk_frames) == (9000, 1, 8)
     assert tree.torch.cuda_graphs is False and tree.torch.codec_threads is None
     assert tree.torch.fused_kernels is None and tree.server.default_voice is None
     assert tree.torch.batch_buckets == (1, 4, 16) and tree.server.voice_map == {"alloy": "ana"}
+    assert tree.server.sample_rate == 16000
     assert tree.ray.autoscale == (1, 8) and (tree.wyoming.voice, tree.wyoming.idle_s, tree.wyoming.port) == (
         "house",
         5.0,

@@ -169,6 +169,12 @@ class ServerSettings(_Group):
     def _first_fits(cls, first: int | None, info: ValidationInfo) -> int | None:
         return _first_chunk(first, info)
 
+    @field_validator("sample_rate", mode="before")
+    @classmethod
+    def _rate_from_text(cls, rate: object) -> object:
+        """A variable's text ``16000`` is the number: a Literal of ints takes no text (every rate was refused)."""
+        return int(rate) if isinstance(rate, str) and rate.strip().isdigit() else rate
+
     @field_validator("voice_map")
     @classmethod
     def _lower_names(cls, voice_map: dict[str, str]) -> dict[str, str]:
