@@ -80,7 +80,10 @@ def serve(
     ] = DEFAULTS.server.sample_rate,
     voice_map: Annotated[
         str | None,
-        typer.Option(help="OpenAI voice names onto stored voices, e.g. alloy=ana,echo=bob (each must be stored)."),
+        typer.Option(
+            help="OpenAI voice names onto stored voices, e.g. alloy=ana,echo=bob (each must be stored).",
+            show_default=",".join(f"{k}={v}" for k, v in DEFAULTS.server.voice_map.items()) or False,
+        ),
     ] = None,
     default_voice: Annotated[
         str | None,
@@ -94,7 +97,7 @@ def serve(
         typer.Option(
             "--ray",
             help="Serve on Ray Serve: replicas of the engine (--batch rows each) on this machine's or a cluster's "
-            "GPUs, behind Ray's HTTP proxy (pip install 'audio8-coreai[ray]').",
+            "GPUs, behind Ray's HTTP proxy (pip install 'audio8-coreai\\[ray]').",
         ),
     ] = False,
     address: Annotated[
