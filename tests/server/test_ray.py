@@ -257,6 +257,11 @@ def test_a_ray_cluster_serves_the_same_api(cluster, never_eos_long_checkpoint, v
     # The same request and seed: the same bytes as `audio8 serve --batch 1`.
     whole = speech(url, response_format="wav")
     assert whole.status_code == 200, whole.text
+    # One x-request-id, written by Ray's proxy (the client's own when sent); the app reads it for its logs.
+    assert len(whole.headers.get_list("x-request-id")) == 1  # it came twice
+    assert httpx.get(f"{url}/health", headers={"x-request-id": "trace 7"}).headers.get_list("x-request-id") == [
+        "trace 7"
+    ]
     with plain_server(never_eos_long_checkpoint, voices, batch=1) as plain:
         assert speech(plain, response_format="wav").content == whole.content
     # A voice added through one request is usable by the next, and its requests stay on one replica.

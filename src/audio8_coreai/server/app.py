@@ -26,20 +26,25 @@ from .voicenames import check_voices
 
 class _App(FastAPI):
     """FastAPI with :class:`.requestid.RequestIds` outside all of its middleware: starlette's last-resort 500,
-    sent by its outermost middleware, carries the request's id too."""
+    sent by its outermost middleware, carries the request's id too (``answer_ids``: see :func:`create_app`)."""
+
+    answer_ids = True
 
     def build_middleware_stack(self) -> ASGIApp:
-        return RequestIds(super().build_middleware_stack())
+        return RequestIds(super().build_middleware_stack(), self.answer_ids)
 
 
-def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings | None = None) -> FastAPI:
+def create_app(
+    instances: Sequence[TTS] | Synthesizer, settings: ServerSettings | None = None, proxy_ids: bool = False
+) -> FastAPI:
     """The FastAPI app serving ``instances`` (model instances of one checkpoint, one per worker) or a
     :class:`.synth.Synthesizer` (a cluster's, :mod:`.ray_app`), under ``settings`` (None: ``DEFAULTS.server``, the
     AUDIO8_SERVER__* environment's); raises ValueError without an instance, VoiceError
     for a ``voice_map`` target or ``default_voice`` that is no usable stored voice (``voicenames.check_voices``).
     Text outside the model's languages is told to each client in an ``X-Audio8-Warning`` header (the plan's
     warning, :class:`..plan.Plan`), not as the keyword API's UnsupportedLanguageWarning; the process's warning
-    filters are left as they are. Every answer has an ``x-request-id`` (:mod:`.requestid`)."""
+    filters are left as they are. Every answer has an ``x-request-id`` (:mod:`.requestid`); ``proxy_ids``: a proxy
+    in front writes it (Ray Serve's), the app only reads it."""
     settings = settings or DEFAULTS.server
     metrics = Metrics()
     synth = instances if isinstance(instances, Synthesizer) else LocalSynthesizer(instances, settings, metrics)
@@ -52,6 +57,7 @@ def create_app(instances: Sequence[TTS] | Synthesizer, settings: ServerSettings 
         server.synth.close()
 
     app = _App(title="audio8-coreai", version="0.1.0", lifespan=lifespan)
+    app.answer_ids = not proxy_ids
     app.state.server = server
     routers = (speech.router, voices.router, health.router, models.router, page.router)  # page: GET /, the web page
     errors.install(app, server.metrics.count, [route for router in routers for route in router.routes])

@@ -256,7 +256,8 @@ class Ingress:
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
         server, info = self.server, await _remote(self.synth.info.remote())
-        return create_app(RaySynthesizer(self.synth, VoiceStore(self.cluster.voices), server.max_queue, info), server)
+        synth = RaySynthesizer(self.synth, VoiceStore(self.cluster.voices), server.max_queue, info)
+        return create_app(synth, server, proxy_ids=True)  # Ray's proxy answers with the request's x-request-id
 
 
 SynthDeployment = serve.deployment(Synth, name="Synth")

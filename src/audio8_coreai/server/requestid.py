@@ -30,10 +30,12 @@ class RequestIds:
     """ASGI middleware giving every HTTP answer an ``x-request-id`` (:func:`request_id`) and setting
     :data:`REQUEST_ID` for the request. Outermost (:func:`.app.create_app`), so starlette's last-resort 500 and
     the body limit's 413 carry it too. The id is set in the request's own task (servers run each request in a
-    task of its own) and left there, so the server's own lines after the app returns carry it as well."""
+    task of its own) and left there, so the server's own lines after the app returns carry it as well. ``answer``
+    False: a proxy in front gives the request its id and puts it in the answer itself (Ray Serve's: the client's
+    own, else a UUID), so the id is only read here, for the logs (a second header would repeat it)."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, answer: bool = True):
+        self.app, self.answer = app, answer
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -41,6 +43,9 @@ class RequestIds:
             return
         rid = request_id(dict(scope["headers"]).get(b"x-request-id"))
         REQUEST_ID.set(rid)
+        if not self.answer:
+            await self.app(scope, receive, send)
+            return
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
