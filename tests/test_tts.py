@@ -199,6 +199,29 @@ def test_wrong_types_are_config_errors_naming_the_setting(tiny_tts, kwargs, fiel
 
 
 @pytest.mark.parametrize(
+    "call, kwargs, said",
+    [
+        ("load", {"codec_process": "no"}, "codec_process must be True, False or None, not 'no'"),  # was taken as on
+        ("load", {"cuda_graphs": "false"}, "cuda_graphs must be True, False or None, not 'false'"),
+        ("stream", {"overlap_codec": "off"}, "overlap_codec must be True, False or None, not 'off'"),
+        ("generate", {"on_frame": 5}, "on_frame must be a function or None, not int"),  # failed after the prefill
+        ("synthesize", {"on_start": 5}, "on_start must be a function or None, not int"),
+    ],
+)
+def test_switches_and_callbacks_are_checked_before_anything_runs(tiny_checkpoint, tiny_tts, call, kwargs, said):
+    from audio8_coreai import TTS
+
+    run = (
+        (lambda: TTS.load(tiny_checkpoint, **kwargs))
+        if call == "load"
+        else (lambda: getattr(tiny_tts, call)("Hello there.", max_frames=2, **kwargs))
+    )
+    with pytest.raises(ConfigError, match=said) as e:
+        run()
+    assert e.value.field == next(iter(kwargs))
+
+
+@pytest.mark.parametrize(
     "kwargs, error, field",
     [
         ({"text": "..."}, PromptError, None),

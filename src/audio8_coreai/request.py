@@ -152,3 +152,19 @@ def sampling_config(
     gen = dataclasses.replace(gen, **over)
     gen.check("sampling settings")
     return gen
+
+
+def check_switch(name: str, value: object) -> bool | None:
+    """``value`` of the on/off keyword ``name``: True, False or None (its default). Raises ConfigError for anything
+    else (a text such as ``'no'`` would be taken as on)."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise ConfigError(f"{name} must be True, False or None, not {value!r}", name)
+
+
+def check_callback(name: str, value: object) -> object:
+    """``value`` of the callback keyword ``name`` (``on_frame``, ``on_start``): a callable or None. Raises
+    ConfigError before any frame (a number failed after the prefill, as "'int' object is not callable")."""
+    if value is None or callable(value):
+        return value
+    raise ConfigError(f"{name} must be a function or None, not {type(value).__name__}", name)

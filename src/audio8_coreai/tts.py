@@ -23,7 +23,7 @@ from .engine.overlap import UtteranceDecode
 from .engine.stream import SpeechStream
 from .errors import BackendError, CheckpointError, ConfigError, EngineError, UnsupportedLanguageWarning
 from .plan import Plan, make_plan
-from .request import REQUEST_KEYWORDS, CheckedRequest, check_request, sampling_config
+from .request import REQUEST_KEYWORDS, CheckedRequest, check_callback, check_request, check_switch, sampling_config
 from .settings import DEFAULTS
 from .synthesis import Synthesis
 from .text import PromptBuilder, load_tokenizer
@@ -79,9 +79,11 @@ class TTS(VoiceCloning):
         ``backend``: torch, or coreai with ``assets`` the folder ``audio8 convert`` wrote from this
         checkpoint (``device`` then does not apply, and a ``precision`` must be the assets' own: they fix it).
         Raises CheckpointError (missing/corrupt files, wrong shapes, no tokenizer), BackendError
-        (unknown device/precision/backend; missing, stale or foreign assets; cuda_graphs off CUDA).
+        (unknown device/precision/backend; missing, stale or foreign assets; cuda_graphs off CUDA), ConfigError
+        (``cuda_graphs`` or ``codec_process`` not True, False or None).
         """
-        check_backend_choice(backend, device, assets, cuda_graphs)
+        check_backend_choice(backend, device, assets, check_switch("cuda_graphs", cuda_graphs))
+        check_switch("codec_process", codec_process)
         ckpt = load_checkpoint(model)
         ckpt.fingerprint()  # of the files as loaded: voices are checked against these weights, not later files
         if ckpt.tokenizer_dir is None:
@@ -166,8 +168,10 @@ class TTS(VoiceCloning):
         split), text outside the model's languages told as an UnsupportedLanguageWarning. ``on_start(max_frames)``
         and ``on_frame(step)`` drive progress bars.
         Raises what check_request and :meth:`plan` raise; EngineError for a plan of several pieces; TypeError
-        for a plan given with request keywords.
+        for a plan given with request keywords; ConfigError for an ``on_*`` that is no function.
         """
+        check_callback("on_frame", on_frame)
+        check_callback("on_start", on_start)
         plan = self._planned(text, request, split=False)
         if len(plan.pieces) != 1:
             raise EngineError(
@@ -297,6 +301,7 @@ class TTS(VoiceCloning):
         ``on_start`` then gets the most frames all pieces together may make. Raises as :meth:`generate` and
         :meth:`stream`.
         """
+        check_callback("on_start", on_start)
         plan = self._planned(text, request, split=True)
         if len(plan.pieces) == 1:
             out = self.generate(plan, on_start=on_start)
@@ -343,8 +348,10 @@ class TTS(VoiceCloning):
         made (same samples; None: when the codec runs in a process of its own, see :meth:`load`).
         Everything is checked here, before any frame (the stream's ``seed`` tells the one drawn when None):
         raises as :meth:`generate` and :meth:`plan` do, and ConfigError for ``chunk_frames`` or
-        ``first_chunk_frames`` < 1.
+        ``first_chunk_frames`` < 1, an ``overlap_codec`` not True, False or None, an ``on_frame`` no function.
         """
+        check_callback("on_frame", on_frame)
+        check_switch("overlap_codec", overlap_codec)
         first = None if isinstance(text, Plan) else request.pop("first_chunk_frames", None)
         plan = self._planned(text, request, split=True, frame_cap=frame_cap, first_chunk_frames=first)
         return SpeechStream(
