@@ -21,7 +21,7 @@ from .engine.batch import generate_batch
 from .engine.loop import generate
 from .engine.overlap import UtteranceDecode
 from .engine.stream import SpeechStream
-from .errors import BackendError, CheckpointError, ConfigError, EngineError, UnsupportedLanguageWarning
+from .errors import CheckpointError, ConfigError, EngineError, UnsupportedLanguageWarning
 from .plan import Plan, make_plan
 from .request import REQUEST_KEYWORDS, CheckedRequest, check_callback, check_request, check_switch, sampling_config
 from .settings import DEFAULTS
@@ -227,7 +227,7 @@ class TTS(VoiceCloning):
         settings or ``max_batch`` < 1.
         """
         if not self.backend.batches:
-            raise BackendError(f"batched generation runs on the torch backend, not {self.backend.name}")
+            raise self.backend.no_batching()
         if isinstance(texts, str):  # a str is a sequence too: its characters would become texts
             raise ConfigError(
                 "texts must be a list of strings, not one string: use generate() for one text, or "

@@ -9,7 +9,7 @@ import torch
 from audio8_coreai import TTS
 from audio8_coreai.engine.batch import BatchEngine, generate_batch
 from audio8_coreai.engine.loop import generate
-from audio8_coreai.errors import EngineError
+from audio8_coreai.errors import BackendError, EngineError
 from audio8_coreai.model.frame import Frame
 
 TEXTS = (
@@ -179,9 +179,14 @@ def test_frame_server_rows_from_threads_equal_generate(tts_fp32):
             assert np.abs(audio - alone).max() < 1e-5
         assert server.frames >= 3 * 2 and server.frames > server.frame_calls  # some calls held several rows
         assert "batched x3" in instances[0].backend.description
+        row = "this model is one row of a batched model \\(TTS.batched\\): it speaks one utterance at a time"
+        with pytest.raises(BackendError, match=row):  # said "runs on the torch backend, not torch"
+            instances[0].generate_batch(["Hi."])
+        with pytest.raises(BackendError, match=row):
+            instances[0].batched(2)
     finally:
         server.close()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(BackendError, match="frame server was closed: call batched\\(\\) again"):  # a RuntimeError
         instances[0].generate("Hi", seed=0, max_frames=2)
 
 

@@ -214,13 +214,20 @@ class Backend(ABC):
 
     def batch_frames(self, max_batch: int) -> BatchFrames:
         """``max_batch`` KV rows whose frames run in one call (:mod:`..engine.batch`). Raises BackendError on a
-        backend that does not batch (``batches`` False)."""
-        raise BackendError(f"batched generation runs on the torch backend, not {self.name}")
+        backend that does not batch (``batches`` False): :meth:`no_batching`."""
+        raise self.no_batching()
 
     def frame_rows(self, max_batch: int, warm: Sequence[SamplingParams] = ()) -> FrameRows:
         """A frame thread and ``max_batch`` row backends whose frames run as one batched call, its graphs captured
         now for each of ``warm``'s sampling settings. Raises BackendError on a backend that does not batch."""
-        raise BackendError(f"batching runs on the torch backend, not {self.name}: drop --batch")
+        raise self.no_batching()
+
+    def no_batching(self) -> BackendError:
+        """The error of a batch asked of this backend where it runs none (``batches`` False), saying what does."""
+        return BackendError(
+            f"batching runs on the torch backend, not {self.name}: load with backend='torch' (--backend torch), or "
+            "drop the batch (--batch)"
+        )
 
     def codec_stages(self, codes: np.ndarray) -> dict[str, np.ndarray] | None:
         """The codec decoder's stages for codes int [1, C, T], float32 by name (``post_in``, ``post_out``,

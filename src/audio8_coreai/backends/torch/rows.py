@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ...config import SamplingParams
-from ...errors import ConfigError, EngineError
+from ...errors import BackendError, ConfigError, EngineError
 from ...model.frame import packed
 from ...settings import DEFAULTS
 from ..base import Backend, CodecStream, FrameResult, StepInputs
@@ -236,7 +236,7 @@ class FrameServer:
         """Queue ``job`` for the frame thread and wait for its result (its exception is raised here)."""
         with self._cond:
             if self._closed:
-                raise RuntimeError("the frame server is closed")
+                raise _closed_error()
             self._jobs.append(job)
             self._seen[job.row] = time.monotonic()
             self._cond.notify_all()
@@ -288,7 +288,7 @@ class FrameServer:
                 self.frames += len(group)
         with self._cond:  # closed: fail whatever still waits
             for job in self._jobs:
-                job.error = RuntimeError("the frame server is closed")
+                job.error = _closed_error()
                 job.done.set()
 
     @staticmethod
@@ -301,6 +301,10 @@ class FrameServer:
                 job.error = e
         for job in jobs:
             job.done.set()
+
+
+def _closed_error() -> BackendError:
+    return BackendError("this batched model's frame server was closed: call batched() again on the model it came from")
 
 
 class RowBackend(Backend):
@@ -329,6 +333,12 @@ class RowBackend(Backend):
     @property
     def device_name(self) -> str:
         return self.shared.device_name
+
+    def no_batching(self) -> BackendError:
+        return BackendError(
+            "this model is one row of a batched model (TTS.batched): it speaks one utterance at a time beside the "
+            "other rows; batch with the model batched() was called on"
+        )
 
     def reset(self) -> None:
         """Nothing to zero: a row's prefill overwrites the slots its frames attend."""
