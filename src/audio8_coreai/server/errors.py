@@ -163,7 +163,8 @@ def api_error(e: Audio8Error) -> ApiError:
 def schema_error(first: dict[str, Any]) -> ApiError:
     """The first error pydantic reports for a body as a 400: invalid_json with the character offset, else the
     field (``param``) and its code (a validator's own, :data:`FIELD_CODES`, or invalid_request), with what to do
-    (a missing field: send it; another: change it, the fields and their ranges being at ``GET /docs``)."""
+    (a missing field: send it; another: change it, the fields and their ranges being at ``GET /docs``, or
+    ``/openapi.json`` offline)."""
     if first.get("type") == "json_invalid":  # loc is (body, character offset): say it in words
         at = first.get("loc", ("body", "?"))[-1]
         return ApiError(
@@ -187,8 +188,13 @@ def schema_error(first: dict[str, Any]) -> ApiError:
     if first.get("type") == "missing" and where is None:  # no body at all
         return ApiError(400, f"the body is empty: send a JSON object such as {EXAMPLE}", None, "invalid_request")
     if first.get("type") == "missing":
-        return ApiError(400, f"{where} is required: send it, as in {EXAMPLE} (every field: GET /docs)", where, code)
-    remedy = "change it and send again (every field and its range: GET /docs)"
+        return ApiError(
+            400,
+            f"{where} is required: send it, as in {EXAMPLE} (every field: GET /docs, or /openapi.json offline)",
+            where,
+            code,
+        )
+    remedy = "change it and send again (every field and its range: GET /docs, or /openapi.json offline)"
     return ApiError(400, f"{where or 'body'}: {first.get('msg')}: {remedy}", where, code)
 
 
@@ -321,13 +327,14 @@ _PARAMETER = re.compile(r"{(\w+)}")  # a path parameter of a route, {name}
 def route_list(routes: Sequence[BaseRoute]) -> str:
     """The endpoints of ``routes`` as a client reads them, in their order: ``METHODS PATH`` for each path
     (``GET and POST /v1/voices``; HEAD, which starlette adds to every GET, left out; a path parameter such as
-    ``{name}`` as ``NAME``), the static files of the web page left out, then ``GET /docs`` (every field)."""
+    ``{name}`` as ``NAME``), the static files of the web page left out, then ``GET /docs`` (every field; its
+    page's scripts come from a CDN, so offline ``GET /openapi.json``)."""
     methods: dict[str, set[str]] = {}
     for route in routes:
         if isinstance(route, Route) and not route.path.startswith("/static/"):
             methods.setdefault(route.path, set()).update((route.methods or set()) - {"HEAD"})
     named = [f"{' and '.join(sorted(m))} {_PARAMETER.sub(lambda p: p[1].upper(), path)}" for path, m in methods.items()]
-    return ", ".join([*named, "GET /docs (every field)"])
+    return ", ".join([*named, "GET /docs (every field; offline: GET /openapi.json)"])
 
 
 def _allowed(routes: Sequence[BaseRoute], request: Request) -> str:
