@@ -34,7 +34,7 @@ def test_static_frame_passes_the_oracle(oracle_dir):
 @torch.inference_mode()
 def test_static_frame_equals_the_eager_frame(oracle_dir):
     graphed, eager = _static_backend(oracle_dir), TorchBackend(load_checkpoint(oracle_dir), "cpu", "fp32")
-    assert graphed.description == "torch cpu float32 graph-frame" and eager.description == "torch cpu float32"
+    assert graphed.description == "torch cpu fp32 graph-frame" and eager.description == "torch cpu fp32"
     cfg = eager.cfg
     rng = np.random.default_rng(3)
     prompt = np.zeros((cfg.num_codebooks + 1, 7), dtype=np.int64)

@@ -236,9 +236,8 @@ class TorchBackend(Backend):
 
     @property
     def description(self) -> str:
-        name = self.precision if self.spec.quantized else str(self.dtype).removeprefix("torch.")
         graphs = "" if self._graphed is None else " cuda-graphs" if self._graphed.capture else " graph-frame"
-        return f"torch {self.device} {name}{graphs}{' fused' if self.fused else ''}"
+        return f"torch {self.device} {self.precision}{graphs}{' fused' if self.fused else ''}"  # --precision's name
 
     @property
     def device_name(self) -> str:
