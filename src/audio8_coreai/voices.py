@@ -334,7 +334,7 @@ class VoiceStore:
             hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
             raise VoiceError(
                 f"no voice named {name!r} in {self.root}{hint}; `audio8 voice list` shows the voices "
-                "(--voices DIR for another folder)"
+                "(another folder: --voices DIR, voices_dir= in Python)"
             )
         damaged = f"; remove it (`audio8 voice rm {name}`) and add it again"
         if not zipfile.is_zipfile(path):  # else np.load guesses a pickle and blames allow_pickle

@@ -38,11 +38,13 @@ def resolve_checkpoint(model: str | Path = DEFAULT_MODEL, *, weights: bool = Tru
     if path.is_dir():
         return path
     if path.exists():
-        raise CheckpointError(f"{path} is a file; --model takes a checkpoint folder holding {FOLDER_CONTENTS}")
+        raise CheckpointError(
+            f"{path} is a file; --model (TTS.load's model) takes a checkpoint folder holding {FOLDER_CONTENTS}"
+        )
     if not _HUB_ID.fullmatch(text):
         raise CheckpointError(
-            f"no checkpoint folder at {path}, and {text!r} is not a hub id (owner/name); pass --model DIR, a "
-            f"folder holding {FOLDER_CONTENTS}, or a hub id such as {DEFAULT_MODEL}"
+            f"no checkpoint folder at {path}, and {text!r} is not a hub id (owner/name); give --model DIR (TTS.load's "
+            f"model), a folder holding {FOLDER_CONTENTS}, or a hub id such as {DEFAULT_MODEL}"
         )
     # Imported here: the hub client is only needed for ids, and importing it costs time on every CLI start.
     from huggingface_hub import snapshot_download
@@ -50,7 +52,7 @@ def resolve_checkpoint(model: str | Path = DEFAULT_MODEL, *, weights: bool = Tru
 
     offline = _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
     etag_timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT", _HUB_ETAG_TIMEOUT_S))
-    local_hint = f"pass --model DIR with a local folder holding {FOLDER_CONTENTS}"
+    local_hint = f"give --model DIR (TTS.load's model) a local folder holding {FOLDER_CONTENTS}"
     try:
         return Path(
             snapshot_download(
