@@ -59,6 +59,9 @@ def test_gate_against_the_oracle_cli(oracle_dir, tmp_path):
     t = report["totals"]
     assert t["semantic_draws"][0] == t["semantic_draws"][1] > 0 and t["codebook_draws"][0] == t["codebook_draws"][1]
     assert t["misses"] == 0 and t["slow_logits_min_cos"] > 0.99999
+    # Free runs counted where a scenario has one: plain, greedy, clone; not the batch (it said 3/4)
+    assert [f["name"] for f in report["fixtures"]] == ["plain", "greedy", "clone", "batch"]
+    assert t["free_run_identical"] == [3, 3]
     assert report["parity"]["passed"]
     for f in report["fixtures"]:
         if f["codec"]:
@@ -200,9 +203,13 @@ def test_load_recognizer(tmp_path, monkeypatch):
             load_recognizer(spec)
 
 
-def test_gate_cli_bad_input(oracle_dir, tmp_path):
+def test_gate_cli_bad_input(oracle_dir, tmp_path, monkeypatch):
     """One clear line each (rich wraps it at the terminal width: the checks join the wrapped lines)."""
     pytest.importorskip("matplotlib")  # checked first: a missing extra is reported before anything else
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "audio8_fake_asr3.py").write_text(FAKE_RECOGNIZER)
+    result = gate_oracle(oracle_dir, "--recognizer", "audio8_fake_asr3:hear", "--out", tmp_path / "r")
+    assert result.exit_code == 2 and "serves the ASR rung of --against fp32" in " ".join(result.output.split())
     result = run("gate", "--model", oracle_dir, "--against", tmp_path / "nope.npz", "--out", tmp_path / "r")
     assert result.exit_code == 2 and "must be fp32 or an oracle fixture.npz" in " ".join(result.output.split())
     result = gate_oracle(oracle_dir, "--fixtures", DEFAULT_FIXTURES, "--out", tmp_path / "r")

@@ -86,9 +86,10 @@ def _print_parity(report, exact: bool) -> None:
             highlight=False,
         )
     for c in report.codec:
-        inter = ", ".join(f"{k} {v:.1e}" for k, v in c.intermediates_max_diff.items())
+        stages = ", ".join(f"{k} {v:.1e}" for k, v in c.intermediates_max_diff.items())
         out.print(
-            f"codec {c.name:16s} max|dwave| {c.waveform_max_diff:.2e} cos {c.waveform_cos:.6f} ({inter})",
+            f"codec {c.name:16s} max|dwave| {c.waveform_max_diff:.2e} cos {c.waveform_cos:.6f}"
+            f"{f' ({stages})' if stages else ''}",
             highlight=False,
         )
     for e in report.encoder:

@@ -58,7 +58,8 @@ class GateReport:
         misses = [m for t in tf for m in t["misses"]]
         out["misses"] = len(misses)
         out["misses_low_margin"] = sum(m["margin"] < LOW_MARGIN for m in misses)
-        out["free_run_identical"] = [sum(bool(t["free_run_identical"]) for t in tf), len(tf)]
+        runs = [t["free_run_identical"] for t in tf if t["free_run_identical"] is not None]  # None: no free run
+        out["free_run_identical"] = [sum(map(bool, runs)), len(runs)]
         out["free_run_frames"] = [
             sum(t["free_run_frames"] or 0 for t in tf),
             sum(t["free_run_expected_frames"] or 0 for t in tf),

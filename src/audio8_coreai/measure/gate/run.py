@@ -96,6 +96,8 @@ def run_gate(
         raise GateError(f"--against must be fp32 or an oracle fixture.npz; {against} is neither")
     if str(against) != "fp32" and (fixtures is not None or names):
         raise GateError("fixtures apply to --against fp32; an oracle fixture.npz brings its own scenarios")
+    if str(against) != "fp32" and recognizers:
+        raise GateError("a recognizer (--recognizer) serves the ASR rung of --against fp32; an oracle replay has none")
     for sub in ("pictures", "audio"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     if str(against) == "fp32":
