@@ -178,10 +178,7 @@ def say(
         remedy = _cap_remedy([result.prompt_length], result.max_frames, tts.config.max_seq_len)
         if remedy.startswith("the context is full"):
             remedy += ", or use --stream, which splits it by its estimated speech"
-        err.print(
-            f"[yellow]warning:[/] stopped at the frame cap ({_count(result.max_frames, 'frame')}) before the model "
-            f"ended the utterance; the audio may be cut ({remedy})"
-        )
+        _warn_cap("the utterance", result.max_frames, remedy)
     out.print(
         f"{output}: {_count(result.frames, 'frame')}, {result.duration_s:.2f} s of audio, RTF {result.rtf:.2f} "
         f"({spoken_as}seed {result.seed}, {tts.backend.description})",
@@ -248,11 +245,16 @@ def _warn_capped(speech) -> None:
         which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {_numbers(capped, len(speech.pieces))}"
         cap = max(speech.pieces[i].max_frames for i in capped)
         remedy = _cap_remedy([p.prompt.shape[1] for p in speech.pieces], cap, speech.backend.cfg.max_seq_len)
-        err.print(
-            f"[yellow]warning:[/] {which} stopped at the frame cap before the model ended it; the audio may "
-            f"be cut ({remedy})",
-            highlight=False,
-        )
+        _warn_cap(which, cap, remedy)
+
+
+def _warn_cap(which: str, cap: int, remedy: str) -> None:
+    """The one warning of speech stopped at its frame cap (``which``: the utterance, or the pieces' numbers)."""
+    err.print(
+        f"[yellow]warning:[/] {which} stopped at the frame cap ({_count(cap, 'frame')}) before the model ended it; "
+        f"the audio may be cut ({remedy})",
+        highlight=False,
+    )
 
 
 def _numbers(indices: list[int], total: int, shown: int = 10) -> str:
