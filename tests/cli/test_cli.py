@@ -143,6 +143,8 @@ def test_say_ending_at_once_names_the_seed(eos_first_checkpoint, tmp_path):
     said = " ".join(result.output.split())
     assert result.exit_code == 2 and "eos on the first frame, seed 3)" in said and "try another --seed" in said
     assert not (tmp_path / "out.wav").exists()
+    result = run("say", "Hi.", "-o", "-", *model, "--seed", 3)
+    assert result.exit_code == 2 and "nothing written to stdout;" in " ".join(result.output.split())  # said "to -"
 
 
 def test_say_stream_ending_at_once_leaves_an_existing_file_untouched(eos_first_checkpoint, tmp_path):

@@ -191,7 +191,7 @@ def _no_audio(output: Path, seed: int) -> EngineError:
     ``output``."""
     return EngineError(
         f"the model ended the utterance at once (eos on the first frame, seed {seed}): nothing written to "
-        f"{output}; try another --seed"
+        f"{'stdout' if str(output) == '-' else output}; try another --seed"
     )
 
 
