@@ -202,6 +202,20 @@ def test_child_ends_with_its_parent(tiny_checkpoint):
     assert gone(int(run.stdout.split()[-1]))
 
 
+def test_nothing_is_left_running_or_open_at_exit(tiny_checkpoint):
+    """A closed model, then the interpreter's exit under -X dev: no ResourceWarning (the fork server was left
+    running, its socket open, until the interpreter's end)."""
+    script = (
+        "from audio8_coreai import TTS\n"
+        f"with TTS.load({str(tiny_checkpoint)!r}, device='cpu', codec_process=True) as tts:\n"
+        "    tts.generate('Hi.', max_frames=2, seed=1)\n"
+        "print('closed', flush=True)\n"
+    )
+    run = subprocess.run([sys.executable, "-X", "dev", "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.split() == ["closed"], run.stderr
+    assert "ResourceWarning" not in run.stderr, run.stderr
+
+
 def test_say_with_and_without_the_codec_process(tiny_checkpoint, tmp_path):
     """`audio8 say --codec-process` and `--no-codec-process` write the same speech (the codec's float sums may
     round differently across thread counts: well under one 16-bit step)."""

@@ -20,6 +20,7 @@ the fork server reaps the children, so none is left behind.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import multiprocessing
 import os
@@ -155,6 +156,22 @@ class _ForkServer:
             finally:
                 end.close()
 
+    def stop(self) -> None:
+        """Close the socket and wait up to STOP_S seconds for the server to end (it returns at the socket's end),
+        then kill it: at this process's exit, so nothing is left running or open (``-X dev`` warned of both). The
+        codec processes it forked end with their own pipes."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            if self._process is not None:
+                try:
+                    self._process.wait(STOP_S)
+                except subprocess.TimeoutExpired:
+                    self._process.kill()
+                    self._process.wait()
+                self._process = None
+
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
         package_root = str(Path(__file__).resolve().parents[3])  # the folder holding audio8_coreai, as imported here
@@ -173,6 +190,7 @@ class _ForkServer:
 
 
 _FORK_SERVER = _ForkServer()
+atexit.register(_FORK_SERVER.stop)
 
 
 def _stop(conn: Connection, pid: list[int | None], wait_s: float) -> None:
