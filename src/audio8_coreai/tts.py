@@ -72,8 +72,8 @@ class TTS(VoiceCloning):
         (:meth:`batched`) as one per bucketed batch size (backends/torch/cudagraphs.py); None: on when the device
         is CUDA; False: eager frames; default ``DEFAULTS.torch.cuda_graphs``.
         ``codec_process`` (torch on CPU): the codec decoder in a process of its own, on another core beside the
-        frames (streaming and :meth:`generate` overlap the two; same samples); None: on when 2+ CPUs are usable;
-        default ``DEFAULTS.torch.codec_process``.
+        frames (streaming and :meth:`generate` overlap the two; the same samples up to float rounding, 1e-5);
+        None: on when 2+ CPUs are usable; default ``DEFAULTS.torch.codec_process``.
         :meth:`close` (or ``with TTS.load(...) as tts:``) ends that process; it also ends with this one.
         ``voices_dir``: the voice store's folder (default: the per-user one, see :mod:`.voices`).
         ``backend``: torch, or coreai with ``assets`` the folder ``audio8 convert`` wrote from this
