@@ -216,6 +216,28 @@ def test_nothing_is_left_running_or_open_at_exit(tiny_checkpoint):
     assert "ResourceWarning" not in run.stderr, run.stderr
 
 
+def test_the_fork_server_ends_at_once_though_a_forked_process_holds_its_socket(tiny_checkpoint):
+    """A process forked after the codec process started (a multiprocessing pool) holds a copy of the fork server's
+    socket: stopping it shuts the socket down, so the server ends at once (a close alone left it running until
+    STOP_S passed and it was killed, 5 s at every exit)."""
+    script = (
+        "import multiprocessing\n"
+        "from audio8_coreai import TTS\n"
+        "from audio8_coreai.backends.torch.codec_worker import _FORK_SERVER\n"
+        f"with TTS.load({str(tiny_checkpoint)!r}, device='cpu', codec_process=True) as tts:\n"
+        "    tts.generate('Hi.', max_frames=2, seed=1)\n"
+        "pool = multiprocessing.get_context('fork').Pool(1)\n"
+        "pool.apply(abs, (-1,))\n"
+        "server = _FORK_SERVER._process\n"
+        "_FORK_SERVER.stop()\n"
+        "print(server.returncode, flush=True)\n"
+        "pool.terminate()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["0"]  # it ended on its own (a kill is -9)
+
+
 def test_say_with_and_without_the_codec_process(tiny_checkpoint, tmp_path):
     """`audio8 say --codec-process` and `--no-codec-process` write the same speech (the codec's float sums may
     round differently across thread counts: well under one 16-bit step)."""
