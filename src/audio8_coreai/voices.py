@@ -169,7 +169,7 @@ class Voice:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, kind[0]) or not kind[1](value):
                 return f"{name} {value!r} is not {kind[2]}"
-        if not isinstance(self.warnings, tuple) or not all(isinstance(w, str) for w in self.warnings):
+        if not isinstance(self.warnings, (tuple, list)) or not all(isinstance(w, str) for w in self.warnings):
             return f"warnings {self.warnings!r} are not a list of texts"
         if problem := codes_problem(np.asarray(self.codes), self.codebooks, self.codebook_size):
             return problem
@@ -187,17 +187,22 @@ class Voice:
 
 
 # A Voice's scalar fields: (types, range rule, what it must be).
+def _whole(v: float) -> bool:
+    return math.isfinite(v) and float(v).is_integer()  # 44100.0 too: a float a hand-made voice may hold
+
+
 _FIELD_KINDS = {
     "transcript": (str, lambda v: True, "a text"),
-    "sample_rate": (numbers.Integral, lambda v: v >= 1, "a whole number of Hz >= 1"),
+    "sample_rate": (numbers.Real, lambda v: _whole(v) and v >= 1, "a whole number of Hz >= 1"),
     "duration_s": (numbers.Real, lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0"),
     "fingerprint": (str, bool, "a checkpoint fingerprint"),
     "created": (str, lambda v: True, "a text"),
     "name": (str, lambda v: True, "a text"),
     "source": (str, lambda v: True, "a text"),
-    "codebooks": (numbers.Integral, lambda v: v >= 0, "a whole number >= 0"),
-    "codebook_size": (numbers.Integral, lambda v: v >= 0, "a whole number >= 0"),
+    "codebooks": (numbers.Real, lambda v: _whole(v) and v >= 0, "a whole number >= 0"),
+    "codebook_size": (numbers.Real, lambda v: _whole(v) and v >= 0, "a whole number >= 0"),
 }
+_WHOLE_FIELDS = ("sample_rate", "codebooks", "codebook_size")
 
 
 def now_utc() -> str:
@@ -370,6 +375,8 @@ class VoiceStore:
             raise DamagedVoice(f"voice file {path} is damaged (meta holds no {e}){damaged}", name) from e
         if problem := voice.problem():
             raise DamagedVoice(f"voice file {path} is damaged ({problem}){damaged}", name)
+        whole = {k: int(getattr(voice, k)) for k in _WHOLE_FIELDS}  # 44100.0 in a hand-made file is 44100
+        voice = dataclasses.replace(voice, **whole, duration_s=float(voice.duration_s))
         if fingerprint is not None:
             voice.check_checkpoint(fingerprint)
         return voice
