@@ -221,6 +221,20 @@ def test_switches_and_callbacks_are_checked_before_anything_runs(tiny_checkpoint
     assert e.value.field == next(iter(kwargs))
 
 
+def test_numpy_bools_and_0_or_1_are_switches(tiny_checkpoint):
+    """As the bools they are: codec_process=np.False_ loads without a codec process (it was refused since the
+    switches were checked), 1 with one."""
+    from audio8_coreai import TTS
+
+    with TTS.load(tiny_checkpoint, device="cpu", codec_process=np.False_) as tts:
+        assert tts.backend.codec_process is False
+        speech = tts.stream("Hi.", max_frames=2, seed=1, overlap_codec=np.True_)
+        list(speech)  # taken as True: no ConfigError
+        assert speech.seed == 1
+    with TTS.load(tiny_checkpoint, device="cpu", codec_process=1) as tts:
+        assert tts.backend.codec_process is True
+
+
 @pytest.mark.parametrize(
     "kwargs, error, field",
     [

@@ -11,6 +11,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .config import GenerationConfig, check_int, check_number
 from .errors import ConfigError, VoiceError
 from .settings import DEFAULTS
@@ -155,10 +157,13 @@ def sampling_config(
 
 
 def check_switch(name: str, value: object) -> bool | None:
-    """``value`` of the on/off keyword ``name``: True, False or None (its default). Raises ConfigError for anything
-    else (a text such as ``'no'`` would be taken as on)."""
+    """``value`` of the on/off keyword ``name``: True, False or None (its default); a numpy bool or the whole
+    number 0 or 1 is taken as the bool. Raises ConfigError for anything else (a text such as ``'no'`` would be
+    taken as on)."""
     if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, (np.bool_, numbers.Integral)) and value in (0, 1):
+        return bool(value)
     raise ConfigError(f"{name} must be True, False or None, not {value!r}", name)
 
 

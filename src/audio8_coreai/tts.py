@@ -82,8 +82,9 @@ class TTS(VoiceCloning):
         (unknown device/precision/backend; missing, stale or foreign assets; cuda_graphs off CUDA), ConfigError
         (``cuda_graphs`` or ``codec_process`` not True, False or None).
         """
-        check_backend_choice(backend, device, assets, check_switch("cuda_graphs", cuda_graphs))
-        check_switch("codec_process", codec_process)
+        cuda_graphs = check_switch("cuda_graphs", cuda_graphs)
+        codec_process = check_switch("codec_process", codec_process)
+        check_backend_choice(backend, device, assets, cuda_graphs)
         ckpt = load_checkpoint(model)
         ckpt.fingerprint()  # of the files as loaded: voices are checked against these weights, not later files
         if ckpt.tokenizer_dir is None:
@@ -351,7 +352,7 @@ class TTS(VoiceCloning):
         ``first_chunk_frames`` < 1, an ``overlap_codec`` not True, False or None, an ``on_frame`` no function.
         """
         check_callback("on_frame", on_frame)
-        check_switch("overlap_codec", overlap_codec)
+        overlap_codec = check_switch("overlap_codec", overlap_codec)
         first = None if isinstance(text, Plan) else request.pop("first_chunk_frames", None)
         plan = self._planned(text, request, split=True, frame_cap=frame_cap, first_chunk_frames=first)
         return SpeechStream(
