@@ -173,7 +173,7 @@ class ServerSettings(_Group):
     @classmethod
     def _rate_from_text(cls, rate: object) -> object:
         """A variable's text ``16000`` is the number: a Literal of ints takes no text (every rate was refused)."""
-        return int(rate) if isinstance(rate, str) and rate.strip().isdigit() else rate
+        return int(rate) if isinstance(rate, str) and rate.strip().isascii() and rate.strip().isdigit() else rate
 
     @field_validator("voice_map")
     @classmethod

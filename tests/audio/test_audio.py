@@ -100,11 +100,13 @@ def test_digital_silence_is_refused(tmp_path):
         read_reference(clips.write(tmp_path / "z.wav", np.zeros(44100, np.float32), 44100))
 
 
-def test_channels_that_cancel_out_are_told_as_such(tmp_path):
-    """[x, -x]: no sample is 0, their average is (it was called "every sample is 0")."""
+@pytest.mark.parametrize("subtype", ["FLOAT", "PCM_16"])
+def test_channels_that_cancel_out_are_told_as_such(tmp_path, subtype):
+    """[x, -x]: no sample is 0, their average is (it was called "every sample is 0"); in 16 bits nearly so (the
+    rounding leaves steps of 1)."""
     x = clips.sweep(44100, 1.0)
     with pytest.raises(AudioError, match="channels cancel out: their average"):
-        read_reference(clips.write(tmp_path / "z.wav", np.stack([x, -x], axis=1), 44100, "FLOAT"))
+        read_reference(clips.write(tmp_path / "z.wav", np.stack([x, -x], axis=1), 44100, subtype))
 
 
 def test_a_float_clip_over_full_scale_gets_a_warning(tmp_path):
@@ -193,6 +195,25 @@ def test_speech_out_is_mono_finite_at_a_whole_rate(tmp_path, audio, rate, messag
     assert not (tmp_path / "out.wav").exists()
     one = np.linspace(-0.5, 0.5, 1000, dtype=np.float32)
     assert encode_speech(one[None], 44100, "wav") == encode_speech(one, 44100, "wav")
+
+
+@pytest.mark.parametrize(
+    "chunk, message",
+    [(np.array([0.1, np.nan], np.float32), "holds 1 NaN"), (np.zeros((100, 2), np.float32), "must be mono")],
+)
+def test_each_chunk_written_as_it_comes_is_checked(tmp_path, chunk, message):
+    """SpeechEncoder.write and open_audio_writer's write: the chunk path of the same check."""
+    from audio8_coreai.audio import SpeechEncoder, open_audio_writer
+
+    encoder = SpeechEncoder("mp3", 44100)
+    encoder.write(np.zeros(100, np.float32))
+    with pytest.raises(AudioError, match=message):
+        encoder.write(chunk)
+    encoder.discard()
+    with pytest.raises(AudioError, match=message), open_audio_writer(tmp_path / "out.wav", 44100) as f:
+        f.write(np.zeros(100, np.float32))
+        f.write(chunk)
+    assert not (tmp_path / "out.wav").exists()  # the block failed: the target is not written
 
 
 @pytest.mark.skipif(clips.ESPEAK is None, reason="espeak-ng is not installed")

@@ -58,6 +58,7 @@ def test_say_to_stdout_streams_a_16_bit_wav_of_the_same_speech(never_eos_long_ch
     piped = run(*args, "-o", "-")
     assert piped.exit_code == 0, piped.output
     assert piped.stdout_bytes[:4] == b"RIFF" and "frames" in piped.stderr and "frames" not in piped.stdout[:200]
+    assert "\nstdout: 24 frames in 1 piece," in piped.stderr  # it said "-: 24 frames"
     data, rate = sf.read(io.BytesIO(piped.stdout_bytes), dtype="float32")
     assert run(*args, "-o", tmp_path / "o.wav").exit_code == 0
     want, _ = sf.read(tmp_path / "o.wav", dtype="float32")
@@ -134,7 +135,7 @@ def test_a_long_list_of_capped_pieces_is_cut_short(never_eos_checkpoint, tmp_pat
     pieces = int(found.group(1))
     assert pieces > 10, said
     listed = ", ".join(str(i) for i in range(1, 11))
-    assert f"piece(s) {listed}... ({pieces} of {pieces}) stopped at the frame cap" in said
+    assert f"pieces {listed}... ({pieces} of {pieces}) stopped at the frame cap" in said
 
 
 def test_say_ending_at_once_names_the_seed(eos_first_checkpoint, tmp_path):

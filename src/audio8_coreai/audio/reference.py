@@ -25,6 +25,7 @@ SILENCE_DBFS = -50.0  # a window whose RMS is below this holds no speech
 MIN_SOUND_SHARE = 0.1  # fewer windows of sound than this share: "nearly all silence"
 LOW_PEAK_DBFS = -30.0  # a peak below this is a very quiet recording (speech usually peaks near -6 dBFS)
 FULL_SCALE = 0.999  # |sample| at or above this counts as full scale (int16 full scale is 0.99997)
+CANCELLED = 1e-3  # channels whose average peaks 60 dB under the loudest channel's samples cancel out
 CLIP_RUN = 3  # clipping flattens the waveform into runs of equal full-scale samples; a crest never repeats
 CLIP_SHARE = 1e-4  # clipped samples above this share of the clip get a warning; a stray run is harmless
 
@@ -64,8 +65,8 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     unread), digital silence (also channels that cancel out), and a clip that is nearly all silence (fewer than
     10 % of its 20 ms windows above -50 dBFS RMS).
     Warnings (in ``info.warnings``, the clip is still used): clipping (runs of >= 3 equal full-scale samples
-    making up over 0.01 % of the clip), a float clip over full scale (peak above 0 dBFS), a very low level (peak
-    under -30 dBFS), a sample rate under 16 kHz.
+    making up over 0.01 % of the clip), a clip over full scale (peak above 0 dBFS: float or compressed), a very
+    low level (peak under -30 dBFS), a sample rate under 16 kHz.
     """
     if not isinstance(path, (str, os.PathLike)):  # samples or an open file: the clip is read from its file
         raise AudioError(
@@ -102,7 +103,7 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     clipped = _clipped_samples(data)
     mono = data.mean(axis=1)  # the publisher averages channels (SPEC.md section 9)
     peak = float(np.abs(mono).max())
-    if peak == 0.0 and data.any():
+    if channels > 1 and peak < CANCELLED * float(np.abs(data).max()):  # 16-bit R = -L leaves +-1 steps
         raise AudioError(
             f"reference audio {path}'s channels cancel out: their average, the mono clip a voice is made from, "
             "is 0 everywhere (one channel inverted?); give a clip whose channels hold the speech alike, or one channel"
@@ -126,8 +127,8 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
         )
     if peak > 1.0:
         warnings.append(
-            f"{path.name} goes over full scale (peak {peak_dbfs:+.1f} dBFS, a float file): the encoder hears it "
-            "unscaled and the cloned voice may distort; normalise the clip to peak below 0 dBFS"
+            f"{path.name} goes over full scale (peak {peak_dbfs:+.1f} dBFS): the encoder hears it unscaled and "
+            "the cloned voice may distort; normalise the clip to peak below 0 dBFS"
         )
     if peak_dbfs < LOW_PEAK_DBFS:
         warnings.append(

@@ -17,7 +17,7 @@ def mono_samples(audio: np.ndarray) -> np.ndarray:
     if sum(n > 1 for n in data.shape) > 1:
         raise AudioError(
             f"speech audio must be mono [samples], not shape {list(data.shape)}: mix the channels first "
-            "(audio.mean(axis=1) for [samples, channels])"
+            "(audio.mean(axis=1) for [samples, channels], axis=0 for [channels, samples])"
         )
     data = data.reshape(-1)
     if not np.isfinite(data).all():

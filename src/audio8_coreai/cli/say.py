@@ -157,7 +157,8 @@ def say(
             speech.on_frame = lambda step: progress.update(task, completed=step + 1)
             (_write_stdout if to_stdout else _write_stream)(speech, output)
         (err if to_stdout else out).print(
-            f"{output}: {_count(speech.frames, 'frame')} in {_count(len(speech.pieces), 'piece')}, "
+            f"{'stdout' if to_stdout else output}: {_count(speech.frames, 'frame')} in "
+            f"{_count(len(speech.pieces), 'piece')}, "
             f"{speech.duration_s:.2f} s of audio, "
             f"first audio after {speech.first_audio_s or 0:.2f} s ({spoken_as}seed {speech.seed}, "
             f"{tts.backend.description})",
@@ -242,7 +243,8 @@ def _write_stream(speech, output: Path) -> None:
 def _warn_capped(speech) -> None:
     capped = [i for i, eos in enumerate(speech.reached_eos) if not eos]
     if capped:
-        which = "the utterance" if len(speech.pieces) == 1 else f"piece(s) {_numbers(capped, len(speech.pieces))}"
+        pieces = "piece" if len(capped) == 1 else "pieces"
+        which = "the utterance" if len(speech.pieces) == 1 else f"{pieces} {_numbers(capped, len(speech.pieces))}"
         cap = max(speech.pieces[i].max_frames for i in capped)
         remedy = _cap_remedy([p.prompt.shape[1] for p in speech.pieces], cap, speech.backend.cfg.max_seq_len)
         _warn_cap(which, cap, remedy)
