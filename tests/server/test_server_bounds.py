@@ -210,3 +210,23 @@ def test_a_cut_response_resets_its_connection_and_one_already_closed_is_left_alo
         assert event_loop.run_until_complete(main()) is ConnectionResetError
     finally:
         event_loop.close()
+
+
+def test_an_http_1_0_client_gets_a_plain_body_ended_by_the_close(never_eos_checkpoint, tmp_path):
+    """HTTP/1.0 has no chunked encoding: a streamed body goes as it is, ended by closing the connection (uvicorn's
+    httptools protocol chunked it, so a 1.0 client played the chunk sizes as audio; the server runs h11's). The
+    checkpoint never draws eos: 3 frames, whatever the seed."""
+    body = json.dumps({"input": "Hi.", "seed": 1, "max_frames": 3, "response_format": "pcm", "sample_rate": 44100})
+    request = (
+        f"POST /v1/audio/speech HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        + body
+    ).encode()
+    with serving(never_eos_checkpoint, tmp_path, ServerSettings(workers=1)) as url:
+        with socket.create_connection(_address(url), timeout=30) as sock:
+            sock.sendall(request)
+            raw = _answer(sock)
+    head, _, audio = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:])}
+    assert lines[0].split()[1] == "200" and "transfer-encoding" not in headers
+    assert len(audio) == 3 * 2048 * 2  # 3 frames of 16-bit samples, no chunk lines

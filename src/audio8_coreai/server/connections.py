@@ -21,7 +21,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..settings import ServerSettings
 from .errors import ApiError
@@ -234,14 +234,16 @@ def uvicorn_config(
     app: FastAPI, settings: ServerSettings, host: str, port: int, log_level: str = "info"
 ) -> uvicorn.Config:
     """The uvicorn configuration of ``audio8 serve`` (and of :func:`.app.serve_in_thread`): ``settings``' keep-alive,
-    connection limit and request deadline, and :func:`log_config`."""
+    connection limit and request deadline, and :func:`log_config`. The protocol is h11's whatever is installed:
+    uvicorn's httptools one chunks a streamed answer to an HTTP/1.0 client, which cannot read it, and one protocol
+    everywhere is the one the tests run."""
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
         log_config=log_config(),
-        http=bounded_protocol(AutoHTTPProtocol, settings),
+        http=bounded_protocol(H11Protocol, settings),
         timeout_keep_alive=settings.keep_alive_s,
         limit_concurrency=settings.max_connections,
     )
