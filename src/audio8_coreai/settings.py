@@ -162,6 +162,9 @@ class ServerSettings(_Group):
     )
     stream_buffer_chunks: int = Field(4, ge=1, description="chunks a stream holds for a client not reading; then waits")
     stall_s: float = Field(30.0, gt=0, description="a stream whose client reads nothing this long is dropped")
+    shutdown_s: float = Field(
+        5.0, gt=0, description="on SIGTERM, answers still running this long after are cut (docker stop waits 10 s)"
+    )
     stale_temp_s: float = Field(3600.0, gt=0, description="voice store: temporary files this old are swept at open")
 
     @field_validator("first_chunk_frames")

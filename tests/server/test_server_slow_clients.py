@@ -167,6 +167,32 @@ def test_a_stream_dropped_for_a_client_that_stopped_reading_is_cut_and_counted_a
     assert len(logged) == 1 and logged[0].startswith("WARNING")  # uvicorn's line for a cut stream: no ERROR
 
 
+def test_a_shutdown_waits_shutdown_s_for_a_client_that_reads_nothing_not_its_stall_drop(tiny_checkpoint):
+    """SIGTERM's path (uvicorn's should_exit) with a stream whose client reads nothing: the server ends about
+    ``shutdown_s`` after, not at the stream's ``stall_s`` drop (it took 40 s; docker stop kills after 10)."""
+    instance = TTS.load(tiny_checkpoint, device="cpu")
+    instance.stream = lambda *args, on_frame, **kwargs: _Endless(on_frame)
+    settings = ServerSettings(workers=1, stream_buffer_chunks=2, stall_s=60.0, shutdown_s=1.0)
+    body = json.dumps({"input": "Hello.", "response_format": "pcm", "stream": True}).encode()
+    head = (
+        "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(30)
+        with serve_in_thread(create_app([instance], settings)) as url:
+            s.connect((urlsplit(url).hostname, urlsplit(url).port))
+            s.sendall(head + body)
+            received = b""
+            while b"\r\n\r\n" not in received:
+                received += s.recv(256)
+            assert received.startswith(b"HTTP/1.1 200")
+            time.sleep(0.5)  # the server's sends back up
+            t0 = time.monotonic()
+        assert time.monotonic() - t0 < 20  # shutdown_s and the threads' ends, far from stall_s's 60
+
+
 def test_a_client_that_leaves_mid_stream_is_counted_without_an_error_in_the_log(tiny_checkpoint, capfd):
     """Over a real socket (uvloop where it is installed, as ``audio8 serve``): clients that read a stream's first
     bytes and leave (closing, or with a reset) are counted 499 client_closed, and the server logs no error."""

@@ -234,7 +234,8 @@ def uvicorn_config(
     app: FastAPI, settings: ServerSettings, host: str, port: int, log_level: str = "info"
 ) -> uvicorn.Config:
     """The uvicorn configuration of ``audio8 serve`` (and of :func:`.app.serve_in_thread`): ``settings``' keep-alive,
-    connection limit and request deadline, and :func:`log_config`. The protocol is h11's whatever is installed:
+    connection limit, request deadline and shutdown grace (a stream to a client that reads slowly or not at all
+    would hold a SIGTERM until its stall drop), and :func:`log_config`. The protocol is h11's whatever is installed:
     uvicorn's httptools one chunks a streamed answer to an HTTP/1.0 client, which cannot read it, and one protocol
     everywhere is the one the tests run."""
     return uvicorn.Config(
@@ -246,4 +247,5 @@ def uvicorn_config(
         http=bounded_protocol(H11Protocol, settings),
         timeout_keep_alive=settings.keep_alive_s,
         limit_concurrency=settings.max_connections,
+        timeout_graceful_shutdown=settings.shutdown_s,
     )
