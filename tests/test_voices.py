@@ -137,6 +137,19 @@ def test_names_differing_only_in_case_are_refused(tmp_path):
     assert store.names() == ["alice"]
 
 
+def test_a_name_differing_only_in_case_finds_the_voice(tmp_path):
+    """One voice whatever the case, for use as for conflicts (ALICE was 'no voice named' though 'alice' refused
+    it as taken): load, find, the server's resolve and remove."""
+    from audio8_coreai.server.voicenames import resolve
+
+    store = VoiceStore(tmp_path)
+    store.save(make_voice(seed=1))
+    assert store.find("ALICE") == store.find("alice") == tmp_path / "alice.npz" and store.find("bob") is None
+    assert store.load("ALICE").name == "alice"
+    assert resolve("Alice", store, {}, None).name == "alice"
+    assert store.remove("ALICE") == tmp_path / "alice.npz" and store.names() == []
+
+
 @pytest.mark.parametrize("existing", [False, True])
 def test_a_crash_between_write_and_rename_leaves_no_half_voice(tmp_path, monkeypatch, existing):
     store = VoiceStore(tmp_path)

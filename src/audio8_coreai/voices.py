@@ -239,6 +239,16 @@ class VoiceStore:
         """The file of voice ``name`` (validated; raises VoiceError for a bad name)."""
         return self.root / (check_name(name) + SUFFIX)
 
+    def find(self, name: str) -> Path | None:
+        """The file of stored voice ``name`` as names are kept, one voice whatever their case (:meth:`check_new`):
+        its own file, else the one whose name differs only in case; None when there is none. Raises VoiceError for a
+        bad name."""
+        path = self.path(name)
+        if path.is_file():
+            return path
+        twin = next((n for n in self.names() if n.casefold() == name.casefold()), None)
+        return None if twin is None else self.path(twin)
+
     def names(self) -> list[str]:
         """The stored voices' names, sorted. Temporary dot-files and files with invalid names are skipped."""
         if not self.root.is_dir():
@@ -327,20 +337,22 @@ class VoiceStore:
         return target
 
     def load(self, name: str, fingerprint: str | None = None) -> Voice:
-        """Read voice ``name``; with ``fingerprint``, also refuse one made with another checkpoint.
+        """Read voice ``name`` (:meth:`find`: whatever its case); with ``fingerprint``, also refuse one made with
+        another checkpoint.
 
         Raises VoiceError: bad name, no such voice (the message suggests close names), a damaged or newer
         file, or a fingerprint mismatch (:meth:`Voice.check_checkpoint`).
         """
-        path = self.path(name)
-        name = path.name[: -len(SUFFIX)]
-        if not path.is_file():
+        path = self.find(name)
+        if path is None:
+            name = check_name(name)
             close = difflib.get_close_matches(name, self.names(), n=3)
             hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
             raise VoiceError(
                 f"no voice named {name!r} in {self.root}{hint}; `audio8 voice list` shows the voices "
                 "(another folder: --voices DIR, voices_dir= in Python)"
             )
+        name = path.name[: -len(SUFFIX)]
         damaged = f"; remove it (`audio8 voice rm {name}`) and add it again"
         if not zipfile.is_zipfile(path):  # else np.load guesses a pickle and blames allow_pickle
             raise DamagedVoice(f"voice file {path} is damaged (not a NumPy zip archive){damaged}", name)
@@ -384,7 +396,7 @@ class VoiceStore:
     def remove(self, name: str) -> Path:
         """Delete voice ``name``; returns the removed file. Raises VoiceError if there is none, VoiceStorageError if it
         cannot."""
-        path = self.path(name)
+        path = self.find(name) or self.path(name)
         try:
             if path.is_dir():  # not a voice: left alone, reported as absent
                 raise FileNotFoundError(path)

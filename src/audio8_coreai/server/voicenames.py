@@ -55,7 +55,7 @@ def resolve(name: str | None, store: VoiceStore, voice_map: dict[str, str], defa
     """The voice a request's ``name`` asks for: a stored voice of that name; else its ``voice_map`` target; else,
     for None, DEFAULT_VOICE or an OpenAI name, the ``default_voice`` (None: the model's own voice). Raises
     ApiError 400 voice_not_found for any other name, VoiceError for a damaged stored voice (DamagedVoice)."""
-    if name is not None and store.path(name).is_file():
+    if name is not None and store.find(name) is not None:
         return store.load(name)
     key = None if name is None else name.lower()
     if key in voice_map:

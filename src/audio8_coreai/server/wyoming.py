@@ -113,7 +113,7 @@ class Speaker:
         VoiceError when there is none of that name, or it cannot be read or belongs to another checkpoint)."""
         if name is None or name == self.settings.voice:
             return None
-        if not self.tts.voices.path(name).is_file():
+        if self.tts.voices.find(name) is None:
             raise VoiceError(
                 f"no voice named {name!r}: describe lists the voices (the model's own is {self.settings.voice!r})"
             )

@@ -159,7 +159,7 @@ def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[st
     except VoiceError as e:
         raise ApiError(400, str(e), "name", "invalid_voice") from None
     gone = ApiError(404, f"no voice named {name!r}", "name", "voice_not_found")
-    if not store.path(name).is_file():
+    if store.find(name) is None:
         raise gone
     try:
         store.remove(name)
