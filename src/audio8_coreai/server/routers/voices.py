@@ -48,13 +48,25 @@ def list_voices(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
 def list_voice_ids(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """``{"voices": [{"id", "name"}]}`` (Open WebUI's shape): the default voice (id ``default``: ``serve
     --default-voice``, else the model's own), the stored voices (id: the name), then the ``--voice-map`` names
-    (``alloy (ana)``); each id is what ``voice`` takes in a speech request."""
-    settings, stored = server.settings, server.synth.voices.names()
+    (``alloy (ana)``); each id is what ``voice`` takes in a speech request. A stored voice that cannot speak here
+    (damaged, or made with another checkpoint) is left out, as Wyoming's describe leaves it: a picker would offer
+    a 500 (``GET /v1/voices`` tells why)."""
+    settings, store = server.settings, server.synth.voices
+    stored = store.names()
     own = settings.default_voice or "the model's own voice"
     voices = [] if DEFAULT_VOICE in stored else [{"id": DEFAULT_VOICE, "name": f"{DEFAULT_VOICE} ({own})"}]
-    voices += [{"id": name, "name": name} for name in stored]
+    voices += [{"id": name, "name": name} for name in stored if _speaks(store, name, server.synth.fingerprint)]
     voices += [{"id": k, "name": f"{k} ({v})"} for k, v in sorted(settings.voice_map.items()) if k not in stored]
     return {"voices": voices}
+
+
+def _speaks(store, name: str, fingerprint: str) -> bool:
+    """Whether stored voice ``name`` reads whole and was made with this checkpoint."""
+    try:
+        store.load(name, fingerprint)
+    except VoiceError:
+        return False
+    return True
 
 
 # The multipart form, read by hand (for its limits and messages), declared for the OpenAPI schema.
