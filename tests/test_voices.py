@@ -517,7 +517,7 @@ def test_a_name_of_astral_letters_is_refused_by_its_bytes_before_any_file(tmp_pa
 
 
 def test_a_voice_of_no_frames_is_said_to_have_none():
-    from audio8_coreai.voices import codes_problem
+    from audio8_coreai.voice_rules import codes_problem
 
     assert codes_problem(np.zeros((10, 0), np.int16)) == "codes [10, 0]: no frames"  # said "not integers"
     assert codes_problem(np.zeros((10, 3), np.float32)).endswith("not integers [codebooks, frames]")

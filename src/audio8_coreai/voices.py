@@ -26,12 +26,9 @@ import dataclasses
 import difflib
 import errno
 import json
-import math
-import numbers
 import os
 import tempfile
 import time
-import unicodedata
 import zipfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,59 +41,11 @@ from .audio import publish
 from .errors import AudioError, DamagedVoice, PromptError, VoiceError, VoiceExists, VoiceStorageError
 from .settings import DEFAULTS
 from .text.checks import check_text
+from .voice_rules import FIELD_KINDS, WHOLE_FIELDS, check_name, codes_problem
 
 FORMAT = 1  # the on-disk format version in ``meta``; a newer file is refused rather than misread
 SUFFIX = ".npz"
 TEMP_SUFFIX = ".tmp"  # a voice being written: ``.NAME.XXXXXXXX.tmp``
-MAX_NAME = 64
-MAX_NAME_BYTES = 240  # UTF-8: its temporary file ``.NAME.XXXXXXXX.tmp`` within the 255 bytes file systems take
-_NAME_PUNCTUATION = set(" _-.")
-_NAME_RULE = (
-    "a voice name is 1 to 64 letters, digits, spaces, '_', '-' or '.' (at most 240 bytes in UTF-8), starting "
-    "with a letter, digit or '_' (no path separators, no '..')"
-)
-
-
-# File names Windows keeps for devices (with any extension): a voice store should copy to any disk.
-_WINDOWS_DEVICES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
-
-
-def check_name(name: str) -> str:
-    """Return ``name`` (NFC-normalised) if it is a valid voice name, else raise :class:`VoiceError`.
-
-    A name becomes a file name, so it must not reach outside the folder or hide as a dot-file: no path
-    separators, no ``..``, no leading dot; at most 64 characters and 240 bytes in UTF-8 (its files' names
-    within the 255 bytes of every file system); letters and digits of any script plus
-    space, ``_``, ``-`` and ``.``; no leading or trailing space and no trailing dot (Windows drops them); not
-    a Windows device name (CON, NUL, COM1...).
-    NFC because macOS may hand back decomposed file names: "é" typed and "é" listed must be one voice.
-    """
-    if not isinstance(name, str):
-        raise VoiceError(f"a voice name must be a string, got {type(name).__name__}")
-    name = unicodedata.normalize("NFC", name)
-    why = None
-    if not name:
-        why = "it is empty"
-    elif len(name) > MAX_NAME:
-        why = f"it is {len(name)} characters long"
-    elif len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:  # a file name, in bytes
-        why = f"it is {len(name.encode('utf-8', 'surrogatepass'))} bytes in UTF-8"
-    elif "/" in name or "\\" in name:
-        why = "it holds a path separator"
-    elif ".." in name:
-        why = "it holds '..'"
-    elif not (name[0].isalnum() or name[0] == "_"):
-        why = f"it starts with {name[0]!r}"
-    elif name[-1] in " .":
-        why = f"it ends with {name[-1]!r}"
-    elif bad := sorted({c for c in name if not (c.isalnum() or c in _NAME_PUNCTUATION)}):
-        why = "it holds " + ", ".join(repr(c) for c in bad)
-    elif name.split(".")[0].rstrip().upper() in _WINDOWS_DEVICES:
-        why = "Windows reserves it for a device"
-    if why:  # the name shown cut: a request may send 100,000 characters of it
-        shown = repr(name) if len(name) <= MAX_NAME else f"{name[:MAX_NAME]!r}..."
-        raise VoiceError(f"bad voice name {shown}: {why}; {_NAME_RULE}")
-    return name
 
 
 def check_voice_choice(voice: object, ref_audio: object, ref_text: object) -> None:
@@ -165,7 +114,7 @@ class Voice:
         """What makes this voice one that cannot be stored or spoken, or None: a field of the wrong type or range
         (whole numbers >= 0, a sample rate >= 1, a finite duration, texts, warnings a tuple of texts), its codes
         (:func:`codes_problem`) or a transcript with no words. Checked alike when a voice is saved and read."""
-        for name, kind in _FIELD_KINDS.items():
+        for name, kind in FIELD_KINDS.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, kind[0]) or not kind[1](value):
                 return f"{name} {value!r} is not {kind[2]}"
@@ -184,25 +133,6 @@ class Voice:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "codes"}
         fields = {k: v.item() if isinstance(v, np.generic) else v for k, v in fields.items()}  # numpy numbers
         return {"format": FORMAT, **fields, "warnings": list(self.warnings)}
-
-
-# A Voice's scalar fields: (types, range rule, what it must be).
-def _whole(v: float) -> bool:
-    return math.isfinite(v) and float(v).is_integer()  # 44100.0 too: a float a hand-made voice may hold
-
-
-_FIELD_KINDS = {
-    "transcript": (str, lambda v: True, "a text"),
-    "sample_rate": (numbers.Real, lambda v: _whole(v) and v >= 1, "a whole number of Hz >= 1"),
-    "duration_s": (numbers.Real, lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0"),
-    "fingerprint": (str, bool, "a checkpoint fingerprint"),
-    "created": (str, lambda v: True, "a text"),
-    "name": (str, lambda v: True, "a text"),
-    "source": (str, lambda v: True, "a text"),
-    "codebooks": (numbers.Real, lambda v: _whole(v) and v >= 0, "a whole number >= 0"),
-    "codebook_size": (numbers.Real, lambda v: _whole(v) and v >= 0, "a whole number >= 0"),
-}
-_WHOLE_FIELDS = ("sample_rate", "codebooks", "codebook_size")
 
 
 def now_utc() -> str:
@@ -387,7 +317,7 @@ class VoiceStore:
             raise DamagedVoice(f"voice file {path} is damaged (meta holds no {e}){damaged}", name) from e
         if problem := voice.problem():
             raise DamagedVoice(f"voice file {path} is damaged ({problem}){damaged}", name)
-        whole = {k: int(getattr(voice, k)) for k in _WHOLE_FIELDS}  # 44100.0 in a hand-made file is 44100
+        whole = {k: int(getattr(voice, k)) for k in WHOLE_FIELDS}  # 44100.0 in a hand-made file is 44100
         voice = dataclasses.replace(voice, **whole, duration_s=float(voice.duration_s))
         if fingerprint is not None:
             voice.check_checkpoint(fingerprint)
@@ -406,23 +336,6 @@ class VoiceStore:
         except OSError as e:
             raise _storage_error(f"cannot remove voice {name!r} ({path}): {e}", e) from e
         return path
-
-
-def codes_problem(codes: np.ndarray, codebooks: int = 0, codebook_size: int = 0) -> str | None:
-    """What is wrong with a voice's ``codes`` (integers [codebooks, frames] in [0, codebook_size); a 0 bound is not
-    checked), or None."""
-    if codes.ndim != 2 or not np.issubdtype(codes.dtype, np.integer):
-        return f"codes {codes.dtype} {list(codes.shape)}, not integers [codebooks, frames]"
-    if codes.shape[1] == 0:
-        return f"codes {list(codes.shape)}: no frames"
-    if codebooks and codes.shape[0] != codebooks:
-        return f"codes of {codes.shape[0]} codebooks, where the codec that made them gives {codebooks}"
-    bad = (codes < 0) | (codes >= codebook_size) if codebook_size else codes < 0
-    if bad.any():
-        row, col = (int(i[0]) for i in np.nonzero(bad))
-        bound = f"outside [0, {codebook_size}) of the codec that made them" if codebook_size else "negative"
-        return f"code {int(codes[row, col])} at codebook {row}, frame {col} is {bound}"
-    return None
 
 
 def _storage_error(message: str, e: OSError | AudioError) -> VoiceStorageError:
