@@ -118,6 +118,30 @@ def test_a_stream_of_no_words_ends_with_nothing_to_say_and_the_connection_serves
     assert [e.type for e in events[-2:]] == ["audio-stop", "synthesize-stopped"] and len(pcm(events[1:])) > 0
 
 
+def test_a_new_stream_in_an_open_one_ends_the_open_one_whole_first(never_eos_tts):
+    """synthesize-start inside an open stream: the open stream's unspoken text is spoken and its audio stopped,
+    then the new stream runs (two audio-starts without an audio-stop came, and "And." was dropped)."""
+    (events,) = talk(
+        never_eos_tts,
+        [
+            SynthesizeStart().event(),
+            SynthesizeChunk("Hello there. And.").event(),
+            SynthesizeStart().event(),
+            None,  # up to the first stream's audio-stop
+            None,  # its synthesize-stopped
+            SynthesizeChunk("Again.").event(),
+            SynthesizeStop().event(),
+            None,  # up to audio-stop
+            None,  # synthesize-stopped
+        ],
+    )
+    kinds = [e.type for e in events]
+    first = kinds.index("synthesize-stopped") + 1
+    assert kinds[first - 2 : first] == ["audio-stop", "synthesize-stopped"] and kinds[-1] == "synthesize-stopped"
+    assert pcm(events[:first]) == spoken(never_eos_tts, "Hello there.", "And.")
+    assert pcm(events[first:]) == spoken(never_eos_tts, "Again.")
+
+
 def test_streaming_audio_comes_before_the_stream_ends(never_eos_tts):
     async def main() -> list[str]:
         seen = []

@@ -11,7 +11,8 @@ Events served (the ``wyoming`` package's own classes, its :class:`AsyncServer` a
 * ``synthesize-start``, ``synthesize-chunk``..., ``synthesize-stop`` -> one ``audio-start``, the audio of each
   sentence spoken as soon as it is complete (:func:`..text.split.complete_sentences`; the rest at the stop),
   joined by the stream's pause, then ``audio-stop`` and ``synthesize-stopped``. The ``synthesize`` a streaming
-  client also sends (for servers that do not stream) is ignored while a stream is open.
+  client also sends (for servers that do not stream) is ignored while a stream is open; a ``synthesize-start`` in
+  an open stream ends that one first, as its ``synthesize-stop`` would.
 
 A voice is chosen by name (``voice.name``); a language asks for nothing (the model reads the text it is given).
 Events are read bounded in bytes and time (:mod:`.wyoming_events`). Every refusal is an ``error`` event whose
@@ -287,6 +288,8 @@ class WyomingHandler(AsyncEventHandler):
                     await self._synthesize(parse(event, Synthesize))
             elif SynthesizeStart.is_type(event.type):
                 start = parse(event, SynthesizeStart)
+                if self.stream is not None:  # a new stream in an open one: the open one ends first, whole
+                    await self._finish()
                 voice = self.speaker.voice(start.voice.name if start.voice else None)
                 audio = _Audio(self.write_event, self.speaker.tts.sample_rate)
                 self.stream = _Stream(voice, check_seed(self.speaker.seed(voice)), audio)
