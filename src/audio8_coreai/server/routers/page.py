@@ -21,7 +21,7 @@ def _file(name: str, media_type: str) -> Response:
     return Response(STATIC.joinpath(name).read_bytes(), media_type=media_type, headers=HEADERS)
 
 
-@router.get("/")
+@router.api_route("/", methods=["GET", "HEAD"])
 def page() -> Response:
     """The page (HTML)."""
     return _file("index.html", "text/html; charset=utf-8")
