@@ -120,6 +120,25 @@ class _Endless:
             yield (0.3 * np.sin(np.arange(44100) / 7)).astype(np.float32)
 
 
+def _stop_reading_after_the_head(s: socket.socket, url: str, request: dict) -> bytes:
+    """Send the speech ``request`` on ``s`` (a small receive window, so the server's sends back up), read its answer's
+    head (a 200) and return what was read: the client then reads nothing."""
+    body = json.dumps(request).encode()
+    head = (
+        "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(30)
+    s.connect((urlsplit(url).hostname, urlsplit(url).port))
+    s.sendall(head + body)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += s.recv(256)
+    assert received.startswith(b"HTTP/1.1 200")
+    return received
+
+
 @pytest.mark.parametrize("stream_format", ["audio", "sse"])
 def test_a_stream_dropped_for_a_client_that_stopped_reading_is_cut_and_counted_as_it_is_dropped(
     tiny_checkpoint, stream_format, caplog, capfd
@@ -135,20 +154,8 @@ def test_a_stream_dropped_for_a_client_that_stopped_reading_is_cut_and_counted_a
     with serve_in_thread(create_app([instance], settings)) as url:
         before = metric(url, 'audio8_errors_total{code="client_stalled"}')
         request = {"input": "Hello.", "response_format": "pcm", "stream": True, "stream_format": stream_format}
-        body = json.dumps(request).encode()
-        head = (
-            "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode()
         with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the server's sends back up
-            s.settimeout(30)
-            s.connect((urlsplit(url).hostname, urlsplit(url).port))
-            s.sendall(head + body)
-            received = b""
-            while b"\r\n\r\n" not in received:
-                received += s.recv(256)
-            assert received.startswith(b"HTTP/1.1 200")
+            received = _stop_reading_after_the_head(s, url, request)
             deadline = time.monotonic() + 30
             while metric(url, 'audio8_errors_total{code="client_stalled"}') < before + 1:
                 assert time.monotonic() < deadline, "the stalled stream was not dropped"
@@ -173,21 +180,9 @@ def test_a_shutdown_waits_shutdown_s_for_a_client_that_reads_nothing_not_its_sta
     instance = TTS.load(tiny_checkpoint, device="cpu")
     instance.stream = lambda *args, on_frame, **kwargs: _Endless(on_frame)
     settings = ServerSettings(workers=1, stream_buffer_chunks=2, stall_s=60.0, shutdown_s=1.0)
-    body = json.dumps({"input": "Hello.", "response_format": "pcm", "stream": True}).encode()
-    head = (
-        "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode()
     with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.settimeout(30)
         with serve_in_thread(create_app([instance], settings)) as url:
-            s.connect((urlsplit(url).hostname, urlsplit(url).port))
-            s.sendall(head + body)
-            received = b""
-            while b"\r\n\r\n" not in received:
-                received += s.recv(256)
-            assert received.startswith(b"HTTP/1.1 200")
+            _stop_reading_after_the_head(s, url, {"input": "Hello.", "response_format": "pcm", "stream": True})
             time.sleep(0.5)  # the server's sends back up
             t0 = time.monotonic()
         assert time.monotonic() - t0 < 20  # shutdown_s and the threads' ends, far from stall_s's 60
