@@ -14,7 +14,8 @@ from ..state import State, state
 router = APIRouter()
 
 
-@router.api_route("/health", methods=["GET", "HEAD"], responses=documented())  # HEAD: uptime monitors
+@router.get("/health", responses=documented())
+@router.head("/health", include_in_schema=False)  # uptime monitors ask HEAD
 async def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """The model served (its folder's name), its backend and device, and the workers' load
     (:meth:`..synth.Synthesizer.health`)."""

@@ -21,7 +21,8 @@ def _file(name: str, media_type: str) -> Response:
     return Response(STATIC.joinpath(name).read_bytes(), media_type=media_type, headers=HEADERS)
 
 
-@router.api_route("/", methods=["GET", "HEAD"])
+@router.get("/")
+@router.head("/", include_in_schema=False)
 def page() -> Response:
     """The page (HTML)."""
     return _file("index.html", "text/html; charset=utf-8")
