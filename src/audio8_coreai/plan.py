@@ -55,6 +55,20 @@ class Plan:
         """The most frames the plan can make (its pieces' caps together)."""
         return sum(p.max_frames for p in self.pieces)
 
+    def reused(self, fingerprint: str, given: dict[str, object]) -> Plan:
+        """This plan, given to speak on the checkpoint of ``fingerprint`` with the keywords ``given`` (name: value);
+        raises TypeError when any of them is not None (a plan holds its request), EngineError when it was made for
+        another checkpoint (its prompts and voice hold for that one alone)."""
+        named = [k for k, v in given.items() if v is not None]
+        if named:
+            raise TypeError(f"a Plan holds its request: give it alone, or give the text with {', '.join(named)}")
+        if self.checkpoint != fingerprint:
+            raise EngineError(
+                "this plan was made for another checkpoint (its prompts and voice hold for that one alone): "
+                "plan the request with this model, tts.plan(check_request(...))"
+            )
+        return self
+
 
 def make_plan(
     checked: CheckedRequest,

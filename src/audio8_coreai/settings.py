@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import types
 import typing
 from collections.abc import Mapping
 from typing import Literal, TypeVar
@@ -31,6 +30,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
 from .errors import ConfigError
+from .settings_words import kind_of, takes
 
 PREFIX = "AUDIO8_"
 Group = TypeVar("Group", bound=BaseModel)
@@ -44,7 +44,7 @@ class _Group(BaseModel):
     def _none(cls, value: object, info: ValidationInfo) -> object:
         """``none`` in any case, or ``null``, is None for a field that takes None (as a variable's ``none``)."""
         if isinstance(value, str) and value.strip().lower() in ("none", "null"):
-            if _kind(cls.model_fields[info.field_name])[1]:
+            if kind_of(cls.model_fields[info.field_name])[1]:
                 return None
         return value
 
@@ -335,42 +335,6 @@ def from_environment() -> Settings:
         raise ConfigError(f'{_unparsed() or e}: give it as JSON, e.g. [1, 2, 4] or {{"alloy": "ana"}}') from None
 
 
-def takes(info: FieldInfo, typed: bool = True) -> str:
-    """What a field takes, in words: 'a whole number 1 to 65535', 'a number > 0', 'one of 8000, 11025...';
-    ``typed`` False (a CLI option, whose type the CLI has checked) leaves out 'a whole number' and 'or none'."""
-    limits = {k: v for m in info.metadata for k in ("ge", "gt", "le", "lt") if (v := getattr(m, k, None)) is not None}
-    if "ge" in limits and "le" in limits:
-        bounds = f"{limits['ge']} to {limits['le']}"
-    else:
-        signs = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
-        bounds = " and ".join(f"{sign} {limits[k]}" for k, sign in signs if k in limits)
-    kind, optional = _kind(info)
-    if typing.get_origin(kind) is Literal:
-        said = "one of " + ", ".join(map(str, typing.get_args(kind)))
-    elif kind is bool:
-        return "true, false or none" if typed and optional else "true or false"
-    elif kind in (int, float):
-        finite = any(getattr(m, "allow_inf_nan", True) is False for m in info.metadata)
-        number = "a finite number" if finite else "a number"
-        said = " ".join(filter(None, (number if kind is float else "a whole number" if typed else "", bounds)))
-    elif typing.get_origin(kind) in (tuple, dict):
-        example = info.get_default(call_default_factory=True) or (
-            [1, 4] if typing.get_origin(kind) is tuple else {"a": "b"}
-        )
-        said = "JSON such as " + json.dumps(example)
-    else:
-        said = "text"
-    return said + (" or none" if typed and optional else "")
-
-
-def _kind(info: FieldInfo) -> tuple[object, bool]:
-    """A field's type without None, and whether it takes None."""
-    if typing.get_origin(info.annotation) not in (typing.Union, types.UnionType):
-        return info.annotation, False
-    kinds = [a for a in typing.get_args(info.annotation) if a is not type(None)]
-    return (kinds[0] if len(kinds) == 1 else str), len(kinds) < len(typing.get_args(info.annotation))
-
-
 def _wrong(name: str, info: FieldInfo | None, error: Mapping) -> str:
     """What an environment variable ``name`` setting the field ``info`` got wrong (``error``: pydantic's)."""
     if info is None and error["type"] in ("model_type", "dict_type"):  # a group's own variable, not an object
@@ -397,7 +361,7 @@ def _unparsed() -> str | None:
         if not key.upper().startswith(PREFIX) or model is None:
             continue
         info = model.model_fields.get(field) if field else None
-        if field and (info is None or typing.get_origin(_kind(info)[0]) not in (tuple, dict)):
+        if field and (info is None or typing.get_origin(kind_of(info)[0]) not in (tuple, dict)):
             continue
         try:
             json.loads(value)

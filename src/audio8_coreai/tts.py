@@ -333,23 +333,20 @@ class TTS(VoiceCloning):
     ) -> SpeechStream:
         """Speak ``text`` as it is made: a :class:`.engine.stream.SpeechStream` of float32 chunks (mono, 44.1 kHz),
         exact to the whole-utterance decode. The first chunk holds ``first_chunk_frames`` (None:
-        ``DEFAULTS.speech.first_chunk_frames``, at most ``chunk_frames``), so the first audio comes sooner, and each
-        next one twice the last up to ``chunk_frames`` (default ``DEFAULTS.speech.chunk_frames``), so sent audio
-        covers the next chunk's making when frames come faster than real time.
+        ``DEFAULTS.speech.first_chunk_frames``), each next one twice the last up to ``chunk_frames`` (default
+        ``DEFAULTS.speech.chunk_frames``): the first audio comes soon, and sent audio covers the next chunk's making.
 
-        ``text`` is a plan (:meth:`plan`), spoken as it is; or a string with the keywords of :meth:`generate` and
-        ``chunk_frames``, ``first_chunk_frames`` (through the API the first chunk may be longer than the others;
-        the CLI and server keep it at most ``chunk_frames``) and ``frame_cap`` (a ceiling on the default frame cap,
-        as a server's), checked and planned split: pieces whose estimated speech
-        (``DEFAULTS.speech.split_frames_per_token`` frames per text token) fits the context and the checkpoint's
-        ``max_new_tokens``, spoken in order in the same voice, the seed's noise stream running on, with a short pause
-        between. Text kept in one piece gives
-        :meth:`generate`'s samples with the same arguments. ``max_frames`` caps every piece. ``on_frame`` as in
-        :class:`.engine.stream.SpeechStream`; ``overlap_codec`` decodes each chunk while the next chunk's frames are
-        made (same samples; None: when the codec runs in a process of its own, see :meth:`load`).
-        Everything is checked here, before any frame (the stream's ``seed`` tells the one drawn when None):
-        raises as :meth:`generate` and :meth:`plan` do, and ConfigError for ``chunk_frames`` or
-        ``first_chunk_frames`` < 1, an ``overlap_codec`` not True, False or None, an ``on_frame`` no function.
+        ``text`` is a plan (:meth:`plan`), spoken as it is; or a string with the keywords of :meth:`generate`,
+        ``chunk_frames``, ``first_chunk_frames`` (here it may exceed ``chunk_frames``; the CLI and server keep it
+        within) and ``frame_cap`` (a ceiling on the default frame cap, as a server's), checked and split into pieces
+        whose estimated speech (``DEFAULTS.speech.split_frames_per_token`` frames a text token) fits the context and
+        the checkpoint's ``max_new_tokens``: spoken in order in one voice, the seed's noise running on, a short pause
+        between. Text kept in one piece gives :meth:`generate`'s samples; ``max_frames`` caps every piece.
+        ``on_frame`` as in :class:`.engine.stream.SpeechStream`; ``overlap_codec`` decodes each chunk while the next
+        one's frames are made (same samples; None: when the codec runs in its own process, see :meth:`load`).
+        Everything is checked before any frame (the stream's ``seed`` tells the one drawn when None): raises as
+        :meth:`generate` and :meth:`plan`, and ConfigError for ``chunk_frames`` or ``first_chunk_frames`` < 1, an
+        ``overlap_codec`` not True, False or None, an ``on_frame`` no function.
         """
         check_callback("on_frame", on_frame)
         overlap_codec = check_switch("overlap_codec", overlap_codec)
@@ -381,15 +378,7 @@ class TTS(VoiceCloning):
         ``first_chunk_frames`` (through the API it may pass ``chunk_frames``), its language warning told as an
         UnsupportedLanguageWarning (the keyword API's way)."""
         if isinstance(text, Plan):
-            given = [k for k, v in {**request, "frame_cap": frame_cap}.items() if v is not None]
-            if given:
-                raise TypeError(f"a Plan holds its request: give it alone, or give the text with {', '.join(given)}")
-            if text.checkpoint != self.checkpoint.fingerprint():
-                raise EngineError(
-                    "this plan was made for another checkpoint (its prompts and voice hold for that one alone): "
-                    "plan the request with this model, tts.plan(check_request(...))"
-                )
-            return text
+            return text.reused(self.checkpoint.fingerprint(), {**request, "frame_cap": frame_cap})
         unknown = [key for key in request if key not in REQUEST_KEYWORDS]
         if unknown:  # said as the caller's own, not check_request's
             raise TypeError(
