@@ -26,8 +26,8 @@ from audio8_coreai.settings import (
     WyomingSettings,
     from_environment,
     override,
-    takes,
 )
+from audio8_coreai.settings_words import takes
 
 
 @pytest.fixture
@@ -72,6 +72,7 @@ def test_environment_variables_set_fields(env):
     env.setenv("AUDIO8_SERVER__DEFAULT_VOICE", "NULL")
     env.setenv("AUDIO8_TORCH__BATCH_BUCKETS", "[1, 4, 16]")
     env.setenv("AUDIO8_SERVER__VOICE_MAP", '{"alloy": "ana"}')
+    env.setenv("AUDIO8_SERVER__CORS_ORIGINS", '["https://app.example.com"]')
     env.setenv("AUDIO8_RAY__AUTOSCALE", "[1, 8]")
     env.setenv("AUDIO8_WYOMING", '{"voice": "house", "idle_s": 5}')  # a group as one JSON object
     env.setenv("AUDIO8_SERVER__SAMPLE_RATE", "16000")  # a Literal of ints: every rate was refused as text
@@ -80,7 +81,7 @@ def test_environment_variables_set_fields(env):
     assert tree.torch.cuda_graphs is False and tree.torch.codec_threads is None
     assert tree.torch.fused_kernels is None and tree.server.default_voice is None
     assert tree.torch.batch_buckets == (1, 4, 16) and tree.server.voice_map == {"alloy": "ana"}
-    assert tree.server.sample_rate == 16000
+    assert tree.server.sample_rate == 16000 and tree.server.cors_origins == ("https://app.example.com",)
     assert tree.ray.autoscale == (1, 8) and (tree.wyoming.voice, tree.wyoming.idle_s, tree.wyoming.port) == (
         "house",
         5.0,
@@ -103,6 +104,8 @@ def test_environment_variables_set_fields(env):
         ("AUDIO8_SERVER__PORTT", "9000", "AUDIO8_SERVER__PORTT is not a setting: the server group has host, port,"),
         ("AUDIO8_TORCH__BATCH_BUCKETS", "1,2", "AUDIO8_TORCH__BATCH_BUCKETS is not JSON: give it as JSON"),
         ("AUDIO8_TORCH__BATCH_BUCKETS", "[4, 2]", "AUDIO8_TORCH__BATCH_BUCKETS: batch_buckets must be rising"),
+        ("AUDIO8_SERVER__CORS_ORIGINS", "https://a.example", "AUDIO8_SERVER__CORS_ORIGINS is not JSON"),
+        ("AUDIO8_SERVER__CORS_ORIGINS", '["a.example"]', "AUDIO8_SERVER__CORS_ORIGINS: cors_origins holds 'a.example'"),
         ("AUDIO8_SERVER", '{"port": 0}', "AUDIO8_SERVER's port must be a whole number 1 to 65535, got 0"),
         ("AUDIO8_SERVER", "8000", 'AUDIO8_SERVER is a group: give it as a JSON object, e.g. {"port": 8000}, or set'),
         ("AUDIO8_SERVER", "[1]", "AUDIO8_SERVER is a group: give it as a JSON object"),
@@ -178,6 +181,7 @@ def test_what_a_field_takes_in_words():
     assert takes(server["max_frames"]) == "a whole number >= 1 or none"
     assert takes(fields["measure"].annotation.model_fields["tolerance"]) == "a finite number > 0"  # inf is refused
     assert takes(torch_["batch_buckets"]) == "JSON such as [1, 2, 4, 8, 16, 32, 64, 128, 256]"
+    assert takes(server["cors_origins"]) == 'JSON such as ["https://app.example.com", "http://localhost:3000"]'
 
 
 def test_the_sample_rates_are_those_every_format_takes():

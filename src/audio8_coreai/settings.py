@@ -142,6 +142,11 @@ class ServerSettings(_Group):
         None, description="every body's rate; None: pcm_sample_rate, the rest the model's"
     )
     voice_map: dict[str, str] = Field(default_factory=dict, description="OpenAI voice names onto stored voices")
+    cors_origins: tuple[str, ...] = Field(
+        (),
+        description="web page origins that may call the API from a browser (CORS); * any; none: same origin only",
+        examples=[["https://app.example.com", "http://localhost:3000"]],
+    )
 
     default_voice: str | None = Field(None, description="stored voice of requests naming none; None: the model's")
     gather_s: float = Field(0.003, ge=0, le=1, description="batched: how long a frame call waits for the other rows")
@@ -177,6 +182,18 @@ class ServerSettings(_Group):
     def _rate_from_text(cls, rate: object) -> object:
         """A variable's text ``16000`` is the number: a Literal of ints takes no text (every rate was refused)."""
         return int(rate) if isinstance(rate, str) and rate.strip().isascii() and rate.strip().isdigit() else rate
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, origins: tuple[str, ...]) -> tuple[str, ...]:
+        """An origin as a browser sends it: scheme://host[:port], no path (a trailing / would never match), or *."""
+        for origin in origins:
+            if origin != "*" and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s?#]+", origin):
+                raise ValueError(
+                    f"cors_origins holds {origin!r}: an origin is scheme://host[:port] with no path, "
+                    "e.g. https://app.example.com, or * for any"
+                )
+        return origins
 
     @field_validator("voice_map")
     @classmethod

@@ -29,9 +29,8 @@ def takes(info: FieldInfo, typed: bool = True) -> str:
         number = "a finite number" if finite else "a number"
         said = " ".join(filter(None, (number if kind is float else "a whole number" if typed else "", bounds)))
     elif typing.get_origin(kind) in (tuple, dict):
-        example = info.get_default(call_default_factory=True) or (
-            [1, 4] if typing.get_origin(kind) is tuple else {"a": "b"}
-        )
+        example = (info.examples or [None])[0] or info.get_default(call_default_factory=True)
+        example = example or ([1, 4] if typing.get_origin(kind) is tuple else {"a": "b"})
         said = "JSON such as " + json.dumps(example)
     else:
         said = "text"

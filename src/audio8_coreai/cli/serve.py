@@ -92,6 +92,15 @@ def serve(
             "voice, with a fixed seed when the request gives none."
         ),
     ] = DEFAULTS.server.default_voice,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="ORIGIN",
+            help="A web page origin that may call the API from a browser (CORS), e.g. https://app.example.com; "
+            "repeat for more, * for any. Default: same origin only.",
+            show_default=",".join(DEFAULTS.server.cors_origins) or False,
+        ),
+    ] = None,
     ray: Annotated[
         bool,
         typer.Option(
@@ -130,6 +139,7 @@ def serve(
         raise ConfigError(f"{', '.join(given)}: Ray Serve options: add --ray, or drop them to serve here")
     settings = override(
         DEFAULTS.server,
+        {"cors_origins": "--cors-origin"},
         host=host,
         port=port,
         workers=workers,
@@ -143,6 +153,7 @@ def serve(
         sample_rate=sample_rate,
         voice_map=parse_voice_map(voice_map) if voice_map is not None else DEFAULTS.server.voice_map,
         default_voice=None if default_voice is None else check_name(default_voice),
+        cors_origins=DEFAULTS.server.cors_origins if cors_origin is None else tuple(cors_origin),
     )
     check_port(host, port)  # before minutes of loading
     if batch and workers != DEFAULTS.server.workers:

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
 from ..settings import DEFAULTS, ServerSettings
@@ -22,6 +23,18 @@ from .routers import health, models, page, speech, voices
 from .state import State
 from .synth import LocalSynthesizer, Synthesizer
 from .voicenames import check_voices
+
+# What a web page's script may read of an answer (CORS hides every other header): the headers this server writes.
+EXPOSED_HEADERS = (
+    "x-request-id",
+    "x-seed",
+    "x-sample-rate",
+    "x-model",
+    "x-replica",
+    "x-audio8-warning",
+    "x-audio8-instructions",
+    "retry-after",
+)
 
 
 class _App(FastAPI):
@@ -44,7 +57,8 @@ def create_app(
     Text outside the model's languages is told to each client in an ``X-Audio8-Warning`` header (the plan's
     warning, :class:`..plan.Plan`), not as the keyword API's UnsupportedLanguageWarning; the process's warning
     filters are left as they are. Every answer has an ``x-request-id`` (:mod:`.requestid`); ``proxy_ids``: a proxy
-    in front writes it (Ray Serve's), the app only reads it."""
+    in front writes it (Ray Serve's), the app only reads it. ``settings.cors_origins``: the web pages' origins
+    whose scripts may call it (CORS preflights answered, :data:`EXPOSED_HEADERS` readable); none: same origin only."""
     settings = settings or DEFAULTS.server
     metrics = Metrics()
     synth = instances if isinstance(instances, Synthesizer) else LocalSynthesizer(instances, settings, metrics)
@@ -62,6 +76,15 @@ def create_app(
     routers = (speech.router, voices.router, health.router, models.router, page.router)  # page: GET /, the web page
     errors.install(app, server.metrics.count, [route for router in routers for route in router.routes])
     app.add_middleware(SpeechBodyLimit, max_input_chars=settings.max_input_chars, metrics=server.metrics)
+    if settings.cors_origins:  # outside the body limit: its 413 reaches the page's script too
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "HEAD", "POST", "DELETE"],
+            allow_headers=["*"],
+            expose_headers=list(EXPOSED_HEADERS),
+            max_age=600,
+        )
     for router in routers:
         app.include_router(router)
     return app
