@@ -335,6 +335,35 @@ def test_server_sample_rate_and_default_voice(tiny_checkpoint, voices_dir):
         assert http.get("/v1/audio/voices").json()["voices"][0] == {"id": "default", "name": "default (ana)"}
 
 
+def test_the_voice_map_wins_over_a_stored_voice_of_its_name(tiny_checkpoint, voices_dir, tmp_path):
+    """An operator's ``--voice-map alloy=ana`` speaks ana for alloy even where a voice named Alloy is stored (a
+    client could otherwise take the name over); registering a mapped name is refused; the picker lists it once."""
+    import shutil
+
+    from tests.server.wyoming_support import make_voice
+
+    store = tmp_path / "voices"
+    shutil.copytree(voices_dir, store)
+    tts = TTS.load(tiny_checkpoint, device="cpu", voices_dir=store)
+    tts.voices.save(make_voice("Alloy", tts.checkpoint.fingerprint()))
+
+    def speak(http: TestClient, voice: str) -> bytes:
+        r = http.post("/v1/audio/speech", json={"input": TEXT, "seed": 2, **EXTRAS, "voice": voice, "stream": False})
+        assert r.status_code == 200, r.text
+        return r.content
+
+    with TestClient(create_app([tts], ServerSettings(workers=1))) as http:  # unmapped: the stored Alloy speaks
+        assert speak(http, "alloy") != speak(http, "ana")
+    with TestClient(create_app([tts], ServerSettings(workers=1, voice_map={"alloy": "ana"}))) as http:
+        assert speak(http, "alloy") == speak(http, "ALLOY") == speak(http, "ana")
+        clip = clips.write(tmp_path / "a.wav", clips.sweep(22050, 1.0), 22050).read_bytes()
+        r = http.post("/v1/voices", data={"name": "alloy", "transcript": "Hi."}, files={"audio": ("a.wav", clip)})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_voice"
+        assert "'alloy' speaks the stored voice 'ana' here (the server's --voice-map)" in r.json()["error"]["message"]
+        ids = [v["id"] for v in http.get("/v1/audio/voices").json()["voices"]]
+        assert ids == ["default", "ana", "alloy"]
+
+
 def test_unknown_voice_map_targets_are_refused_at_start(tiny_checkpoint, voices_dir):
     tts = TTS.load(tiny_checkpoint, device="cpu", voices_dir=voices_dir)
     with pytest.raises(VoiceError, match=r"--voice-map alloy=bob: no voice named 'bob'"):

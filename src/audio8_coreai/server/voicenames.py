@@ -52,14 +52,15 @@ def check_voices(store: VoiceStore, voice_map: dict[str, str], default_voice: st
 
 
 def resolve(name: str | None, store: VoiceStore, voice_map: dict[str, str], default_voice: str | None) -> Voice | None:
-    """The voice a request's ``name`` asks for: a stored voice of that name; else its ``voice_map`` target; else,
-    for None, DEFAULT_VOICE or an OpenAI name, the ``default_voice`` (None: the model's own voice). Raises
-    ApiError 400 voice_not_found for any other name, VoiceError for a damaged stored voice (DamagedVoice)."""
-    if name is not None and store.find(name) is not None:
-        return store.load(name)
+    """The voice a request's ``name`` asks for: its ``voice_map`` target (the operator's map wins over a stored voice
+    of the same name); else a stored voice of that name; else, for None, DEFAULT_VOICE or an OpenAI name, the
+    ``default_voice`` (None: the model's own voice). Raises ApiError 400 voice_not_found for any other name,
+    VoiceError for a damaged stored voice (DamagedVoice)."""
     key = None if name is None else name.lower()
     if key in voice_map:
         return store.load(voice_map[key])
+    if name is not None and store.find(name) is not None:
+        return store.load(name)
     if key is None or key == DEFAULT_VOICE or key in OPENAI_VOICES:
         return None if default_voice is None else store.load(default_voice)
     raise ApiError(

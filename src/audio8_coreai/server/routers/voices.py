@@ -50,13 +50,13 @@ def list_voice_ids(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     --default-voice``, else the model's own), the stored voices (id: the name), then the ``--voice-map`` names
     (``alloy (ana)``); each id is what ``voice`` takes in a speech request. A stored voice that cannot speak here
     (damaged, or made with another checkpoint) is left out, as Wyoming's describe leaves it: a picker would offer
-    a 500 (``GET /v1/voices`` tells why)."""
+    a 500 (``GET /v1/voices`` tells why); so is one named like a ``--voice-map`` name (the map speaks that id)."""
     settings, store = server.settings, server.synth.voices
-    stored = store.names()
+    stored = [name for name in store.names() if name.lower() not in settings.voice_map]
     own = settings.default_voice or "the model's own voice"
     voices = [] if DEFAULT_VOICE in stored else [{"id": DEFAULT_VOICE, "name": f"{DEFAULT_VOICE} ({own})"}]
     voices += [{"id": name, "name": name} for name in stored if _speaks(store, name, server.synth.fingerprint)]
-    voices += [{"id": k, "name": f"{k} ({v})"} for k, v in sorted(settings.voice_map.items()) if k not in stored]
+    voices += [{"id": k, "name": f"{k} ({v})"} for k, v in sorted(settings.voice_map.items())]
     return {"voices": voices}
 
 
@@ -143,6 +143,12 @@ async def _register(form: FormData, server: State) -> dict[str, Any]:
         name = check_name(name)
         if name.lower() == DEFAULT_VOICE:  # the id requests use for the server's default voice
             raise VoiceError(f"{name!r} names the server's default voice in requests: give the voice another name")
+        if name.lower() in settings.voice_map:  # requests naming it speak the map's voice
+            target = settings.voice_map[name.lower()]
+            raise VoiceError(
+                f"{name!r} speaks the stored voice {target!r} here (the server's --voice-map): give the "
+                "voice another name"
+            )
         server.synth.voices.check_new(name, replace)
     except (VoiceExists, VoiceStorageError) as e:
         raise api_error(e) from None
