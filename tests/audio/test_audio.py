@@ -175,6 +175,20 @@ def test_missing_file_and_folder(tmp_path):
         read_reference("/dev/null")
 
 
+def test_no_samples_are_written_where_the_format_holds_none(tmp_path):
+    """flac, mp3, aac and opus encoders write no readable file for no samples (0 bytes, or an Ogg with no page):
+    refused; wav, pcm and ogg (Vorbis) hold none."""
+    empty = np.zeros(0, np.float32)
+    for fmt in ("flac", "mp3", "aac", "opus"):
+        with pytest.raises(AudioError, match=f"holds no samples: a {fmt} file cannot hold none"):
+            encode_speech(empty, 44100, fmt)
+    with pytest.raises(AudioError, match="holds no samples: a flac file"):
+        write_audio(tmp_path / "out.flac", empty, 44100)
+    assert not (tmp_path / "out.flac").exists()
+    assert len(encode_speech(empty, 44100, "wav")) == 44 and encode_speech(empty, 44100, "pcm") == b""
+    assert sf.info(write_audio(tmp_path / "out.ogg", empty, 44100)).frames == 0
+
+
 @pytest.mark.parametrize(
     ("audio", "rate", "message"),
     [

@@ -12,7 +12,7 @@ from ..errors import AudioError
 from ..settings import DEFAULTS
 from .aac import AAC_RATES, AacWriter, pyav
 from .mp3tag import gapless_tag, tag_span
-from .samples import mono_samples, sample_rate_of
+from .samples import check_some, mono_samples, sample_rate_of
 
 # Encoded speech for the HTTP API (OpenAI's response_format names). libsndfile (through soundfile) encodes all but
 # aac: MP3 with LAME since libsndfile 1.1, Opus in Ogg since 1.0.29; a build without them gets a clear error; aac
@@ -204,12 +204,14 @@ def encode_speech(audio: np.ndarray, sample_rate: int, fmt: str, rate: int | Non
     wav, pcm: 16-bit signed little-endian (wav with exact sizes); flac 16-bit, the samples of wav; mp3 (LAME,
     variable bit rate, gapless length tag); opus (Ogg); aac (ADTS, PyAV). The same audio gives the same bytes in
     every format but opus (Ogg numbers each stream at random). Raises AudioError as :func:`check_speech_format`,
-    :func:`output_rate` and :func:`.samples.mono_samples`, and for a ``sample_rate`` no whole number.
+    :func:`output_rate`, :func:`.samples.mono_samples` and :func:`.samples.check_some` (no samples as flac, mp3,
+    aac or opus), and for a ``sample_rate`` no whole number.
     """
     check_speech_format(fmt)
     sample_rate = sample_rate_of(sample_rate)
     rate = _body_rate(fmt, sample_rate, rate)
     audio = mono_samples(audio)
+    check_some(audio, fmt)
     if rate != sample_rate:
         audio = soxr.resample(audio, sample_rate, rate, quality=RESAMPLE_QUALITY).astype(np.float32)
     if fmt == "pcm":

@@ -17,7 +17,7 @@ import numpy as np
 import soundfile as sf
 
 from ..errors import AudioError
-from .samples import mono_samples, sample_rate_of
+from .samples import check_some, mono_samples, sample_rate_of
 
 # Formats written by extension; soundfile (libsndfile) encodes them all.
 WRITE_FORMATS = {".wav": ("WAV", "FLOAT"), ".flac": ("FLAC", "PCM_24"), ".ogg": ("OGG", "VORBIS")}
@@ -32,12 +32,14 @@ def write_audio(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
 
     Raises:
         AudioError: unknown extension, a missing or unwritable folder, or a path that is a folder; audio not mono
-        or not finite (:func:`.samples.mono_samples`), a ``sample_rate`` no whole number.
+        or not finite (:func:`.samples.mono_samples`), no samples for a .flac (:func:`.samples.check_some`), a
+        ``sample_rate`` no whole number.
     """
     path, folder = check_writable(path)
     ext = path.suffix.lower()
     fmt, subtype = WRITE_FORMATS[ext]
     data, sample_rate = mono_samples(audio), sample_rate_of(sample_rate)
+    check_some(data, ext.removeprefix("."))
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=ext, dir=folder)

@@ -25,6 +25,17 @@ def mono_samples(audio: np.ndarray) -> np.ndarray:
     return data
 
 
+# Formats whose encoders write no readable file for no samples (libsndfile: nothing, or an Ogg Opus with no page).
+HOLD_NO_EMPTY = ("flac", "mp3", "aac", "opus")
+
+
+def check_some(data: np.ndarray, fmt: str) -> None:
+    """Raise AudioError when ``data`` (float32 [N]) holds no samples and ``fmt`` cannot hold none (an empty file
+    would be written: :data:`HOLD_NO_EMPTY`)."""
+    if data.size == 0 and fmt in HOLD_NO_EMPTY:
+        raise AudioError(f"speech audio holds no samples: a {fmt} file cannot hold none (wav, pcm and ogg can)")
+
+
 def sample_rate_of(sample_rate: object) -> int:
     """``sample_rate`` as an int of Hz. Raises AudioError for anything but a whole number >= 1 (bools too)."""
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Integral) or sample_rate < 1:
