@@ -108,3 +108,34 @@ def test_the_log_lines_of_a_request_carry_its_id(served, monkeypatch):
     assert re.search(r'\[trace-bad\] 127\.0\.0\.1:\d+ - "POST /v1/audio/speech HTTP/1\.1" 500', text), text
     assert "[trace-bad] making it on the worker" in text and "[trace-bad] synthesis failed: RuntimeError" in text
     assert len([line for line in text.splitlines() if "trace-ok" in line]) == 1  # its access line only
+
+
+@pytest.mark.parametrize(
+    "sent, logged",
+    [
+        (b"ray-7f3a", "ray-7f3a"),
+        (b"x" * 200, "x" * 128 + "..."),  # Ray's proxy answers any length: the log keeps the head, marked cut
+        (b"a\x01b\xe9", "a\\x01b\\xe9"),  # control and non-ASCII characters escaped, not replaced
+    ],
+)
+def test_behind_a_proxy_the_logs_carry_the_id_the_proxy_answered(sent, logged):
+    """``create_app(proxy_ids=True)`` (Ray Serve): the proxy answers the client's id as it is, so the logs show
+    that id (escaped, cut), not a fresh one the client never sees; no second x-request-id header."""
+    import asyncio
+
+    from audio8_coreai.server.requestid import REQUEST_ID, RequestIds
+
+    seen, sent_headers = [], []
+
+    async def app(scope, receive, send):
+        seen.append(REQUEST_ID.get())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def send(message):
+        sent_headers.append(message.get("headers"))
+
+    scope = {"type": "http", "headers": [(b"x-request-id", sent)]}
+    asyncio.run(RequestIds(app, answer=False)(scope, None, send))
+    assert seen == [logged] and sent_headers == [[]]
+    asyncio.run(RequestIds(app, answer=False)({"type": "http", "headers": []}, None, send))
+    assert FRESH.fullmatch(seen[-1])

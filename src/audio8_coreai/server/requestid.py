@@ -26,13 +26,24 @@ def request_id(sent: bytes | None) -> str:
     return f"req_{uuid.uuid4().hex}"
 
 
+def proxied_id(sent: bytes | None) -> str:
+    """The id of a request to which a proxy in front gave ``sent`` (it answers the client with it as it is), as
+    the logs show it: a character that is no printable ASCII as ``\\xNN``, past MAX_LENGTH characters cut with
+    ``...``; a fresh id (:func:`request_id`) when there is none."""
+    if not sent:
+        return request_id(None)
+    text = "".join(c if c.isascii() and c.isprintable() else f"\\x{ord(c):02x}" for c in sent.decode("latin-1"))
+    return text if len(text) <= MAX_LENGTH else text[:MAX_LENGTH] + "..."
+
+
 class RequestIds:
     """ASGI middleware giving every HTTP answer an ``x-request-id`` (:func:`request_id`) and setting
     :data:`REQUEST_ID` for the request. Outermost (:func:`.app.create_app`), so starlette's last-resort 500 and
     the body limit's 413 carry it too. The id is set in the request's own task (servers run each request in a
     task of its own) and left there, so the server's own lines after the app returns carry it as well. ``answer``
     False: a proxy in front gives the request its id and puts it in the answer itself (Ray Serve's: the client's
-    own, else a UUID), so the id is only read here, for the logs (a second header would repeat it)."""
+    own whatever its form, else a UUID), so the id is only read here, for the logs (:func:`proxied_id`; a second
+    header would repeat it)."""
 
     def __init__(self, app, answer: bool = True):
         self.app, self.answer = app, answer
@@ -41,7 +52,8 @@ class RequestIds:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = request_id(dict(scope["headers"]).get(b"x-request-id"))
+        sent = dict(scope["headers"]).get(b"x-request-id")
+        rid = request_id(sent) if self.answer else proxied_id(sent)
         REQUEST_ID.set(rid)
         if not self.answer:
             await self.app(scope, receive, send)
