@@ -15,5 +15,8 @@ try:  # the commands read the settings tree (their defaults): a wrong AUDIO8_* v
 except ConfigError as e:
     sys.stderr.write(f"error: {e}\n")
     raise SystemExit(2) from None
+except KeyboardInterrupt:  # Ctrl-C while the commands' modules load: said as a command's interruption is
+    sys.stderr.write("interrupted\n")
+    raise SystemExit(130) from None
 
 __all__ = ["app"]

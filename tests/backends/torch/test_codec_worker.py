@@ -216,6 +216,24 @@ def test_nothing_is_left_running_or_open_at_exit(tiny_checkpoint):
     assert "ResourceWarning" not in run.stderr, run.stderr
 
 
+def test_ctrl_c_while_the_fork_server_imports_is_the_parents_alone(tiny_checkpoint):
+    """Ctrl-C reaches the terminal's whole process group: the fork server, still importing torch, ignores it (it
+    printed a KeyboardInterrupt traceback beside the command's "interrupted", and served no child)."""
+    script = (
+        "import os, signal, time\n"
+        "from audio8_coreai.backends.torch.codec_worker import _FORK_SERVER, CodecWorker\n"
+        "from audio8_coreai.checkpoint import load_checkpoint\n"
+        f"worker = CodecWorker(load_checkpoint({str(tiny_checkpoint)!r}), 8)\n"  # starts the server, waits not
+        "time.sleep(0.3)\n"  # the server is importing torch now
+        "os.kill(_FORK_SERVER._process.pid, signal.SIGINT)\n"
+        "print(worker.pid > 0, flush=True)\n"  # the child it forked is ready
+        "worker.close()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.split() == ["True"], run.stderr
+    assert "KeyboardInterrupt" not in run.stderr, run.stderr
+
+
 def test_the_fork_server_ends_at_once_though_a_forked_process_holds_its_socket(tiny_checkpoint):
     """A process forked after the codec process started (a multiprocessing pool) holds a copy of the fork server's
     socket: stopping it shuts the socket down, so the server ends at once (a close alone left it running until

@@ -4,6 +4,7 @@ with ``coreai.runtime`` (natively on Apple devices; on Linux in a slow CPU inter
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import sys
@@ -47,8 +48,17 @@ class _RuntimeLoop:
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Run ``coro`` on the loop's thread and return its result (its exception is raised here)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        """Run ``coro`` on the loop's thread and return its result (its exception is raised here). A
+        KeyboardInterrupt (Ctrl-C) is raised once the call is done: a runtime call cannot be cut short, and a
+        process that exits while one runs is aborted by the runtime (SIGABRT), its model half loaded."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            while not future.done():
+                with contextlib.suppress(KeyboardInterrupt):
+                    concurrent.futures.wait([future])
+            raise
 
     def close(self, stack: contextlib.AsyncExitStack) -> None:
         """Exit ``stack`` (releasing the loaded models) on the loop, then stop the loop and its thread."""

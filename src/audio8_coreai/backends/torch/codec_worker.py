@@ -183,7 +183,7 @@ class _ForkServer:
         package_root = str(Path(__file__).resolve().parents[3])  # the folder holding audio8_coreai, as imported here
         paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         self._process = subprocess.Popen(
-            [sys.executable, "-c", f"from {__name__} import fork_server; fork_server({theirs.fileno()})"],
+            [sys.executable, "-c", _FORK_SERVER_CODE.format(module=__name__, fd=theirs.fileno())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # stdout may carry the parent's audio; errors go to stderr
@@ -195,6 +195,11 @@ class _ForkServer:
         self._sock = ours
 
 
+# Ctrl-C reaches the whole foreground process group: SIGINT is ignored before the import, which takes seconds
+# (a traceback of a KeyboardInterrupt inside torch's import was printed beside the command's "interrupted").
+_FORK_SERVER_CODE = (
+    "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); from {module} import fork_server; fork_server({fd})"
+)
 _FORK_SERVER = _ForkServer()
 atexit.register(_FORK_SERVER.stop)
 

@@ -26,7 +26,10 @@ from ...precision import DEFAULT_BLOCK
 ORT_DOMAIN = "com.microsoft"
 
 
-def _ort():
+def onnx_runtime():
+    """(onnxruntime, onnx.helper, onnx.TensorProto, onnx.numpy_helper), imported on first use; raises QuantError
+    without the packages. Called once on the caller's thread before blocks are converted on a pool's threads, so
+    they do not race to import the C extensions."""
     try:
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
@@ -82,7 +85,7 @@ class _Graph:
     """An ONNX graph being built: its nodes and initializers, and the session it becomes."""
 
     def __init__(self) -> None:
-        _, self.helper, self.tensor_proto, self.numpy_helper = _ort()
+        _, self.helper, self.tensor_proto, self.numpy_helper = onnx_runtime()
         self.nodes: list = []
         self.inits: list = []
 
@@ -183,7 +186,7 @@ class _Graph:
 
     def session(self, in_features: int, out_features: int, threads: int):
         """The ONNX Runtime session of this graph: input ``x`` float32 [M, in_features], output ``y``."""
-        ort = _ort()[0]
+        ort = onnx_runtime()[0]
         import onnx  # installed with onnxruntime's extra (_ort checked it)
 
         helper, fp = self.helper, self.tensor_proto.FLOAT

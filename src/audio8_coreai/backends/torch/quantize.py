@@ -14,7 +14,7 @@ from ...errors import QuantError
 from ...packages import require
 from ...precision import DEFAULT_BLOCK, Precision
 from .fp16 import Fp16FeedForward, Fp16Linear
-from .kernels import NBits, NBitsFeedForward, NBitsLinear
+from .kernels import NBits, NBitsFeedForward, NBitsLinear, onnx_runtime
 from .memory import make_resident, release_freed_memory, release_mapped_pages
 
 KINDS = ("fp32", "fp16w", "bf16w", "int8", "int4", "int12", "int16")
@@ -73,6 +73,8 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
             blk.feed_forward = NBitsFeedForward(ff, fmt, threads)
         return replaced
 
+    if fmt is not None:
+        onnx_runtime()  # imported here, on the caller's thread, not by the pool's threads at once
     group, stored = max(1, threads), []
     with ThreadPoolExecutor(group, thread_name_prefix="audio8-convert") as pool:
         for start in range(0, len(blocks), group):
