@@ -184,7 +184,7 @@ def test_missing_or_incomplete_asset_folder(oracle, fp32_assets, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(AssetError, match="no dualar.aimodel"):
         CoreAIBackend(oracle, tmp_path / "empty")
-    with pytest.raises(AssetError, match="no dualar.aimodel.*--out NEW_DIR, then --assets NEW_DIR"):
+    with pytest.raises(AssetError, match="no dualar.aimodel.*--out NEW, then --assets NEW"):
         CoreAIBackend(oracle, oracle.path)  # a checkpoint folder given as the assets
     partial = tmp_path / "partial"
     shutil.copytree(fp32_assets, partial)
@@ -195,6 +195,24 @@ def test_missing_or_incomplete_asset_folder(oracle, fp32_assets, tmp_path):
             backend.encode(np.zeros(4096, np.float32))
     finally:
         backend.close()
+
+
+def test_a_damaged_or_cut_program_is_refused_before_the_runtime_reads_it(oracle, fp32_assets, tmp_path):
+    """A program cut short (a half-done copy) made the runtime abort the whole process: its main.hash is checked
+    first. A file given as the folder is said to be one."""
+    cut = tmp_path / "cut"
+    shutil.copytree(fp32_assets, cut)
+    program = cut / "dualar.aimodel" / "main.mlirb"
+    with program.open("r+b") as f:
+        f.truncate(program.stat().st_size // 2)
+    with pytest.raises(AssetError, match=r"dualar.aimodel/main.mlirb is damaged .*--out NEW, then --assets NEW"):
+        CoreAIBackend(oracle, cut)
+    program.unlink()
+    with pytest.raises(AssetError, match=r"dualar.aimodel: no main.mlirb"):
+        CoreAIBackend(oracle, cut)
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(AssetError, match=r"a_file is a file, not a Core AI asset folder"):
+        CoreAIBackend(oracle, tmp_path / "a_file")
 
 
 def test_stale_asset_is_refused(oracle, fp32_assets, tmp_path):
@@ -213,7 +231,7 @@ def test_stale_asset_is_refused(oracle, fp32_assets, tmp_path):
     try:  # refused when the codec is first used, naming the command that rebuilds the folder
         with pytest.raises(AssetError, match="codec_decoder.aimodel: stale asset") as refused:
             backend.codec_stream()
-        assert f"audio8 convert --model DIR --out {stale}" in str(refused.value)
+        assert "again into a new folder: audio8 convert --model DIR --out NEW, then --assets NEW" in str(refused.value)
     finally:
         backend.close()
     AIModelAsset.load(stale / "dualar.aimodel").update_metadata(older)

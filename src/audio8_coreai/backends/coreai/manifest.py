@@ -193,18 +193,16 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """
     from coreai.authoring import AIModelAsset
 
-    fix = f"convert the checkpoint again: audio8 convert --model DIR --out {path.parent}"
+    fix = "convert the checkpoint again into a new folder: audio8 convert --model DIR --out NEW, then --assets NEW"
     if not path.is_dir():
         names = ", ".join(f"{p}.aimodel" for p in PARTS)
         if path.parent.is_dir() and any(path.parent.iterdir()) and not any(path.parent.glob("*.aimodel")):
             # not an asset folder at all (a checkpoint folder, say): convert writes a new or empty one only
-            fix = (
-                "convert the checkpoint into a new folder: audio8 convert --model DIR --out NEW_DIR, then --assets "
-                "NEW_DIR"
-            )
+            fix = fix.replace(" again into", " into")
         raise AssetError(
             f"{path.parent}: no {path.name}; an asset folder holds {names} written by audio8 convert; {fix}"
         )
+    _check_program(path, fix)
     try:
         raw = AIModelAsset.load(path).metadata.creator_defined_metadata.get(MANIFEST_KEY)
     except RuntimeError as e:
@@ -221,6 +219,16 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"this version reads format {FORMAT}); {fix}"
         )
     return manifest
+
+
+def _check_program(path: Path, fix: str) -> None:
+    """Raise AssetError when ``path``'s program (``main.mlirb``) is missing or not the one its ``main.hash`` (the
+    raw sha256 coreai writes beside it) names: a copy cut short made the runtime abort the process (SIGABRT)."""
+    program, digest = path / "main.mlirb", path / "main.hash"
+    if not program.is_file() or not digest.is_file():
+        raise AssetError(f"{path}: no {'main.mlirb' if not program.is_file() else 'main.hash'}; {fix}")
+    if bytes.fromhex(_file_sha256(program)) != digest.read_bytes():
+        raise AssetError(f"{program} is damaged (not the program its main.hash names: a copy cut short?); {fix}")
 
 
 def checked_manifest(folder: Path, part: str, checkpoint: Checkpoint, precision: str | None) -> dict[str, Any]:

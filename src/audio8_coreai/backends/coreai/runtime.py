@@ -98,6 +98,11 @@ class CoreAIBackend(Backend):
         require_coreai()
         self.checkpoint = checkpoint
         self.folder = Path(assets).expanduser()
+        if self.folder.exists() and not self.folder.is_dir():
+            raise AssetError(
+                f"{self.folder} is a file, not a Core AI asset folder: give assets (--assets) the folder audio8 convert wrote "
+                f"(audio8 convert --model {checkpoint.path} --out NEW writes one)"
+            )
         if not self.folder.is_dir():
             raise AssetError(
                 f"no Core AI asset folder at {self.folder}; write one with: audio8 convert --model "
