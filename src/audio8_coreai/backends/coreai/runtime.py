@@ -100,8 +100,8 @@ class CoreAIBackend(Backend):
         self.folder = Path(assets).expanduser()
         if self.folder.exists() and not self.folder.is_dir():
             raise AssetError(
-                f"{self.folder} is a file, not a Core AI asset folder: give assets (--assets) the folder audio8 convert wrote "
-                f"(audio8 convert --model {checkpoint.path} --out NEW writes one)"
+                f"{self.folder} is a file, not a Core AI asset folder: give assets (--assets) the folder audio8 "
+                f"convert wrote (audio8 convert --model {checkpoint.path} --out NEW writes one)"
             )
         if not self.folder.is_dir():
             raise AssetError(
