@@ -19,8 +19,11 @@ from tests.backends.coreai.coreai_support import TEXT, _params, coreai_missing
 
 pytest.importorskip("coreai.runtime", reason=coreai_missing())
 
+from audio8_coreai.backends.base import StepInputs
 from audio8_coreai.backends.coreai import CoreAIBackend, read_manifest
+from audio8_coreai.config import SamplingParams
 from audio8_coreai.engine.loop import generate
+from audio8_coreai.errors import BackendError
 from audio8_coreai.measure.oracle import load_fixture
 from audio8_coreai.measure.parity import replay_codec, replay_encoder, replay_forced, replay_single
 from tests.cli.cli_support import run as _run
@@ -73,7 +76,9 @@ def test_fp32_assets_reproduce_the_oracle(fp32_assets, oracle_dir):
     assert skipped.endswith("audio8 convert --greedy)")
 
 
-def test_greedy_assets_replay_the_greedy_scenario(oracle_dir, fp32_assets, child_conversions, tmp_path):
+def test_greedy_assets_replay_the_greedy_scenario(
+    oracle, oracle_dir, fixture, fp32_assets, child_conversions, tmp_path
+):
     """``audio8 convert --greedy`` bakes do_sample false into the frame graphs: argmax draws, which replay the
     oracle's greedy scenario (teacher-forced and free run); the sampled scenarios are then the skipped ones."""
     assets = tmp_path / "greedy"
@@ -81,6 +86,14 @@ def test_greedy_assets_replay_the_greedy_scenario(oracle_dir, fp32_assets, child
     for part in ("codec_decoder", "codec_encoder"):  # the same checkpoint's fp32 codec: only the DualAR differs
         shutil.copytree(fp32_assets / f"{part}.aimodel", assets / f"{part}.aimodel")
     assert read_manifest(assets / "dualar.aimodel")["sampling"]["do_sample"] is False
+    backend = CoreAIBackend(oracle, assets)
+    try:  # speech samples: greedy assets are parity's alone, and said so
+        backend.prefill(fixture["plain__prompt_input_ids"][0])
+        step = StepInputs(None, 0, np.full((2, 257), 0.5, np.float32), np.full(10, -1), np.full((9, 256), 0.5))
+        with pytest.raises(BackendError, match="converted with --greedy .*convert without --greedy"):
+            backend.frame(SamplingParams(), step)
+    finally:
+        backend.close()
     report = _parity_report(oracle_dir, assets)
     assert report["passed"]
     (greedy,) = report["scenarios"]

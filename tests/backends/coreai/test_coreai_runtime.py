@@ -265,7 +265,9 @@ def test_prompt_longer_than_the_context(fp32_backend, oracle, speakable, fp32_as
 def test_sampling_other_than_the_baked_one_is_refused(fp32_backend, oracle, fixture):
     fp32_backend.prefill(fixture["plain__prompt_input_ids"][0])
     other = SamplingParams(temperature=0.9)
-    with pytest.raises(BackendError, match="baked into the frame graphs"):
+    baked = rf"temperature {fp32_backend.sampling.temperature:g}, top-k {fp32_backend.sampling.top_k}, top-p"
+    said = rf"baked into their frame graphs \({baked} .*\); temperature 0.9, top-k 50, top-p 0.9 was asked for: drop"
+    with pytest.raises(BackendError, match=said):
         fp32_backend.frame(
             other, StepInputs(None, 0, np.full((2, 257), 0.5, np.float32), np.full(10, -1), np.full((9, 256), 0.5))
         )

@@ -33,6 +33,27 @@ def _specialization() -> Any:
     return rt.SpecializationOptions.from_preferred_compute_unit_kind(rt.ComputeUnitKind.gpu())
 
 
+def _said(p: SamplingParams) -> str:
+    """Sampling settings in the words of the options that set them."""
+    if not p.do_sample:
+        return "greedy (argmax)"
+    return f"temperature {p.temperature:g}, top-k {p.top_k}, top-p {p.top_p:g}"
+
+
+def _sampling_refused(baked: SamplingParams, asked: SamplingParams) -> str:
+    """Why assets whose frame graphs bake in ``baked`` cannot draw with ``asked``, and what to do."""
+    if not baked.do_sample:
+        return (
+            "these Core AI assets were converted with --greedy (argmax draws, for audio8 parity); speech samples "
+            "with the checkpoint's settings: convert without --greedy into a new folder"
+        )
+    return (
+        f"these Core AI assets draw with the sampling baked into their frame graphs ({_said(baked)}, the "
+        f"checkpoint's when converted); {_said(asked)} was asked for: drop temperature, top_k and top_p "
+        "(--temperature, --top-k, --top-p) to speak with them"
+    )
+
+
 class _RuntimeLoop:
     """An event loop on its own daemon thread, running coreai.runtime's coroutines for synchronous callers.
 
@@ -200,11 +221,7 @@ class CoreAIBackend(Backend):
 
     def _tail(self, params: SamplingParams, step: StepInputs) -> dict[str, np.ndarray]:
         if not self.draws_like(params):
-            raise BackendError(
-                f"these Core AI assets were converted with sampling {self.sampling} baked into the "
-                f"frame graphs; {params} was asked for: use the converted settings, or convert "
-                "a variant with them"
-            )
+            raise BackendError(_sampling_refused(self.sampling, params))
         noise_slow, window, noise_fast, forced = step.noise_slow, step.window, step.noise_fast, step.forced
         f = np.zeros(1 + self.cfg.num_codebooks, np.int32) if forced is None else np.asarray(forced, np.int32)
         return {
