@@ -137,7 +137,8 @@ def _split(
     if max_tokens < 1:  # said with the numbers, not as a count below 1
         raise PromptError(
             f"no room for text: the prompt around it takes {overhead} of the context's {cfg.max_seq_len} positions "
-            f"(max_seq_len), which leaves too little for any words and their speech"
+            "(the checkpoint's max_seq_len, or Core AI assets' --context: convert with a larger one), which leaves "
+            "too little for any words and their speech"
             + ("; a voice made from a shorter clip leaves more" if cloned else "")
         )
     try:

@@ -9,7 +9,7 @@ import typer
 
 from ..checkpoint import DEFAULT_MODEL
 from ..settings import DEFAULTS, override
-from .app import ModelOpt, app, described, friendly, out
+from .app import ModelOpt, app, described, err, friendly, out
 
 
 @app.command()
@@ -66,6 +66,8 @@ def convert(
     )
     t0 = time.perf_counter()
     ckpt = load_checkpoint(model)
+    if context is not None and ckpt.tokenizer_dir is not None:
+        _note_short_context(ckpt, context)
     sampling = SamplingParams.from_configs(ckpt.config, ckpt.generation)
     path = convert_assets(
         ckpt,
@@ -83,3 +85,21 @@ def convert(
         for p in sorted(path.glob("*.aimodel"))
     )
     out.print(f"wrote {path} in {time.perf_counter() - t0:.0f} s: {sizes}", highlight=False)
+
+
+def _note_short_context(ckpt, context: int) -> None:
+    """Say when ``context`` cannot hold a short sentence's prompt and ``DEFAULTS.speech.min_voice_frames`` of speech:
+    such assets replay parity fixtures (short prompts) but refuse every text."""
+    from ..model.frame import PREFILL_WIDTH
+    from ..text import PromptBuilder, load_tokenizer
+
+    needs = PromptBuilder(load_tokenizer(ckpt.tokenizer_dir), ckpt.config).plain("Hello.").shape[1]
+    needs += DEFAULTS.speech.min_voice_frames
+    if context < needs:
+        least = -(-needs // PREFILL_WIDTH) * PREFILL_WIDTH
+        err.print(
+            f"note: --context {context} holds no text and its speech (a short sentence's prompt and "
+            f"{DEFAULTS.speech.min_voice_frames} frames take {needs}): these assets can replay parity fixtures, "
+            f"not speak; give --context {least} or more to speak",
+            highlight=False,
+        )
