@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import soundfile as sf
 import soxr
 
-from audio8_coreai.audio import check_writable, encode_speech, read_reference, write_audio
+from audio8_coreai.audio import check_writable, encode_speech, open_audio_writer, read_reference, write_audio
 from audio8_coreai.errors import AudioError
 from tests import clips
 
@@ -173,6 +175,22 @@ def test_missing_file_and_folder(tmp_path):
         read_reference(tmp_path)
     with pytest.raises(AudioError, match="/dev/null is not a regular file"):
         read_reference("/dev/null")
+
+
+def test_file_names_that_are_no_utf8_are_read_and_written(tmp_path):
+    """A name from a Latin-1 archive (byte 0xE9, no UTF-8) reaches Python with a surrogate escape: read and written
+    as bytes, not a UnicodeEncodeError after the synthesis."""
+    name = os.fsdecode(b"caf\xe9")
+    clip = clips.write(tmp_path / "ref.wav", clips.sweep(22050, 1.0), 22050).rename(tmp_path / f"{name}-ref.wav")
+    audio, _ = read_reference(clip)
+    assert audio.shape == (44100,)  # 1 s at the codec's 44.1 kHz
+    speech = np.linspace(-0.5, 0.5, 4096, dtype=np.float32)
+    for ext in (".wav", ".flac"):
+        assert sf.info(os.fsencode(write_audio(tmp_path / f"{name}{ext}", speech, 44100))).frames == 4096
+    with open_audio_writer(tmp_path / f"{name}-stream.wav", 44100) as writer:
+        writer.write(speech)
+    assert sf.info(os.fsencode(tmp_path / f"{name}-stream.wav")).frames == 4096
+    assert b"caf\xe9.wav" in os.listdir(os.fsencode(tmp_path))
 
 
 def test_no_samples_are_written_where_the_format_holds_none(tmp_path):

@@ -44,7 +44,7 @@ def write_audio(path: str | Path, audio: np.ndarray, sample_rate: int) -> Path:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=ext, dir=folder)
         os.close(fd)
-        sf.write(tmp, data, sample_rate, format=fmt, subtype=subtype)
+        sf.write(os.fsencode(tmp), data, sample_rate, format=fmt, subtype=subtype)  # bytes: any file name
         publish(tmp, path)
     except (OSError, sf.LibsndfileError) as e:
         raise _write_error(path, folder, e) from e
@@ -121,7 +121,7 @@ def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[_ChunkWrit
     sample_rate = sample_rate_of(sample_rate)
     partial = partial_path(path)
     try:
-        f = sf.SoundFile(str(partial), "w", sample_rate, 1, subtype, format=fmt)
+        f = sf.SoundFile(os.fsencode(partial), "w", sample_rate, 1, subtype, format=fmt)
     except (OSError, sf.LibsndfileError) as e:
         raise _write_error(path, folder, e) from e  # the user's file name, not the hidden partial one
     writer = _ChunkWriter(f, path, folder)

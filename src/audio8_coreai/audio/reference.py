@@ -81,7 +81,7 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     if not path.is_file():
         raise AudioError(f"reference audio {path} is not a regular file (a device or a pipe): give an audio file")
     try:
-        with sf.SoundFile(str(path)) as f:
+        with sf.SoundFile(os.fsencode(path)) as f:  # bytes: a name that is no UTF-8 (a Latin-1 archive) opens too
             rate, channels, fmt, subtype = f.samplerate, f.channels, f.format, f.subtype
             if f.frames > 0:
                 _check_duration(path, f.frames, rate)
