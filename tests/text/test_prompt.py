@@ -269,6 +269,19 @@ def test_every_oracle_entry_collected() -> None:
         # es: Señor, Señora, aproximadamente
         ("Es tarde. El Sr. García y la Sra. López llegan.", 38, ["Es tarde.", "El Sr. García y la Sra. López llegan."]),
         ("Sí. Trajeron aprox. 20 libros.", 27, ["Sí.", "Trajeron aprox. 20 libros."]),
+        # CJK typed with half-width marks (no spaces): a Latin mark before a CJK character ends a sentence or clause
+        (
+            "今天天气很好,我们去公园散步吧.你觉得怎么样?好的!",
+            16,
+            ["今天天气很好,我们去公园散步吧.", "你觉得怎么样?好的!"],
+        ),
+        # halfwidth and full-width CJK forms; an em dash without spaces
+        ("今日はいい天気ですね｡公園に行きましょう｡", 12, ["今日はいい天気ですね｡", "公園に行きましょう｡"]),
+        ("天気ですね､公園に行きましょう", 10, ["天気ですね､", "公園に行きましょう"]),
+        ("東京．大阪．名古屋．", 6, ["東京．大阪．", "名古屋．"]),
+        ("It was long—very long—too long.", 12, ["It was long—", "very long—", "too long."]),
+        # a French closing guillemet after its space stays with the sentence it closes
+        ("« Il est tard. » Il part.", 16, ["« Il est tard. »", "Il part."]),
     ],
 )
 def test_split_text_sentence_ends(text: str, limit: int, pieces: list[str]) -> None:

@@ -9,14 +9,16 @@ from collections.abc import Callable
 from ..errors import PromptError
 from .checks import check_text
 
-# A Latin mark ends a piece only before a space or the end ("3.14", "3,5", "e.g.x" and "U.S.A" stay whole); a
-# CJK mark ends one wherever it is, since CJK text has no spaces. Closing quotes and brackets stay with the mark
-# they follow.
+# A Latin mark ends a piece only before a space, a CJK character or the end ("3.14", "3,5", "e.g.x" and "U.S.A"
+# stay whole; "好的.你" is cut, as CJK text typed with half-width marks has no spaces); a CJK mark (full-width and
+# halfwidth forms) or an em dash ends one wherever it is. Closing quotes and brackets stay with the mark they
+# follow, a French » after its space too.
 SENTENCE_MARKS_LATIN = ".!?…"
-SENTENCE_MARKS_CJK = "。！？"
-CLAUSE_MARKS_LATIN = ",;:—–"
-CLAUSE_MARKS_CJK = "，、；："
+SENTENCE_MARKS_CJK = "。！？．｡"
+CLAUSE_MARKS_LATIN = ",;:–"
+CLAUSE_MARKS_CJK = "，、；：､—"
 _CLOSERS = "\"'”’»)]}」』）】》"
+_SPACED_CLOSERS = "»›"  # French typesetting: "Bonjour. »"
 
 # Words whose period never ends a sentence in the Latin-script languages the model speaks (en, de, fr, es):
 # titles before a name and abbreviations that stand inside a sentence; lowercased, without the final period.
@@ -158,6 +160,11 @@ def _continues_sentence(text: str, i: int, j: int) -> bool:
     return (key in ABBREVIATIONS_EITHER or "." in word) and lower_next  # "U.S. and", "p.m. tomorrow"
 
 
+def _wide(char: str) -> bool:
+    """Whether ``char`` is a wide (CJK) letter, which no space separates from a mark before it."""
+    return unicodedata.category(char)[0] == "L" and unicodedata.east_asian_width(char) in "WF"
+
+
 def _cut(
     text: str, latin: str, cjk: str, continues: Callable[[str, int, int], bool] = lambda text, i, j: False
 ) -> list[tuple[int, int]]:
@@ -173,7 +180,11 @@ def _cut(
         j = i + 1
         while j < len(text) and (text[j] in marks or text[j] in _CLOSERS):
             j += 1
-        if any(c in cjk for c in text[i:j]) or j == len(text) or (text[j].isspace() and not continues(text, i, j)):
+        spaced = re.match(rf"\s+[{_SPACED_CLOSERS}]+(?=\s|$)", text[j:])
+        if spaced:
+            j += spaced.end()
+        ends = j == len(text) or (text[j].isspace() and not continues(text, i, j)) or _wide(text[j])
+        if ends or any(c in cjk for c in text[i:j]):
             spans.append((start, j))
             start = j
         i = j
@@ -186,9 +197,10 @@ def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[
     """Split ``text`` into pieces of at most ``max_tokens`` tokens each (``count(piece)`` tokens), in order.
 
     Text that fits is returned whole (one piece, cleaned as :func:`check_text`). Otherwise it is cut at
-    sentence ends (``. ! ? …`` before a space, but not after a title, an abbreviation or an initial, see
-    :func:`_continues_sentence`; ``。！？`` anywhere), a sentence that is still too long at
-    clause marks (``, ; : — –`` before a space, ``，、；：`` anywhere), and a clause still too long at spaces;
+    sentence ends (``. ! ? …`` before a space or a CJK character, but not after a title, an abbreviation or an
+    initial, see :func:`_continues_sentence`; ``。！？．｡`` anywhere), a sentence that is still too long at
+    clause marks (``, ; : –`` before a space or a CJK character, ``，、；：､—`` anywhere), and a clause still too
+    long at spaces;
     then neighbouring cuts are joined again while they fit, so pieces are as long as allowed (fewer breaks in
     the prosody). Pieces keep the text's own characters: joined with single spaces where the text had
     whitespace, they give back the cleaned text. A cut without a letter or digit ("...", "—") rides with its
@@ -227,9 +239,9 @@ def split_checked(text: str, max_tokens: int, count: Callable[[str], int]) -> li
                     run = text[w0:w1].strip()
                     shown = run if len(run) <= 40 else run[:39] + "…"
                     raise PromptError(
-                        f"cannot split the text: {shown!r} (character {w0}) is {count(run)} tokens "
-                        f"with no punctuation or space to split at, over the {max_tokens} tokens "
-                        "one utterance can hold; add punctuation or spaces"
+                        f"cannot split the text: {shown!r} (character {w0}) is {count(run)} tokens with nowhere "
+                        f"to split (a sentence or clause mark before a space, or a space), over the {max_tokens} "
+                        "tokens one utterance can hold; add punctuation or spaces"
                     )
                 spans.append((w0, w1))
     pieces: list[tuple[int, int]] = []
