@@ -41,8 +41,15 @@ def check_text(text: str, what: str = "text") -> str:
 
 def check_unicode(text: str, what: str = "text") -> str:
     """``text`` if it can be written as UTF-8, else PromptError naming the first lone surrogate (U+D800 to U+DFFF:
-    half of a UTF-16 pair, e.g. from a JSON escape ``\\ud800``), which no tokenizer, file or HTTP answer takes."""
+    half of a UTF-16 pair, e.g. from a JSON escape ``\\ud800``), which no tokenizer, file or HTTP answer takes; one
+    of U+DC80 to U+DCFF is a byte that was no UTF-8 (Python's escape for a command line's text in Latin-1, say)."""
     bad = next((c for c in text if "\ud800" <= c <= "\udfff"), None)
+    if bad is not None and "\udc80" <= bad <= "\udcff":  # a byte no UTF-8 decoder took (a command line's text)
+        raise PromptError(
+            f"{what} holds U+{ord(bad):04X} at character {text.index(bad)}, the byte 0x{ord(bad) - 0xDC00:02X} "
+            "of text that is not UTF-8 (Latin-1?): convert it first, e.g. iconv -f latin1 -t utf-8 (or, in JSON, "
+            "half of a surrogate pair: send it whole)"
+        )
     if bad is not None:
         raise PromptError(
             f"{what} holds a lone surrogate (U+{ord(bad):04X} at character {text.index(bad)}), which is not a "
