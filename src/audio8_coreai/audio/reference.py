@@ -155,14 +155,18 @@ def _check_duration(path: Path, samples: int, rate: int) -> None:
             f"{MIN_RATE_HZ} Hz or more (16000 Hz or more sounds better), {MIN_REFERENCE_S:g} to {MAX_REFERENCE_S:g} s"
         )
     seconds = samples / rate
+    # as many decimals as tell it from the limit ("30.00 s" said of 30 s and 10 samples contradicts "up to 30 s")
+    shown = next(
+        f"{seconds:.{d}f}" for d in range(2, 8) if float(f"{seconds:.{d}f}") not in (MIN_REFERENCE_S, MAX_REFERENCE_S)
+    )
     if seconds < MIN_REFERENCE_S:
         raise AudioError(
-            f"reference audio {path} is {seconds:.2f} s long; a voice needs {MIN_REFERENCE_S:g} to "
+            f"reference audio {path} is {shown} s long; a voice needs {MIN_REFERENCE_S:g} to "
             f"{MAX_REFERENCE_S:g} s of speech: give a longer clip"
         )
     if seconds > MAX_REFERENCE_S:
         raise AudioError(
-            f"reference audio {path} is {seconds:.2f} s long; a voice needs {MIN_REFERENCE_S:g} to "
+            f"reference audio {path} is {shown} s long; a voice needs {MIN_REFERENCE_S:g} to "
             f"{MAX_REFERENCE_S:g} s of speech: cut the clip (about 10 s of clear speech is plenty)"
         )
 
