@@ -293,9 +293,15 @@ def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
 
 def test_convert_into_a_place_that_cannot_hold_a_folder_is_said(oracle, tmp_path):
     (tmp_path / "a-file").write_text("x")
-    with pytest.raises(AssetError, match="cannot write the assets at .*a-file/assets: .*choose a folder you can"):
+    with pytest.raises(AssetError, match="cannot write the assets at .*a-file/assets: .*a-file is a file, not a fold"):
         convert(oracle, tmp_path / "a-file" / "assets", progress=False)
     assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")  # a link to an empty folder: the folder filled, the link kept
+    convert(oracle, tmp_path / "link", "fp16", parts=("codec_decoder",), decoder_frames=4, progress=False)
+    assert (tmp_path / "link").is_symlink() and [p.name for p in (tmp_path / "link").iterdir()] == [
+        "codec_decoder.aimodel"
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------

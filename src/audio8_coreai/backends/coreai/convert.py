@@ -197,8 +197,13 @@ def convert(
         raise AssetError(f"unknown or no parts {unknown or list(parts)}: choose from {', '.join(PARTS)}")
     params = sampling or SamplingParams.from_configs(cfg, ckpt.generation)
     out = Path(out_dir).expanduser()
+    if out.is_symlink() and out.is_dir():  # a link to an empty folder: the folder is filled, the link kept
+        out = out.resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise AssetError(f"{out} already exists and is not an empty folder; choose a new folder or remove it")
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise AssetError(f"cannot write the assets at {out}: {blocker} is a file, not a folder; choose another place")
     base = manifest_base(ckpt, precision)
     wanted = [p for p in PARTS if p in parts]
     decoder_steps = 3 + len(decoder_pushes(decoder_frames, decoder_first_frames))
