@@ -9,6 +9,7 @@ import numpy as np
 
 from ..checkpoint import Checkpoint
 from ..errors import BackendError
+from ..precision import resolve_precision
 from ..settings import DEFAULTS
 from .base import Backend
 
@@ -66,6 +67,8 @@ def open_backend(
     if backend == "coreai":
         from .coreai import CoreAIBackend
 
+        if precision is not None:  # a Core AI precision (PrecisionError naming them), said before the assets load
+            precision = resolve_precision(precision, "coreai").name
         chosen = CoreAIBackend(checkpoint, assets)
         if precision is not None and precision != chosen.precision:  # assets run at the one they were made at
             raise BackendError(

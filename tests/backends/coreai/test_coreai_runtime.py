@@ -317,8 +317,10 @@ def test_tts_api_on_the_coreai_backend_matches_torch(speakable, fp32_assets):
     assert np.abs(a.audio - b.audio).max() < 1e-4
     with pytest.raises(BackendError, match="give assets=DIR"):
         TTS.load(speakable, backend="coreai")
-    with pytest.raises(BackendError, match="these assets were converted at fp32, not int8: drop --precision int8"):
-        TTS.load(speakable, backend="coreai", assets=fp32_assets, precision="int8")  # was run at fp32, unsaid
+    with pytest.raises(BackendError, match="these assets were converted at fp32, not fp16: drop --precision fp16"):
+        TTS.load(speakable, backend="coreai", assets=fp32_assets, precision="fp16")  # was run at fp32, unsaid
+    with pytest.raises(PrecisionError, match="precision int8 does not run on coreai: use one of fp32, fp16, int8-fp16"):
+        TTS.load(speakable, backend="coreai", assets=fp32_assets, precision="int8")  # said convert --precision int8
     assert TTS.load(speakable, backend="coreai", assets=fp32_assets, precision="fp32").backend.precision == "fp32"
 
 
