@@ -9,19 +9,19 @@ import numpy as np
 from ..errors import AudioError
 
 
-def mono_samples(audio: np.ndarray) -> np.ndarray:
+def mono_samples(audio: np.ndarray, what: str = "speech audio") -> np.ndarray:
     """``audio`` as float32 [N]: mono [N], or one channel shaped [N, 1] / [1, N]. Raises AudioError for several
     channels (they would be written one after the other as one longer signal) or a NaN or infinite sample (LAME
     aborts the process on NaN; wav would hold noise)."""
     data = np.asarray(audio, dtype=np.float32)
     if sum(n > 1 for n in data.shape) > 1:
         raise AudioError(
-            f"speech audio must be mono [samples], not shape {list(data.shape)}: mix the channels first "
+            f"{what} must be mono [samples], not shape {list(data.shape)}: mix the channels first "
             "(audio.mean(axis=1) for [samples, channels], axis=0 for [channels, samples])"
         )
     data = data.reshape(-1)
     if not np.isfinite(data).all():
-        raise AudioError(f"speech audio holds {int((~np.isfinite(data)).sum())} NaN or infinite samples")
+        raise AudioError(f"{what} holds {int((~np.isfinite(data)).sum())} NaN or infinite samples")
     return data
 
 
@@ -34,6 +34,18 @@ def check_some(data: np.ndarray, fmt: str) -> None:
     would be written: :data:`HOLD_NO_EMPTY`)."""
     if data.size == 0 and fmt in HOLD_NO_EMPTY:
         raise AudioError(f"speech audio holds no samples: a {fmt} file cannot hold none (wav, pcm and ogg can)")
+
+
+def clip_samples(audio: np.ndarray) -> np.ndarray:
+    """A clip handed to a codec encoder (``Backend.encode``) as float32 [N]: :func:`mono_samples`, and float samples
+    (integers would be taken unscaled, 32767 for full scale) holding at least one. Raises AudioError."""
+    kind = np.asarray(audio).dtype
+    if kind.kind in "iub":
+        raise AudioError(f"clip audio must be float samples in [-1, 1], not {kind}: scale it first (int16: / 32768)")
+    data = mono_samples(audio, "clip audio")
+    if data.size == 0:
+        raise AudioError("clip audio holds no samples: give the clip's audio")
+    return data
 
 
 def sample_rate_of(sample_rate: object) -> int:

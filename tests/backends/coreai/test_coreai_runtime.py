@@ -384,3 +384,26 @@ def test_cli_convert_one_part(oracle_dir, tmp_path):
     assert decoder["precision"] == "fp16" and decoder["pushes"] == {"main": 4} and list(decoder["contract"]) == ["main"]
     result = _run("convert", "--model", oracle_dir, "--out", tmp_path / "dec")
     assert result.exit_code == 2 and "not an empty folder" in _said(result)
+
+
+@pytest.mark.parametrize(
+    "audio, said",
+    [
+        (np.zeros((44100, 2), np.float32), r"clip audio must be mono \[samples\], not shape \[44100, 2\]"),
+        ((np.ones(44100) * 1000).astype(np.int16), r"float samples in \[-1, 1\], not int16: scale it first"),
+        (np.zeros(0, np.float32), "clip audio holds no samples"),
+    ],
+)
+def test_a_clip_that_is_no_mono_float_audio_is_refused_by_both_encoders(fp32_backend, torch_backend, audio, said):
+    """Stereo was flattened into one interleaved clip twice as long, integers taken unscaled: codes of noise."""
+    from audio8_coreai.errors import AudioError
+
+    for backend in (fp32_backend, torch_backend):
+        with pytest.raises(AudioError, match=said):
+            backend.encode(audio)
+
+
+def test_a_clip_past_the_encoders_bucket_names_the_option_that_holds_it(fp32_backend):
+    bucket = read_manifest(fp32_backend.folder / "codec_encoder.aimodel")["frames"]
+    with pytest.raises(BackendError, match=rf"up to .* s \({bucket} frames\); .*--encoder-frames {bucket + 1} or more"):
+        fp32_backend.encode(np.zeros(bucket * 2048 + 1, np.float32))

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ...audio.samples import clip_samples
 from ...checkpoint import Checkpoint
 from ...config import ModelConfig, SamplingParams
 from ...errors import AssetError, BackendError
@@ -279,19 +280,20 @@ class CoreAIBackend(Backend):
     def encode(self, audio: np.ndarray) -> np.ndarray:
         """Mono 44.1 kHz float32 audio [N] -> codes int64 [C, ceil(N / frame_length)] (one call).
 
-        The clip is right-padded with zeros to the encoder's bucket (the encoder is causal). Raises
-        BackendError for empty audio or a clip longer than the bucket (``DEFAULTS.coreai.encoder_frames`` by default).
+        The clip is right-padded with zeros to the encoder's bucket (the encoder is causal). Raises AudioError
+        (:func:`...audio.samples.clip_samples`: not mono float samples, none), BackendError for a clip longer than
+        the bucket (``audio8 convert --encoder-frames``, ``DEFAULTS.coreai.encoder_frames`` by default).
         """
         fns, manifest = self._codec_fns("codec_encoder")
         bucket = manifest["frames"]
         hop, rate = self.checkpoint.codec_config.frame_length, self.checkpoint.codec_config.sample_rate
-        audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+        audio = clip_samples(audio)
         frames = -(-len(audio) // hop)
-        if not 0 < frames <= bucket:
+        if frames > bucket:
             raise BackendError(
-                f"the Core AI codec encoder takes clips of up to {bucket * hop / rate:.1f} s "
-                f"({bucket} frames); this one is {len(audio) / rate:.1f} s: use a shorter clip, "
-                "or the torch backend"
+                f"the Core AI codec encoder of these assets takes clips of up to {bucket * hop / rate:.1f} s "
+                f"({bucket} frames); this one is {len(audio) / rate:.1f} s: cut it, convert the assets with "
+                f"--encoder-frames {frames} or more, or use the torch backend"
             )
         padded = np.zeros((1, 1, bucket * hop), dtype=np.float32)
         padded[0, 0, : len(audio)] = audio

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from ...audio.samples import clip_samples
 from ...checkpoint import Checkpoint, require_finite
 from ...config import ModelConfig, SamplingParams
 from ...errors import BackendError, QuantError
@@ -366,9 +367,11 @@ class TorchBackend(Backend):
 
     @torch.inference_mode()
     def encode(self, audio: np.ndarray) -> np.ndarray:
-        """Codec encode of mono 44.1 kHz float32 audio [N] -> codes int64 [C, ceil(N / frame_length)]."""
+        """Codec encode of mono 44.1 kHz float32 audio [N] -> codes int64 [C, ceil(N / frame_length)]. Raises
+        AudioError (:func:`...audio.samples.clip_samples`: not mono float samples, none)."""
+        audio = clip_samples(audio)
         frames = -(-len(audio) // self.checkpoint.codec_config.frame_length)
-        x = torch.as_tensor(np.asarray(audio, dtype=np.float32), device=self.device)
+        x = torch.as_tensor(audio, device=self.device)
         with running_on(self.threads.total):
             codes, _ = self.codec_encoder(frames).encode(x)
         return codes.cpu().numpy()[0]
