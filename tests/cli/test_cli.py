@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.cli.cli_support import run
+from audio8_coreai.cli import app
+from tests.cli.cli_support import run, runner
 
 
 def test_say_writes_a_44k_mono_wav(never_eos_long_checkpoint, tmp_path):
@@ -185,6 +186,23 @@ def test_prompt_json_needs_only_config_and_tokenizer(tiny_checkpoint, tmp_path):
     assert row0[0] == 1 and row0[-1] == 259
     user = [3 + b for b in b"user\n"] + [3 + ord("H"), 3 + ord("i"), 2]
     assert any(row0[i : i + len(user)] == user for i in range(len(row0)))
+
+
+def test_text_dash_is_read_from_stdin_and_bounded(tiny_checkpoint, monkeypatch):
+    """``-`` for TEXT reads stdin (a file too long for a command line, 128 KiB an argument), as UTF-8, at most
+    MAX_STDIN_BYTES: the same prompt as the text given as an argument."""
+    import importlib
+
+    app_module = importlib.import_module("audio8_coreai.cli.app")  # the module: the package's ``app`` is the Typer
+
+    given = run("prompt", "Hello there, from a file.", "--model", tiny_checkpoint, "--json")
+    piped = runner.invoke(
+        app, ["prompt", "-", "--model", str(tiny_checkpoint), "--json"], input="Hello there, from a file.\n"
+    )
+    assert piped.exit_code == 0 and json.loads(piped.output) == json.loads(given.output)
+    monkeypatch.setattr(app_module, "MAX_STDIN_BYTES", 10)
+    big = runner.invoke(app, ["say", "-", "--model", str(tiny_checkpoint)], input="Hello there, from a file.")
+    assert big.exit_code == 2 and "the text on stdin is over" in big.output and "speak it in parts" in big.output
 
 
 def test_prompt_clone_with_reference_codes(tiny_checkpoint, tmp_path):

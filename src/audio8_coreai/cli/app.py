@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +17,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import Audio8Error, ConfigError
+from ..errors import Audio8Error, ConfigError, PromptError
 from ..settings import DEFAULTS
 
 app = typer.Typer(
@@ -108,6 +109,23 @@ BackendOpt = Annotated[str, typer.Option(help="torch, or coreai (runs the assets
 AssetsOpt = Annotated[
     Path | None, typer.Option(help="Core AI asset folder written by `audio8 convert` (with --backend coreai).")
 ]
+
+
+TextArg = Annotated[str, typer.Argument(help="The text to speak; - reads it from stdin (< FILE for a file).")]
+MAX_STDIN_BYTES = 16 * 2**20  # text read from stdin (a book is about 1 MB): more is refused, not held
+
+
+def text_of(text: str) -> str:
+    """The TEXT argument, or stdin's text for ``-`` (UTF-8; bytes that are none are kept as surrogate escapes, which
+    the text check names). Raises PromptError past MAX_STDIN_BYTES."""
+    if text != "-":
+        return text
+    data = sys.stdin.buffer.read(MAX_STDIN_BYTES + 1)
+    if len(data) > MAX_STDIN_BYTES:
+        raise PromptError(
+            f"the text on stdin is over {MAX_STDIN_BYTES // 2**20} MB: speak it in parts (split the file)"
+        )
+    return data.decode("utf-8", "surrogateescape")
 
 
 def print_warnings(warnings) -> None:

@@ -11,13 +11,13 @@ import typer
 
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import CheckpointError, PromptError
-from .app import ModelOpt, app, friendly, out
+from .app import ModelOpt, TextArg, app, friendly, out, text_of
 
 
 @app.command()
 @friendly
 def prompt(
-    text: Annotated[str, typer.Argument(help="The text to speak.")],
+    text: TextArg,
     model: ModelOpt = DEFAULT_MODEL,
     ref_text: Annotated[str | None, typer.Option(help="Transcript of the reference clip (voice clone).")] = None,
     ref_codes: Annotated[Path | None, typer.Option(help=".npy of reference codes int [10, T].")] = None,
@@ -27,6 +27,7 @@ def prompt(
     from ..checkpoint import load_checkpoint
     from ..text import PromptBuilder, check_text, load_tokenizer
 
+    text = text_of(text)
     ckpt = load_checkpoint(model, weights=False, codec=False)
     if ckpt.tokenizer_dir is None:
         raise CheckpointError(f"{ckpt.path} has no tokenizer.json; the prompt needs the checkpoint's tokenizer files")

@@ -21,6 +21,7 @@ from .app import (
     DeviceOpt,
     ModelOpt,
     PrecisionOpt,
+    TextArg,
     VoicesOpt,
     app,
     described,
@@ -28,13 +29,14 @@ from .app import (
     friendly,
     out,
     print_warnings,
+    text_of,
 )
 
 
 @app.command()
 @friendly
 def say(
-    text: Annotated[str, typer.Argument(help="The text to speak.")],
+    text: TextArg,
     output: Annotated[
         Path,
         typer.Option(
@@ -101,7 +103,7 @@ def say(
 
     # Fail before loading a model; the chunk sizes too: long text is streamed even without --stream.
     req = check_request(
-        text,
+        text_of(text),
         voice=voice,
         ref_audio=ref_audio,
         ref_text=ref_text,
