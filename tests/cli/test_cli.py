@@ -205,6 +205,25 @@ def test_text_dash_is_read_from_stdin_and_bounded(tiny_checkpoint, monkeypatch):
     assert big.exit_code == 2 and "the text on stdin is over" in big.output and "speak it in parts" in big.output
 
 
+def test_prompt_of_a_long_text_is_the_pieces_say_speaks(tiny_checkpoint):
+    """A text too long for one utterance is spoken in pieces, each with its prompt: prompt shows those, not one
+    prompt of the whole text that the model never sees."""
+    from audio8_coreai import TTS
+    from audio8_coreai.request import check_request
+
+    text = "Yes, we can. " * 150
+    result = run("prompt", text, "--model", tiny_checkpoint, "--json")
+    assert result.exit_code == 0, result.output
+    pieces = json.loads(result.output)["pieces"]
+    plan = TTS.load(tiny_checkpoint, device="cpu").plan(check_request(text))
+    assert len(pieces) == len(plan.pieces) > 1
+    for shown, piece in zip(pieces, plan.pieces):
+        assert shown["text"] == piece.text and np.array_equal(np.array(shown["prompt"]), piece.prompt)
+    assert " ".join(p["text"] for p in pieces) == text.strip()
+    said = run("prompt", text, "--model", tiny_checkpoint).output
+    assert said.count("prompt [11, ") == len(pieces) and f"piece {len(pieces)} of {len(pieces)}: " in said
+
+
 def test_prompt_clone_with_reference_codes(tiny_checkpoint, tmp_path):
     codes = np.arange(30).reshape(10, 3) % 128
     np.save(tmp_path / "ref.npy", codes)

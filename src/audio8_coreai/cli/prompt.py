@@ -23,8 +23,11 @@ def prompt(
     ref_codes: Annotated[Path | None, typer.Option(help=".npy of reference codes int [10, T].")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the [11, P] prompt as JSON.")] = False,
 ) -> None:
-    """Print the [11, P] prompt the model sees (needs only config.json and the tokenizer files)."""
+    """Print the [11, P] prompt the model sees (needs only config.json and the tokenizer files); a text too long for
+    one utterance as the pieces say speaks, each with its prompt (--json: {"pieces": [{text, shape, prompt}]})."""
     from ..checkpoint import load_checkpoint
+    from ..plan import make_plan
+    from ..request import check_request
     from ..text import PromptBuilder, check_text, load_tokenizer
 
     text = text_of(text)
@@ -34,13 +37,20 @@ def prompt(
     builder = PromptBuilder(load_tokenizer(ckpt.tokenizer_dir), ckpt.config)
     if (ref_text is None) != (ref_codes is None):
         raise PromptError("voice-clone prompts need both --ref-text and --ref-codes")
-    if ref_codes is not None:
-        ids = builder.clone(check_text(text), ref_text, _read_codes(ref_codes))
-    else:
-        ids = builder.plain(check_text(text))
+    if ref_codes is not None:  # the whole text as one utterance
+        pieces = [(text, builder.clone(check_text(text), ref_text, _read_codes(ref_codes)))]
+    else:  # as say speaks it: a text too long for one utterance in pieces, each with its prompt
+        plan = make_plan(check_request(text), None, builder, ckpt.config, ckpt.generation, "")
+        pieces = [(piece.text, piece.prompt) for piece in plan.pieces]
     if as_json:
-        out.print_json(json.dumps({"shape": list(ids.shape), "prompt": ids.tolist()}))
-    else:
+        shown = [{"text": t, "shape": list(ids.shape), "prompt": ids.tolist()} for t, ids in pieces]
+        out.print_json(
+            json.dumps({k: v for k, v in shown[0].items() if k != "text"} if len(shown) == 1 else {"pieces": shown})
+        )
+        return
+    for n, (piece, ids) in enumerate(pieces, 1):
+        if len(pieces) > 1:
+            out.print(f"piece {n} of {len(pieces)}: {piece!r}", highlight=False)
         out.print(f"prompt [{ids.shape[0]}, {ids.shape[1]}]; row 0:", highlight=False)
         out.print(" ".join(str(int(i)) for i in ids[0]), highlight=False)
 
