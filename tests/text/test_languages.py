@@ -29,6 +29,12 @@ FOREIGN = {
     "hi": ("नमस्ते दुनिया", "Devanagari"),
     "mixed": ("Hello Привет Καλημέρα", "Cyrillic, Greek"),
     "yue": ("佢哋今日唔嚟食飯喇。", "Cantonese"),
+    # scripts of several words are named whole (the name's first word said "New" and "Old" letters)
+    "khb": ("ᦀᦁᦂ", "New Tai Lue letters"),
+    "ett": ("𐌀𐌁", "Old Italic letters"),
+    "sat": ("ᱚᱛ", "Ol Chiki letters"),
+    "iu": ("ᐊᐃ", "Canadian Syllabics letters"),
+    "th": ("สวัสดี", "Thai letters"),
 }
 
 

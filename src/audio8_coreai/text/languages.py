@@ -39,9 +39,22 @@ def language_warning(text: str) -> str | None:
     names = list(LANGUAGES.values())
     languages = f"the model speaks {', '.join(names[:-1])} and {names[-1]}"
     if foreign:
-        scripts = sorted({unicodedata.name(c, "OTHER").split(" ")[0].title() for c in foreign})
+        scripts = sorted({_script(c) for c in foreign})
         shown = ", ".join(scripts[:3]) + (f" and {len(scripts) - 3} more" if len(scripts) > 3 else "")
         return f"the text has {shown} letters; {languages}, so these may be spoken as noise or not at all"
     if _CANTONESE.intersection(text):
         return f"the text looks like written Cantonese; {languages}, so it may be misread or not spoken at all"
     return None
+
+
+# The words of a letter's Unicode name that follow its script's name ("NEW TAI LUE LETTER HIGH QA", "GREEK SMALL
+# LETTER ALPHA", "CANADIAN SYLLABICS A", "THAI CHARACTER KO KAI").
+_AFTER_SCRIPT = frozenset({"LETTER", "SMALL", "CAPITAL", "SYLLABLE", "SYLLABICS", "CHARACTER", "LIGATURE", "VOWEL"})
+
+
+def _script(char: str) -> str:
+    """The script a letter is written in, from its Unicode name: ``New Tai Lue``, ``Cyrillic`` (not the name's
+    first word, which said "New" and "Old" letters)."""
+    words = unicodedata.name(char, "OTHER").split(" ")
+    end = next((i for i, word in enumerate(words) if word in _AFTER_SCRIPT and i > 0), 1)
+    return " ".join(words[: end + (words[end : end + 1] == ["SYLLABICS"])]).title()  # "Canadian Syllabics"
