@@ -277,7 +277,9 @@ class CoreAISettings(_Group):
     """Core AI assets (backends/coreai/; ``audio8 convert``)."""
 
     decoder_frames: int = Field(16, ge=1, description="codec decoder push: frames per call (state carried)")
-    decoder_first_frames: int = Field(0, ge=0, description="codec decoder's 1-frame `first` function (0: none)")
+    decoder_first_frames: int = Field(
+        0, ge=0, description="frames of the codec decoder's `first` function, below decoder_frames (0: none)"
+    )
     encoder_frames: int = Field(
         216, ge=1, description="codec encoder bucket, the longest voice-registration clip (216: 10 s)"
     )

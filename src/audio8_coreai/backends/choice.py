@@ -37,6 +37,8 @@ def check_backend_choice(
         )
     if backend == "coreai" and cuda_graphs:
         raise BackendError("CUDA graphs (--cuda-graphs) are a torch-backend option: drop them for coreai")
+    if backend == "coreai" and device not in ("auto", "cpu"):  # the runtime picks its compute units (macOS: GPU)
+        raise BackendError(f"the device {device} is a torch-backend choice: drop --device (device=) for coreai")
     if cuda_graphs and resolve_device(device).type != "cuda":
         raise BackendError(
             f"CUDA graphs need a CUDA device, not {resolve_device(device)}: drop --cuda-graphs (cuda_graphs=True, "

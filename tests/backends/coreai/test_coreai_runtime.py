@@ -286,9 +286,15 @@ def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
         convert(oracle, tmp_path / "a", context=100, progress=False)
     with pytest.raises(AssetError, match=r"decoder first push -1 \(>= 0; 0: none\)"):
         convert(oracle, tmp_path / "a", decoder_first_frames=-1, progress=False)
+    with pytest.raises(AssetError, match=r"decoder push 16 .* and the first push 16 below it \(0: none"):
+        convert(oracle, tmp_path / "a", decoder_first_frames=16, progress=False)  # wrote no `first`, unsaid
+    with pytest.raises(AssetError, match=r"decoder push 4096 must be at most the \d+ frames an utterance may hold"):
+        convert(oracle, tmp_path / "a", decoder_frames=4096, progress=False)  # every push padded to 4096
     with pytest.raises(AssetError, match="unknown or no parts"):
         convert(oracle, tmp_path / "a", parts=("vocoder",), progress=False)
     assert not (tmp_path / "a").exists()
+    with pytest.raises(BackendError, match="the device cuda is a torch-backend choice: drop --device"):
+        TTS.load(oracle.path, backend="coreai", assets=fp32_assets, device="cuda")
 
 
 def test_convert_into_a_place_that_cannot_hold_a_folder_is_said(oracle, tmp_path):

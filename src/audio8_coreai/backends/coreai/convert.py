@@ -164,7 +164,7 @@ def convert(
         decoder_frames: the codec decoder's push (frames of 2048 samples per call; the decoder state carries
             the utterance from call to call).
         decoder_first_frames: the decoder's second function's push (``first``, sharing the state; a stream's
-            first chunk then costs a call of that many frames); 0, or not below ``decoder_frames``: none.
+            first chunk then costs a call of that many frames), below ``decoder_frames``; 0: none.
         encoder_frames: the codec encoder's bucket (frames per call: the longest clip).
         parts: which of PARTS to write (tests convert only what they use).
         progress: show a progress bar on stderr.
@@ -191,6 +191,12 @@ def convert(
         raise AssetError(
             f"codec calls must hold frames: decoder push {decoder_frames}, encoder bucket {encoder_frames} (>= 1), "
             f"decoder first push {decoder_first_frames} (>= 0; 0: none)"
+        )
+    if decoder_frames > cfg.max_seq_len or decoder_first_frames >= decoder_frames:
+        raise AssetError(
+            f"decoder push {decoder_frames} must be at most the {cfg.max_seq_len} frames an utterance may hold, and "
+            f"the first push {decoder_first_frames} below it (0: none; --decoder-first-frames 1 for a stream's "
+            "first chunk)"
         )
     unknown = sorted(set(parts) - set(PARTS))
     if unknown or not parts:
