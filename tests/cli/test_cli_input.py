@@ -91,6 +91,7 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
         (["say", "Hi", "-o", "{tmp}/o.wav", "--backend", "coreai"], "give assets=DIR (--assets)"),
         (["serve", "--max-frames", "0"], "must be >= 1"),
         (["serve", "--cors-origin", "https://app.example.com/"], "--cors-origin holds 'https://app.example.com/'"),
+        (["parity", "--fixture", "{tmp}/f.npz", "--backend", "coreai", "--assets", "{tmp}"], "fixture not found"),
         (["bench", "--cuda-graphs"], "add --device cuda (not cpu)"),
         (["parity", "--fixture", "{tmp}/f.npz", "--tolerance", "-1"], "--tolerance must be a finite number > 0"),
         (

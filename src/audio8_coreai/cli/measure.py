@@ -42,10 +42,11 @@ def parity(
     precisions). Core AI assets replay what their baked sampling allows and say what they skip."""
     from ..backends.choice import open_backend
     from ..checkpoint import load_checkpoint
-    from ..measure.oracle import recorded_from_another
+    from ..measure.oracle import load_fixture, recorded_from_another
     from ..measure.parity import run_parity
 
     tolerance = override(DEFAULTS.measure, tolerance=tolerance).tolerance
+    load_fixture(fixture)  # a missing or wrong fixture is said before the model or assets load (minutes on Core AI)
     ckpt = load_checkpoint(model)
     if precision is None and backend == "torch":
         precision = "fp32"
