@@ -11,6 +11,8 @@ that cast only for large weights and folds it into an fp32 constant for small on
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
@@ -67,9 +69,19 @@ def decoder_module(cc: CodecConfig, state: dict[str, Tensor], precision: str, fr
 def _quantize_slow_linears(model: DualAR, context: int) -> None:
     """Replace the slow AR's linear weights by int8 (symmetric with clipping, per block of QUANT_BLOCK input
     channels, weight only) with coreai-opt, in place. Embeddings, the head and the norms stay as they are."""
-    from coreai_opt import ExportBackend
-    from coreai_opt.quantization import ModuleQuantizerConfig, QuantizationSpec, Quantizer, QuantizerConfig
-    from coreai_opt.quantization.spec import PerBlockGranularity, QuantizationScheme
+    # coreai-opt imports torchao, which logs a warning per CUDA-only library a CPU machine cannot load and a torch
+    # deprecation: noise a user reads as errors, silenced for the import alone.
+    quieted = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in quieted]
+    try:
+        for logger in quieted:
+            logger.setLevel(logging.ERROR)
+        from coreai_opt import ExportBackend
+        from coreai_opt.quantization import ModuleQuantizerConfig, QuantizationSpec, Quantizer, QuantizerConfig
+        from coreai_opt.quantization.spec import PerBlockGranularity, QuantizationScheme
+    finally:
+        for logger, level in zip(quieted, levels):
+            logger.setLevel(level)
 
     spec = QuantizationSpec(
         dtype=torch.int8,
