@@ -285,7 +285,11 @@ def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(never_eos_long
         ("too short", ["voice", "add", "x", "--audio", "{short}", "--text", "Hi."], "0.30 s"),
         ("not audio", ["voice", "add", "x", "--audio", "{text_file}", "--text", "Hi."], "cannot read reference audio"),
         ("no clip", ["voice", "add", "x", "--audio", "{tmp}/none.wav", "--text", "Hi."], "does not exist"),
-        ("empty transcript", ["voice", "add", "x", "--audio", "{clip}", "--text", " "], "reference text is empty"),
+        (
+            "empty transcript",
+            ["voice", "add", "x", "--audio", "{clip}", "--text", " "],
+            "reference text is empty (or only whitespace): give what the clip says",
+        ),
         ("taken", ["voice", "add", "taken", "--audio", "{clip}", "--text", "Hi."], "already exists"),
         ("unknown voice", ["say", "Hi", "-o", "{tmp}/o.wav", "--voice", "nobody"], "no voice named 'nobody'"),
         ("half inline", ["say", "Hi", "-o", "{tmp}/o.wav", "--ref-audio", "{clip}"], "needs both"),

@@ -29,7 +29,8 @@ def check_text(text: str, what: str = "text") -> str:
     check_unicode(text, what)
     cleaned = clean_text(text)
     if not cleaned:
-        raise PromptError(f"{what} is empty (or only whitespace): give the words to speak")
+        words = "what the clip says" if what == "reference text" else "the words to speak"
+        raise PromptError(f"{what} is empty (or only whitespace): give {words}")
     if not any(unicodedata.category(c)[0] in "LN" for c in cleaned):
         shown = cleaned if len(cleaned) <= 60 else f"{cleaned[:60]}... ({len(cleaned)} characters)"
         raise PromptError(
