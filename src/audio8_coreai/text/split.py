@@ -9,12 +9,12 @@ from collections.abc import Callable
 from ..errors import PromptError
 from .checks import check_text
 
-# A Latin mark ends a piece only before a space, a CJK character or the end ("3.14", "3,5", "e.g.x" and "U.S.A"
-# stay whole; "好的.你" is cut, as CJK text typed with half-width marks has no spaces); a CJK mark (full-width and
-# halfwidth forms) or an em dash ends one wherever it is. Closing quotes and brackets stay with the mark they
+# A Latin mark ends a piece only before a space, the end, or a CJK letter after a CJK letter ("3.14", "３．１４",
+# "3,5", "e.g.x", "U.S.A" and "Mr.田中" stay whole; "好的.你" is cut, as CJK text typed with half-width marks has no
+# spaces); a CJK mark (full-width and halfwidth forms) or an em dash ends one wherever it is. Closing quotes and brackets stay with the mark they
 # follow, a French » after its space too.
-SENTENCE_MARKS_LATIN = ".!?…"
-SENTENCE_MARKS_CJK = "。！？．｡"
+SENTENCE_MARKS_LATIN = ".!?…．"  # the full-width stop as a point: "３．１４" is a number
+SENTENCE_MARKS_CJK = "。！？｡"
 CLAUSE_MARKS_LATIN = ",;:–"
 CLAUSE_MARKS_CJK = "，、；：､—"
 _CLOSERS = "\"'”’»)]}」』）】》"
@@ -183,7 +183,9 @@ def _cut(
         spaced = re.match(rf"\s+[{_SPACED_CLOSERS}]+(?=\s|$)", text[j:])
         if spaced:
             j += spaced.end()
-        ends = j == len(text) or (text[j].isspace() and not continues(text, i, j)) or _wide(text[j])
+        # a CJK letter on both sides: CJK text typed with half-width marks ("e.g.東京", "Mr.田中" go on)
+        between = j < len(text) and _wide(text[j]) and i > 0 and _wide(text[i - 1])
+        ends = j == len(text) or ((text[j].isspace() or between) and not continues(text, i, j))
         if ends or any(c in cjk for c in text[i:j]):
             spans.append((start, j))
             start = j
@@ -197,10 +199,10 @@ def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[
     """Split ``text`` into pieces of at most ``max_tokens`` tokens each (``count(piece)`` tokens), in order.
 
     Text that fits is returned whole (one piece, cleaned as :func:`check_text`). Otherwise it is cut at
-    sentence ends (``. ! ? …`` before a space or a CJK character, but not after a title, an abbreviation or an
-    initial, see :func:`_continues_sentence`; ``。！？．｡`` anywhere), a sentence that is still too long at
-    clause marks (``, ; : –`` before a space or a CJK character, ``，、；：､—`` anywhere), and a clause still too
-    long at spaces;
+    sentence ends (``. ! ? … ．`` before a space, or between CJK letters, but not after a title, an abbreviation or
+    an initial, see :func:`_continues_sentence`; ``。！？｡`` anywhere), a sentence that is still too long at
+    clause marks (``, ; : –`` before a space or between CJK letters, ``，、；：､—`` anywhere), and a clause still
+    too long at spaces;
     then neighbouring cuts are joined again while they fit, so pieces are as long as allowed (fewer breaks in
     the prosody). Pieces keep the text's own characters: joined with single spaces where the text had
     whitespace, they give back the cleaned text. A cut without a letter or digit ("...", "—") rides with its
