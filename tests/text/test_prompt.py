@@ -281,7 +281,7 @@ def test_every_oracle_entry_collected() -> None:
         ("東京．大阪．名古屋．", 6, ["東京．大阪．", "名古屋．"]),
         # a full-width point in a number, and a Latin mark after a Latin word, do not end a CJK sentence
         ("円周率は３．１４です。这是１．５公斤。", 12, ["円周率は３．１４です。", "这是１．５公斤。"]),
-        ("会いましょう。e.g.東京とMr.田中さん。", 12, ["会いましょう。", "e.g.東京とMr.田中さん。"]),
+        ("会いましょう。e.g.東京とMr.田中さん。", 16, ["会いましょう。", "e.g.東京とMr.田中さん。"]),
         ("It was long—very long—too long.", 12, ["It was long—", "very long—", "too long."]),
         # a French closing guillemet after its space stays with the sentence it closes
         ("« Il est tard. » Il part.", 16, ["« Il est tard. »", "Il part."]),

@@ -11,8 +11,8 @@ from .checks import check_text
 
 # A Latin mark ends a piece only before a space, the end, or a CJK letter after a CJK letter ("3.14", "３．１４",
 # "3,5", "e.g.x", "U.S.A" and "Mr.田中" stay whole; "好的.你" is cut, as CJK text typed with half-width marks has no
-# spaces); a CJK mark (full-width and halfwidth forms) or an em dash ends one wherever it is. Closing quotes and brackets stay with the mark they
-# follow, a French » after its space too.
+# spaces); a CJK mark (full-width and halfwidth forms) or an em dash ends one wherever it is. Closing quotes and
+# brackets stay with the mark they follow, a French » after its space too.
 SENTENCE_MARKS_LATIN = ".!?…．"  # the full-width stop as a point: "３．１４" is a number
 SENTENCE_MARKS_CJK = "。！？｡"
 CLAUSE_MARKS_LATIN = ",;:–"
