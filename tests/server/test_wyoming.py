@@ -174,6 +174,9 @@ def test_streaming_audio_comes_before_the_stream_ends(never_eos_tts):
         ("... Yes. No", ["... Yes."], " No"),  # marks alone ride with the next sentence
         ("你好。世界", ["你好。"], "世界"),
         ("pi is 3.14 or so", [], "pi is 3.14 or so"),
+        ("好的.你觉得呢?好", ["好的.", "你觉得呢?"], "好"),  # CJK typed with half-width marks
+        ("円周率は３．１４です。次", ["円周率は３．１４です。"], "次"),  # a full-width point in a number
+        ("e.g.東京とMr.田中さん。次", ["e.g.東京とMr.田中さん。"], "次"),  # a Latin word's point goes on
     ],
 )
 def test_complete_sentences_of_growing_text(text, sentences, rest):
