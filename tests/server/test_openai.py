@@ -362,6 +362,13 @@ def test_the_voice_map_wins_over_a_stored_voice_of_its_name(tiny_checkpoint, voi
         assert "'alloy' speaks the stored voice 'ana' here (the server's --voice-map)" in r.json()["error"]["message"]
         ids = [v["id"] for v in http.get("/v1/audio/voices").json()["voices"]]
         assert ids == ["default", "ana", "alloy"]
+        # nor through the map's target: replacing or deleting the voice the map speaks is refused
+        form = {"name": "ANA", "transcript": "Hi.", "replace": "true"}
+        r = http.post("/v1/voices", data=form, files={"audio": ("a.wav", clip)})
+        assert r.status_code == 400 and "'ANA' is the server's --voice-map alloy=ana" in r.json()["error"]["message"]
+        r = http.delete("/v1/voices/ana")
+        assert r.status_code == 409 and r.json()["error"]["code"] == "voice_in_use"
+        assert speak(http, "alloy") == speak(http, "ana")
 
 
 def test_unknown_voice_map_targets_are_refused_at_start(tiny_checkpoint, voices_dir):

@@ -56,7 +56,7 @@ FIELD_CODES = {
 STATUSES = {
     400: "A request the server refuses: the message says what to change.",
     404: "No such voice.",
-    409: "A voice of that name exists (replace=true overwrites it).",
+    409: "A voice of that name exists (replace=true overwrites it), or the server's settings speak it (no delete).",
     413: "The body or the upload is over this server's limit.",
     422: "The model ended the utterance at once: no audio (another seed speaks).",
     500: "The server failed (its storage, a stored voice, or a bug, logged there).",

@@ -51,6 +51,17 @@ def check_voices(store: VoiceStore, voice_map: dict[str, str], default_voice: st
             raise VoiceError(f"{setting}: {e}") from None
 
 
+def serving_role(name: str, voice_map: dict[str, str], default_voice: str | None) -> str | None:
+    """What the stored voice ``name`` serves as under the server's settings (any case): ``--voice-map alloy=NAME``
+    or ``--default-voice NAME``; None when neither. Such a voice may not be replaced or deleted through the API
+    while the server runs (a client would take over every request for those names)."""
+    key = name.lower()
+    roles = [f"--voice-map {k}={v}" for k, v in voice_map.items() if v.lower() == key]
+    if default_voice is not None and default_voice.lower() == key:
+        roles.append(f"--default-voice {default_voice}")
+    return ", ".join(roles) or None
+
+
 def resolve(name: str | None, store: VoiceStore, voice_map: dict[str, str], default_voice: str | None) -> Voice | None:
     """The voice a request's ``name`` asks for: its ``voice_map`` target (the operator's map wins over a stored voice
     of the same name); else a stored voice of that name; else, for None, DEFAULT_VOICE or an OpenAI name, the

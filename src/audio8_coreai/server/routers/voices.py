@@ -15,7 +15,7 @@ from ...voices import check_name
 from ..errors import ApiError, api_error, damaged, documented, form_error, storage
 from ..forms import FormTooLarge, read_form
 from ..state import State, state
-from ..voicenames import DEFAULT_VOICE
+from ..voicenames import DEFAULT_VOICE, serving_role
 
 router = APIRouter()
 
@@ -143,6 +143,9 @@ async def _register(form: FormData, server: State) -> dict[str, Any]:
         name = check_name(name)
         if name.lower() == DEFAULT_VOICE:  # the id requests use for the server's default voice
             raise VoiceError(f"{name!r} names the server's default voice in requests: give the voice another name")
+        role = serving_role(name, settings.voice_map, settings.default_voice) if replace else None
+        if role is not None:
+            raise VoiceError(f"{name!r} is the server's {role}: it cannot be replaced while the server runs")
         if name.lower() in settings.voice_map:  # requests naming it speak the map's voice
             target = settings.voice_map[name.lower()]
             raise VoiceError(
@@ -168,7 +171,7 @@ async def _register(form: FormData, server: State) -> dict[str, Any]:
     }
 
 
-@router.delete("/v1/voices/{name}", responses=documented(400, 404, 507))
+@router.delete("/v1/voices/{name}", responses=documented(400, 404, 409, 507))
 def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """Delete a stored voice: 404 when there is none of that name."""
     store = server.synth.voices
@@ -179,6 +182,11 @@ def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[st
     gone = ApiError(404, f"no voice named {name!r}", "name", "voice_not_found")
     if store.find(name) is None:
         raise gone
+    role = serving_role(name, server.settings.voice_map, server.settings.default_voice)
+    if role is not None:
+        raise ApiError(
+            409, f"{name!r} is the server's {role}: it cannot be deleted while the server runs", "name", "voice_in_use"
+        )
     try:
         store.remove(name)
     except VoiceStorageError as e:
