@@ -207,6 +207,12 @@ def test_no_samples_are_written_where_the_format_holds_none(tmp_path):
         write_audio(tmp_path / "out.flac", empty, 44100)
     assert not (tmp_path / "out.flac").exists()
     assert len(encode_speech(empty, 44100, "wav")) == 44 and encode_speech(empty, 44100, "pcm") == b""
+    with (
+        pytest.raises(AudioError, match="holds no samples: a flac file"),
+        open_audio_writer(tmp_path / "s.flac", 44100),
+    ):
+        pass  # streamed, no chunk came
+    assert list(tmp_path.glob("*s.*flac")) == []
     assert sf.info(write_audio(tmp_path / "out.ogg", empty, 44100)).frames == 0
 
 

@@ -200,6 +200,10 @@ def test_text_dash_is_read_from_stdin_and_bounded(tiny_checkpoint, monkeypatch):
         app, ["prompt", "-", "--model", str(tiny_checkpoint), "--json"], input="Hello there, from a file.\n"
     )
     assert piped.exit_code == 0 and json.loads(piped.output) == json.loads(given.output)
+    bom = runner.invoke(  # a Windows editor's file starts with a byte order mark, which is no text
+        app, ["prompt", "-", "--model", str(tiny_checkpoint), "--json"], input="\ufeffHello there, from a file."
+    )
+    assert bom.exit_code == 0 and json.loads(bom.output) == json.loads(given.output)
     monkeypatch.setattr(app_module, "MAX_STDIN_BYTES", 10)
     big = runner.invoke(app, ["say", "-", "--model", str(tiny_checkpoint)], input="Hello there, from a file.")
     assert big.exit_code == 2 and "the text on stdin is over" in big.output and "speak it in parts" in big.output

@@ -99,7 +99,7 @@ def test_a_lone_surrogate_is_an_audio8_error_in_the_api_and_the_cli(tiny_tts):
         tiny_tts.generate("Hello \udc80 there", max_frames=2)
     latin1 = os.fsdecode(b"Caf\xe9 cr\xe8me.")  # a command line's text in Latin-1, as Python reads it
     result = CliRunner().invoke(app, ["say", latin1, "-o", "x.wav", "--max-frames", "2"])
-    said = "U+DCE9 at character 3, the byte 0xE9 of text that is not UTF-8 (Latin-1?): convert it first, e.g. iconv"
+    said = "U+DCE9 at character 3: the byte 0xE9 of text that is not UTF-8 (a file or a command line in Latin-1?"
     assert result.exit_code == 2 and said in " ".join(result.output.split())
     result = CliRunner().invoke(app, ["say", "Hello \ud800 there", "-o", "x.wav", "--max-frames", "2"])
     assert result.exit_code != 0 and "U+D800" in result.output and "Traceback" not in result.output

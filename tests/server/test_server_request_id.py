@@ -116,6 +116,7 @@ def test_the_log_lines_of_a_request_carry_its_id(served, monkeypatch):
         (b"ray-7f3a", "ray-7f3a"),
         (b"x" * 200, "x" * 128 + "..."),  # Ray's proxy answers any length: the log keeps the head, marked cut
         (b"a\x01b\xe9", "a\\x01b\\xe9"),  # control and non-ASCII characters escaped, not replaced
+        (b"a\\x01", "a\\x5cx01"),  # a backslash sent is escaped too: not read as an escaped control character
     ],
 )
 def test_behind_a_proxy_the_logs_carry_the_id_the_proxy_answered(sent, logged):

@@ -134,6 +134,12 @@ def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[_ChunkWrit
         if writer.failed or f.frames == 0:  # a file the disk did not take, or nothing made: none to keep
             partial.unlink(missing_ok=True)
         raise
+    if f.frames == 0:  # a flac of no samples is no readable file (check_some): none published
+        try:
+            check_some(np.zeros(0, np.float32), path.suffix.lower().removeprefix("."))
+        except AudioError:
+            partial.unlink(missing_ok=True)
+            raise
     publish(partial, path)
 
 

@@ -125,7 +125,7 @@ def text_of(text: str) -> str:
         raise PromptError(
             f"the text on stdin is over {MAX_STDIN_BYTES // 2**20} MB: speak it in parts (split the file)"
         )
-    return data.decode("utf-8", "surrogateescape")
+    return data.decode("utf-8-sig", "surrogateescape")  # -sig: a BOM (Windows editors write one) is no text
 
 
 def print_warnings(warnings) -> None:

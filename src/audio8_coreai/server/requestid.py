@@ -28,11 +28,13 @@ def request_id(sent: bytes | None) -> str:
 
 def proxied_id(sent: bytes | None) -> str:
     """The id of a request to which a proxy in front gave ``sent`` (it answers the client with it as it is), as
-    the logs show it: a character that is no printable ASCII as ``\\xNN``, past MAX_LENGTH characters cut with
-    ``...``; a fresh id (:func:`request_id`) when there is none."""
+    the logs show it: a character that is no printable ASCII (or a backslash) as ``\\xNN``, past MAX_LENGTH
+    characters cut with ``...``; a fresh id (:func:`request_id`) when there is none."""
     if not sent:
         return request_id(None)
-    text = "".join(c if c.isascii() and c.isprintable() else f"\\x{ord(c):02x}" for c in sent.decode("latin-1"))
+    text = "".join(
+        c if c.isprintable() and c.isascii() and c != "\\" else f"\\x{ord(c):02x}" for c in sent.decode("latin-1")
+    )
     return text if len(text) <= MAX_LENGTH else text[:MAX_LENGTH] + "..."
 
 

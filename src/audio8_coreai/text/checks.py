@@ -47,9 +47,9 @@ def check_unicode(text: str, what: str = "text") -> str:
     bad = next((c for c in text if "\ud800" <= c <= "\udfff"), None)
     if bad is not None and "\udc80" <= bad <= "\udcff":  # a byte no UTF-8 decoder took (a command line's text)
         raise PromptError(
-            f"{what} holds U+{ord(bad):04X} at character {text.index(bad)}, the byte 0x{ord(bad) - 0xDC00:02X} "
-            "of text that is not UTF-8 (Latin-1?): convert it first, e.g. iconv -f latin1 -t utf-8 (or, in JSON, "
-            "half of a surrogate pair: send it whole)"
+            f"{what} holds U+{ord(bad):04X} at character {text.index(bad)}: the byte 0x{ord(bad) - 0xDC00:02X} "
+            "of text that is not UTF-8 (a file or a command line in Latin-1? convert it first: iconv -f latin1 -t "
+            "utf-8), or half of a JSON surrogate pair (send it whole)"
         )
     if bad is not None:
         raise PromptError(

@@ -302,6 +302,10 @@ def test_convert_into_a_place_that_cannot_hold_a_folder_is_said(oracle, tmp_path
     with pytest.raises(AssetError, match="cannot write the assets at .*a-file/assets: .*a-file is a file, not a fold"):
         convert(oracle, tmp_path / "a-file" / "assets", progress=False)
     assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # refused before converting, not after
+    with pytest.raises(AssetError, match=r"dangling is a link to .*nowhere, not a folder"):
+        convert(oracle, tmp_path / "dangling", progress=False)
+    (tmp_path / "dangling").unlink()
     (tmp_path / "empty").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "empty")  # a link to an empty folder: the folder filled, the link kept
     convert(oracle, tmp_path / "link", "fp16", parts=("codec_decoder",), decoder_frames=4, progress=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,8 @@ def convert(
     out = Path(out_dir).expanduser()
     if out.is_symlink() and out.is_dir():  # a link to an empty folder: the folder is filled, the link kept
         out = out.resolve()
+    elif out.is_symlink():
+        raise AssetError(f"{out} is a link to {os.readlink(out)}, not a folder; choose a new folder or remove it")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise AssetError(f"{out} already exists and is not an empty folder; choose a new folder or remove it")
     blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
