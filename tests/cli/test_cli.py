@@ -346,3 +346,40 @@ def test_the_folder_the_missing_checkpoint_message_describes_speaks(never_eos_ch
         and "has no tokenizer.json" in said
         and "(or codec.safetensors) and tokenizer.json" in said
     )
+
+
+def test_ctrl_c_that_a_library_turned_into_another_error_is_interrupted(monkeypatch):
+    """Ctrl-C in a C extension's import (torch's, numpy's) left a module half made, and a later import failed with
+    a RecursionError traceback: an error after a Ctrl-C the command heard is the interruption, said as one (status
+    130), and a Ctrl-C heard while the modules loaded ends the command before it runs."""
+    import importlib
+    import signal
+    import threading
+    import time
+
+    import typer
+
+    app_module = importlib.import_module("audio8_coreai.cli.app")
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(app_module, "_HEARD", [])
+    ran = []
+
+    @app_module.friendly
+    def command() -> None:
+        ran.append(1)
+        try:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise RecursionError("maximum recursion depth exceeded") from None  # numpy half imported
+
+    try:
+        app_module.listen_for_interrupts()  # as the audio8 command does first
+        with pytest.raises(typer.Exit) as exited:
+            command()
+        assert exited.value.exit_code == 130 and app_module._HEARD == [signal.SIGINT]
+        with pytest.raises(typer.Exit) as exited:  # heard before it ran: it does not run
+            command()
+        assert exited.value.exit_code == 130 and ran == [1]
+    finally:
+        signal.signal(signal.SIGINT, before)

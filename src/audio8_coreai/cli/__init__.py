@@ -4,11 +4,20 @@ point). Importing it reads the settings (settings.py): a wrong ``AUDIO8_*`` vari
 'error:' line naming it, and status 2."""
 
 # ruff: noqa: I001, F401  (the imports register the commands; their order is the order `audio8 --help` lists them)
+import os
 import sys
 
 from ..errors import ConfigError
 
+# Run as the command (its script, or python -m audio8_coreai.cli while the package loads), not imported by a host
+# process such as a test runner: Ctrl-Cs are noted from here on (app.listen_for_interrupts).
+_COMMAND = os.path.basename(sys.argv[0]) == "audio8" or sys.argv[0] == "-m"
+
 try:  # the commands read the settings tree (their defaults): a wrong AUDIO8_* variable is said here, in one line
+    if _COMMAND:
+        from .app import listen_for_interrupts
+
+        listen_for_interrupts()
     from . import say, prompt, measure, assets, checkpoint, serve, voices
     from . import wyoming
     from .app import app

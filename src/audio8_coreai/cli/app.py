@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import errno
 import functools
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -52,27 +54,59 @@ def _os_error(e: OSError) -> str:
 
 def friendly(fn):
     """Turn the project's user-facing errors (Audio8Error) and the system's refusals (OSError: a file name too long,
-    a full disk) into one 'error: ...' line and exit status 2."""
+    a full disk) into one 'error: ...' line and exit status 2; Ctrl-C into 'interrupted' and status 130, whatever
+    error it became (:func:`listen_for_interrupts`)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         out.soft_wrap, err.soft_wrap = not out.is_terminal, not err.is_terminal  # piped: whole lines, not 80 columns
+        if _HEARD:  # while the command's modules loaded: what they left half made must not run
+            raise _interrupted()
         try:
             return fn(*args, **kwargs)
         except Audio8Error as e:
+            if _HEARD:
+                raise _interrupted() from None
             # One line (greppable, paths never cut); the message escaped: "[1, 11, 32]" is text, not markup.
             err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            err.print("interrupted")
-            raise typer.Exit(130) from None
+            raise _interrupted() from None
         except BrokenPipeError:  # the reader of stdout went away (`... -o - | head`): nothing left to say
             raise typer.Exit(1) from None
         except OSError as e:  # the system refused a file or a device: a name too long, a full disk, a permission
+            if _HEARD:
+                raise _interrupted() from None
             err.print(f"[bold red]error:[/] {escape(_os_error(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except Exception:
+            if not _HEARD:
+                raise
+            raise _interrupted() from None
 
     return wrapper
+
+
+def _interrupted() -> typer.Exit:
+    err.print("interrupted")
+    return typer.Exit(130)
+
+
+_HEARD: list[int] = []  # the Ctrl-Cs heard since listen_for_interrupts (the command's own process only)
+
+
+def listen_for_interrupts() -> None:
+    """Note each Ctrl-C (SIGINT) from now on, still raised as KeyboardInterrupt as by Python's own handler: a C
+    extension's import it cuts short can leave the module half made, and a later import fail (numpy's
+    RecursionError, "cannot load module more than once"), which :func:`friendly` then says as the interruption it
+    is. The ``audio8`` command calls it before loading its modules; the main thread only (signals are its)."""
+
+    def hear(signum: int, frame: object) -> None:
+        _HEARD.append(signum)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, hear)
 
 
 def described(group: BaseModel, field: str, lead: str = "", more: str = "") -> str:
