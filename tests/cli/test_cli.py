@@ -228,6 +228,19 @@ def test_prompt_of_a_long_text_is_the_pieces_say_speaks(tiny_checkpoint):
     assert said.count("prompt [11, ") == len(pieces) and f"piece {len(pieces)} of {len(pieces)}: " in said
 
 
+def test_a_clone_prompt_of_a_long_text_is_pieces_too(tiny_checkpoint, tmp_path):
+    codes = np.random.default_rng(0).integers(0, 64, (10, 100))
+    np.save(tmp_path / "ref.npy", codes)
+    args = ("--model", tiny_checkpoint, "--ref-text", "Hello there.", "--ref-codes", tmp_path / "ref.npy", "--json")
+    result = run("prompt", "Yes, we can. " * 150, *args)
+    assert result.exit_code == 0, result.output
+    pieces = [np.array(p["prompt"]) for p in json.loads(result.output)["pieces"]]
+    assert len(pieces) > 1  # it was one prompt of the whole text, refused as too long for the context
+    for p in pieces:  # rows 1.. hold the reference codes in each piece's head, zero elsewhere
+        cols = np.flatnonzero(p[1:].any(axis=0))
+        assert np.array_equal(p[1:, cols[0] : cols[0] + 100], codes) and p[1:].sum() == codes.sum()
+
+
 def test_prompt_clone_with_reference_codes(tiny_checkpoint, tmp_path):
     codes = np.arange(30).reshape(10, 3) % 128
     np.save(tmp_path / "ref.npy", codes)

@@ -28,7 +28,8 @@ def prompt(
     from ..checkpoint import load_checkpoint
     from ..plan import make_plan
     from ..request import check_request
-    from ..text import PromptBuilder, check_text, load_tokenizer
+    from ..text import PromptBuilder, load_tokenizer
+    from ..voices import Voice
 
     text = text_of(text)
     ckpt = load_checkpoint(model, weights=False, codec=False)
@@ -37,11 +38,12 @@ def prompt(
     builder = PromptBuilder(load_tokenizer(ckpt.tokenizer_dir), ckpt.config)
     if (ref_text is None) != (ref_codes is None):
         raise PromptError("voice-clone prompts need both --ref-text and --ref-codes")
-    if ref_codes is not None:  # the whole text as one utterance
-        pieces = [(text, builder.clone(check_text(text), ref_text, _read_codes(ref_codes)))]
-    else:  # as say speaks it: a text too long for one utterance in pieces, each with its prompt
-        plan = make_plan(check_request(text), None, builder, ckpt.config, ckpt.generation, "")
-        pieces = [(piece.text, piece.prompt) for piece in plan.pieces]
+    voice = None  # a one-off voice of the given transcript and codes (checked by the prompt builder)
+    if ref_codes is not None:
+        voice = Voice(_read_codes(ref_codes), ref_text, ckpt.codec_config.sample_rate, 0.0, "", "")
+    # as say speaks it: a text too long for one utterance in pieces, each with its prompt
+    plan = make_plan(check_request(text), voice, builder, ckpt.config, ckpt.generation, "")
+    pieces = [(piece.text, piece.prompt) for piece in plan.pieces]
     if as_json:
         shown = [{"text": t, "shape": list(ids.shape), "prompt": ids.tolist()} for t, ids in pieces]
         out.print_json(
