@@ -186,14 +186,18 @@ class ServerSettings(_Group):
     @field_validator("cors_origins")
     @classmethod
     def _origins(cls, origins: tuple[str, ...]) -> tuple[str, ...]:
-        """An origin as a browser sends it: scheme://host[:port], no path (a trailing / would never match), or *."""
+        """Each origin as a browser sends it: scheme://host[:port] in lower case, no path (a trailing / would never
+        match), no default port (:443 for https, :80 for http: browsers leave it out), no wildcard but * alone."""
+        said = []
         for origin in origins:
-            if origin != "*" and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s?#]+", origin):
+            if origin != "*" and not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#*]+", origin):
                 raise ValueError(
-                    f"cors_origins holds {origin!r}: an origin is scheme://host[:port] with no path, "
-                    "e.g. https://app.example.com, or * for any"
+                    f"cors_origins holds {origin!r}: an origin is scheme://host[:port] with no path or wildcard, "
+                    "e.g. https://app.example.com, or * alone for any"
                 )
-        return origins
+            origin = origin.lower()
+            said.append(re.sub(r"^(https://[^:]+):443$|^(http://[^:]+):80$", lambda m: m[1] or m[2], origin))
+        return tuple(said)
 
     @field_validator("voice_map")
     @classmethod

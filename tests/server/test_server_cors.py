@@ -64,8 +64,17 @@ def test_any_origin_with_a_star(tiny_tts):
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
 
 
-@pytest.mark.parametrize("origin", ["https://app.example.com/", "app.example.com", "https://app.example.com/x", ""])
+@pytest.mark.parametrize(
+    "origin", ["https://app.example.com/", "app.example.com", "https://app.example.com/x", "", "https://*.example.com"]
+)
 def test_an_origin_is_scheme_host_and_port(origin):
     with pytest.raises(ConfigError, match="an origin is scheme://host\\[:port\\] with no path"):
         override(DEFAULTS.server, cors_origins=(origin,))
     assert override(DEFAULTS.server, cors_origins=("http://localhost:3000",)).cors_origins == ("http://localhost:3000",)
+    given = ("https://App.Example.com", "https://a.example:443", "http://b.example:80", "http://c.example:8080")
+    assert override(DEFAULTS.server, cors_origins=given).cors_origins == (  # as a browser sends them
+        "https://app.example.com",
+        "https://a.example",
+        "http://b.example",
+        "http://c.example:8080",
+    )
