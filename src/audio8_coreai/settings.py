@@ -355,7 +355,7 @@ def from_environment() -> Settings:
         info = Settings.model_fields[str(group)].annotation.model_fields.get(str(field))  # type: ignore[union-attr]
         raise ConfigError(_wrong(variable, info, error), str(field)) from None
     except SettingsError as e:  # a list or mapping that is not JSON
-        raise ConfigError(f'{_unparsed() or e}: give it as JSON, e.g. [1, 2, 4] or {{"alloy": "ana"}}') from None
+        raise ConfigError(_unparsed() or f'{e}: give it as JSON, e.g. [1, 2, 4] or {{"alloy": "ana"}}') from None
 
 
 def _wrong(name: str, info: FieldInfo | None, error: Mapping) -> str:
@@ -377,7 +377,8 @@ def _variable(group: str, field: str) -> str:
 
 
 def _unparsed() -> str | None:
-    """The ``AUDIO8_*`` variable read as JSON (a group's, a list's, a mapping's) whose value is not JSON."""
+    """What is wrong with the ``AUDIO8_*`` variable read as JSON (a group's, a list's, a mapping's) whose value is not
+    JSON, with the JSON its field takes; None when none is."""
     for key, value in os.environ.items():
         group, _, field = key.upper().removeprefix(PREFIX).lower().partition("__")
         model = getattr(Settings.model_fields.get(group), "annotation", None)
@@ -389,7 +390,8 @@ def _unparsed() -> str | None:
         try:
             json.loads(value)
         except ValueError:
-            return f"{key} is not JSON"
+            example = takes(info) if info is not None else 'JSON, e.g. {"port": 8000} for a group'
+            return f"{key} is not JSON: give it as {example}"
     return None
 
 

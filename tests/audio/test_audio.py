@@ -9,7 +9,14 @@ import pytest
 import soundfile as sf
 import soxr
 
-from audio8_coreai.audio import check_writable, encode_speech, open_audio_writer, read_reference, write_audio
+from audio8_coreai.audio import (
+    SpeechEncoder,
+    check_writable,
+    encode_speech,
+    open_audio_writer,
+    read_reference,
+    write_audio,
+)
 from audio8_coreai.errors import AudioError
 from tests import clips
 
@@ -201,14 +208,18 @@ def test_no_samples_are_written_where_the_format_holds_none(tmp_path):
     refused; wav, pcm and ogg (Vorbis) hold none."""
     empty = np.zeros(0, np.float32)
     for fmt in ("flac", "mp3", "aac", "opus"):
-        with pytest.raises(AudioError, match=f"holds no samples: a {fmt} file cannot hold none"):
+        with pytest.raises(AudioError, match=f"holds no samples, which {fmt} cannot hold"):
             encode_speech(empty, 44100, fmt)
-    with pytest.raises(AudioError, match="holds no samples: a flac file"):
+    with pytest.raises(AudioError, match="holds no samples, which flac cannot hold"):
         write_audio(tmp_path / "out.flac", empty, 44100)
     assert not (tmp_path / "out.flac").exists()
     assert len(encode_speech(empty, 44100, "wav")) == 44 and encode_speech(empty, 44100, "pcm") == b""
+    for fmt in ("mp3", "opus", "aac"):  # streamed, no chunk written: nothing readable to close with
+        with pytest.raises(AudioError, match=f"holds no samples, which {fmt} cannot hold"):
+            SpeechEncoder(fmt, 44100).close()
+    assert len(SpeechEncoder("wav", 44100).close()) == 44
     with (
-        pytest.raises(AudioError, match="holds no samples: a flac file"),
+        pytest.raises(AudioError, match="holds no samples, which flac cannot hold"),
         open_audio_writer(tmp_path / "s.flac", 44100),
     ):
         pass  # streamed, no chunk came

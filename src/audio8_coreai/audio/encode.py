@@ -12,7 +12,7 @@ from ..errors import AudioError
 from ..settings import DEFAULTS
 from .aac import AAC_RATES, AacWriter, pyav
 from .mp3tag import gapless_tag, tag_span
-from .samples import check_some, mono_samples, sample_rate_of
+from .samples import HOLD_NO_EMPTY, check_some, mono_samples, sample_rate_of
 
 # Encoded speech for the HTTP API (OpenAI's response_format names). libsndfile (through soundfile) encodes all but
 # aac: MP3 with LAME since libsndfile 1.1, Opus in Ogg since 1.0.29; a build without them gets a clear error; aac
@@ -149,6 +149,7 @@ class SpeechEncoder:
         self.rate = _body_rate(fmt, sample_rate, rate)
         self._header = _wav_header(self.rate, 0xFFFFFFFF) if fmt == "wav" else b""
         self._file: sf.SoundFile | AacWriter | None = None
+        self._samples = 0  # written so far: a body of none is refused where the format holds none (check_some)
         self._resampler = None
         if self.rate != sample_rate:
             self._resampler = soxr.ResampleStream(sample_rate, self.rate, 1, dtype="float32", quality=RESAMPLE_QUALITY)
@@ -170,12 +171,18 @@ class SpeechEncoder:
 
     def write(self, chunk: np.ndarray) -> bytes:
         chunk = mono_samples(chunk)
+        self._samples += len(chunk)
         head, self._header = self._header, b""
         if self._resampler is not None:
             chunk = self._resampler.resample_chunk(chunk)
         return head + self._out(chunk)
 
     def close(self) -> bytes:
+        """The body's last bytes. Raises AudioError (:func:`.samples.check_some`) when no sample was written in a
+        format that cannot hold none (its encoder released: nothing readable could follow)."""
+        if self._samples == 0 and self.fmt in HOLD_NO_EMPTY:
+            self.discard()
+            check_some(np.zeros(0, np.float32), self.fmt)
         data, self._header = self._header, b""
         if self._resampler is not None:
             data += self._out(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))

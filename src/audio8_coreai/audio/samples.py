@@ -33,7 +33,7 @@ def check_some(data: np.ndarray, fmt: str) -> None:
     """Raise AudioError when ``data`` (float32 [N]) holds no samples and ``fmt`` cannot hold none (an empty file
     would be written: :data:`HOLD_NO_EMPTY`)."""
     if data.size == 0 and fmt in HOLD_NO_EMPTY:
-        raise AudioError(f"speech audio holds no samples: a {fmt} file cannot hold none (wav, pcm and ogg can)")
+        raise AudioError(f"speech audio holds no samples, which {fmt} cannot hold (wav, pcm and ogg can)")
 
 
 def clip_samples(audio: np.ndarray) -> np.ndarray:
