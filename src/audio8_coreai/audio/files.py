@@ -17,7 +17,7 @@ import numpy as np
 import soundfile as sf
 
 from ..errors import AudioError
-from .samples import check_some, mono_samples, sample_rate_of
+from .samples import HOLD_NO_EMPTY, check_some, mono_samples, sample_rate_of
 
 # Formats written by extension; soundfile (libsndfile) encodes them all.
 WRITE_FORMATS = {".wav": ("WAV", "FLOAT"), ".flac": ("FLAC", "PCM_24"), ".ogg": ("OGG", "VORBIS")}
@@ -134,12 +134,10 @@ def open_audio_writer(path: str | Path, sample_rate: int) -> Iterator[_ChunkWrit
         if writer.failed or f.frames == 0:  # a file the disk did not take, or nothing made: none to keep
             partial.unlink(missing_ok=True)
         raise
-    if f.frames == 0:  # a flac of no samples is no readable file (check_some): none published
-        try:
-            check_some(np.zeros(0, np.float32), path.suffix.lower().removeprefix("."))
-        except AudioError:
-            partial.unlink(missing_ok=True)
-            raise
+    fmt = path.suffix.lower().removeprefix(".")
+    if f.frames == 0 and fmt in HOLD_NO_EMPTY:  # a flac of no samples is no readable file: none published
+        partial.unlink(missing_ok=True)
+        check_some(np.zeros(0, np.float32), fmt)
     publish(partial, path)
 
 

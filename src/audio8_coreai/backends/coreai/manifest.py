@@ -193,12 +193,13 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """
     from coreai.authoring import AIModelAsset
 
-    fix = "convert the checkpoint again into a new folder: audio8 convert --model DIR --out NEW, then --assets NEW"
+    new = "into a new folder: audio8 convert --model DIR --out NEW, then --assets NEW"
+    fix = f"convert the checkpoint again {new}"
     if not path.is_dir():
         names = ", ".join(f"{p}.aimodel" for p in PARTS)
         if path.parent.is_dir() and any(path.parent.iterdir()) and not any(path.parent.glob("*.aimodel")):
             # not an asset folder at all (a checkpoint folder, say): convert writes a new or empty one only
-            fix = fix.replace(" again into", " into")
+            fix = f"convert the checkpoint {new}"
         raise AssetError(
             f"{path.parent}: no {path.name}; an asset folder holds {names} written by audio8 convert; {fix}"
         )
