@@ -343,6 +343,12 @@ def test_paths_that_are_not_checkpoints(tmp_path):
     (tmp_path / "file.bin").write_bytes(b"x")
     with pytest.raises(CheckpointError, match="is a file"):
         resolve_checkpoint(tmp_path / "file.bin")
+    latin1 = Path(os.fsdecode(os.fsencode(tmp_path) + b"/ck-\xe9t\xe9"))  # a Latin-1 archive's folder name
+    latin1.mkdir()
+    with pytest.raises(CheckpointError, match=r"ck-\\xe9t\\xe9 is not UTF-8.*rename the folder, or link it"):
+        resolve_checkpoint(latin1)
+    (tmp_path / "linked").symlink_to(latin1)
+    assert resolve_checkpoint(tmp_path / "linked") == tmp_path / "linked"
 
 
 def test_hub_id_while_offline_says_what_a_local_folder_needs(monkeypatch):

@@ -20,6 +20,15 @@ def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
+def _utf8(text: str) -> bool:
+    """Whether ``text`` (a path as Python decodes it, undecodable bytes as surrogates) is valid UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def resolve_checkpoint(model: str | Path = DEFAULT_MODEL, *, weights: bool = True, codec: bool = True) -> Path:
     """Return the local folder of ``model``: an existing folder as is, a hub id ``owner/name`` downloaded.
 
@@ -29,13 +38,20 @@ def resolve_checkpoint(model: str | Path = DEFAULT_MODEL, *, weights: bool = Tru
     the cache. Nothing here checks the folder's contents; :func:`load_checkpoint` does.
 
     Raises:
-        CheckpointError: ``model`` is a file, or a path that does not exist and is not a hub id, or the hub
-            could not be reached / has no such repository / the id is not cached while offline. The
-            message lists the files a local folder must hold and suggests ``--model DIR``.
+        CheckpointError: ``model`` is a folder whose path is not UTF-8 (the file libraries cannot open
+            it), a file, or a path that does not exist and is not a hub id, or the hub could not be reached /
+            has no such repository / the id is not cached while offline. The message lists the files a local
+            folder must hold and suggests ``--model DIR``.
     """
     text = str(model)
     path = Path(text).expanduser()
     if path.is_dir():
+        if not _utf8(str(path)):
+            raise CheckpointError(
+                f"the checkpoint folder's path {os.fsencode(path).decode('utf-8', 'backslashreplace')} is not UTF-8, "
+                "and the safetensors and tokenizers libraries open UTF-8 paths only; rename the folder, or link "
+                "it from a UTF-8 name (ln -s) and give that"
+            )
         return path
     if path.exists():
         raise CheckpointError(
