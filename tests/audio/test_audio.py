@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 import pytest
@@ -169,6 +170,31 @@ def test_unreadable_files_are_refused_clearly(tmp_path, kind):
     )
     with pytest.raises(AudioError, match="cannot read reference audio .*broken.wav"):
         read_reference(path)
+
+
+def _wav_with(tmp_path, before_data: bytes = b"", data_size: int | None = None, keep: float = 1.0):
+    """A 2 s 16 kHz PCM_16 WAV (64,000 bytes of samples) with a chunk before ``data``, the ``data`` size field set
+    to ``data_size`` and only ``keep`` of its samples left in the file."""
+    raw = clips.write(tmp_path / "whole.wav", clips.sweep(16000, 2.0), 16000, "PCM_16").read_bytes()
+    at = raw.index(b"data")
+    samples = raw[at + 8 :]
+    size = len(samples) if data_size is None else data_size
+    head = raw[12:at] + before_data + b"data" + struct.pack("<I", size)
+    body = head + samples[: round(len(samples) * keep)]
+    path = tmp_path / "clip.wav"
+    path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WAVE" + body)
+    return path
+
+
+@pytest.mark.parametrize("before_data", [b"", b"LIST" + struct.pack("<I", 5) + b"INFOx\0"])  # odd: padded
+def test_a_wav_cut_short_is_refused_and_one_from_a_pipe_is_read(tmp_path, before_data):
+    assert read_reference(_wav_with(tmp_path, before_data))[0].shape == (2 * 44100,)
+    with pytest.raises(
+        AudioError, match=r"clip.wav is cut short: .* 64000 bytes of samples and the file holds 38400 \(60 %\)"
+    ):
+        read_reference(_wav_with(tmp_path, before_data, keep=0.6))
+    for unknown in (0xFFFFFFFF, 0x7FFFF000):  # ffmpeg's and sox's placeholders: a pipe cannot seek back
+        assert read_reference(_wav_with(tmp_path, before_data, data_size=unknown))[0].shape == (2 * 44100,)
 
 
 def test_nan_samples_are_refused(tmp_path):

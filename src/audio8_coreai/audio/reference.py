@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,9 @@ FULL_SCALE = 0.999  # |sample| at or above this counts as full scale (int16 full
 CANCELLED = 1e-3  # channels whose average peaks 60 dB under the loudest channel's samples cancel out
 CLIP_RUN = 3  # clipping flattens the waveform into runs of equal full-scale samples; a crest never repeats
 CLIP_SHARE = 1e-4  # clipped samples above this share of the clip get a warning; a stray run is harmless
+# A WAV written to a pipe cannot seek back to fill in its sizes: ffmpeg leaves 0xFFFFFFFF, sox 0x7FFFF000. A size
+# this large is a placeholder, not a promise (30 s of 8 channels of 32-bit samples at 192 kHz is 184 MB).
+PLACEHOLDER_SIZE = 1 << 30
 
 
 @dataclass
@@ -60,7 +64,8 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     publisher's. A 44.1 kHz clip is not resampled and gives the publisher's codes exactly.
 
     Raises AudioError, with the reason and what to do, for: a missing file, a folder or no regular file, a file
-    libsndfile cannot read (not audio, corrupt, truncated header), no samples, NaN or infinite samples, a sample
+    libsndfile cannot read (not audio, corrupt, truncated header), a WAV cut short (fewer bytes of samples than
+    its header says), no samples, NaN or infinite samples, a sample
     rate under 8 kHz, a duration under 0.5 s or over 30 s (checked from the header first, so a long file is refused
     unread), digital silence (also channels that cancel out), and a clip that is nearly all silence (fewer than
     10 % of its 20 ms windows above -50 dBFS RMS).
@@ -83,6 +88,8 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     try:
         with sf.SoundFile(os.fsencode(path)) as f:  # bytes: a name that is no UTF-8 (a Latin-1 archive) opens too
             rate, channels, fmt, subtype = f.samplerate, f.channels, f.format, f.subtype
+            if fmt == "WAV":
+                _check_wav_whole(path)
             if f.frames > 0:
                 _check_duration(path, f.frames, rate)
             data = f.read(dtype="float32", always_2d=True)
@@ -169,6 +176,28 @@ def _check_duration(path: Path, samples: int, rate: int) -> None:
             f"reference audio {path} is {shown} s long; a voice needs {MIN_REFERENCE_S:g} to "
             f"{MAX_REFERENCE_S:g} s of speech: cut the clip (about 10 s of clear speech is plenty)"
         )
+
+
+def _check_wav_whole(path: Path) -> None:
+    """AudioError when the RIFF WAV at ``path`` holds fewer bytes of samples than its ``data`` chunk's size says.
+
+    libsndfile reads what is there and reports that length, so a copy or download cut short would pass as a
+    shorter clip whose transcript no longer matches it. A pipe's placeholder sizes pass.
+    """
+    with path.open("rb") as f:
+        if f.read(12)[8:] != b"WAVE":
+            return
+        while len(head := f.read(8)) == 8:
+            tag, size = head[:4], struct.unpack("<I", head[4:])[0]
+            if tag == b"data":
+                have = path.stat().st_size - f.tell()
+                if have < size < PLACEHOLDER_SIZE:
+                    raise AudioError(
+                        f"reference audio {path} is cut short: its header promises {size} bytes of samples and "
+                        f"the file holds {have} ({100 * have / size:.0f} %); copy or download the clip again"
+                    )
+                return
+            f.seek(size + size % 2, os.SEEK_CUR)  # RIFF chunks are padded to an even size
 
 
 def _sound_share(mono: np.ndarray, rate: int) -> float:
