@@ -127,7 +127,7 @@ part attention 45 "$PY" benchmarks/probe_attention.py --device "$DEVICE" "${ATTE
 [ -d "$CKPT" ] && echo "== checkpoint: $CKPT is there"
 # through the package, not the CLI: the image's own typer may not be the version the CLI is written for
 if [ -d "$CKPT" ] || timed checkpoint 60 "$PY" -c "import sys; from pathlib import Path
-from audio8_coreai.measure.bench import ensure_checkpoint; ensure_checkpoint(Path(sys.argv[1]))" "$CKPT"; then
+from audio8_coreai.checkpoint import make_checkpoint; make_checkpoint(Path(sys.argv[1]), '0.6b', seed=0)" "$CKPT"; then
     part single 60 "$PY" benchmarks/bench_gpu.py single --model "$CKPT" --device "$DEVICE" "${SINGLE[@]}" \
         --json "$OUT/single.json"
     part agreement 75 "$PY" benchmarks/agreement.py --checkpoint "$CKPT" --device "$DEVICE" --precision fp32 \

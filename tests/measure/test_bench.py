@@ -148,3 +148,18 @@ def test_bench_command_without_rss_writes_the_json(tiny_checkpoint, tmp_path):
     (row,) = json.loads(out.read_text())["results"]
     assert row["ms_per_frame"] > 0 and "peak_rss_gb" not in row and row["label"] == "fp32 autot"
     check_figures(row, 2)
+
+
+@pytest.mark.parametrize("kind", ["no such folder", "an empty folder"])
+def test_a_mistyped_model_folder_is_refused_not_filled_with_a_random_checkpoint(tmp_path, kind):
+    from typer.testing import CliRunner
+
+    from audio8_coreai.cli import app
+
+    typo = tmp_path / "ck-06" / "model"
+    if kind == "an empty folder":
+        typo.mkdir(parents=True)
+    result = CliRunner().invoke(app, ["bench", "--model", str(typo), "--frames", "2", "--runs", "1", "--no-rss"])
+    assert result.exit_code == 2, result.output
+    assert "".join(f"no checkpoint in {typo} ({kind})".split()) in "".join(result.output.split())  # rich wraps
+    assert (list(typo.iterdir()) == []) if kind == "an empty folder" else not typo.parent.exists()

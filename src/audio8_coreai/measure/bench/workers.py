@@ -8,22 +8,33 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ...settings import BenchSettings
+from ...settings import DEFAULTS, BenchSettings
 from .config import label
 from .run import measure, measure_group, measure_rss
 
 
 def ensure_checkpoint(path: Path, log=print) -> Path:
-    """The random 0.6b checkpoint at ``path``, written (seed 0, about 2.8 GB) when the folder is absent or empty."""
-    path = path.expanduser()
-    if path.is_dir() and any(path.iterdir()):
-        return path
+    """``path`` when it is a checkpoint folder; the bench's own random 0.6b checkpoint (``DEFAULTS.bench.checkpoint``)
+    is written there (seed 0, about 2.8 GB) when absent or empty.
+
+    Raises CheckpointError for a file, or for any other folder that is absent or empty: a mistyped ``--model`` must
+    not fill a new folder with gigabytes of random weights (``audio8 make-checkpoint DIR --size 0.6b`` makes one).
+    """
     from ...checkpoint import make_checkpoint
     from ...errors import CheckpointError
 
+    path = path.expanduser()
+    if path.is_dir() and any(path.iterdir()):
+        return path
     if path.exists() and not path.is_dir():
-        raise CheckpointError(f"{path} is a file: give a checkpoint folder, or a new folder for the random 0.6b one")
-
+        raise CheckpointError(f"{path} is a file: give a checkpoint folder")
+    default = Path(DEFAULTS.bench.checkpoint).expanduser()
+    if path.absolute() != default.absolute():
+        raise CheckpointError(
+            f"no checkpoint in {path} ({'an empty folder' if path.is_dir() else 'no such folder'}): give a "
+            f"checkpoint folder, make a random one there (audio8 make-checkpoint {path} --size 0.6b), or leave "
+            f"the option out for the bench's own random 0.6b checkpoint in {default}"
+        )
     log(f"making the random 0.6b checkpoint in {path} (about 2.8 GB, a minute or more)...")
     make_checkpoint(path, "0.6b", seed=0)
     return path
