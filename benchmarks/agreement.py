@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--precision", action="append", default=None)
     ap.add_argument("--device", default="cpu", help="where the precisions replay (the recording is the CPU's)")
     ap.add_argument("--frames", type=int, default=128)
-    ap.add_argument("--prompts", type=int, default=len(PROMPTS))
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS), choices=range(1, len(PROMPTS) + 1), metavar="N")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache", type=Path, default=Path("~/.cache/audio8-coreai"))
@@ -72,7 +72,7 @@ def main() -> None:
         save_recordings(cache, recs, meta)
         print(f"recorded fp32 in {time.perf_counter() - t0:.0f} s -> {cache}", file=sys.stderr)
         del ref
-    results = []
+    results, failed = [], []
     report = {"meta": {**meta, "device": args.device}, "results": results, "complete": False}
     for prec in args.precision or ["int8", "int8-int16"]:
         tts = TTS.load(ckpt, device=args.device, precision=prec, codec_process=False)
@@ -83,6 +83,8 @@ def main() -> None:
             add_agreement(tts.backend, rec, params, agree)
         print(agree.line() + f"  [{time.perf_counter() - t0:.0f} s]")
         results.append(agree.to_json())
+        if not agree.passed:
+            failed.append(prec)
         del tts
         if args.json:
             args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -93,6 +95,8 @@ def main() -> None:
         f"{r['backend']} {r['semantic'][0]}/{r['semantic'][1]} {r['codebook'][0]}/{r['codebook'][1]}" for r in results
     ]
     print(f"agreement vs torch cpu fp32 (semantic, codebook draws): {'; '.join(rates)}")
+    if failed:  # a CI check: exit 1 when a precision is below the bars
+        sys.exit(f"below the bars: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    for src in (args.before, args.after):  # else the child would import whatever audio8_coreai is installed
+        if not (src / "audio8_coreai" / "__init__.py").is_file():
+            ap.error(f"{src} holds no audio8_coreai package: give a tree's src/ folder")
     load0 = os.getloadavg()
     samples: dict[tuple[str, str], list[dict]] = {}
     for r in range(args.rounds):

@@ -228,6 +228,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="timed 16-frame chunks per stream count")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this machine has no CUDA device; --device cpu checks the script")
     cuda = args.device.startswith("cuda")
     precisions = args.precision or (["fp32", "bf16"] if args.part == "single" else ["bf16" if cuda else "fp32"])
     model = ensure_checkpoint(args.model)

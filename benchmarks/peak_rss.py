@@ -85,7 +85,10 @@ def main() -> None:
     for p in precisions:
         cmd = [sys.executable, __file__, "--child", "--model", args.model, "--precision", p]
         cmd += ["--frames", str(args.frames), "--codec-process", args.codec_process]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # its stderr (an error) is the user's to read
+        if done.returncode:
+            sys.exit(f"the {p} run failed (exit status {done.returncode}); its error is above")
+        out = done.stdout
         rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         results[p] = rows
         print(f"{p}:")

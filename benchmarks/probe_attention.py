@@ -138,6 +138,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this machine has no CUDA device; --device cpu checks the script")
     report: dict = {"torch": torch.__version__, "device": args.device, "rows": [], "complete": False}
     if args.device.startswith("cuda"):
         report["gpu"] = torch.cuda.get_device_name(args.device)

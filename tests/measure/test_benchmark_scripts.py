@@ -1,0 +1,36 @@
+"""The benchmark scripts refuse what would make them measure the wrong thing, before measuring anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_before_after_refuses_a_tree_without_the_package(tmp_path):
+    """A --before that is no src/ folder made the child import the installed package: "before" timed the new code."""
+    done = _run("before_after.py", "--before", str(tmp_path), "--model", str(tmp_path))
+    assert done.returncode == 2 and f"{tmp_path} holds no audio8_coreai package" in done.stderr
+
+
+def test_agreement_takes_one_to_four_prompts():
+    done = _run("agreement.py", "--prompts", "0")
+    assert done.returncode == 2 and "invalid choice: 0 (choose from 1, 2, 3, 4)" in done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
+@pytest.mark.parametrize("script, part", [("bench_gpu.py", "single"), ("probe_attention.py", None)])
+def test_gpu_scripts_say_there_is_no_cuda_device(script, part):
+    done = _run(script, *([part] if part else []))
+    assert done.returncode == 2 and "--device cuda: this machine has no CUDA device" in done.stderr
