@@ -177,6 +177,14 @@ def test_streaming_audio_comes_before_the_stream_ends(never_eos_tts):
         ("好的.你觉得呢?好", ["好的.", "你觉得呢?"], "好"),  # CJK typed with half-width marks
         ("円周率は３．１４です。次", ["円周率は３．１４です。"], "次"),  # a full-width point in a number
         ("e.g.東京とMr.田中さん。次", ["e.g.東京とMr.田中さん。"], "次"),  # a Latin word's point goes on
+        ("はい。", ["はい。"], ""),  # a full-width end is one at once
+        ("本当？ええ！ ", ["本当？", "ええ！"], " "),
+        ("Done?\n\n", ["Done?"], ""),  # a paragraph ends what is before it
+        ("A list:\n1. Apples.\n2. Pears\n", ["A list:", "1. Apples."], "2. Pears\n"),  # a list number is no end
+        ("Buy:\n- milk\n- eggs", ["Buy:", "- milk"], "- eggs"),
+        ("1. First item\n", [], "1. First item\n"),  # the line break kept: the next line decides
+        ("The meeting was\nmoved. Next", ["The meeting was moved."], " Next"),  # a wrapped line goes on
+        ("---\n\nHi. There", ["Hi."], " There"),  # marks alone before a break are not spoken
     ],
 )
 def test_complete_sentences_of_growing_text(text, sentences, rest):

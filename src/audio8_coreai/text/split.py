@@ -155,8 +155,8 @@ def _continues_sentence(text: str, i: int, j: int) -> bool:
     key = word.lower()
     if key in ABBREVIATIONS_INSIDE or (len(word) == 1 and word.isupper() and word != "I"):
         return True
-    if word.isdigit():
-        return lower_next or following.lower() in MONTHS_DE
+    if word.isdigit():  # a list's number ("1. First") begins its text; an ordinal ("3. Oktober") goes on
+        return lower_next or following.lower() in MONTHS_DE or text.rfind(" ", 0, i) == -1
     return (key in ABBREVIATIONS_EITHER or "." in word) and lower_next  # "U.S. and", "p.m. tomorrow"
 
 
@@ -258,25 +258,48 @@ def split_checked(text: str, max_tokens: int, count: Callable[[str], int]) -> li
     return [text[a:b].strip() for a, b in pieces]
 
 
+# Where growing text is cut whatever follows: a blank line (a paragraph), or a line break before a list item
+# ("1. ", "2) ", "- ", "* ", "• "), as a language model's replies are laid out.
+_BLOCK_BREAK = re.compile(r"\n[^\S\n]*\n\s*|\n(?=[^\S\n]*(?:\d{1,3}[.)]|[-*•])[^\S\n])")
+_FINAL_CJK = "。！？"  # a full-width end never continues (no abbreviations): complete with nothing after it
+
+
 def complete_sentences(text: str) -> tuple[list[str], str]:
     """The sentences of growing ``text`` (text arriving in parts) that are complete, and the rest to keep.
 
     A sentence is complete once the next one has begun: its end (as :func:`split_text` finds sentence ends) is
     followed by a word, so a period before a word still to come ("Dr." then " Smith") is not taken for an end.
-    Whitespace runs are folded to one space; a span without a letter or digit rides with the next sentence.
-    Returns ``(sentences, rest)``: the sentences stripped (possibly none), and the text after them, unspoken.
+    A full-width 。！？ ends one at once, and so do a blank line and a line break before a list item ("2. ", "- "):
+    a list's number is no sentence end ("1. First" stays whole). Whitespace runs are folded to one space; a span
+    without a letter or digit rides with the next sentence (or is dropped before a break).
+    Returns ``(sentences, rest)``: the sentences stripped (possibly none), and the text after them, unspoken, as
+    it came (its line breaks kept for the next call).
     """
-    text = re.sub(r"\s+", " ", text)
+    *blocks, last = _BLOCK_BREAK.split(text)
+    sentences = [s for block in blocks for s in _sentences(re.sub(r"\s+", " ", block), whole=True)[0]]
+    raw_at = [m.start() for m in re.finditer(r"\s+|\S", last)] + [len(last)]  # folded index -> index in ``last``
+    more, start = _sentences(re.sub(r"\s+", " ", last), whole=False)
+    return sentences + more, last[raw_at[start] :]
+
+
+def _sentences(text: str, whole: bool) -> tuple[list[str], int]:
+    """The complete sentences of cleaned ``text`` and where its rest begins: every one when ``whole`` (a break
+    follows), else all but the last, and the last but one too while the word after its end has not come."""
     spans = _cut(text, SENTENCE_MARKS_LATIN, SENTENCE_MARKS_CJK, _continues_sentence)
-    keep = 1
-    if len(spans) > 1 and not _speakable(text[slice(*spans[-1])]):
+    if whole or text.rstrip().endswith(tuple(_FINAL_CJK)):
+        keep = 0
+    elif len(spans) > 1 and not _speakable(text[slice(*spans[-1])]):
         keep = 2  # the word after the last end has not come yet: that end may still turn out to continue
+    else:
+        keep = 1
     sentences, start = [], 0
-    for _, s1 in spans[:-keep]:
+    for _, s1 in spans[: len(spans) - keep]:
         if _speakable(text[start:s1]):
             sentences.append(text[start:s1].strip())
             start = s1
-    return sentences, text[start:]
+    if whole:
+        start = len(text)  # what has no letter or digit before the break is not spoken
+    return sentences, start
 
 
 def _speakable(text: str) -> bool:
