@@ -292,3 +292,30 @@ def test_a_ray_cluster_serves_the_same_api(cluster, never_eos_long_checkpoint, v
             t_left = time.perf_counter()
         assert waiting.result().status_code == 200
         assert time.perf_counter() - t_left < 200 * frame_s  # long before the rest of the 390 frames nobody reads
+
+
+@pytest.mark.parametrize(
+    ("address", "env", "joined"),
+    [(None, None, "local"), ("auto", None, "auto"), (None, "10.0.0.7:6379", "10.0.0.7:6379"), ("h:1", "x:2", "h:1")],
+)
+def test_serve_on_ray_starts_a_new_instance_unless_told_which_to_join(monkeypatch, address, env, joined):
+    """Without --address (or RAY_ADDRESS) a Ray instance of its own: ray.init() alone joins a cluster `ray start`
+    began on this machine, and serving there replaced that cluster's deployed audio8 app."""
+    import ray
+
+    from audio8_coreai.server.ray_app import run_on_ray
+
+    class Joined(Exception):
+        pass
+
+    def init(address=None, **_):
+        raise Joined(address)
+
+    monkeypatch.setattr(ray, "init", init)
+    if env is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    with pytest.raises(Joined) as err:
+        run_on_ray(RaySettings(), ServerSettings(), address)
+    assert err.value.args == (joined,)

@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import os
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -301,11 +302,12 @@ def application(cluster: RaySettings, server: ServerSettings) -> serve.Applicati
 
 def run_on_ray(cluster: RaySettings, server: ServerSettings, address: str | None = None) -> None:
     """``audio8 serve --ray``: join the Ray cluster at ``address`` ("auto": the one this machine belongs to; None:
-    start one here), serve :func:`application` behind Ray's HTTP proxy on ``server.host:server.port``, and block
-    until interrupted."""
+    the one ``RAY_ADDRESS`` names, else a new instance here, never a cluster ``ray start`` began here, whose
+    ``audio8`` app this would replace), serve :func:`application` behind Ray's HTTP proxy on
+    ``server.host:server.port``, and block until interrupted."""
     import ray
 
-    ray.init(address=address)
+    ray.init(address=address or os.environ.get("RAY_ADDRESS") or "local")  # "local": Ray's word for a new one
     http = {"host": server.host, "port": server.port, "keep_alive_timeout_s": server.keep_alive_s}
     serve.start(http_options=http)
     serve.run(application(cluster, server), name="audio8", route_prefix="/", blocking=True)
