@@ -130,7 +130,7 @@ def test_voices_register_speak_list_and_delete_through_the_replica(capped, voice
     assert httpx.delete(f"{capped}/v1/voices/ana").status_code == 200
     assert speech(capped, voice="ana").json()["error"]["code"] == "voice_not_found"
     health = httpx.get(f"{capped}/health").json()
-    assert health["workers"] == 2 and health["replica"] == "local" and "batched x2" in health["backend"]
+    assert health["workers"] == 2 and health["running"] == 0 and "batched x2" in health["backend"]
     assert health["max_queue"] == SETTINGS.max_queue and health["device"] == "cpu"
     assert health["model"] == never_eos_long_checkpoint.name  # the folder's name, never its path
 
@@ -264,6 +264,10 @@ def test_a_ray_cluster_serves_the_same_api(cluster, never_eos_long_checkpoint, v
     ]
     with plain_server(never_eos_long_checkpoint, voices, batch=1) as plain:
         assert speech(plain, response_format="wav").content == whole.content
+    # The ingress counts requests; frames, RTF and TTFA are the replicas' (they read 0 here, as if none were made).
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'audio8_requests_total{status="200"} 1.0' in metrics and "audio8_in_flight 0.0" in metrics
+    assert not any(name in metrics for name in ("audio8_frames_total", "audio8_rtf", "audio8_ttfa", "queue_depth"))
     # A voice added through one request is usable by the next, and its requests stay on one replica.
     assert add_voice(url, "bo", 1.0, tmp_path).status_code == 201
     replicas = {speech(url, voice="bo", response_format="wav").headers["x-replica"] for _ in range(3)}
@@ -289,6 +293,10 @@ def test_a_ray_cluster_serves_the_same_api(cluster, never_eos_long_checkpoint, v
             busy = speech(url, response_format="wav")
             assert busy.status_code == 503 and not waiting.done()
             assert busy.json()["error"]["code"] == "queue_full" and int(busy.headers["retry-after"]) >= 1
+            t_asked = time.perf_counter()  # /health is the ingress's: it waited behind a replica's whole stream
+            health = httpx.get(f"{url}/health", timeout=120)
+            assert time.perf_counter() - t_asked < 100 * frame_s and health.status_code == 200
+            assert health.json()["running"] == 2 and health.json()["queued"] is None
             t_left = time.perf_counter()
         assert waiting.result().status_code == 200
         assert time.perf_counter() - t_left < 200 * frame_s  # long before the rest of the 390 frames nobody reads

@@ -16,13 +16,18 @@ class Metrics:
     Names: ``audio8_requests_total{status}``, ``audio8_errors_total{code}``, ``audio8_frames_total``,
     ``audio8_audio_seconds_total``, ``audio8_compute_seconds_total``, ``audio8_rtf`` (compute seconds per second
     of speech, all requests so far), ``audio8_ttfa_seconds`` (histogram) and its mean ``audio8_ttfa_seconds_mean``,
-    ``audio8_queue_depth``, ``audio8_in_flight``."""
+    ``audio8_queue_depth``, ``audio8_in_flight``. ``speech=False`` (Ray's ingress, whose replicas make the speech
+    and count it there): requests, errors and in-flight only, no series that would read 0 for work done elsewhere."""
 
-    def __init__(self) -> None:
+    def __init__(self, speech: bool = True) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("audio8_requests", "Finished HTTP requests by status code.", ["status"], registry=r)
         self.errors = Counter("audio8_errors", "Refused or failed requests by error code.", ["code"], registry=r)
+        self.running = Gauge("audio8_in_flight", "Requests running on a worker.", registry=r)
+        self.speech = speech
+        if not speech:
+            return
         self.frames = Counter("audio8_frames", "Frames generated (46 ms of audio each).", registry=r)
         self.audio_s = Counter("audio8_audio_seconds", "Seconds of speech delivered.", registry=r)
         self.compute_s = Counter("audio8_compute_seconds", "Seconds spent in prefill, frames and codec.", registry=r)
@@ -34,7 +39,6 @@ class Metrics:
         mean = Gauge("audio8_ttfa_seconds_mean", "Mean time to first audio (prefill included).", registry=r)
         mean.set_function(lambda: _ratio(_sample(self.ttfa, "_sum"), _sample(self.ttfa, "_count")))
         self.queued = Gauge("audio8_queue_depth", "Requests waiting for a worker.", registry=r)
-        self.running = Gauge("audio8_in_flight", "Requests running on a worker.", registry=r)
 
     def count(self, status: int, code: str | None = None) -> None:
         """A finished request: its HTTP ``status``, and for a refusal or failure its error ``code``."""
@@ -54,7 +58,8 @@ class Metrics:
 
     def text(self, queued: int, running: int) -> bytes:
         """The Prometheus text exposition, with the queue's ``queued`` and ``running`` requests now."""
-        self.queued.set(queued)
+        if self.speech:
+            self.queued.set(queued)
         self.running.set(running)
         return generate_latest(self.registry)
 

@@ -161,12 +161,11 @@ class Synth:
         except Audio8Error as e:
             raise api_error(e) from None
 
-    async def health(self) -> dict[str, Any]:
-        return {**await self.local.health(), "replica": self.replica}
-
     async def info(self) -> dict[str, Any]:
-        """What the app needs before its first request: the model's ``sample_rate`` and checkpoint ``fingerprint``."""
-        return {"sample_rate": self.local.sample_rate, "fingerprint": self.local.fingerprint}
+        """What the app needs before its first request: the checkpoint's ``fingerprint`` and the fields of
+        ``/health`` that do not change (model, backend, device, sample_rate, workers: this replica's rows)."""
+        fixed = {k: v for k, v in (await self.local.health()).items() if k not in ("running", "queued", "max_queue")}
+        return {**fixed, "fingerprint": self.local.fingerprint}
 
 
 async def _remote(step: Awaitable[T]) -> T:
@@ -206,6 +205,7 @@ class RaySynthesizer(Synthesizer):
     def __init__(self, synth: DeploymentHandle, voices: VoiceStore, max_queue: int, info: dict[str, Any]):
         self.synth, self.voices, self.max_queue = synth, voices, max_queue
         self.sample_rate, self.fingerprint = info["sample_rate"], info["fingerprint"]
+        self.fixed = {k: v for k, v in info.items() if k != "fingerprint"}
         self.running = 0  # streams in flight through this ingress
 
     async def open(self, checked: CheckedRequest, output: Output) -> Speech:
@@ -238,8 +238,10 @@ class RaySynthesizer(Synthesizer):
         return await _remote(self.synth.register_voice.remote(name, data, filename, transcript, replace))
 
     async def health(self) -> dict[str, Any]:
-        """One replica's fields (its ``replica`` id, its rows as ``workers``) and the cluster's ``max_queue``."""
-        return {**await _remote(self.synth.health.remote()), "max_queue": self.max_queue}
+        """Answered here, at once: a call to a replica would wait behind its speech (seconds to minutes, when a
+        load balancer's probe must not). A replica's fixed fields (its rows as ``workers``), the streams through
+        this ingress as ``running``, the cluster's ``max_queue``; ``queued`` is Ray's, not known here (None)."""
+        return {**self.fixed, "running": self.running, "queued": None, "max_queue": self.max_queue}
 
     def load(self) -> tuple[int, int]:
         return self.running, 0  # what waits is Ray's queue, not this process's
