@@ -224,6 +224,28 @@ def test_ray_settings_and_the_cli_check_the_scale(tiny_checkpoint):
         assert result.exit_code != 0 and said in result.output
 
 
+def test_serve_on_ray_checks_a_local_checkpoint_and_the_voice_map_before_ray_starts(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    """They failed inside each replica, as pages of Ray's tracebacks; a hub id is left to the replicas to fetch."""
+    from typer.testing import CliRunner
+
+    from audio8_coreai.cli import app
+    from audio8_coreai.server import ray_app
+
+    started = []
+    monkeypatch.setattr(ray_app, "run_on_ray", lambda cluster, server, address: started.append(cluster.model))
+    for options, said in (
+        (["--model", str(tmp_path / "nowhere")], "no checkpoint folder at"),
+        (["--model", str(tiny_checkpoint), "--voice-map", "alloy=ghost"], "--voice-map alloy=ghost: no voice named"),
+    ):
+        result = CliRunner().invoke(app, ["serve", "--ray", "--voices", str(tmp_path), *options])
+        assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+    assert started == []
+    assert CliRunner().invoke(app, ["serve", "--ray", "--model", "owner/name"]).exit_code == 0
+    assert started == ["owner/name"]
+
+
 # ------------------------------------------------------------------------------------------------------------
 # A local Ray cluster: 2 Synth replicas behind Ray's HTTP proxy
 

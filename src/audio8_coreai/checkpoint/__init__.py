@@ -4,11 +4,12 @@ weights safely, write random ones for tests and benchmarks."""
 from ..errors import CheckpointError
 from .layout import CODEC_SPEC_FILE, CONFIG_FILE, DEFAULT_MODEL, GENERATION_FILE, MODEL_FILE
 from .load import Checkpoint, load_checkpoint
-from .locate import resolve_checkpoint
+from .locate import is_hub_id, resolve_checkpoint
 from .random import make_checkpoint
 from .validate import damaged, derive_codec_config, require_finite
 
 __all__ = [
+    "is_hub_id",
     "CODEC_SPEC_FILE",
     "CONFIG_FILE",
     "DEFAULT_MODEL",

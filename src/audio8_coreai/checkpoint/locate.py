@@ -20,6 +20,12 @@ def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
+def is_hub_id(model: str | Path) -> bool:
+    """Whether ``model`` names a hub repository (``owner/name``) rather than a local folder: not a path that exists,
+    and of the hub's form."""
+    return not Path(str(model)).expanduser().exists() and _HUB_ID.fullmatch(str(model)) is not None
+
+
 def _utf8(text: str) -> bool:
     """Whether ``text`` (a path as Python decodes it, undecodable bytes as surrogates) is valid UTF-8."""
     try:
@@ -57,7 +63,7 @@ def resolve_checkpoint(model: str | Path = DEFAULT_MODEL, *, weights: bool = Tru
         raise CheckpointError(
             f"{path} is a file; --model (TTS.load's model) takes a checkpoint folder holding {FOLDER_CONTENTS}"
         )
-    if not _HUB_ID.fullmatch(text):
+    if not is_hub_id(text):
         raise CheckpointError(
             f"no checkpoint folder at {path}, and {text!r} is not a hub id (owner/name); give --model DIR (TTS.load's "
             f"model), a folder holding {FOLDER_CONTENTS}, or a hub id such as {DEFAULT_MODEL}"

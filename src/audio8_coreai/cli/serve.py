@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ..checkpoint import DEFAULT_MODEL
+from ..checkpoint import DEFAULT_MODEL, is_hub_id
 from ..errors import ConfigError
 from ..settings import DEFAULTS, SampleRate, ServerSettings, override
 from .app import (
@@ -221,7 +221,8 @@ def _serve_on_ray(
 ) -> None:
     """``serve --ray``: the same app on Ray Serve (:mod:`..server.ray_app`) under ``server``, ``DEFAULTS.ray`` with
     the options (``fields``: the engine's checkpoint, voices, device and precision); raises ConfigError for a bad
-    scale or when Ray Serve is not installed."""
+    scale or when Ray Serve is not installed, and (before Ray starts) CheckpointError for a local checkpoint that
+    is none, VoiceError for a ``--voice-map`` target or ``--default-voice`` that is no voice of it."""
     try:
         from ..server.ray_app import run_on_ray
     except ImportError:
@@ -238,4 +239,11 @@ def _serve_on_ray(
         gpus = 1.0 if fields["device"] != "cpu" and torch.cuda.is_available() else 0.0
     names = {"gpus": "--replica-gpus", "model": "--model", "voices": "--voices", "precision": "--precision"}
     cluster = override(DEFAULTS.ray, names, replicas=replicas, autoscale=scale, gpus=gpus, **fields)
+    if not is_hub_id(cluster.model or DEFAULT_MODEL):  # a local checkpoint is checked here, not in every replica
+        from ..checkpoint import load_checkpoint
+        from ..server.voicenames import check_voices
+        from ..voices import VoiceStore
+
+        fingerprint = load_checkpoint(cluster.model).fingerprint()
+        check_voices(VoiceStore(cluster.voices), server.voice_map, server.default_voice, fingerprint)
     run_on_ray(cluster, server, address)
