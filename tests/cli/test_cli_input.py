@@ -342,3 +342,22 @@ def test_more_workers_than_memory_holds_is_refused_after_one_load(tiny_checkpoin
     assert result.exit_code == 2, result.output
     assert "--workers 1000000000" in result.output and "lower --workers (at most" in result.output
     assert "--batch N" in result.output
+
+
+def test_a_voices_folder_that_is_a_file_is_refused(tmp_path):
+    """It listed no voices, silently (a server started on it served none)."""
+    (tmp_path / "file").write_text("x")
+    result = run("voice", "list", "--voices", tmp_path / "file")
+    assert result.exit_code == 2 and "isafile." in "".join(c for c in result.output if not c.isspace() and c != "│")
+
+
+def test_a_voice_named_as_wyomings_own_voice_is_stored_with_a_warning(tiny_checkpoint, tmp_path):
+    from tests import clips
+
+    clip = clips.write(tmp_path / "c.wav", clips.sweep(16000, 1.0), 16000)
+    args = ("voice", "add", "Audio8", "--audio", clip, "--text", "Hi.", "--model", tiny_checkpoint)
+    result = run(*args, "--voices", tmp_path / "v")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "lists the model's own voice as 'audio8' (wyoming.voice), so a voice of that name cannot be picked" in said
+    assert (tmp_path / "v" / "Audio8.npz").is_file()

@@ -138,7 +138,10 @@ CodecProcessOpt = Annotated[
         "--codec-process/--no-codec-process", help=described(DEFAULTS.torch, "codec_process", "Torch on CPU: ")
     ),
 ]
-VoicesOpt = Annotated[Path | None, typer.Option("--voices", help="Voices folder (default: the per-user one).")]
+VoicesOpt = Annotated[
+    Path | None,  # a folder, absent or there (made on the first save), never a file: it listed no voices, silently
+    typer.Option("--voices", file_okay=False, help="Voices folder (default: the per-user one)."),
+]
 BackendOpt = Annotated[str, typer.Option(help="torch, or coreai (runs the assets given with --assets).")]
 AssetsOpt = Annotated[
     Path | None, typer.Option(help="Core AI asset folder written by `audio8 convert` (with --backend coreai).")

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import VoiceError
+from ..settings import DEFAULTS
 from .app import DeviceOpt, ModelOpt, VoicesOpt, app, err, friendly, out, print_warnings
 
 voice_app = typer.Typer(
@@ -46,6 +47,13 @@ def voice_add(
 
     store = VoiceStore(voices)
     store.check_new(name, force)  # fail before loading a model
+    if name.lower() == DEFAULTS.wyoming.voice.lower():
+        print_warnings(
+            [
+                f"audio8 wyoming lists the model's own voice as {DEFAULTS.wyoming.voice!r} (wyoming.voice), so a voice "
+                "of that name cannot be picked there; give it another name to use it with Home Assistant"
+            ]
+        )
     check_text(text, "reference text")
     print_warnings(read_reference(audio)[1].warnings)
     with err.status("loading the model..."):
