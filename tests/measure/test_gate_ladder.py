@@ -182,6 +182,25 @@ def test_gate_with_a_plugged_recognizer(tiny_checkpoint, tmp_path, monkeypatch):
     assert report["verdicts"]["speaker"] == "skipped" and report["speaker"] == {}  # no clone fixtures
 
 
+def test_a_language_no_recogniser_covers_is_skipped_and_said_why(tiny_checkpoint, tmp_path, monkeypatch):
+    """A skipped rung passes the gate: the console says why it was not judged (it was in report.md alone)."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("jiwer")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "audio8_fake_asr3.py").write_text(FAKE_RECOGNIZER)
+    fixtures = tmp_path / "fixtures.json"
+    fixtures.write_text(
+        json.dumps([{"name": "de_a", "language": "de", "seed": 3, "text": "Guten Tag.", "reference": None}])
+    )
+    result = run(
+        "gate", "--model", tiny_checkpoint, "--fixtures", fixtures, "--max-frames", 4, "--device", "cpu",
+        "--out", "report", "--recognizer", "audio8_fake_asr3:japanese",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "asr: de skipped" in result.output
+    assert "skipped asr de: no recogniser for 'de' (recognisers here cover: " in result.output
+
+
 def test_load_recognizer(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "audio8_fake_asr2.py").write_text(FAKE_RECOGNIZER)

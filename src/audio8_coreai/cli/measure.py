@@ -201,6 +201,11 @@ def gate(
         if isinstance(verdict, dict):
             verdict = ", ".join(f"{k} {v}" for k, v in verdict.items()) or "-"
         out.print(f"{key}: {verdict}", highlight=False, soft_wrap=True)
+    reasons = [f"asr {lang}: {a['skipped']}" for lang, a in report.asr.items() if "skipped" in a]
+    if report.speaker and "skipped" in report.speaker:
+        reasons.append(f"speaker: {report.speaker['skipped']}")
+    for reason in reasons:  # a skipped rung does not fail the gate: say why it was not judged
+        out.print(f"  skipped {reason}", highlight=False, soft_wrap=True)
     out.print(f"gate {'PASS' if report.passed else 'FAIL'}: {out_dir / 'report.md'}", highlight=False, soft_wrap=True)
     if not report.passed:
         raise typer.Exit(1)

@@ -196,8 +196,9 @@ def _asr_fixture(fixture: Fixture, ref_audio, port_audio, rate: int, recognizers
     return out
 
 
-def _asr_summary(by_language: dict[str, list[FixtureResult]], recognizers) -> dict:
-    """Corpus error rates per language (edits / reference units over its fixtures), reference and port."""
+def _asr_summary(by_language: dict[str, list[FixtureResult]], recognizers, why: str | None = None) -> dict:
+    """Corpus error rates per language (edits / reference units over its fixtures), reference and port; ``why``:
+    why the default recognisers did not load (said in a skipped language's reason)."""
     out = {}
     for lang, results in by_language.items():
         scored = [r.asr for r in results if r.asr and "port" in r.asr]
@@ -205,7 +206,7 @@ def _asr_summary(by_language: dict[str, list[FixtureResult]], recognizers) -> di
             have = ", ".join(sorted({x for r in recognizers or () for x in r.languages or ()})) or "none"
             out[lang] = {
                 "fixtures": len(results),
-                "skipped": f"no recogniser for {lang!r} (recognisers here cover: {have})",
+                "skipped": f"no recogniser for {lang!r} (recognisers here cover: {have}{'; ' + why if why else ''})",
             }
             continue
         entry = {"fixtures": len(scored), "metric": scored[0]["metric"], "recognizer": scored[0]["recognizer"]}

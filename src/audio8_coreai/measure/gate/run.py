@@ -218,12 +218,15 @@ def _against_fp32(
         chosen = [f for f in chosen if f.name in set(names)]
     port = TTS.load(model, device=device, precision=precision, backend=backend, assets=assets)
     ref = TTS(port.checkpoint, open_backend(port.checkpoint, device=reference_device, precision="fp32"), port.prompts)
+    asr_why = None
     if recognizers is None:
-        recognizers, why = default_recognizers()
-        if why:
-            say(f"ASR round trip skipped: {why}")
+        recognizers, asr_why = default_recognizers()
+        if asr_why:
+            say(f"ASR round trip skipped: {asr_why}")
     if speaker_encoder is None and any(f.clone for f in chosen):
         speaker_encoder, spk_why = default_speaker_encoder()
+        if spk_why:
+            say(f"speaker similarity skipped: {spk_why}")
     else:
         spk_why = None if speaker_encoder is not None else "no clone fixtures"
     # Core AI graphs bake their sampling in; the reference must draw with the same settings.
@@ -239,7 +242,7 @@ def _against_fp32(
         )
         report.fixtures.append(result)
         by_language.setdefault(fixture.language, []).append(result)
-    report.asr = _asr_summary(by_language, recognizers)
+    report.asr = _asr_summary(by_language, recognizers, asr_why)
     report.speaker = _speaker_summary(report.fixtures, speaker_encoder, spk_why)
     asr_verdicts = {}
     for lang, a in report.asr.items():
