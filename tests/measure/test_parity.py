@@ -83,3 +83,14 @@ def test_codec_encoder_reproduces_the_reference_codes(fp32_report):
     assert enc.codes_equal == (110, 110)  # 10 codebooks x 11 frames
     assert enc.latent_max_diff < 1e-5
     assert "encoder" in fp32_report.to_json()
+
+
+def test_a_bf16_recording_replayed_at_fp32_says_how_it_was_recorded(oracle_bf16_dir):
+    """fp32 parity against a bf16 recording fails; the note says why and what to run instead."""
+    from tests.cli.cli_support import run
+
+    result = run("parity", "--model", oracle_bf16_dir, "--fixture", oracle_bf16_dir / "fixture.npz")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "fp32 parity (tolerance 0.0001): FAIL" in said
+    assert "recorded with the publisher's code running in bfloat16 (its meta's run_dtype)" in said
+    assert "replay it with --precision bf16" in said

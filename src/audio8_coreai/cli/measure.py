@@ -46,7 +46,7 @@ def parity(
     from ..measure.parity import run_parity
 
     tolerance = override(DEFAULTS.measure, tolerance=tolerance).tolerance
-    load_fixture(fixture)  # a missing or wrong fixture is said before the model or assets load (minutes on Core AI)
+    meta = load_fixture(fixture)[1]  # a missing or wrong fixture is said before the model or assets load (minutes)
     ckpt = load_checkpoint(model)
     if precision is None and backend == "torch":
         precision = "fp32"
@@ -62,6 +62,15 @@ def parity(
         err.print(
             f"note: {fixture} was recorded from the checkpoint in {recorded}, whose weights differ from "
             f"{ckpt.model_file}: run with --model {recorded}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    run_dtype = meta.get("run_dtype", "float32")
+    if exact and not report.passed and run_dtype != "float32":
+        err.print(
+            f"note: {fixture} was recorded with the publisher's code running in {run_dtype} (its meta's run_dtype), "
+            "and fp32 parity is judged against an fp32 recording: replay it with --precision bf16 for its "
+            "agreement counts",
             highlight=False,
             soft_wrap=True,
         )
