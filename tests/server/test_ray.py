@@ -349,3 +349,18 @@ def test_serve_on_ray_starts_a_new_instance_unless_told_which_to_join(monkeypatc
     with pytest.raises(Joined) as err:
         run_on_ray(RaySettings(), ServerSettings(), address)
     assert err.value.args == (joined,)
+
+
+@pytest.mark.parametrize("raised", [ConnectionError("Could not find any running Ray instance."), ValueError("bad")])
+def test_no_cluster_at_the_address_is_a_config_error(monkeypatch, raised):
+    import ray
+
+    from audio8_coreai.errors import ConfigError
+    from audio8_coreai.server.ray_app import run_on_ray
+
+    def init(address=None, **_):
+        raise raised
+
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(ConfigError, match=rf"cannot join the Ray cluster at auto \({raised}\); give --address HEAD_IP"):
+        run_on_ray(RaySettings(), ServerSettings(), "auto")

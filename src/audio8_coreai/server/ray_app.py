@@ -46,7 +46,7 @@ from ray.serve.exceptions import (
 from ray.serve.handle import DeploymentHandle
 
 from ..checkpoint import DEFAULT_MODEL
-from ..errors import Audio8Error
+from ..errors import Audio8Error, ConfigError
 from ..request import CheckedRequest
 from ..settings import DEFAULTS, RaySettings, ServerSettings
 from ..tts import TTS
@@ -306,10 +306,19 @@ def run_on_ray(cluster: RaySettings, server: ServerSettings, address: str | None
     """``audio8 serve --ray``: join the Ray cluster at ``address`` ("auto": the one this machine belongs to; None:
     the one ``RAY_ADDRESS`` names, else a new instance here, never a cluster ``ray start`` began here, whose
     ``audio8`` app this would replace), serve :func:`application` behind Ray's HTTP proxy on
-    ``server.host:server.port``, and block until interrupted."""
+    ``server.host:server.port``, and block until interrupted. Raises ConfigError when there is no cluster to join
+    at the address."""
     import ray
 
-    ray.init(address=address or os.environ.get("RAY_ADDRESS") or "local")  # "local": Ray's word for a new one
+    joining = address or os.environ.get("RAY_ADDRESS")
+    try:
+        ray.init(address=joining or "local")  # "local": Ray's word for a new instance
+    except (ConnectionError, ValueError) as e:  # no cluster there, or no Ray address (a dashboard's http:// URL)
+        said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            f"cannot join the Ray cluster at {joining} ({said}); give --address HEAD_IP:6379 (what `ray start --head` "
+            "printed), auto for the cluster this machine belongs to, or no --address for a Ray instance of its own"
+        ) from None
     http = {"host": server.host, "port": server.port, "keep_alive_timeout_s": server.keep_alive_s}
     serve.start(http_options=http)
     serve.run(application(cluster, server), name="audio8", route_prefix="/", blocking=True)
