@@ -8,6 +8,7 @@ audio spoken (its frames, that it is spoken at all) runs on the checkpoint that 
 from __future__ import annotations
 
 import pickle
+import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -202,6 +203,9 @@ def test_the_serve_config_builds_the_application():
         build_app({**application["args"], "server": {"batchs": 8}})
     with pytest.raises(pydantic.ValidationError, match="replicas"):
         build_app({**application["args"], "replicas": 0})
+    for name, instead in (("port", "http_options: port"), ("workers", "replicas (or autoscale) and server: batch")):
+        with pytest.raises(ValueError, match=rf"server: {name} is Ray's under Ray Serve: set {re.escape(instead)}"):
+            build_app({**application["args"], "server": {name: 9000}})  # it was ignored, silently
 
 
 def test_ray_settings_and_the_cli_check_the_scale(tiny_checkpoint):

@@ -267,14 +267,26 @@ SynthDeployment = serve.deployment(Synth, name="Synth")
 IngressDeployment = serve.deployment(serve.ingress()(Ingress), name="Ingress")
 
 
+# The server fields a Serve config sets in Ray's own terms: where the API listens, and how many requests run at once.
+RAYS_SERVER_FIELDS = {
+    "host": "http_options: host",
+    "port": "http_options: port",
+    "keep_alive_s": "http_options: keep_alive_timeout_s",
+    "workers": "replicas (or autoscale) and server: batch",
+}
+
+
 def build_app(args: dict[str, Any]) -> serve.Application:
     """The Ray application of ``args``, ``deploy/serve_config.yaml``'s (whose import path this is): the ``ray``
     group's fields (:class:`..settings.RaySettings`) and ``server``, the HTTP server's
     (:class:`..settings.ServerSettings`, ``batch`` the rows of each replica), each over its group of
     :data:`..settings.DEFAULTS` (the AUDIO8_* environment's). Raises pydantic's ValidationError for a field that is
-    wrong or unknown."""
+    wrong or unknown, ValueError for a server field Ray's own options set (:data:`RAYS_SERVER_FIELDS`)."""
     fields = dict(args)
-    server = ServerSettings(**{**dict(DEFAULTS.server), **fields.pop("server", {})})
+    given = fields.pop("server", {})
+    for name in given.keys() & RAYS_SERVER_FIELDS:  # silently ignored, they left the API where it was
+        raise ValueError(f"server: {name} is Ray's under Ray Serve: set {RAYS_SERVER_FIELDS[name]} instead")
+    server = ServerSettings(**{**dict(DEFAULTS.server), **given})
     return application(RaySettings(**{**dict(DEFAULTS.ray), **fields}), server)
 
 
