@@ -7,6 +7,7 @@ audio spoken (its frames, that it is spoken at all) runs on the checkpoint that 
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 import socket
@@ -248,6 +249,20 @@ def test_serve_on_ray_checks_a_local_checkpoint_and_the_voice_map_before_ray_sta
     assert started == []
     assert CliRunner().invoke(app, ["serve", "--ray", "--model", "owner/name"]).exit_code == 0
     assert started == ["owner/name"]
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cpus = os.cpu_count()
+    for options, said in (  # a new Ray instance here would leave them pending, saying so only in Ray's log
+        (["--replicas", str(cpus + 1)], f"{cpus + 1} replica(s) need {cpus + 1} CPUs and 0 GPUs"),
+        (["--autoscale", f"{cpus + 1}:{cpus + 2}"], f"{cpus + 1} replica(s) need {cpus + 1} CPUs"),
+        (["--replica-gpus", "64"], "1 replica(s) need 1 CPUs and 64 GPUs"),
+    ):
+        result = CliRunner().invoke(app, ["serve", "--ray", "--model", "owner/name", *options])
+        assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+    assert (
+        CliRunner().invoke(app, ["serve", "--ray", "--model", "o/n", "--replicas", "9", "--address", "auto"]).exit_code
+        == 0
+    )
+    assert started == ["owner/name", "o/n"]  # a cluster's resources are Ray's to tell
 
 
 # ------------------------------------------------------------------------------------------------------------

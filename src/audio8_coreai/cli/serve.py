@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import typing
 from typing import TYPE_CHECKING, Annotated
 
@@ -9,7 +10,7 @@ import typer
 
 from ..checkpoint import DEFAULT_MODEL, is_hub_id
 from ..errors import ConfigError
-from ..settings import DEFAULTS, SampleRate, ServerSettings, override
+from ..settings import DEFAULTS, RaySettings, SampleRate, ServerSettings, override
 from .app import (
     AssetsOpt,
     BackendOpt,
@@ -216,6 +217,22 @@ def check_instances_fit(tts: TTS, count: int) -> None:
         )
 
 
+def _check_fits_here(cluster: RaySettings) -> None:
+    """ConfigError when the replicas a new Ray instance on this machine must start (``replicas``, or autoscale's
+    minimum) need more CPUs or GPUs than it has: Ray would leave them pending, saying so only in its own log."""
+    import torch
+
+    count = cluster.replicas if cluster.autoscale is None else cluster.autoscale[0]
+    cpus, gpus = os.cpu_count() or 1, torch.cuda.device_count()
+    if count * cluster.cpus > cpus or count * cluster.gpus > gpus:
+        raise ConfigError(
+            f"{count} replica(s) need {count * cluster.cpus:g} CPUs and {count * cluster.gpus:g} GPUs "
+            f"({cluster.cpus:g} and {cluster.gpus:g} each: AUDIO8_RAY__CPUS, --replica-gpus), and the Ray instance of "
+            f"this machine has {cpus} CPUs and {gpus} GPUs: lower --replicas or --replica-gpus, or join a cluster "
+            "with --address"
+        )
+
+
 def _serve_on_ray(
     server: ServerSettings, address: str | None, replicas: int, autoscale: str | None, gpus: float | None, **fields
 ) -> None:
@@ -239,6 +256,8 @@ def _serve_on_ray(
         gpus = 1.0 if fields["device"] != "cpu" and torch.cuda.is_available() else 0.0
     names = {"gpus": "--replica-gpus", "model": "--model", "voices": "--voices", "precision": "--precision"}
     cluster = override(DEFAULTS.ray, names, replicas=replicas, autoscale=scale, gpus=gpus, **fields)
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        _check_fits_here(cluster)
     if not is_hub_id(cluster.model or DEFAULT_MODEL):  # a local checkpoint is checked here, not in every replica
         from ..checkpoint import load_checkpoint
         from ..server.voicenames import check_voices
