@@ -55,7 +55,7 @@ def main() -> None:
         "--model",
         type=Path,
         default=Path(DEFAULTS.bench.checkpoint),
-        help="0.6b checkpoint folder (made once, random weights, when absent)",
+        help="0.6b checkpoint folder (the default one is made once, random weights, when absent)",
     )
     ap.add_argument("--precision", action="append", help="torch precision (repeatable; default int16)")
     ap.add_argument(

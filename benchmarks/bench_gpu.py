@@ -212,7 +212,7 @@ def main() -> None:
         "--model",
         type=Path,
         default=Path(DEFAULTS.bench.checkpoint),
-        help="checkpoint folder (random 0.6b made when absent)",
+        help="checkpoint folder (the default one: random 0.6b, made when absent)",
     )
     ap.add_argument("--device", default="cuda", help="cuda, or cpu (checks the script; times mean nothing there)")
     ap.add_argument(

@@ -124,9 +124,10 @@ part tests 120 env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -m pytest -o addopts= 
     -k "cuda or not test_codec_rows" "${tests[@]}"
 part attention 45 "$PY" benchmarks/probe_attention.py --device "$DEVICE" "${ATTENTION[@]}" --json "$OUT/attention.json"
 
-[ -d "$CKPT" ] && echo "== checkpoint: $CKPT is there"
+have_ckpt() { [ -n "$(ls -A "$CKPT" 2>/dev/null)" ]; }  # an empty folder (an interrupted run's) is none
+have_ckpt && echo "== checkpoint: $CKPT is there"
 # through the package, not the CLI: the image's own typer may not be the version the CLI is written for
-if [ -d "$CKPT" ] || timed checkpoint 60 "$PY" -c "import sys; from pathlib import Path
+if have_ckpt || timed checkpoint 60 "$PY" -c "import sys; from pathlib import Path
 from audio8_coreai.checkpoint import make_checkpoint; make_checkpoint(Path(sys.argv[1]), '0.6b', seed=0)" "$CKPT"; then
     part single 60 "$PY" benchmarks/bench_gpu.py single --model "$CKPT" --device "$DEVICE" "${SINGLE[@]}" \
         --json "$OUT/single.json"

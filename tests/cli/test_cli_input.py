@@ -355,9 +355,23 @@ def test_a_voice_named_as_wyomings_own_voice_is_stored_with_a_warning(tiny_check
     from tests import clips
 
     clip = clips.write(tmp_path / "c.wav", clips.sweep(16000, 1.0), 16000)
-    args = ("voice", "add", "Audio8", "--audio", clip, "--text", "Hi.", "--model", tiny_checkpoint)
+    args = ("voice", "add", "audio8", "--audio", clip, "--text", "Hi.", "--model", tiny_checkpoint)
     result = run(*args, "--voices", tmp_path / "v")
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
     assert "lists the model's own voice as 'audio8' (wyoming.voice), so a voice of that name cannot be picked" in said
-    assert (tmp_path / "v" / "Audio8.npz").is_file()
+    assert (tmp_path / "v" / "audio8.npz").is_file()
+    other = run(
+        "voice",
+        "add",
+        "Audio8",
+        "--audio",
+        clip,
+        "--text",
+        "Hi.",
+        "--model",
+        tiny_checkpoint,
+        "--voices",
+        tmp_path / "w",
+    )
+    assert other.exit_code == 0 and "wyoming.voice" not in other.output  # Wyoming lists "Audio8" as a voice

@@ -240,6 +240,7 @@ def test_serve_on_ray_checks_a_local_checkpoint_and_the_voice_map_before_ray_sta
 
     started = []
     monkeypatch.setattr(ray_app, "run_on_ray", lambda cluster, server, address: started.append(cluster.model))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     for options, said in (
         (["--model", str(tmp_path / "nowhere")], "no checkpoint folder at"),
         (["--model", str(tiny_checkpoint), "--voice-map", "alloy=ghost"], "--voice-map alloy=ghost: no voice named"),
@@ -249,14 +250,13 @@ def test_serve_on_ray_checks_a_local_checkpoint_and_the_voice_map_before_ray_sta
     assert started == []
     assert CliRunner().invoke(app, ["serve", "--ray", "--model", "owner/name"]).exit_code == 0
     assert started == ["owner/name"]
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    cpus = os.cpu_count()
+    cpus = len(os.sched_getaffinity(0))
     for options, said in (  # a new Ray instance here would leave them pending, saying so only in Ray's log
         (["--replicas", str(cpus + 1)], f"{cpus + 1} replica(s) need {cpus + 1} CPUs and 0 GPUs"),
         (["--autoscale", f"{cpus + 1}:{cpus + 2}"], f"{cpus + 1} replica(s) need {cpus + 1} CPUs"),
         (["--replica-gpus", "64"], "1 replica(s) need 1 CPUs and 64 GPUs"),
     ):
-        result = CliRunner().invoke(app, ["serve", "--ray", "--model", "owner/name", *options])
+        result = CliRunner().invoke(app, ["serve", "--ray", "--model", "owner/name", "--device", "cpu", *options])
         assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
     assert (
         CliRunner().invoke(app, ["serve", "--ray", "--model", "o/n", "--replicas", "9", "--address", "auto"]).exit_code
@@ -383,3 +383,6 @@ def test_no_cluster_at_the_address_is_a_config_error(monkeypatch, raised):
     monkeypatch.setattr(ray, "init", init)
     with pytest.raises(ConfigError, match=rf"cannot join the Ray cluster at auto \({raised}\); give --address HEAD_IP"):
         run_on_ray(RaySettings(), ServerSettings(), "auto")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError, match=rf"^cannot start a Ray instance on this machine \({raised}\)$"):
+        run_on_ray(RaySettings(), ServerSettings(), None)

@@ -182,6 +182,8 @@ def test_streaming_audio_comes_before_the_stream_ends(never_eos_tts):
         ("Done?\n\n", ["Done?"], ""),  # a paragraph ends what is before it
         ("A list:\n1. Apples.\n2. Pears\n", ["A list:", "1. Apples."], "2. Pears\n"),  # a list number is no end
         ("Buy:\n- milk\n- eggs", ["Buy:", "- milk"], "- eggs"),
+        ("Steps:\n   1. First step. More", ["Steps:", "1. First step."], " More"),  # an indented item too
+        ("他说：「你好。」", ["他说：「你好。」"], ""),  # a closing bracket after the end
         ("1. First item\n", [], "1. First item\n"),  # the line break kept: the next line decides
         ("The meeting was\nmoved. Next", ["The meeting was moved."], " Next"),  # a wrapped line goes on
         ("---\n\nHi. There", ["Hi."], " There"),  # marks alone before a break are not spoken

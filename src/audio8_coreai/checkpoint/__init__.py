@@ -9,7 +9,6 @@ from .random import make_checkpoint
 from .validate import damaged, derive_codec_config, require_finite
 
 __all__ = [
-    "is_hub_id",
     "CODEC_SPEC_FILE",
     "CONFIG_FILE",
     "DEFAULT_MODEL",
@@ -19,6 +18,7 @@ __all__ = [
     "CheckpointError",
     "damaged",
     "derive_codec_config",
+    "is_hub_id",
     "load_checkpoint",
     "make_checkpoint",
     "require_finite",

@@ -228,7 +228,7 @@ def bench(
         typer.Option(
             "--model",
             "-m",
-            help="A 0.6b checkpoint folder; a random one (seed 0, about 2.8 GB) is written there when absent.",
+            help="A 0.6b checkpoint folder; the default folder gets a random one (seed 0, about 2.8 GB) when absent.",
         ),
     ] = Path(DEFAULTS.bench.checkpoint),
     precision: Annotated[

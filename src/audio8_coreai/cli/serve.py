@@ -223,7 +223,7 @@ def _check_fits_here(cluster: RaySettings) -> None:
     import torch
 
     count = cluster.replicas if cluster.autoscale is None else cluster.autoscale[0]
-    cpus, gpus = os.cpu_count() or 1, torch.cuda.device_count()
+    cpus, gpus = len(os.sched_getaffinity(0)), torch.cuda.device_count()  # the CPUs this process may use
     if count * cluster.cpus > cpus or count * cluster.gpus > gpus:
         raise ConfigError(
             f"{count} replica(s) need {count * cluster.cpus:g} CPUs and {count * cluster.gpus:g} GPUs "
@@ -238,8 +238,10 @@ def _serve_on_ray(
 ) -> None:
     """``serve --ray``: the same app on Ray Serve (:mod:`..server.ray_app`) under ``server``, ``DEFAULTS.ray`` with
     the options (``fields``: the engine's checkpoint, voices, device and precision); raises ConfigError for a bad
-    scale or when Ray Serve is not installed, and (before Ray starts) CheckpointError for a local checkpoint that
-    is none, VoiceError for a ``--voice-map`` target or ``--default-voice`` that is no voice of it."""
+    scale or when Ray Serve is not installed, and, for a new Ray instance on this machine (no ``--address`` or
+    ``RAY_ADDRESS``, or "local"), before it starts: ConfigError for replicas this machine cannot hold,
+    CheckpointError for a local checkpoint that is none, VoiceError for a ``--voice-map`` target or
+    ``--default-voice`` that is no voice of it."""
     try:
         from ..server.ray_app import run_on_ray
     except ImportError:
@@ -256,8 +258,10 @@ def _serve_on_ray(
         gpus = 1.0 if fields["device"] != "cpu" and torch.cuda.is_available() else 0.0
     names = {"gpus": "--replica-gpus", "model": "--model", "voices": "--voices", "precision": "--precision"}
     cluster = override(DEFAULTS.ray, names, replicas=replicas, autoscale=scale, gpus=gpus, **fields)
-    if address is None and not os.environ.get("RAY_ADDRESS"):
-        _check_fits_here(cluster)
+    if (address or os.environ.get("RAY_ADDRESS") or "local") != "local":
+        run_on_ray(cluster, server, address)  # a cluster's files and resources are its nodes', not this machine's
+        return
+    _check_fits_here(cluster)
     if not is_hub_id(cluster.model or DEFAULT_MODEL):  # a local checkpoint is checked here, not in every replica
         from ..checkpoint import load_checkpoint
         from ..server.voicenames import check_voices

@@ -47,7 +47,7 @@ def voice_add(
 
     store = VoiceStore(voices)
     store.check_new(name, force)  # fail before loading a model
-    if name.lower() == DEFAULTS.wyoming.voice.lower():
+    if name == DEFAULTS.wyoming.voice:  # as Wyoming matches it: exactly
         print_warnings(
             [
                 f"audio8 wyoming lists the model's own voice as {DEFAULTS.wyoming.voice!r} (wyoming.voice), so a voice "

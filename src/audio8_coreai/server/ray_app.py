@@ -327,6 +327,8 @@ def run_on_ray(cluster: RaySettings, server: ServerSettings, address: str | None
         ray.init(address=joining or "local")  # "local": Ray's word for a new instance
     except (ConnectionError, ValueError) as e:  # no cluster there, or no Ray address (a dashboard's http:// URL)
         said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if not joining:
+            raise ConfigError(f"cannot start a Ray instance on this machine ({said})") from None
         raise ConfigError(
             f"cannot join the Ray cluster at {joining} ({said}); give --address HEAD_IP:6379 (what `ray start --head` "
             "printed), auto for the cluster this machine belongs to, or no --address for a Ray instance of its own"

@@ -156,7 +156,7 @@ def _continues_sentence(text: str, i: int, j: int) -> bool:
     if key in ABBREVIATIONS_INSIDE or (len(word) == 1 and word.isupper() and word != "I"):
         return True
     if word.isdigit():  # a list's number ("1. First") begins its text; an ordinal ("3. Oktober") goes on
-        return lower_next or following.lower() in MONTHS_DE or text.rfind(" ", 0, i) == -1
+        return lower_next or following.lower() in MONTHS_DE or not text[: text.rfind(" ", 0, i) + 1].strip()
     return (key in ABBREVIATIONS_EITHER or "." in word) and lower_next  # "U.S. and", "p.m. tomorrow"
 
 
@@ -260,8 +260,8 @@ def split_checked(text: str, max_tokens: int, count: Callable[[str], int]) -> li
 
 # Where growing text is cut whatever follows: a blank line (a paragraph), or a line break before a list item
 # ("1. ", "2) ", "- ", "* ", "• "), as a language model's replies are laid out.
-_BLOCK_BREAK = re.compile(r"\n[^\S\n]*\n\s*|\n(?=[^\S\n]*(?:\d{1,3}[.)]|[-*•])[^\S\n])")
-_FINAL_CJK = "。！？"  # a full-width end never continues (no abbreviations): complete with nothing after it
+_BLOCK_BREAK = re.compile(r"\n[^\S\n]*\n\s*|\n[^\S\n]*(?=(?:\d{1,3}[.)]|[-*•])[^\S\n])")  # indent too
+_FINAL_CJK = "。！？｡"  # a full-width end never continues (no abbreviations): complete with nothing after it
 
 
 def complete_sentences(text: str) -> tuple[list[str], str]:
@@ -286,7 +286,7 @@ def _sentences(text: str, whole: bool) -> tuple[list[str], int]:
     """The complete sentences of cleaned ``text`` and where its rest begins: every one when ``whole`` (a break
     follows), else all but the last, and the last but one too while the word after its end has not come."""
     spans = _cut(text, SENTENCE_MARKS_LATIN, SENTENCE_MARKS_CJK, _continues_sentence)
-    if whole or text.rstrip().endswith(tuple(_FINAL_CJK)):
+    if whole or text.rstrip().rstrip(_CLOSERS).endswith(tuple(_FINAL_CJK)):  # "「好。」" ends too
         keep = 0
     elif len(spans) > 1 and not _speakable(text[slice(*spans[-1])]):
         keep = 2  # the word after the last end has not come yet: that end may still turn out to continue
