@@ -26,6 +26,9 @@ def test_ctrl_c_is_raised_once_the_running_call_is_done():
         finished.append(time.monotonic())
         return "done"
 
+    # Python's own handler, as a terminal's process has it: one started in the background of a script inherits
+    # SIGINT ignored, and Python then installs none (the signal would do nothing here).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         assert loop.run(call()) == "done"
         main = threading.main_thread().ident
@@ -45,4 +48,5 @@ def test_ctrl_c_is_raised_once_the_running_call_is_done():
         for timer in timers:
             timer.join()
     finally:
+        signal.signal(signal.SIGINT, before)
         loop.close(contextlib.AsyncExitStack())
