@@ -147,26 +147,29 @@ def no_text(audio, sample_rate, language):
 """
 
 
-def test_gate_with_a_plugged_recognizer(tiny_checkpoint, tmp_path, monkeypatch):
-    """``audio8 gate --recognizer MODULE:CALLABLE``: a module file in the current folder, called with float32
-    audio, the rate and each fixture's language; its text is scored like pocketsphinx's (WER en, CER ja)."""
+def _gate_with(tiny_checkpoint, tmp_path, monkeypatch, module: str, recognizer: str, fixtures: list[dict]):
+    """``audio8 gate`` on ``fixtures`` (4 frames each) with FAKE_RECOGNIZER written as ``module`` in the current
+    folder and plugged as ``module:recognizer``; the CLI's result."""
     pytest.importorskip("matplotlib")
     pytest.importorskip("jiwer")
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "audio8_fake_asr.py").write_text(FAKE_RECOGNIZER)
-    fixtures = tmp_path / "fixtures.json"
-    fixtures.write_text(
-        json.dumps(
-            [
-                {"name": "en_a", "language": "en", "seed": 3, "text": "Please call me tomorrow.", "reference": None},
-                {"name": "ja_a", "language": "ja", "seed": 4, "text": "今日はいい天気です。", "reference": None},
-            ]
-        )
-    )
-    result = run(
-        "gate", "--model", tiny_checkpoint, "--fixtures", fixtures, "--max-frames", 4, "--device", "cpu",
-        "--out", "report", "--recognizer", "audio8_fake_asr:hear",
+    (tmp_path / f"{module}.py").write_text(FAKE_RECOGNIZER)
+    path = tmp_path / "fixtures.json"
+    path.write_text(json.dumps([{**f, "reference": None} for f in fixtures]))
+    return run(
+        "gate", "--model", tiny_checkpoint, "--fixtures", path, "--max-frames", 4, "--device", "cpu",
+        "--out", "report", "--recognizer", f"{module}:{recognizer}",
     )  # fmt: skip
+
+
+def test_gate_with_a_plugged_recognizer(tiny_checkpoint, tmp_path, monkeypatch):
+    """``audio8 gate --recognizer MODULE:CALLABLE``: a module file in the current folder, called with float32
+    audio, the rate and each fixture's language; its text is scored like pocketsphinx's (WER en, CER ja)."""
+    fixtures = [
+        {"name": "en_a", "language": "en", "seed": 3, "text": "Please call me tomorrow."},
+        {"name": "ja_a", "language": "ja", "seed": 4, "text": "今日はいい天気です。"},
+    ]
+    result = _gate_with(tiny_checkpoint, tmp_path, monkeypatch, "audio8_fake_asr", "hear", fixtures)
     assert result.exit_code == 0, result.output
     import audio8_fake_asr
 
@@ -184,18 +187,8 @@ def test_gate_with_a_plugged_recognizer(tiny_checkpoint, tmp_path, monkeypatch):
 
 def test_a_language_no_recogniser_covers_is_skipped_and_said_why(tiny_checkpoint, tmp_path, monkeypatch):
     """A skipped rung passes the gate: the console says why it was not judged (it was in report.md alone)."""
-    pytest.importorskip("matplotlib")
-    pytest.importorskip("jiwer")
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "audio8_fake_asr3.py").write_text(FAKE_RECOGNIZER)
-    fixtures = tmp_path / "fixtures.json"
-    fixtures.write_text(
-        json.dumps([{"name": "de_a", "language": "de", "seed": 3, "text": "Guten Tag.", "reference": None}])
-    )
-    result = run(
-        "gate", "--model", tiny_checkpoint, "--fixtures", fixtures, "--max-frames", 4, "--device", "cpu",
-        "--out", "report", "--recognizer", "audio8_fake_asr3:japanese",
-    )  # fmt: skip
+    fixtures = [{"name": "de_a", "language": "de", "seed": 3, "text": "Guten Tag."}]
+    result = _gate_with(tiny_checkpoint, tmp_path, monkeypatch, "audio8_fake_asr3", "japanese", fixtures)
     assert result.exit_code == 0, result.output
     assert "asr: de skipped" in result.output
     assert "skipped asr de: no recogniser for 'de' (recognisers here cover: " in result.output
