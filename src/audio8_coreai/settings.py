@@ -209,8 +209,8 @@ class ServerSettings(_Group):
 
 
 class WyomingSettings(_Group):
-    """The Wyoming server for Home Assistant (server/wyoming.py; ``audio8 wyoming``). Its streams' buffer and stall
-    bounds are the HTTP server's (``server.stream_buffer_chunks``, ``server.stall_s``)."""
+    """The Wyoming server for Home Assistant (server/wyoming.py; ``audio8 wyoming``). A client reading nothing is
+    dropped after the HTTP server's ``server.stall_s``."""
 
     host: str = Field("127.0.0.1", min_length=1, description="address to listen on (0.0.0.0: every interface)")
     port: int = Field(10200, ge=1, le=65535, description="TCP port: Wyoming's for text to speech (Home Assistant's)")
@@ -226,6 +226,10 @@ class WyomingSettings(_Group):
     max_input_chars: int = Field(4096, ge=1, description="longest text per request or unfinished sentence")
     max_event_bytes: int = Field(65536, ge=1024, description="one event's line, data and payload each")
     idle_s: float = Field(60.0, gt=0, description="a client silent this long (between events or within one) closed")
+    buffer_s: float = Field(
+        60.0, gt=0, le=3600, description="audio held for a client reading slower than it is made; then it waits"
+    )
+    max_connections: int = Field(32, ge=1, description="clients connected at once; more are refused (error: busy)")
 
 
 class RaySettings(_Group):

@@ -21,7 +21,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from audio8_coreai import TTS
 from audio8_coreai.audio import encode_speech
 from audio8_coreai.cli import app
-from audio8_coreai.server.wyoming import Speaker
+from audio8_coreai.server.wyoming_speaker import Speaker
 from audio8_coreai.settings import DEFAULTS, WyomingSettings
 from audio8_coreai.text import LANGUAGES
 from audio8_coreai.text.split import complete_sentences
@@ -201,7 +201,8 @@ def test_complete_sentences_of_growing_text(text, sentences, rest):
         ([Synthesize("Hi.", voice=SynthesizeVoice("nobody")).event()], "VoiceError", "the model's own is 'audio8'"),
         ([Synthesize("Hi.", voice=SynthesizeVoice("broken")).event()], "DamagedVoice", "'broken' is damaged"),
         ([Synthesize("Hi.", voice=SynthesizeVoice("stranger")).event()], "VoiceError", "another checkpoint"),
-        ([Synthesize("Hi. " * 20).event()], "ConfigError", "at most 40"),
+        ([Synthesize("x" * 41).event()], "ConfigError", "speaks at most 40 at once: add punctuation or spaces"),
+        ([Synthesize(" ." * 30).event()], "PromptError", "no letters or digits"),
         ([Event("synthesize", {"voice": {}})], "ProtocolError", "synthesize event: it needs its 'text' field"),
         ([Event("synthesize", {"text": 5})], "ProtocolError", "synthesize's text must be a string, got int"),
         ([SynthesizeChunk("Hi.").event()], "ProtocolError", "without synthesize-start"),
@@ -217,6 +218,17 @@ def test_bad_requests_get_an_error_event_then_the_end_of_the_connection(never_eo
     assert "Traceback" not in error.text and "/" not in error.text.replace("synthesize-start", "")
     assert received[1:] == [None]  # closed: a client waiting for audio-stop does not wait for ever
     assert other[0].type == "info"  # the server goes on
+
+
+def test_a_text_over_the_cap_is_spoken_in_parts_cut_at_sentence_ends(never_eos_tts):
+    """A plain synthesize over ``max_input_chars`` (a long reply from a client that does not stream): one audio,
+    its parts (at most 40 characters, cut at sentence ends and joined while they fit) spoken in turn with the
+    server's seed, joined by the stream's pause."""
+    settings = WyomingSettings(seed=SEED, max_frames=FRAMES, max_input_chars=40)
+    text = "Hello there, my friend. How are you today? I am fine, thanks."
+    (received,) = talk(never_eos_tts, [Synthesize(text).event(), None], settings=settings)
+    parts = ["Hello there, my friend.", "How are you today? I am fine, thanks."]  # sentences joined while they fit
+    assert pcm(received) == spoken(never_eos_tts, *parts)
 
 
 def test_a_client_that_leaves_stops_its_utterance(never_eos_tts, monkeypatch):

@@ -15,7 +15,8 @@ from wyoming.server import AsyncTcpServer
 
 from audio8_coreai import TTS, Voice
 from audio8_coreai.audio import encode_speech
-from audio8_coreai.server.wyoming import Speaker, serve
+from audio8_coreai.server.wyoming import serve
+from audio8_coreai.server.wyoming_speaker import Speaker
 from audio8_coreai.settings import DEFAULTS, WyomingSettings
 
 SEED = 7
