@@ -29,6 +29,7 @@ from audio8_coreai.measure.agreement import (
     record_reference,
     save_recordings,
 )
+from audio8_coreai.measure.args import count, count_or_zero
 from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.settings import DEFAULTS
 
@@ -38,10 +39,10 @@ def main() -> None:
     ap.add_argument("--checkpoint", type=Path, default=Path(DEFAULTS.bench.checkpoint))
     ap.add_argument("--precision", action="append", default=None)
     ap.add_argument("--device", default="cpu", help="where the precisions replay (the recording is the CPU's)")
-    ap.add_argument("--frames", type=int, default=128)
+    ap.add_argument("--frames", type=count, default=128)
     ap.add_argument("--prompts", type=int, default=len(PROMPTS), choices=range(1, len(PROMPTS) + 1), metavar="N")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=count_or_zero, default=0)
+    ap.add_argument("--threads", type=count, default=1)
     ap.add_argument("--cache", type=Path, default=Path("~/.cache/audio8-coreai"))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()

@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from audio8_coreai.measure.args import count
+
 TEXT = "The meeting has been moved to Thursday afternoon, so please update your calendars and let everyone know."
 
 SNIPPET = """
@@ -53,9 +55,9 @@ def main() -> None:
     ap.add_argument("--after", type=Path, default=Path("src"), help="the src/ folder of the new tree")
     ap.add_argument("--model", required=True, help="checkpoint folder (audio8 make-checkpoint --size 0.6b)")
     ap.add_argument("--precision", action="append", help="repeatable; default int16 and fp32")
-    ap.add_argument("--frames", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--frames", type=count, default=32)
+    ap.add_argument("--rounds", type=count, default=5)
+    ap.add_argument("--threads", type=count, default=1)
     args = ap.parse_args()
     for src in (args.before, args.after):  # else the child would import whatever audio8_coreai is installed
         if not (src / "audio8_coreai" / "__init__.py").is_file():

@@ -30,6 +30,7 @@ import torch
 
 from audio8_coreai import TTS
 from audio8_coreai.engine.batch import BatchEngine
+from audio8_coreai.measure.args import count
 from audio8_coreai.measure.bench import STREAM_CHUNK, ensure_checkpoint, measure_codec
 from audio8_coreai.settings import DEFAULTS
 
@@ -59,12 +60,12 @@ def main() -> None:
     )
     ap.add_argument("--precision", action="append", help="torch precision (repeatable; default int16)")
     ap.add_argument(
-        "--batch", action="append", type=int, help="batch sizes (repeatable; default 1 2 4 8; on a GPU try 1 8 32 128)"
+        "--batch", action="append", type=count, help="batch sizes (repeatable; default 1 2 4 8; on a GPU: 1 8 32 128)"
     )
     ap.add_argument("--device", default="cpu", help="cpu or cuda (then use --precision fp32 or bf16)")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--frames", type=int, default=16, help="timed steps per round")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=count, default=1)
+    ap.add_argument("--frames", type=count, default=16, help="timed steps per round")
+    ap.add_argument("--runs", type=count, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -35,6 +35,7 @@ from audio8_coreai.backends.coreai import convert, read_manifest
 from audio8_coreai.backends.coreai.export import export_program
 from audio8_coreai.backends.coreai.weights import decoder_module
 from audio8_coreai.checkpoint import load_checkpoint
+from audio8_coreai.measure.args import count, count_or_zero
 from audio8_coreai.model.codec import CodecDecoder, StreamingDecoder
 
 
@@ -134,9 +135,9 @@ def main() -> None:
     ap.add_argument("--model", required=True, help="checkpoint folder")
     ap.add_argument("--assets", help="a folder holding codec_decoder.aimodel (fp16) of --model (skips conversion)")
     ap.add_argument("--pushes", default="1,16", help="frames per push, comma-separated (each at most the push)")
-    ap.add_argument("--first-frames", type=int, default=1, help="the converted asset's first push (0: none)")
+    ap.add_argument("--first-frames", type=count_or_zero, default=1, help="the converted asset's first push (0: none)")
     ap.add_argument("--stateless", action="store_true", help="also convert and run a stateless fp16 decoder asset")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--threads", type=count, default=1, help="torch CPU threads")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     pushes = [int(n) for n in args.pushes.split(",")]

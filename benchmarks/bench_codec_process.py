@@ -31,6 +31,7 @@ import torch
 
 from audio8_coreai import TTS
 from audio8_coreai.backends.torch.threads import CallThreads
+from audio8_coreai.measure.args import count
 from audio8_coreai.measure.bench import SENTENCE, ensure_checkpoint
 from audio8_coreai.settings import DEFAULTS
 
@@ -57,9 +58,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint))
     ap.add_argument("--precision", default="fp16w")
-    ap.add_argument("--threads", type=int, help="torch threads in this process (default: torch's own)")
-    ap.add_argument("--frames", type=int, default=48)
-    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--threads", type=count, help="torch threads in this process (default: torch's own)")
+    ap.add_argument("--frames", type=count, default=48)
+    ap.add_argument("--runs", type=count, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     print("load average before: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from audio8_coreai import TTS
 from audio8_coreai.backends.base import StepInputs
 from audio8_coreai.backends.torch.fp16 import Fp16FeedForward, Fp16Linear
+from audio8_coreai.measure.args import count
 from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.measure.bench.parts import count_ops
 from audio8_coreai.model.layers import Block
@@ -75,8 +76,8 @@ def traceable(model, on: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint))
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--frames", type=int, default=4, help="frames per timed sample")
+    ap.add_argument("--rounds", type=count, default=6)
+    ap.add_argument("--frames", type=count, default=4, help="frames per timed sample")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch._dynamo.config.cache_size_limit = 64

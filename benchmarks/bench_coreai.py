@@ -35,6 +35,7 @@ from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.engine.loop import Utterance, frame_steps
 from audio8_coreai.engine.noise import noise_source
+from audio8_coreai.measure.args import count, count_or_zero
 from audio8_coreai.model.frame import PREFILL_WIDTH
 from audio8_coreai.precision import names
 from audio8_coreai.settings import DEFAULTS
@@ -98,10 +99,10 @@ def main() -> None:
     ap.add_argument("--model", required=True, help="checkpoint folder")
     ap.add_argument("--assets", help="existing asset folder (skips conversion)")
     ap.add_argument("--precision", default="fp32", choices=names("coreai"))
-    ap.add_argument("--context", type=int, default=None)
-    ap.add_argument("--frames", type=int, default=8)
-    ap.add_argument("--codec-frames", type=int, default=64, help="frames of the codec stream (0: skip it)")
-    ap.add_argument("--chunk-frames", type=int, default=DEFAULTS.speech.chunk_frames, help="frames per pushed chunk")
+    ap.add_argument("--context", type=count, default=None)
+    ap.add_argument("--frames", type=count, default=8)
+    ap.add_argument("--codec-frames", type=count_or_zero, default=64, help="frames of the codec stream (0: skip it)")
+    ap.add_argument("--chunk-frames", type=count, default=DEFAULTS.speech.chunk_frames, help="frames per pushed chunk")
     args = ap.parse_args()
     ckpt = load_checkpoint(args.model)
     with tempfile.TemporaryDirectory() as tmp:

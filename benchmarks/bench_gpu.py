@@ -48,6 +48,7 @@ from audio8_coreai.backends.torch.codec_rows import CodecRows, Push
 from audio8_coreai.backends.torch.cudagraphs import StepTimes
 from audio8_coreai.engine.batch import BatchEngine
 from audio8_coreai.engine.loop import generate
+from audio8_coreai.measure.args import count
 from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.settings import DEFAULTS
 
@@ -221,11 +222,11 @@ def main() -> None:
         help="torch precision (single: repeatable, default fp32 and bf16; "
         "batched, streams: the last one given, default bf16 on CUDA, fp32 on the CPU)",
     )
-    ap.add_argument("--batch", action="append", type=int, help="batched step sizes (default 1 8 32 128)")
-    ap.add_argument("--streams", action="append", type=int, help="stream counts (default 8 32 128)")
-    ap.add_argument("--frames", type=int, default=32, help="frames per timed run (single and batched)")
-    ap.add_argument("--runs", type=int, default=3, help="timed runs (single and batched; medians)")
-    ap.add_argument("--rounds", type=int, default=3, help="timed 16-frame chunks per stream count")
+    ap.add_argument("--batch", action="append", type=count, help="batched step sizes (default 1 8 32 128)")
+    ap.add_argument("--streams", action="append", type=count, help="stream counts (default 8 32 128)")
+    ap.add_argument("--frames", type=count, default=32, help="frames per timed run (single and batched)")
+    ap.add_argument("--runs", type=count, default=3, help="timed runs (single and batched; medians)")
+    ap.add_argument("--rounds", type=count, default=3, help="timed 16-frame chunks per stream count")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():

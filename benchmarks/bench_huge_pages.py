@@ -23,6 +23,7 @@ import torch
 import audio8_coreai.backends.torch.backend as torch_backend
 from audio8_coreai import TTS
 from audio8_coreai.backends.torch.memory import back_with_huge_pages
+from audio8_coreai.measure.args import count
 from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.settings import DEFAULTS
 
@@ -60,8 +61,8 @@ def _timed(call) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint))
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--frames", type=int, default=40)
+    ap.add_argument("--runs", type=count, default=3)
+    ap.add_argument("--frames", type=count, default=40)
     args = ap.parse_args()
     torch.set_num_threads(1)
     held = torch_backend.DEFAULTS.torch.model_copy(update={"huge_pages_min_bytes": 2**62})

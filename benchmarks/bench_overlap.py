@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from audio8_coreai import TTS
+from audio8_coreai.measure.args import count
 from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.settings import DEFAULTS
 
@@ -80,10 +81,10 @@ def cpu_flags() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint))
-    ap.add_argument("--frames", type=int, default=96)
-    ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--chunk-frames", type=int, default=None, help="Default: the package's.")
-    ap.add_argument("--first-chunk-frames", type=int, default=None, help="Default: the package's.")
+    ap.add_argument("--frames", type=count, default=96)
+    ap.add_argument("--runs", type=count, default=2)
+    ap.add_argument("--chunk-frames", type=count, default=None, help="Default: the package's.")
+    ap.add_argument("--first-chunk-frames", type=count, default=None, help="Default: the package's.")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     load_before = os.getloadavg()

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from audio8_coreai import TTS
+from audio8_coreai.measure.args import count
 from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.model.codec import StreamingDecoder
 from audio8_coreai.settings import DEFAULTS
@@ -161,18 +162,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint))
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=1, help="torch (and ONNX Runtime) threads.")
-    ap.add_argument("--chunk-frames", type=int, default=DEFAULTS.speech.chunk_frames)
+    ap.add_argument("--threads", type=count, default=1, help="torch (and ONNX Runtime) threads.")
+    ap.add_argument("--chunk-frames", type=count, default=DEFAULTS.speech.chunk_frames)
     ap.add_argument(
         "--first-chunk-frames",
-        type=int,
+        type=count,
         action="append",
         help="First-chunk sizes to time (repeatable; default 1, 2, 4, 8 and --chunk-frames).",
     )
-    ap.add_argument("--chunks", type=int, default=4, help="Codec chunks timed after the first 160 frames.")
-    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--chunks", type=count, default=4, help="Codec chunks timed after the first 160 frames.")
+    ap.add_argument("--runs", type=count, default=2)
     ap.add_argument(
-        "--frames", type=int, default=48, help="Frames of the steady-state stream (the random model never stops)."
+        "--frames", type=count, default=48, help="Frames of the steady-state stream (the random model never stops)."
     )
     ap.add_argument(
         "--voice-seconds",

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from audio8_coreai.measure.args import count, count_or_zero
+
 NAMES = ("ann", "bob", "cy", "dee")
 WRITER = r"""
 import random, sys
@@ -89,9 +91,9 @@ def one_round(folder: Path, seed: int, rng: random.Random) -> tuple[int, int, li
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=25)
+    ap.add_argument("--rounds", type=count, default=25)
     ap.add_argument("--voices", type=Path, help="The voices folder (default: a new temporary one).")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=count_or_zero, default=0)
     args = ap.parse_args()
     folder = args.voices or Path(tempfile.mkdtemp(prefix="audio8-kill-"))
     rng, bad = random.Random(args.seed), 0

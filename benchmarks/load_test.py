@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from audio8_coreai.measure.args import count, count_or_zero
+
 TEXTS = [
     "The meeting has been moved to Thursday afternoon.",
     "Please remember to bring the signed forms with you.",
@@ -212,25 +214,25 @@ def main() -> int:
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="A running server, e.g. http://127.0.0.1:8000.")
     where.add_argument("--model", help="Start a server on this checkpoint in this process.")
-    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--clients", type=count, default=4)
     ap.add_argument("--duration", type=float, default=30.0, help="Seconds of sending new requests.")
-    ap.add_argument("--max-frames", type=int, default=64, help="Frame cap per request (46 ms each).")
+    ap.add_argument("--max-frames", type=count, default=64, help="Frame cap per request (46 ms each).")
     ap.add_argument("--no-stream", action="store_true", help="Whole responses instead of streamed ones.")
     ap.add_argument("--timeout", type=float, default=600.0, help="Per-request timeout, seconds.")
-    ap.add_argument("--workers", type=int, default=1, help="With --model: model instances.")
+    ap.add_argument("--workers", type=count, default=1, help="With --model: model instances.")
     ap.add_argument(
         "--batch",
-        type=int,
+        type=count_or_zero,
         default=0,
         help="With --model: N rows of one model instance, frames batched (audio8 serve --batch).",
     )
     ap.add_argument("--precision", default=None, help="With --model: torch precision (default: the CPU default).")
-    ap.add_argument("--chunk-frames", type=int, default=16, help="With --model: frames per streamed chunk.")
+    ap.add_argument("--chunk-frames", type=count, default=16, help="With --model: frames per streamed chunk.")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", help="Also write the figures here.")
     ap.add_argument("--mix", action="store_true", help="Mixed formats, streamed and whole (see above).")
     ap.add_argument("--disconnect", type=float, default=0.0, help="With --mix: share of requests left early.")
-    ap.add_argument("--seeds", type=int, default=8, help="With --mix: seeds drawn from (repeats check bytes).")
+    ap.add_argument("--seeds", type=count, default=8, help="With --mix: seeds drawn from (repeats check bytes).")
     ap.add_argument("--backoff", action="store_true", help="With --mix: wait a 503's Retry-After (at most 2 s).")
     ap.add_argument("--server-pid", type=int, help="Sample this server process's RSS, threads and descriptors.")
     args = ap.parse_args()

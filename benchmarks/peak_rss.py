@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from audio8_coreai.measure.args import count
+
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs back home before the rain."
 
 
@@ -71,7 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="checkpoint folder (publisher layout)")
     parser.add_argument("--precision", action="append", help="precision to measure (repeatable; default fp16w)")
-    parser.add_argument("--frames", type=int, default=32, help="frames to generate and to stream")
+    parser.add_argument("--frames", type=count, default=32, help="frames to generate and to stream")
     parser.add_argument("--codec-process", choices=("auto", "on", "off"), default="auto")
     parser.add_argument("--json", help="write every step of every precision here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

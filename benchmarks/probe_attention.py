@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
+from audio8_coreai.measure.args import count
+
 HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64  # the slow AR's attention (0.6b)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 BACKENDS = [b for name, b in SDPBackend.__members__.items() if name not in ("ERROR", "OVERRIDEABLE")]
@@ -132,10 +134,10 @@ def short(op: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--batch", action="append", type=int, help="batch sizes (default 1 128)")
+    ap.add_argument("--batch", action="append", type=count, help="batch sizes (default 1 128)")
     ap.add_argument("--dtype", action="append", choices=sorted(DTYPES), help="dtypes (default bf16 fp32)")
-    ap.add_argument("--cache", type=int, default=2048, help="KV cache slots L")
-    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--cache", type=count, default=2048, help="KV cache slots L")
+    ap.add_argument("--reps", type=count, default=50)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():

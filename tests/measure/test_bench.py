@@ -163,3 +163,23 @@ def test_a_mistyped_model_folder_is_refused_not_filled_with_a_random_checkpoint(
     assert result.exit_code == 2, result.output
     assert "".join(f"no checkpoint in {typo} ({kind})".split()) in "".join(result.output.split())  # rich wraps
     assert (list(typo.iterdir()) == []) if kind == "an empty folder" else not typo.parent.exists()
+
+
+def test_frames_past_the_context_are_refused_in_one_line_naming_the_most_that_fit(tiny_checkpoint):
+    """The worker that finds ``--frames`` past the checkpoint's context says so in one line (no traceback) and
+    the command exits 2, naming the most frames that fit beside the bench's prompt."""
+    import subprocess
+    import sys
+
+    from audio8_coreai import TTS
+
+    tts = TTS.load(tiny_checkpoint, device="cpu")
+    room = tts.config.max_seq_len - tts.prompts.plain(SENTENCE).shape[1]
+    command = ["bench", "--model", str(tiny_checkpoint), "--frames", str(room + 1), "--runs", "1", "--no-rss"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "audio8_coreai.cli", *command], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"--frames {room + 1} does not fit" in proc.stderr and f"give --frames {room} or fewer" in proc.stderr
+    assert "the bench worker (--group) stopped: the reason is above" in proc.stderr
+    assert "Traceback" not in proc.stderr

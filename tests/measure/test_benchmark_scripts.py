@@ -34,3 +34,19 @@ def test_agreement_takes_one_to_four_prompts():
 def test_gpu_scripts_say_there_is_no_cuda_device(script, part):
     done = _run(script, *([part] if part else []))
     assert done.returncode == 2 and "--device cuda: this machine has no CUDA device" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "option", "value", "said"),
+    [
+        ("bench_streaming.py", "--runs", "0", "0 is under 1: give a whole number of at least 1"),
+        ("bench_streaming.py", "--chunk-frames", "0", "0 is under 1"),
+        ("bench_overlap.py", "--frames", "-3", "-3 is under 1"),
+        ("load_test.py", "--clients", "two", "'two' is not a whole number"),
+        ("bench_coreai.py", "--codec-frames", "-1", "-1 is under 0: give a whole number of at least 0"),
+    ],
+)
+def test_counts_under_their_least_are_refused_by_argparse_in_one_line(script, option, value, said):
+    """A count of 0 (or a word) failed as a Python error (a division by zero, an empty median) after loading."""
+    done = _run(script, option, value)
+    assert done.returncode == 2 and f"argument {option}: {said}" in done.stderr and "Traceback" not in done.stderr

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from ...errors import ConfigError
 from ...settings import DEFAULTS, BenchSettings
 from .baseline import BaselineFrame
 from .config import PUBLISHER, SENTENCE, STREAM_CHUNK, STREAM_WINDOW, label, median_ms
@@ -56,6 +57,13 @@ class _Run:
         self.mc = self.tts.config
         self.params = self.tts.sampling()
         self.prompt = self.tts.prompts.plain(SENTENCE)
+        room = self.mc.max_seq_len - self.prompt.shape[1]
+        if cfg.frames > room:
+            raise ConfigError(
+                f"--frames {cfg.frames} does not fit: the bench's prompt ({self.prompt.shape[1]} columns) and its "
+                f"frames must fit the checkpoint's context ({self.mc.max_seq_len}): give --frames {room} or fewer",
+                "frames",
+            )
         self.baseline = BaselineFrame(self.backend, self.params) if cfg.baseline else None
         self.samples: dict[str, list[float]] = {}
         self._parts = self._floor = None

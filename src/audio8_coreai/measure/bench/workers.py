@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ...errors import Audio8Error, ConfigError
 from ...settings import DEFAULTS, BenchSettings
 from .config import label
 from .run import measure, measure_group, measure_rss
+
+_REFUSED = 3  # the worker's exit status for a configuration it refused, its reason said in one line
 
 
 def ensure_checkpoint(path: Path, log=print) -> Path:
@@ -46,6 +49,8 @@ def _worker(mode: str, payload) -> list | dict:
         stdout=subprocess.PIPE,
         text=True,
     )
+    if proc.returncode == _REFUSED:
+        raise ConfigError(f"the bench worker ({mode}) stopped: the reason is above")
     if proc.returncode:
         raise RuntimeError(f"the bench worker ({mode}) failed (exit status {proc.returncode}); its error is above")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -64,6 +69,16 @@ def run_configs(configs: list[BenchSettings], log=print, rss: bool = True) -> li
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The worker: one mode's figures as a JSON line on stdout. An Audio8Error (a configuration the checkpoint
+    cannot run) is said on stderr in one line, exit status ``_REFUSED``; anything else is a traceback."""
+    try:
+        _main(argv)
+    except Audio8Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(_REFUSED) from None
+
+
+def _main(argv: list[str] | None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 2 and argv[0] == "--group":
         print(json.dumps(measure_group([BenchSettings(**c) for c in json.loads(argv[1])])))

@@ -1,0 +1,28 @@
+"""Argument types of the benchmark scripts (``benchmarks/``, argparse): a count of frames, runs or threads is a whole
+number >= 1 and a size that may be none a whole number >= 0, refused by argparse in one line (usage, then
+``error: argument --runs: ...``, exit status 2) before anything is loaded, not a Python error after minutes."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _whole(text: str, least: int) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < least:
+        raise argparse.ArgumentTypeError(f"{n} is under {least}: give a whole number of at least {least}")
+    return n
+
+
+def count(text: str) -> int:
+    """A whole number >= 1 (frames, runs, rounds, threads, chunk frames, batch rows); raises ArgumentTypeError."""
+    return _whole(text, 1)
+
+
+def count_or_zero(text: str) -> int:
+    """A whole number >= 0 (0 where the option says what it means, e.g. no codec stream; a seed); raises
+    ArgumentTypeError."""
+    return _whole(text, 0)
