@@ -89,6 +89,14 @@ def test_too_short_or_too_long_is_refused_with_the_duration(tmp_path, samples, s
         read_reference(path)
 
 
+@pytest.mark.parametrize("rate, samples", [(8000, 4000), (8000, 240000), (44100, 22050), (16000, 480000)])
+def test_a_clip_of_exactly_a_limit_is_taken(tmp_path, rate, samples):
+    """0.5 s and 30 s are inside "0.5 to 30 s" (they stopped in the duration's wording: a StopIteration)."""
+    path = clips.write(tmp_path / "c.wav", clips.bursts(rate, 30)[:samples], rate)
+    audio, info = read_reference(path)
+    assert info.duration_s == samples / rate and abs(len(audio) - round(samples / rate * 44100)) <= 1
+
+
 @pytest.mark.parametrize("rate, samples", [(1, 3), (100, 300), (4000, 4000)])
 def test_a_clip_of_too_few_samples_is_refused_whatever_its_length_in_seconds(tmp_path, rate, samples):
     """Three samples at 1 Hz are "3 s" by the header: a voice needs a rate that holds speech (8 kHz) as well."""

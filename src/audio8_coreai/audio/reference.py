@@ -163,10 +163,11 @@ def _check_duration(path: Path, samples: int, rate: int) -> None:
             f"{MIN_RATE_HZ} Hz or more (16000 Hz or more sounds better), {MIN_REFERENCE_S:g} to {MAX_REFERENCE_S:g} s"
         )
     seconds = samples / rate
+    if MIN_REFERENCE_S <= seconds <= MAX_REFERENCE_S:  # the limits themselves included
+        return
     # as many decimals as tell it from the limit ("30.00 s" said of 30 s and 10 samples contradicts "up to 30 s")
-    shown = next(
-        f"{seconds:.{d}f}" for d in range(2, 8) if float(f"{seconds:.{d}f}") not in (MIN_REFERENCE_S, MAX_REFERENCE_S)
-    )
+    limits = (MIN_REFERENCE_S, MAX_REFERENCE_S)
+    shown = next((f"{seconds:.{d}f}" for d in range(2, 8) if float(f"{seconds:.{d}f}") not in limits), f"{seconds!r}")
     if seconds < MIN_REFERENCE_S:
         raise AudioError(
             f"reference audio {path} is {shown} s long; a voice needs {MIN_REFERENCE_S:g} to "
