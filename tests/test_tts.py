@@ -174,6 +174,26 @@ def test_threads_take_turns_and_an_overtaken_stream_says_so(tiny_tts):
     assert fresh.size > 0  # the next stream is whole again
 
 
+def test_a_call_from_its_own_on_frame_is_refused_not_a_hang(tiny_tts):
+    """generate's on_frame runs with the model held: a call on the same TTS there would wait for itself for ever.
+    It raises EngineError, the outer utterance stops with it, and the TTS serves the next call whole."""
+    want = tiny_tts.generate("Hello there.", seed=0, max_frames=6).codes
+    inner: list[BaseException] = []
+
+    def on_frame(step):
+        if step == 1:
+            try:
+                tiny_tts.generate("Inner.", seed=1, max_frames=2)
+            except EngineError as e:
+                inner.append(e)
+                raise
+
+    with pytest.raises(EngineError, match="from inside its own utterance"):
+        tiny_tts.generate("Hello there.", seed=0, max_frames=6, on_frame=on_frame)
+    assert len(inner) == 1
+    assert np.array_equal(tiny_tts.generate("Hello there.", seed=0, max_frames=6).codes, want)
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
     [

@@ -104,22 +104,39 @@ class Lease:
 
     :meth:`hold` runs a block alone and starts a new utterance (its token); :meth:`resume` runs a later step of
     the utterance of ``token`` alone, and raises EngineError when another utterance has held the backend since
-    (it overwrote the KV state this one would continue from: going on would give wrong audio, silently).
+    (it overwrote the KV state this one would continue from: going on would give wrong audio, silently). Either
+    raises EngineError when the thread already holds the backend (a call on a TTS from its own ``on_frame``
+    callback), which would otherwise wait for itself for ever.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._epoch = 0
+        self._holder: int | None = None  # the thread holding the lock
+
+    @contextlib.contextmanager
+    def _alone(self) -> Iterator[None]:
+        if self._holder == threading.get_ident():
+            raise EngineError(
+                "a call on this TTS from inside its own utterance (an on_frame callback): it would wait for "
+                "itself; make the next utterance after this call returns, or on another TTS"
+            )
+        with self._lock:
+            self._holder = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._holder = None
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[int]:
-        with self._lock:
+        with self._alone():
             self._epoch += 1
             yield self._epoch
 
     @contextlib.contextmanager
     def resume(self, token: int) -> Iterator[None]:
-        with self._lock:
+        with self._alone():
             if self._epoch != token:
                 raise EngineError(
                     "this stream was overtaken: another utterance ran on the same model since its "
