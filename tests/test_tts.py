@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from audio8_coreai.errors import ConfigError, EngineError, PromptError, VoiceError
+from audio8_coreai.errors import ClipWarning, ConfigError, EngineError, PromptError, VoiceError
 from audio8_coreai.request import check_request
 from audio8_coreai.settings import DEFAULTS
 
@@ -356,3 +356,27 @@ def test_noise_drawn_ahead_gives_the_same_audio(tiny_checkpoint):
     want, got = (np.concatenate(list(s)) for s in streams)
     assert want.size > 0
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_clips_warnings_reach_the_python_caller_as_clip_warnings(tiny_tts, tmp_path):
+    """A clip at 8 kHz clones less well: voice_from_clip, register_voice and generate with ref_audio each tell it as
+    a ClipWarning naming the caller's line (it was only in ``Voice.warnings``); a clean clip tells nothing."""
+    import warnings
+
+    from tests import clips
+
+    low = clips.write(tmp_path / "low.wav", clips.bursts(8000, 2.0), 8000)
+    clean = clips.write(tmp_path / "clean.wav", clips.bursts(24000, 2.0), 24000)
+    calls = {
+        "voice_from_clip": lambda clip: tiny_tts.voice_from_clip(clip, "Hello."),
+        "register_voice": lambda clip: tiny_tts.register_voice(clip.stem, clip, "Hello.", store=tmp_path / "v"),
+        "generate": lambda clip: tiny_tts.generate("Hi.", ref_audio=clip, ref_text="Hello.", seed=0, max_frames=2),
+    }
+    for name, call in calls.items():
+        with pytest.warns(ClipWarning, match="8000 Hz") as told:
+            call(low)
+        assert len(told) == 1 and told[0].filename == __file__, (name, [str(w.message) for w in told])
+        with warnings.catch_warnings(record=True) as told:
+            warnings.simplefilter("always")
+            call(clean)
+        assert [w for w in told if issubclass(w.category, ClipWarning)] == [], name

@@ -22,6 +22,7 @@ from .errors import (
     AudioError,
     BackendError,
     CheckpointError,
+    ClipWarning,
     ConfigError,
     EngineError,
     PromptError,
@@ -58,6 +59,7 @@ __all__ = [
     "ConfigError",
     "EngineError",
     "UnsupportedLanguageWarning",
+    "ClipWarning",
     "PromptError",
     "VoiceError",
 ]

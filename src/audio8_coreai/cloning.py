@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -10,11 +11,18 @@ from .audio import read_reference
 from .backends.base import Backend
 from .checkpoint import Checkpoint
 from .config import ModelConfig
-from .errors import PromptTooLong, VoiceError
+from .errors import ClipWarning, PromptTooLong, VoiceError
 from .request import CheckedRequest
 from .settings import DEFAULTS
 from .text import PromptBuilder, check_text
 from .voices import Voice, VoiceStore, check_name, now_utc
+
+
+def warn_clip(voice: Voice, stacklevel: int) -> None:
+    """Tell each of the clip's warnings (``voice.warnings``) as a ClipWarning; ``stacklevel`` as the calling
+    function would give it to :func:`warnings.warn` (2: the line that called it)."""
+    for said in voice.warnings:
+        warnings.warn(said, ClipWarning, stacklevel=stacklevel + 1)
 
 
 class VoiceCloning:
@@ -32,12 +40,15 @@ class VoiceCloning:
         """A voice from a reference clip file and its transcript, not stored (see :meth:`register_voice`).
 
         The clip is read by :func:`.audio.read_reference` (any libsndfile format and rate, mixed to mono,
-        resampled to 44.1 kHz, 0.5-30 s; its warnings land in ``Voice.warnings``) and encoded by this
+        resampled to 44.1 kHz, 0.5-30 s; its warnings land in ``Voice.warnings`` and are told as ClipWarnings) and
+        encoded by this
         checkpoint's codec into codes int64 [num_codebooks, ceil(N / 2048)].
         Raises AudioError (unusable clip), PromptError (empty transcript), VoiceError (the clone prompt
         would leave fewer than DEFAULTS.speech.min_voice_frames frames of the context; the message gives the numbers).
         """
-        return self._clip_voice(audio, check_text(text, "reference text"), name)
+        voice = self._clip_voice(audio, check_text(text, "reference text"), name)
+        warn_clip(voice, stacklevel=2)
+        return voice
 
     def _clip_voice(self, audio: str | Path, transcript: str, name: str = "") -> Voice:
         """:meth:`voice_from_clip` of a checked ``transcript``."""
@@ -80,7 +91,8 @@ class VoiceCloning:
             store = VoiceStore(store)
         name = check_name(name)
         store.check_new(name, replace)
-        voice = self.voice_from_clip(audio, text, name)
+        voice = self._clip_voice(audio, check_text(text, "reference text"), name)
+        warn_clip(voice, stacklevel=2)
         store.save(voice, replace=replace)
         return voice
 

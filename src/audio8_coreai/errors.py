@@ -108,6 +108,11 @@ class NoAudio(EngineError):
     """The model ended every utterance of a request on its first frame (eos drawn at once): no audio to send."""
 
 
+class ClipWarning(UserWarning):
+    """A warning, not an error: a reference clip that will clone less well (clipped, quiet, a low sample rate, over
+    full scale; audio/reference.py): the voice is made all the same."""
+
+
 class UnsupportedLanguageWarning(UserWarning):
     """A warning, not an error: text in a script none of the model's languages uses, or written Cantonese
     (text/languages.py); it is spoken all the same, likely as noise or not at all."""

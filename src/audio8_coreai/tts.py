@@ -15,7 +15,7 @@ from .backends.base import Backend, FrameRows
 from .backends.choice import check_backend_choice, open_backend
 from .checkpoint import DEFAULT_MODEL, Checkpoint, load_checkpoint
 from .checkpoint.layout import FOLDER_CONTENTS
-from .cloning import VoiceCloning
+from .cloning import VoiceCloning, warn_clip
 from .config import SamplingParams, check_int
 from .engine.batch import generate_batch
 from .engine.loop import generate
@@ -376,7 +376,7 @@ class TTS(VoiceCloning):
         """``text`` when it is a plan (TypeError if anything else is given), else the plan of ``text`` with the
         keywords of :func:`.request.check_request` in ``request``, ``frame_cap`` and a stream's
         ``first_chunk_frames`` (through the API it may pass ``chunk_frames``), its language warning told as an
-        UnsupportedLanguageWarning (the keyword API's way)."""
+        UnsupportedLanguageWarning and a ``ref_audio`` clip's as ClipWarnings (the keyword API's way)."""
         if isinstance(text, Plan):
             return text.reused(self.checkpoint.fingerprint(), {**request, "frame_cap": frame_cap})
         unknown = [key for key in request if key not in REQUEST_KEYWORDS]
@@ -392,4 +392,6 @@ class TTS(VoiceCloning):
         plan = self.plan(checked, split=split, frame_cap=frame_cap)
         if plan.warning:  # stacklevel: the line that called generate, stream, synthesize or generate_batch
             warnings.warn(plan.warning, UnsupportedLanguageWarning, stacklevel=3)
+        if checked.ref_audio is not None:
+            warn_clip(plan.voice, stacklevel=3)
         return plan
