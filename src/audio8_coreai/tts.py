@@ -79,7 +79,8 @@ class TTS(VoiceCloning):
         ``backend``: torch, or coreai with ``assets`` the folder ``audio8 convert`` wrote from this
         checkpoint (``device`` then does not apply, and a ``precision`` must be the assets' own: they fix it).
         Raises CheckpointError (missing/corrupt files, wrong shapes, no tokenizer), BackendError
-        (unknown device/precision/backend; missing, stale or foreign assets; cuda_graphs off CUDA), ConfigError
+        (unknown device/backend; missing, stale or foreign assets, a codec decoder among them: checked at load;
+        cuda_graphs off CUDA), PrecisionError (a precision unknown or not the backend's), ConfigError
         (``cuda_graphs`` or ``codec_process`` not True, False or None).
         """
         cuda_graphs = check_switch("cuda_graphs", cuda_graphs)
@@ -101,6 +102,7 @@ class TTS(VoiceCloning):
             prefix_length=prompts.prefix_length,
             codec_process=codec_process,
         )
+        chosen.ready()  # a Core AI codec part that is missing or damaged: said now, not after the frames
         return cls(ckpt, chosen, prompts, VoiceStore(voices_dir))
 
     def close(self) -> None:

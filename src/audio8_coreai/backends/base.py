@@ -262,6 +262,10 @@ class Backend(ABC):
         told. What ``audio8 serve --workers`` checks its instances against."""
         return machine_memory_bytes()
 
+    def ready(self) -> None:  # noqa: B027 - not abstract: most backends load every part at once
+        """Load and check now what speech needs besides the frame (the codec), raising what its first use would
+        (:meth:`..tts.TTS.load` calls it: a speaker must not fail after its frames). Nothing by default."""
+
     def close(self) -> None:  # noqa: B027 - not abstract: most backends hold nothing outside the process
         """Release what the backend holds outside this process (the torch backend's codec process); idempotent.
         Nothing by default."""

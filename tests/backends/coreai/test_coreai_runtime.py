@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 
@@ -195,6 +196,26 @@ def test_missing_or_incomplete_asset_folder(oracle, fp32_assets, tmp_path):
             backend.encode(np.zeros(4096, np.float32))
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("fault", ["no decoder", "cut decoder", "cut encoder", "no encoder"])
+def test_a_speaker_is_refused_at_load_when_its_codec_cannot_run(speakable, fp32_assets, tmp_path, fault):
+    """TTS.load (say, serve, wyoming) checks the codec parts at load: without a working decoder a folder was taken,
+    the frames made, then the audio refused (a server's /health said ok). A folder without the encoder speaks."""
+    folder = tmp_path / "a"
+    shutil.copytree(fp32_assets, folder)
+    part = folder / ("codec_decoder.aimodel" if "decoder" in fault else "codec_encoder.aimodel")
+    if fault.startswith("no"):
+        shutil.rmtree(part)
+    else:
+        os.truncate(part / "main.mlirb", 1000)
+    if fault == "no encoder":
+        with TTS.load(speakable, backend="coreai", assets=folder) as tts:
+            assert tts.generate("Hi.", seed=0, max_frames=2).audio.size > 0
+        return
+    said = "no codec_decoder.aimodel" if fault == "no decoder" else f"{part / 'main.mlirb'} is damaged"
+    with pytest.raises(AssetError, match=re.escape(said)):
+        TTS.load(speakable, backend="coreai", assets=folder)
 
 
 def test_a_damaged_or_cut_program_is_refused_before_the_runtime_reads_it(oracle, fp32_assets, tmp_path):

@@ -272,6 +272,13 @@ class CoreAIBackend(Backend):
             self._codec[part] = (fns, manifest)
         return self._codec[part]
 
+    def ready(self) -> None:
+        """The codec decoder loaded and checked now (manifest, program hash, checkpoint, precision), and the encoder
+        too where the folder holds one (a folder without it speaks, in stored voices only); raises AssetError."""
+        self._codec_fns("codec_decoder")
+        if (self.folder / "codec_encoder.aimodel").exists():
+            self._codec_fns("codec_encoder")
+
     def decode_window(self, codes: np.ndarray) -> np.ndarray:
         """Codes int [C, T] -> float32 audio [T * frame_length] at 44.1 kHz: the whole utterance pushed through a
         fresh :meth:`codec_stream` (one runtime call per push of up to the decoder's ``push`` frames; exact)."""
