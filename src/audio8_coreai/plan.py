@@ -70,6 +70,15 @@ class Plan:
         return self
 
 
+def sampling_defaults(generation: GenerationConfig, baked: SamplingParams | None) -> GenerationConfig:
+    """The sampling a request that sets none gets: the checkpoint's ``generation``, or the settings a backend's
+    graphs bake in (``baked``: Core AI assets converted with other sampling than the checkpoint has now, which is
+    all they can draw with). Greedy assets stay refused for speech (the backend says why)."""
+    if baked is None or not baked.do_sample:
+        return generation
+    return dataclasses.replace(generation, temperature=baked.temperature, top_k=baked.top_k, top_p=baked.top_p)
+
+
 def make_plan(
     checked: CheckedRequest,
     voice: Voice | None,

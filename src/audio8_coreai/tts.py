@@ -22,7 +22,7 @@ from .engine.loop import generate
 from .engine.overlap import UtteranceDecode
 from .engine.stream import SpeechStream
 from .errors import CheckpointError, ConfigError, EngineError, UnsupportedLanguageWarning
-from .plan import Plan, make_plan
+from .plan import Plan, make_plan, sampling_defaults
 from .request import REQUEST_KEYWORDS, CheckedRequest, check_callback, check_request, check_switch, sampling_config
 from .settings import DEFAULTS
 from .synthesis import Synthesis
@@ -150,8 +150,8 @@ class TTS(VoiceCloning):
                 "tts.plan(check_request(text, ...)) (audio8_coreai.request.check_request)"
             )
         voice = self._voice(checked)
-        ckpt = self.checkpoint
-        made_for = (self.prompts, self.config, ckpt.generation, ckpt.fingerprint())
+        ckpt, defaults = self.checkpoint, sampling_defaults(self.checkpoint.generation, self.backend.sampling)
+        made_for = (self.prompts, self.config, defaults, ckpt.fingerprint())
         return make_plan(checked, voice, *made_for, split=split, frame_cap=frame_cap)
 
     def generate(

@@ -31,6 +31,7 @@ from audio8_coreai.engine.loop import generate
 from audio8_coreai.errors import AssetError, BackendError, EngineError, PrecisionError
 from audio8_coreai.measure.oracle import load_fixture
 from audio8_coreai.measure.parity import replay_forced, replay_single
+from audio8_coreai.request import check_request
 from audio8_coreai.settings import DEFAULTS
 from tests.cli.cli_support import run as _run
 
@@ -287,11 +288,33 @@ def test_sampling_other_than_the_baked_one_is_refused(fp32_backend, oracle, fixt
     fp32_backend.prefill(fixture["plain__prompt_input_ids"][0])
     other = SamplingParams(temperature=0.9)
     baked = rf"temperature {fp32_backend.sampling.temperature:g}, top-k {fp32_backend.sampling.top_k}, top-p"
-    said = rf"baked into their frame graphs \({baked} .*\); temperature 0.9, top-k 50, top-p 0.9 was asked for: drop"
+    said = rf"when converted \({baked} [0-9.]+\); temperature 0.9, top-k 50, top-p 0.9 was asked for: drop"
     with pytest.raises(BackendError, match=said):
         fp32_backend.frame(
             other, StepInputs(None, 0, np.full((2, 257), 0.5, np.float32), np.full(10, -1), np.full((9, 256), 0.5))
         )
+
+
+def test_a_request_that_sets_no_sampling_draws_with_the_assets_own(speakable, fp32_assets, tmp_path):
+    """The checkpoint's generation_config.json changed since the conversion (or the assets were converted with
+    other sampling): a request that sets none speaks with what the frame graphs bake in (it was refused, told to
+    drop options it never gave); one that asks for other values is still refused."""
+    changed = tmp_path / "ck"
+    shutil.copytree(speakable, changed)
+    config = json.loads((changed / "generation_config.json").read_text())
+    (changed / "generation_config.json").write_text(json.dumps({**config, "temperature": 0.55}))
+    with TTS.load(changed, backend="coreai", assets=fp32_assets) as tts:
+        baked = tts.backend.sampling
+        assert baked.temperature != 0.55 and tts.checkpoint.generation.temperature == 0.55
+        plan = tts.plan(check_request("Hi."))
+        assert (plan.params.temperature, plan.params.top_k, plan.params.top_p) == (
+            baked.temperature,
+            baked.top_k,
+            baked.top_p,
+        )
+        assert tts.generate("Hi.", seed=0, max_frames=2).audio.size > 0
+        with pytest.raises(BackendError, match="temperature 0.55, top-k .* was asked for"):
+            tts.generate("Hi.", seed=0, max_frames=2, temperature=0.55)
 
 
 def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):

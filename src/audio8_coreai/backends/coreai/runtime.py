@@ -49,9 +49,9 @@ def _sampling_refused(baked: SamplingParams, asked: SamplingParams) -> str:
             "with the checkpoint's settings: convert without --greedy into a new folder"
         )
     return (
-        f"these Core AI assets draw with the sampling baked into their frame graphs ({_said(baked)}, the "
-        f"checkpoint's when converted); {_said(asked)} was asked for: drop temperature, top_k and top_p "
-        "(--temperature, --top-k, --top-p) to speak with them"
+        f"these Core AI assets draw with the sampling baked into their frame graphs when converted "
+        f"({_said(baked)}); {_said(asked)} was asked for: drop temperature, top_k and top_p "
+        "(--temperature, --top-k, --top-p) to speak with theirs, or convert again with the sampling you want"
     )
 
 
