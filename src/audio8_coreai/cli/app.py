@@ -88,18 +88,23 @@ def friendly(fn):
 
 
 def _interrupted() -> typer.Exit:
-    err.print("interrupted")
-    return typer.Exit(130)
+    """'interrupted' and status 130 after a Ctrl-C; 'terminated' and 143 after a SIGTERM (128 + the signal)."""
+    signum = _HEARD[-1] if _HEARD else signal.SIGINT
+    err.print("terminated" if signum == signal.SIGTERM else "interrupted")
+    return typer.Exit(128 + signum)
 
 
-_HEARD: list[int] = []  # the Ctrl-Cs heard since listen_for_interrupts (the command's own process only)
+_HEARD: list[int] = []  # the Ctrl-Cs and SIGTERMs heard since listen_for_interrupts (the command's own process only)
 
 
 def listen_for_interrupts() -> None:
-    """Note each Ctrl-C (SIGINT) from now on, still raised as KeyboardInterrupt as by Python's own handler: a C
-    extension's import it cuts short can leave the module half made, and a later import fail (numpy's
+    """Note each Ctrl-C (SIGINT) and SIGTERM from now on, raised as KeyboardInterrupt as by Python's own handler of
+    SIGINT: a C extension's import it cuts short can leave the module half made, and a later import fail (numpy's
     RecursionError, "cannot load module more than once"), which :func:`friendly` then says as the interruption it
-    is. The ``audio8`` command calls it before loading its modules; the main thread only (signals are its)."""
+    is; and a SIGTERM (``timeout``, ``docker stop``, a CI cancel) unwinds as a Ctrl-C does, so what a command left
+    half made (a conversion's hidden folder, a partial audio file) is cleaned up, not left behind. The servers
+    put their own handlers in place while they serve. The ``audio8`` command calls it before loading its modules;
+    the main thread only (signals are its)."""
 
     def hear(signum: int, frame: object) -> None:
         _HEARD.append(signum)
@@ -107,6 +112,7 @@ def listen_for_interrupts() -> None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, hear)
+        signal.signal(signal.SIGTERM, hear)
 
 
 def described(group: BaseModel, field: str, lead: str = "", more: str = "") -> str:

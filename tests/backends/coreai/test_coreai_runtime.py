@@ -461,3 +461,27 @@ def test_a_clip_past_the_encoders_bucket_names_the_option_that_holds_it(fp32_bac
     bucket = read_manifest(fp32_backend.folder / "codec_encoder.aimodel")["frames"]
     with pytest.raises(BackendError, match=rf"up to .* s \({bucket} frames\); .*--encoder-frames {bucket + 1} or more"):
         fp32_backend.encode(np.zeros(bucket * 2048 + 1, np.float32))
+
+
+def test_a_conversion_ended_by_sigterm_leaves_nothing_behind(oracle_dir, tmp_path):
+    """``timeout``, ``docker stop`` or a CI cancel send SIGTERM: the command unwinds as after a Ctrl-C (its hidden
+    ``.OUT.partial-*`` folder removed, no OUT), says "terminated" and exits 143. It left the folder for ever."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "audio8_coreai.cli", "convert", "--model", str(oracle_dir), "--out", str(out)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.monotonic()
+        while not list(tmp_path.glob(".out.partial-*")):  # converting
+            assert proc.poll() is None and time.monotonic() - t0 < 120, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, said = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and said.strip().endswith("terminated"), said[-2000:]
+    assert "Traceback" not in said and list(tmp_path.iterdir()) == []
