@@ -217,6 +217,7 @@ def test_manifest_holds_contract_sampling_and_source(fp32_assets, oracle):
     sha = hashlib.sha256(oracle.model_file.read_bytes()).hexdigest()
     assert dualar["source"]["sha256"]["model.safetensors"] == sha
     assert dualar["source"]["fingerprint"] == oracle.fingerprint()
+    assert dualar["source"]["name"] == oracle.path.name and str(oracle.path.parent) not in json.dumps(dualar)
     decoder = read_manifest(fp32_assets / "codec_decoder.aimodel")
     assert decoder["push"] == 16 and decoder["max_frames"] == 512  # the checkpoint's max_seq_len
     assert decoder["pushes"] == {"main": 16, "first": 1} and list(decoder["contract"]) == ["main", "first"]

@@ -142,7 +142,8 @@ def _file_sha256(path: Path) -> str:
 
 
 def _source(ckpt: Checkpoint) -> dict[str, Any]:
-    """The checkpoint's fingerprint (checked at load) and the sha256 of every file a part depends on."""
+    """The checkpoint's folder name (not its path: assets ship inside apps), its fingerprint (checked at load) and
+    the sha256 of every file a part depends on."""
     files = [
         ckpt.path / CONFIG_FILE,
         ckpt.path / GENERATION_FILE,
@@ -151,7 +152,7 @@ def _source(ckpt: Checkpoint) -> dict[str, Any]:
         ckpt.codec_file,
     ]
     return {
-        "path": str(ckpt.path),
+        "name": ckpt.path.name,
         "fingerprint": ckpt.fingerprint(),
         "sha256": {f.name: _file_sha256(f) for f in files if f.is_file()},
     }
@@ -176,7 +177,9 @@ def asset_metadata(manifest: dict[str, Any]) -> Any:
 
     meta = rt.AIModelAssetMetadata()
     meta.license = "apache-2.0"
-    meta.model_description = f"Audio8-TTS-Preview-0.6b {manifest['part']} ({manifest['precision']})"
+    meta.model_description = (
+        f"audio8-coreai {manifest['part']} ({manifest['precision']}) of the checkpoint {manifest['source']['name']}"
+    )
     meta.set_custom(MANIFEST_KEY, json.dumps(manifest))
     return meta
 
@@ -232,6 +235,12 @@ def _check_program(path: Path, fix: str) -> None:
         raise AssetError(f"{program} is damaged (not the program its main.hash names: a copy cut short?); {fix}")
 
 
+def _source_name(manifest: dict[str, Any]) -> str:
+    """The source checkpoint's folder name (assets of this format written before it was kept held its path)."""
+    source = manifest["source"]
+    return source["name"] if "name" in source else Path(source["path"]).name
+
+
 def checked_manifest(folder: Path, part: str, checkpoint: Checkpoint, precision: str | None) -> dict[str, Any]:
     """The manifest of ``part`` in ``folder`` (:func:`read_manifest`), checked against ``checkpoint``.
 
@@ -244,7 +253,7 @@ def checked_manifest(folder: Path, part: str, checkpoint: Checkpoint, precision:
     if got != want:
         raise AssetError(
             f"{folder / (part + '.aimodel')} was converted from another checkpoint "
-            f"({manifest['source']['path']}, fingerprint {got[:12]}), not from "
+            f"({_source_name(manifest)}, fingerprint {got[:12]}), not from "
             f"{checkpoint.path} (fingerprint {want[:12]}); convert this checkpoint: "
             f"audio8 convert --model {checkpoint.path} --out DIR"
         )
