@@ -2,7 +2,7 @@
 
 An asset folder (written by :func:`~.convert.convert`, read by :class:`~.runtime.CoreAIBackend`) holds:
 
-* ``dualar.aimodel``: ``prefill``, ``first_frame`` and ``frame`` (PORT-NOTES.md section 2, contract below);
+* ``dualar.aimodel``: ``prefill``, ``first_frame`` and ``frame`` (contract below);
   ``prefill`` and ``frame`` share the KV state ``k_cache``/``v_cache`` [n_layer, 1, n_kv, context, head_dim].
 * ``codec_decoder.aimodel``: ``main``, the exact incremental codec decoder with its state as Core AI state
   (contract below), and where asked ``first``, the same for a 1-frame push (a stream's first chunk) on its state;
@@ -27,6 +27,10 @@ The dualar contract (V = semantic ids + 1 (eos), C = num_codebooks, W = 32, ``~`
   codebook_size] ~, sampled_semantic [1] int32, sampled_codes [C] int32.
 * ``frame``: codes [1, 1+C, 1] int32 (the previous column), pos [1] int32 (its slot), then the tail
   inputs -> as ``first_frame``, logits/hidden being this step's: one runtime call per frame.
+
+An app speaking needs ``semantic`` and ``codes`` only. ``fast_logits`` (the fast AR's logits of codebooks 1..C-1)
+and ``sampled_semantic``/``sampled_codes`` (the sampler's own draws, which differ from ``semantic``/``codes``
+only under teacher forcing, ``use_forced`` 1) serve parity (``audio8 parity``).
 
 The codec decoder contract (P = the push, manifest ``push``; the state in the decoder's dtype: float32 for
 fp32, float16 otherwise):
