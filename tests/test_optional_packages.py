@@ -88,3 +88,26 @@ def test_the_server_speaks_and_refuses_aac_speed_and_sse_with_a_code(probe):
         assert http[name]["status"] == 400 and error["code"] == code and error["param"] == param
         assert f"needs the {module} package" in error["message"] and INSTALLS[module] in error["message"]
         assert "Traceback" not in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("blocked", "args", "extra"),
+    [
+        ("wyoming", ["wyoming", "--port", "1"], "wyoming"),
+        ("ray", ["serve", "--ray"], "ray"),
+        ("coreai", ["say", "Hi.", "-o", "{tmp}/o.wav", "--backend", "coreai", "--assets", "{tmp}"], "coreai"),
+    ],
+)
+def test_a_command_without_its_extra_names_both_installs(tiny_checkpoint, tmp_path, blocked, args, extra):
+    """The extra's pip command from the package index and from a clone (where the index's name fetched another
+    copy, and the README says pip install -e '.[EXTRA]')."""
+    (tmp_path / "sitecustomize.py").write_text(SITE)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PROBE_MISSING_PACKAGES": blocked, "COLUMNS": "250"}
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args] + ["--model", str(tiny_checkpoint)]
+    ran = subprocess.run(
+        [sys.executable, "-m", "audio8_coreai.cli", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    said = " ".join(ran.stderr.split())
+    assert ran.returncode == 2, ran.stderr[-2000:]
+    assert f"pip install 'audio8-coreai[{extra}]' (in a clone of the repository: pip install -e '.[{extra}]')" in said

@@ -26,6 +26,12 @@ PACKAGES = {
 }
 
 
+def install_extra(extra: str) -> str:
+    """The pip command that brings the optional dependencies ``extra`` (pyproject.toml), said both ways: from the
+    package index, and in a clone of the repository (where the index's name would fetch another copy)."""
+    return f"pip install 'audio8-coreai[{extra}]' (in a clone of the repository: pip install -e '.[{extra}]')"
+
+
 def require(module: str, error: type[Audio8Error]) -> ModuleType:
     """``module`` (a key of :data:`PACKAGES`) imported; raises ``error`` naming the feature, the package, its
     install and what to do instead when this Python cannot import it."""

@@ -10,6 +10,7 @@ import typer
 
 from ..checkpoint import DEFAULT_MODEL, is_hub_id
 from ..errors import ConfigError
+from ..packages import install_extra
 from ..settings import DEFAULTS, RaySettings, SampleRate, ServerSettings, override
 from .app import (
     AssetsOpt,
@@ -245,7 +246,7 @@ def _serve_on_ray(
     try:
         from ..server.ray_app import run_on_ray
     except ImportError:
-        raise ConfigError("--ray needs Ray Serve: pip install 'audio8-coreai[ray]'") from None
+        raise ConfigError(f"--ray needs Ray Serve: {install_extra('ray')}") from None
     scale = None
     if autoscale is not None:
         low, colon, high = autoscale.partition(":")

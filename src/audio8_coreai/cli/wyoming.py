@@ -8,6 +8,7 @@ import typer
 
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import ConfigError
+from ..packages import install_extra
 from ..settings import DEFAULTS, override
 from .app import (
     AssetsOpt,
@@ -67,9 +68,7 @@ def wyoming(
 
         from ..server.wyoming import Speaker, serve
     except ImportError as e:
-        raise ConfigError(
-            f"audio8 wyoming needs the wyoming package: pip install 'audio8-coreai[wyoming]' ({e})"
-        ) from e
+        raise ConfigError(f"audio8 wyoming needs the wyoming package ({e}): {install_extra('wyoming')}") from e
     from ..tts import TTS
 
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)

@@ -67,6 +67,7 @@ from torch import Tensor
 
 from ...checkpoint import CODEC_SPEC_FILE, CONFIG_FILE, GENERATION_FILE, Checkpoint
 from ...errors import AssetError, BackendError
+from ...packages import install_extra
 
 FORMAT = 3  # bump when the graphs, their contract or the manifest change: older folders are then refused
 MANIFEST_KEY = "audio8"
@@ -86,9 +87,8 @@ def require_coreai() -> None:
         import coreai_torch  # noqa: F401
     except ImportError as e:
         raise BackendError(
-            f"Core AI support needs the coreai-core and coreai-torch packages ({e}); install "
-            "them with: pip install 'audio8-coreai[coreai]' (wheels exist for macOS and Linux "
-            "x86_64)"
+            f"Core AI support needs the coreai-core and coreai-torch packages ({e}); install them with: "
+            f"{install_extra('coreai')} (wheels exist for macOS and Linux x86_64)"
         ) from e
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ...errors import GateError
+from ...packages import install_extra
 
-_GATE_EXTRA = "pip install 'audio8-coreai[gate]'"
+_GATE_EXTRA = install_extra("gate")
 
 __all__ = ["GateError", "_GATE_EXTRA"]
