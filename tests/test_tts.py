@@ -380,3 +380,18 @@ def test_a_clips_warnings_reach_the_python_caller_as_clip_warnings(tiny_tts, tmp
             warnings.simplefilter("always")
             call(clean)
         assert [w for w in told if issubclass(w.category, ClipWarning)] == [], name
+
+
+def test_a_stream_closed_midway_frees_the_model_and_speaks_again_whole(tiny_tts):
+    """``with tts.stream(...) as stream`` (or ``stream.close()``): the iteration ends where it stood, so the next
+    utterance on the TTS runs (the closed stream is not overtaken: it is over) and the stream iterates again from
+    the start, the same samples."""
+    text = "Hello there, a stream left midway."
+    whole = np.concatenate(list(tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=2)))
+    with tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=2) as stream:
+        chunks = iter(stream)
+        first = next(chunks)
+    assert first.size > 0 and list(chunks) == []  # closed: nothing more comes
+    assert tiny_tts.generate("Something else.", seed=1, max_frames=4).codes.shape[1] <= 4
+    assert np.array_equal(np.concatenate(list(stream)), whole)
+    stream.close()  # idempotent

@@ -12,7 +12,7 @@ streaming changes when audio arrives, not what it is.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -60,7 +60,8 @@ class SpeechStream:
     The seeded noise stream (``seed``) runs on across pieces, so a split text is as reproducible as one
     utterance; a one-piece stream gives the samples of ``TTS.generate`` with the same seed. ``on_frame(step)``
     is called after each model step (steps numbered across pieces; eos steps included); raising there, or
-    closing the iterator, stops generation at once. Iterating again starts over (same audio).
+    :meth:`close` (``with tts.stream(...) as stream:`` closes at the block's end; or closing the iterator),
+    stops generation at once. Iterating again starts over (same audio).
 
     Filled in while iterating: ``frames`` (frames made), ``reached_eos`` (one bool per finished piece),
     ``first_audio_s`` (time to first audio: seconds from the start of iteration to the first chunk, prefill
@@ -105,6 +106,7 @@ class SpeechStream:
         if overlap_codec is None:
             overlap_codec = backend.codec_process
         self.overlap_codec = overlap_codec and backend.overlaps_codec
+        self._running: Generator[np.ndarray, None, None] | None = None  # the latest iteration's generator
         self._reset_stats()
 
     def _reset_stats(self) -> None:
@@ -127,6 +129,24 @@ class SpeechStream:
         return (self.frames * self.frame_length + pauses) / self.sample_rate
 
     def __iter__(self) -> Iterator[np.ndarray]:
+        self.close()  # an iteration left open ends where it stood: one runs at a time
+        self._running = self._chunks()
+        return self._running
+
+    def close(self) -> None:
+        """Stop the iteration running now, if any, at once (its codec work ended, the model free for the next
+        utterance); idempotent. Iterating again starts over."""
+        if self._running is not None:
+            self._running.close()
+            self._running = None
+
+    def __enter__(self) -> SpeechStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _chunks(self) -> Generator[np.ndarray, None, None]:
         self._reset_stats()
         cfg = self.backend.cfg
         noise = seeded_noise(self.backend, self.seed)  # one stream across the pieces
