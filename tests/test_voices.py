@@ -111,9 +111,11 @@ def test_a_taken_name_needs_replace(tmp_path):
 def test_a_store_that_cannot_be_written_is_refused_before_any_work(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    for root in (blocker, blocker / "voices"):
-        with pytest.raises(VoiceError, match=r"cannot store voices in .*file is not a folder"):
-            VoiceStore(root).check_new("alice")
+    with pytest.raises(VoiceError, match=r"cannot store voices in .*file is not a folder"):
+        VoiceStore(blocker / "voices").check_new("alice")
+    # the folder itself a file: refused as the store opens (it listed no voices, "no voice named 'ana' in FILE")
+    with pytest.raises(VoiceError, match=f"the voices folder {blocker} is a file, not a folder: give a folder"):
+        VoiceStore(blocker)
 
 
 def test_a_folder_named_like_a_voice_is_no_voice(tmp_path):

@@ -145,13 +145,19 @@ class VoiceStore:
 
     ``folder`` None means :func:`default_voices_dir`. The folder is created on the first save; reading an
     absent folder finds no voices. Opening it removes the temporary files of writes that crashed (older than
-    ``DEFAULTS.server.stale_temp_s``; a younger one may be another process's write in progress).
+    ``DEFAULTS.server.stale_temp_s``; a younger one may be another process's write in progress). Raises VoiceError
+    for a folder that is not a path, or a path that is a file (it found no voices there, naming the file).
     """
 
     def __init__(self, folder: str | Path | None = None):
         if folder is not None and not isinstance(folder, (str, os.PathLike)):
             raise VoiceError(f"the voices folder must be a path (str or Path), got {type(folder).__name__}")
         self.root = Path(folder).expanduser() if folder is not None else default_voices_dir()
+        if self.root.exists() and not self.root.is_dir():
+            raise VoiceError(
+                f"the voices folder {self.root} is a file, not a folder: give a folder (--voices DIR, voices_dir=), "
+                "or leave it out for the per-user one"
+            )
         self._sweep()
 
     def _sweep(self) -> None:
