@@ -161,7 +161,7 @@ def test_a_plan_holds_what_its_speech_is_made_of(tts):
     assert (plan.chunk_frames, plan.first_chunk_frames) == (4, min(DEFAULTS.speech.first_chunk_frames, 4))
     for piece in plan.pieces:
         assert np.array_equal(piece.prompt, tts.prompts.clone(piece.text, voice.transcript, voice.codes))
-        assert piece.max_frames == 3
+        assert piece.max_frames == 3 and piece.prompt is not piece.prompt  # built when read: no piece holds one
     assert plan.max_frames == 3 * len(plan.pieces)
     speech = tts.stream(plan)
     first = np.concatenate(list(speech))

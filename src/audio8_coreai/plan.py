@@ -9,6 +9,7 @@ text cut into pieces, each piece's prompt and frame cap, the token count, the sa
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -175,12 +176,12 @@ def _pieces(
     the text's own cap included). Raises PromptTooLong (a prompt that fills the context) or EngineError (an
     explicit ``max_frames`` that does not fit; of a split text, naming the piece)."""
     for index, words in enumerate(texts):
-        prompt = prompts.build(head, ids(words))
+        build = functools.partial(prompts.build, head, ids(words))
         try:
-            budget = frame_budget(cfg, prompt.shape[1], max_frames, default_frames, len(ids(words)))
+            budget = frame_budget(cfg, build().shape[1], max_frames, default_frames, len(ids(words)))
         except EngineError as e:
             if len(texts) == 1:
                 raise
             start = words if len(words) <= 40 else words[:40] + "..."
             raise EngineError(f"piece {index + 1} of {len(texts)} ({start!r}): {e}") from None
-        yield Piece(words, prompt, budget)
+        yield Piece(words, budget, build)

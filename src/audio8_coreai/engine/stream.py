@@ -41,11 +41,17 @@ class ChunkTimes:
 
 @dataclass(frozen=True)
 class Piece:
-    """One utterance of a stream: its ``text``, the ``prompt`` int64 [1+C, P] and its frame cap."""
+    """One utterance of a stream: its ``text``, its frame cap and its ``prompt`` int64 [1+C, P], built each time it
+    is read by ``build`` (a book's thousands of pieces each holding its prompt took gigabytes with a cloned voice,
+    whose reference every prompt repeats)."""
 
     text: str
-    prompt: np.ndarray = field(repr=False)
     max_frames: int
+    build: Callable[[], np.ndarray] = field(repr=False, compare=False)
+
+    @property
+    def prompt(self) -> np.ndarray:
+        return self.build()
 
 
 class SpeechStream:
