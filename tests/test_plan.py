@@ -226,3 +226,16 @@ def test_a_context_too_small_for_any_words_is_said_with_its_numbers(tiny_checkpo
     with pytest.raises(PromptError, match=r"no room for text: the prompt around it takes \d+ of the context's 33") as e:
         small.plan(check_request("Hello."))
     assert not re.search(r"-\d", str(e.value)) and "voice" not in str(e.value)  # no negative count
+
+
+def test_the_sampling_a_request_sets_none_of_is_what_assets_bake_in():
+    """Core AI frame graphs bake their sampling in: a request that sets none draws with it, whatever the checkpoint's
+    generation_config.json says now (greedy included); greedy assets and a backend that bakes nothing change nothing."""
+    from audio8_coreai.config import GenerationConfig, SamplingParams
+    from audio8_coreai.plan import sampling_defaults
+
+    checkpoint = GenerationConfig(do_sample=False, temperature=0.55, top_k=7, top_p=0.5, max_new_tokens=99)
+    got = sampling_defaults(checkpoint, SamplingParams(temperature=0.7, top_k=50, top_p=0.9))
+    assert (got.do_sample, got.temperature, got.top_k, got.top_p, got.max_new_tokens) == (True, 0.7, 50, 0.9, 99)
+    assert sampling_defaults(checkpoint, SamplingParams(do_sample=False)) == checkpoint
+    assert sampling_defaults(checkpoint, None) == checkpoint

@@ -211,7 +211,7 @@ def test_help_shows_the_defaults_the_fields_hold():
     assert "[default: 8000]" not in moved.stdout
     mapped = run_cli("serve", "--help", AUDIO8_SERVER__VOICE_MAP='{"alloy": "ana"}', AUDIO8_SERVER__DEFAULT_VOICE="bo")
     assert "[default: (alloy=ana)]" in mapped.stdout and "[default: bo]" in mapped.stdout
-    assert "pip install 'audio8-coreai[ray]'" in plain.stdout  # [ray] is text, not a style
+    assert "pip install 'audio8-coreai[ray]'" in plain.stdout and "pip install -e '.[ray]'" in plain.stdout  # text
     wyoming = run_cli("wyoming", "--help", AUDIO8_WYOMING__PORT="10300")
     assert "[default: 10300]" in wyoming.stdout
     bench = run_cli("bench", "--help", AUDIO8_BENCH__RUNS="7")

@@ -188,9 +188,21 @@ def test_a_call_from_its_own_on_frame_is_refused_not_a_hang(tiny_tts):
                 inner.append(e)
                 raise
 
-    with pytest.raises(EngineError, match="from inside its own utterance"):
-        tiny_tts.generate("Hello there.", seed=0, max_frames=6, on_frame=on_frame)
-    assert len(inner) == 1
+    import threading
+
+    outer: list[BaseException] = []
+
+    def speak():
+        try:
+            tiny_tts.generate("Hello there.", seed=0, max_frames=6, on_frame=on_frame)
+        except EngineError as e:
+            outer.append(e)
+
+    thread = threading.Thread(target=speak, daemon=True)  # a hang fails the test, not the run
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "generate called from its own on_frame hangs"
+    assert len(inner) == 1 and "from inside its own utterance" in str(outer[0])
     assert np.array_equal(tiny_tts.generate("Hello there.", seed=0, max_frames=6).codes, want)
 
 
@@ -360,9 +372,11 @@ def test_noise_drawn_ahead_gives_the_same_audio(tiny_checkpoint):
 
 def test_a_clips_warnings_reach_the_python_caller_as_clip_warnings(tiny_tts, tmp_path):
     """A clip at 8 kHz clones less well: voice_from_clip, register_voice and generate with ref_audio each tell it as
-    a ClipWarning naming the caller's line (it was only in ``Voice.warnings``); a clean clip tells nothing."""
+    a ClipWarning naming the caller's line (it was only in ``Voice.warnings``); a clean clip tells nothing. Serving
+    in the same process leaves them alone (the server says a clip's warnings in its answer, no filter set)."""
     import warnings
 
+    import audio8_coreai.server.app  # noqa: F401
     from tests import clips
 
     low = clips.write(tmp_path / "low.wav", clips.bursts(8000, 2.0), 8000)
@@ -385,7 +399,9 @@ def test_a_clips_warnings_reach_the_python_caller_as_clip_warnings(tiny_tts, tmp
 def test_a_stream_closed_midway_frees_the_model_and_speaks_again_whole(tiny_tts):
     """``with tts.stream(...) as stream`` (or ``stream.close()``): the iteration ends where it stood, so the next
     utterance on the TTS runs (the closed stream is not overtaken: it is over) and the stream iterates again from
-    the start, the same samples."""
+    the start, the same samples. Closed from its own on_frame, or from another thread, it ends at the next frame."""
+    import threading
+
     text = "Hello there, a stream left midway."
     whole = np.concatenate(list(tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=2)))
     with tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=2) as stream:
@@ -395,3 +411,20 @@ def test_a_stream_closed_midway_frees_the_model_and_speaks_again_whole(tiny_tts)
     assert tiny_tts.generate("Something else.", seed=1, max_frames=4).codes.shape[1] <= 4
     assert np.array_equal(np.concatenate(list(stream)), whole)
     stream.close()  # idempotent
+
+    def close_at(step):
+        if step == 4:
+            stream.close()
+
+    stream = tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=2, on_frame=close_at)
+    audio = np.concatenate(list(stream))
+    assert stream.frames == 4 and 0 < audio.size <= 4 * 2048 and np.array_equal(audio, whole[: audio.size])
+
+    stream = tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=2, on_frame=lambda step: started.set())
+    started = threading.Event()
+    closer = threading.Thread(target=lambda: (started.wait(30), stream.close()))
+    closer.start()
+    made = list(stream)
+    closer.join(30)
+    audio = np.concatenate(made or [whole[:0]])
+    assert stream.frames < 12 and np.array_equal(audio, whole[: audio.size])

@@ -77,11 +77,14 @@ class VoiceCloning:
         *,
         store: VoiceStore | str | Path | None = None,
         replace: bool = False,
+        warn: bool = True,
     ) -> Voice:
         """Encode the clip ``audio`` with its transcript ``text`` and save it as voice ``name``.
 
         ``store``: a VoiceStore or its folder (default :attr:`voices`); ``replace`` overwrites a voice of
-        that name (atomically). The name is checked before any work. Returns the stored :class:`Voice`.
+        that name (atomically); ``warn`` tells the clip's warnings as ClipWarnings (False: for a caller that says
+        ``Voice.warnings`` its own way, as the server does). The name is checked before any work. Returns the stored
+        :class:`Voice`.
         Raises VoiceError (bad or taken name, unwritable store, reference too long for the context),
         AudioError, PromptError as :meth:`voice_from_clip`.
         """
@@ -92,7 +95,8 @@ class VoiceCloning:
         name = check_name(name)
         store.check_new(name, replace)
         voice = self._clip_voice(audio, check_text(text, "reference text"), name)
-        warn_clip(voice, stacklevel=2)
+        if warn:
+            warn_clip(voice, stacklevel=2)
         store.save(voice, replace=replace)
         return voice
 

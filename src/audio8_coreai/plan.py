@@ -77,7 +77,8 @@ def sampling_defaults(generation: GenerationConfig, baked: SamplingParams | None
     all they can draw with). Greedy assets stay refused for speech (the backend says why)."""
     if baked is None or not baked.do_sample:
         return generation
-    return dataclasses.replace(generation, temperature=baked.temperature, top_k=baked.top_k, top_p=baked.top_p)
+    baked_fields = {"temperature": baked.temperature, "top_k": baked.top_k, "top_p": baked.top_p, "do_sample": True}
+    return dataclasses.replace(generation, **baked_fields)
 
 
 def make_plan(

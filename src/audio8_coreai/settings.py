@@ -226,9 +226,7 @@ class WyomingSettings(_Group):
     max_input_chars: int = Field(4096, ge=1, description="longest text per request or unfinished sentence")
     max_event_bytes: int = Field(65536, ge=1024, description="one event's line, data and payload each")
     idle_s: float = Field(60.0, gt=0, description="a client silent this long (between events or within one) closed")
-    buffer_s: float = Field(
-        60.0, gt=0, le=3600, description="audio held for a client reading slower than it is made; then it waits"
-    )
+    buffer_s: float = Field(60.0, ge=1, le=3600, description="audio held for a client reading slower; then it waits")
     max_connections: int = Field(32, ge=1, description="clients connected at once; more are refused (error: busy)")
 
 

@@ -154,10 +154,8 @@ class VoiceStore:
             raise VoiceError(f"the voices folder must be a path (str or Path), got {type(folder).__name__}")
         self.root = Path(folder).expanduser() if folder is not None else default_voices_dir()
         if self.root.exists() and not self.root.is_dir():
-            raise VoiceError(
-                f"the voices folder {self.root} is a file, not a folder: give a folder (--voices DIR, voices_dir=), "
-                "or leave it out for the per-user one"
-            )
+            instead = "give a folder (--voices DIR, voices_dir=)" + (", or none for the per-user one" if folder else "")
+            raise VoiceError(f"the voices folder {self.root} is a file, not a folder: {instead}")
         self._sweep()
 
     def _sweep(self) -> None:

@@ -79,7 +79,8 @@ def test_no_answer_names_a_server_folder(coreai_server):
         "delete": client.delete("/v1/voices/nobody"),
     }
     assert answers["health"].status_code == 200 and answers["health"].json()["backend"].startswith("coreai fp32")
-    assert answers["new voice"].status_code == 500 and answers["speech"].status_code == 200  # the operator's fault
+    assert answers["new voice"].status_code == 500  # no codec encoder in the assets: the operator's fault
+    assert answers["speech"].status_code == 200
     for what, r in answers.items():
         for folder in folders:
             assert folder not in r.text, f"{what} ({r.status_code}) names {folder}: {r.text[:300]}"

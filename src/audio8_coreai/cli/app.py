@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import signal
 import sys
 import threading
@@ -88,10 +89,15 @@ def friendly(fn):
 
 
 def _interrupted() -> typer.Exit:
-    """'interrupted' and status 130 after a Ctrl-C; 'terminated' and 143 after a SIGTERM (128 + the signal)."""
-    signum = _HEARD[-1] if _HEARD else signal.SIGINT
-    err.print("terminated" if signum == signal.SIGTERM else "interrupted")
-    return typer.Exit(128 + signum)
+    """'interrupted' and status 130 after a Ctrl-C. After a SIGTERM, what the command held is already cleaned up
+    (the unwinding did it): 'terminated', then the process ends by the signal itself, as a process that handles
+    none does (systemd counts that a clean stop, a status 143 a failure; uvicorn re-raises it so too)."""
+    if _HEARD and _HEARD[-1] == signal.SIGTERM:
+        err.print("terminated")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+    err.print("interrupted")
+    return typer.Exit(130)
 
 
 _HEARD: list[int] = []  # the Ctrl-Cs and SIGTERMs heard since listen_for_interrupts (the command's own process only)

@@ -7,6 +7,7 @@ import typing
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 
 from ..checkpoint import DEFAULT_MODEL, is_hub_id
 from ..errors import ConfigError
@@ -108,7 +109,7 @@ def serve(
         typer.Option(
             "--ray",
             help="Serve on Ray Serve: replicas of the engine (--batch rows each) on this machine's or a cluster's "
-            "GPUs, behind Ray's HTTP proxy (pip install 'audio8-coreai\\[ray]').",
+            "GPUs, behind Ray's HTTP proxy (the ray extra: " + escape(install_extra("ray")) + ").",
         ),
     ] = False,
     address: Annotated[

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from ..checkpoint import DEFAULT_MODEL
-from ..errors import ClipWarning, VoiceError
+from ..errors import VoiceError
 from ..settings import DEFAULTS
 from .app import DeviceOpt, ModelOpt, VoicesOpt, app, err, friendly, out, print_warnings
 
@@ -59,9 +58,8 @@ def voice_add(
     print_warnings(read_reference(audio)[1].warnings)
     with err.status("loading the model..."):
         tts = TTS.load(model, device=device)
-    with err.status("encoding the clip..."), warnings.catch_warnings():
-        warnings.simplefilter("ignore", ClipWarning)  # printed above, before loading
-        voice = tts.register_voice(name, audio, text, store=store, replace=force)
+    with err.status("encoding the clip..."):  # its warnings printed above, before loading
+        voice = tts.register_voice(name, audio, text, store=store, replace=force, warn=False)
     out.print(
         f"voice {voice.name!r}: {voice.duration_s:.2f} s at {voice.sample_rate} Hz -> {voice.frames} frames, "
         f"saved to {store.path(voice.name)}",

@@ -11,6 +11,7 @@ streaming changes when audio arrives, not what it is.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -113,6 +114,7 @@ class SpeechStream:
             overlap_codec = backend.codec_process
         self.overlap_codec = overlap_codec and backend.overlaps_codec
         self._running: Generator[np.ndarray, None, None] | None = None  # the latest iteration's generator
+        self._stop = threading.Event()  # set by close: the running iteration ends at its next frame
         self._reset_stats()
 
     def _reset_stats(self) -> None:
@@ -135,16 +137,18 @@ class SpeechStream:
         return (self.frames * self.frame_length + pauses) / self.sample_rate
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        self.close()  # an iteration left open ends where it stood: one runs at a time
+        self._stop.clear()
         self._running = self._chunks()
         return self._running
 
     def close(self) -> None:
-        """Stop the iteration running now, if any, at once (its codec work ended, the model free for the next
-        utterance); idempotent. Iterating again starts over."""
-        if self._running is not None:
-            self._running.close()
-            self._running = None
+        """Stop the latest iteration: at once when it waits between chunks (its codec work ended, the model free for
+        the next utterance), else at its next frame (called from ``on_frame`` or from another thread); idempotent.
+        Iterating again starts over."""
+        self._stop.set()
+        running, self._running = self._running, None
+        if running is not None and not running.gi_running:
+            running.close()
 
     def __enter__(self) -> SpeechStream:
         return self
@@ -176,6 +180,8 @@ class SpeechStream:
                 for res in self._timed(steps, token):
                     if self.on_frame is not None:
                         self.on_frame(step)
+                    if self._stop.is_set():
+                        return
                     step += 1
                     if res.semantic == cfg.eos_token_id:
                         eos = True

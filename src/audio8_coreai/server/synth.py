@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import shutil
 import tempfile
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import numpy as np
 
 from ..audio import SpeechEncoder, StreamStretcher, encode_speech, time_stretch
 from ..engine.stream import SpeechStream
-from ..errors import AssetError, Audio8Error, ClipWarning, VoiceExists, VoiceStorageError
+from ..errors import AssetError, Audio8Error, VoiceExists, VoiceStorageError
 from ..plan import Plan
 from ..request import CheckedRequest
 from ..tts import TTS
@@ -39,9 +38,6 @@ if TYPE_CHECKING:
     from ..settings import ServerSettings
 
 log = logging.getLogger("audio8_coreai.server")
-# A clip's warnings are the answer's (a voice's "warnings", with the upload's name), not lines on the server's stderr
-# naming its temporary file; set once here (a filter changed per call would race between the worker threads).
-warnings.filterwarnings("ignore", category=ClipWarning)
 
 LOCAL = "local"  # the replica id of a synthesizer in the app's own process (the X-Replica header)
 
@@ -198,7 +194,8 @@ class LocalSynthesizer(Synthesizer):
             path = Path(folder) / clip
             try:
                 path.write_bytes(data)
-                voice = tts.register_voice(name, path, transcript, replace=replace)
+                # its warnings are the answer's (with the upload's name), not lines naming a temporary file
+                voice = tts.register_voice(name, path, transcript, replace=replace, warn=False)
             except OSError as e:
                 raise storage(e) from None
             except (VoiceExists, VoiceStorageError, AssetError) as e:

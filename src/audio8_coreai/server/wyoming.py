@@ -113,8 +113,8 @@ def _parts(text: str, cap: int) -> list[str]:
 
 
 class _Throttled:
-    """A logger's warnings, at most ``per_minute`` a minute; those held back are counted in the next one logged
-    (thousands of misbehaving connections give a few lines, not thousands)."""
+    """A logger's warnings about clients, at most ``per_minute`` in a minute's window; those held back are counted in
+    a line of their own before the next window's first (thousands of misbehaving connections give a few lines)."""
 
     def __init__(self, logger: logging.Logger, per_minute: int = 10):
         self._log, self._per_minute = logger, per_minute
@@ -123,14 +123,17 @@ class _Throttled:
     def warning(self, message: str, *args: object) -> None:
         now = time.monotonic()
         if now - self._window >= 60:
-            self._window, self._said = now, 0
+            if self._held:
+                self._log.warning(
+                    "%d more warnings about wyoming clients were not logged (at most %d a minute)",
+                    self._held,
+                    self._per_minute,
+                )
+            self._window, self._said, self._held = now, 0, 0
         if self._said >= self._per_minute:
             self._held += 1
             return
         self._said += 1
-        if self._held:
-            message, args = message + " (and %d more like it, not logged, in the last minute)", (*args, self._held)
-            self._held = 0
         self._log.warning(message, *args)
 
 
