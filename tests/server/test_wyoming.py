@@ -18,7 +18,7 @@ from wyoming.event import Event
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
-from audio8_coreai import TTS
+from audio8_coreai import TTS, __version__
 from audio8_coreai.audio import encode_speech
 from audio8_coreai.cli import app
 from audio8_coreai.server.wyoming_speaker import Speaker
@@ -32,6 +32,7 @@ def test_describe_lists_the_own_voice_and_this_checkpoints_stored_voices(never_e
     (events,) = talk(never_eos_tts, [Describe().event(), None])
     (program,) = Info.from_event(events[0]).tts
     assert program.name == "audio8" and program.installed and program.supports_synthesize_streaming
+    assert program.description == f"{never_eos_tts.checkpoint.path.name} (audio8-coreai {__version__})"
     assert [v.name for v in program.voices] == [DEFAULTS.wyoming.voice, "ana"]  # not another's, not a damaged one
     assert all(v.languages == list(LANGUAGES) for v in program.voices)
     assert set(LANGUAGES) == {"en", "zh", "ja", "ko", "de", "fr", "es"}

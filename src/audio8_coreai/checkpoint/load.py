@@ -58,6 +58,15 @@ class Checkpoint:
     _fingerprint: str | None = field(default=None, repr=False)
 
     @property
+    def name(self) -> str:
+        """The checkpoint's name: its hub id (``OWNER/NAME``) for a folder in the hub's cache
+        (``models--OWNER--NAME/snapshots/REVISION``, as ``huggingface_hub`` lays it out), else the folder's name."""
+        parts = self.path.parts
+        if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+            return parts[-3].removeprefix("models--").replace("--", "/")
+        return self.path.name
+
+    @property
     def model_file(self) -> Path:
         """``model.safetensors`` of this checkpoint."""
         return self.path / MODEL_FILE

@@ -65,7 +65,7 @@ class Speaker:
             name="audio8",
             attribution=_ATTRIBUTION,
             installed=True,
-            description=f"Audio8-TTS-Preview-0.6b (audio8-coreai {__version__})",
+            description=f"{self.tts.checkpoint.name} (audio8-coreai {__version__})",
             version=__version__,
             voices=voices,
             supports_synthesize_streaming=True,

@@ -146,8 +146,8 @@ def _file_sha256(path: Path) -> str:
 
 
 def _source(ckpt: Checkpoint) -> dict[str, Any]:
-    """The checkpoint's folder name (not its path: assets ship inside apps), its fingerprint (checked at load) and
-    the sha256 of every file a part depends on."""
+    """The checkpoint's name (:attr:`Checkpoint.name`, not its path: assets ship inside apps), its fingerprint
+    (checked at load) and the sha256 of every file a part depends on."""
     files = [
         ckpt.path / CONFIG_FILE,
         ckpt.path / GENERATION_FILE,
@@ -156,7 +156,7 @@ def _source(ckpt: Checkpoint) -> dict[str, Any]:
         ckpt.codec_file,
     ]
     return {
-        "name": ckpt.path.name,
+        "name": ckpt.name,
         "fingerprint": ckpt.fingerprint(),
         "sha256": {f.name: _file_sha256(f) for f in files if f.is_file()},
     }
