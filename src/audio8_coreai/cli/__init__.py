@@ -9,9 +9,11 @@ import sys
 
 from ..errors import ConfigError
 
-# Run as the command (its script, or python -m audio8_coreai.cli while the package loads), not imported by a host
-# process such as a test runner: Ctrl-Cs are noted from here on (app.listen_for_interrupts).
-_COMMAND = os.path.basename(sys.argv[0]) == "audio8" or sys.argv[0] == "-m"
+# Run as the command (its script; python -m audio8_coreai.cli while the package loads; python -m audio8_coreai, whose
+# __main__ loads it), not imported by a host process such as a test runner: Ctrl-Cs are noted from here on
+# (app.listen_for_interrupts).
+_PACKAGE_MAIN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "__main__.py")
+_COMMAND = os.path.basename(sys.argv[0]) == "audio8" or sys.argv[0] in ("-m", _PACKAGE_MAIN)
 
 try:  # the commands read the settings tree (their defaults): a wrong AUDIO8_* variable is said here, in one line
     if _COMMAND:
@@ -24,8 +26,11 @@ try:  # the commands read the settings tree (their defaults): a wrong AUDIO8_* v
 except ConfigError as e:
     sys.stderr.write(f"error: {e}\n")
     raise SystemExit(2) from None
-except KeyboardInterrupt:  # Ctrl-C while the commands' modules load: said as a command's interruption is
-    sys.stderr.write("interrupted\n")
-    raise SystemExit(130) from None
+except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) while the commands' modules load: said as a command's interruption
+    _app = sys.modules.get(f"{__name__}.app")  # whose handler turns a SIGTERM into this, once it has loaded
+    if _app is None:
+        sys.stderr.write("interrupted\n")
+        raise SystemExit(130) from None
+    raise SystemExit(_app.say_interrupted()) from None
 
 __all__ = ["app"]

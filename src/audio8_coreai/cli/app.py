@@ -89,15 +89,21 @@ def friendly(fn):
 
 
 def _interrupted() -> typer.Exit:
-    """'interrupted' and status 130 after a Ctrl-C. After a SIGTERM, what the command held is already cleaned up
-    (the unwinding did it): 'terminated', then the process ends by the signal itself, as a process that handles
-    none does (systemd counts that a clean stop, a status 143 a failure; uvicorn re-raises it so too)."""
+    """The command's exit after an interruption (:func:`say_interrupted`)."""
+    return typer.Exit(say_interrupted())
+
+
+def say_interrupted() -> int:
+    """'interrupted', and the status to exit with (130), after a Ctrl-C. After a SIGTERM, what the command held is
+    already cleaned up (the unwinding did it): 'terminated', then the process ends by the signal itself, as a
+    process that handles none does (systemd counts that a clean stop, a status 143 a failure; uvicorn re-raises it
+    so too)."""
     if _HEARD and _HEARD[-1] == signal.SIGTERM:
         err.print("terminated")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
     err.print("interrupted")
-    return typer.Exit(130)
+    return 130
 
 
 _HEARD: list[int] = []  # the Ctrl-Cs and SIGTERMs heard since listen_for_interrupts (the command's own process only)
