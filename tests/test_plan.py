@@ -186,6 +186,11 @@ def test_plans_speak_in_a_batch(tts):
         tts.generate_batch([plans[0], hotter])
     with pytest.raises(TypeError, match="a Plan holds its request.*seed"):
         tts.generate_batch(plans, seeds=[1, 2])
+    split = tts.plan(check_request(" ".join(f"Sentence {i} is here, it keeps going." for i in range(12))))
+    n = len(split.pieces)
+    assert n > 1
+    with pytest.raises(EngineError, match=rf"plans of one piece; texts\[1\]'s has {n}: plan with split=False"):
+        tts.generate_batch([plans[0], split])
 
 
 def test_the_language_warning_is_data_of_the_plan(tts):

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import GenerationConfig, check_int, check_number
-from .errors import ConfigError, VoiceError
+from .errors import ConfigError, PromptError, VoiceError
 from .settings import DEFAULTS
 from .text import check_text
 from .voices import Voice, check_name, check_voice_choice
@@ -114,6 +114,34 @@ REQUEST_KEYWORDS = tuple(
     if p.kind is p.KEYWORD_ONLY and name != "text_field"
 )
 """What a request sets beside its text (:func:`check_request`'s keywords; the keyword API's)."""
+
+
+def check_batch(texts: object, seeds: object) -> list[int | None]:
+    """The seeds of a batch of ``texts`` (:meth:`.tts.TTS.generate_batch`): ``seeds`` as a list, or one None (drawn)
+    per text when None. Raises ConfigError when ``texts`` is no list or tuple (one string, a set, a generator) or
+    ``seeds`` is not a list of one seed per text."""
+    if isinstance(texts, str):  # a str is a sequence too: its characters would become texts
+        raise ConfigError(
+            "texts must be a list of strings, not one string: use generate() for one text, or generate_batch([text])",
+            "texts",
+        )
+    if not isinstance(texts, (list, tuple)):  # a set or dict has no order to keep; a generator no length
+        raise ConfigError(f"texts must be a list of strings, got {type(texts).__name__}", "texts")
+    if seeds is None:
+        return [None] * len(texts)
+    if not isinstance(seeds, (list, tuple)) or len(seeds) != len(texts):
+        shown = repr(seeds) if len(repr(seeds)) <= 80 else f"{repr(seeds)[:77]}..."
+        said = f"{len(texts)} texts but seeds {shown}: give a list of one seed per text (or none)"
+        raise ConfigError(said, "seeds")
+    return list(seeds)
+
+
+def in_batch(error: PromptError | ConfigError, index: int) -> PromptError | ConfigError:
+    """``error`` about text ``index`` of a batch, said first: ``texts[i]: ...`` for a text refused (PromptError),
+    ``seeds[i]: ...`` for its seed (ConfigError of ``seed``); any other setting is the whole batch's, unchanged."""
+    if isinstance(error, PromptError) or error.field == "seed":
+        error.args = (f"{'texts' if isinstance(error, PromptError) else 'seeds'}[{index}]: {error}",)
+    return error
 
 
 def check_chunks(chunk_frames: int, first_chunk_frames: int | None) -> tuple[int, int | None]:

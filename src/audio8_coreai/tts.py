@@ -21,9 +21,18 @@ from .engine.batch import generate_batch
 from .engine.loop import generate
 from .engine.overlap import UtteranceDecode
 from .engine.stream import SpeechStream
-from .errors import CheckpointError, ConfigError, EngineError, UnsupportedLanguageWarning
+from .errors import CheckpointError, ConfigError, EngineError, PromptError, UnsupportedLanguageWarning
 from .plan import Plan, make_plan, sampling_defaults
-from .request import REQUEST_KEYWORDS, CheckedRequest, check_callback, check_request, check_switch, sampling_config
+from .request import (
+    REQUEST_KEYWORDS,
+    CheckedRequest,
+    check_batch,
+    check_callback,
+    check_request,
+    check_switch,
+    in_batch,
+    sampling_config,
+)
 from .settings import DEFAULTS
 from .synthesis import Synthesis
 from .text import PromptBuilder, load_tokenizer
@@ -231,31 +240,22 @@ class TTS(VoiceCloning):
         """
         if not self.backend.batches:
             raise self.backend.no_batching()
-        if isinstance(texts, str):  # a str is a sequence too: its characters would become texts
-            raise ConfigError(
-                "texts must be a list of strings, not one string: use generate() for one text, or "
-                "generate_batch([text])",
-                "texts",
-            )
+        seeds = check_batch(texts, seeds)
         max_batch = check_int(max_batch, "max_batch")
-        if not isinstance(texts, (list, tuple)):  # a set or dict has no order to keep; a generator no length
-            raise ConfigError(f"texts must be a list of strings, got {type(texts).__name__}", "texts")
         request = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "max_frames": max_frames}
         if isinstance(voice, str):  # read once for every text
             voice = self.voices.load(voice, self.checkpoint.fingerprint())
-        if seeds is None:
-            seeds = [None] * len(texts)
-        if not isinstance(seeds, (list, tuple)) or len(seeds) != len(texts):
-            shown = repr(seeds) if len(repr(seeds)) <= 80 else f"{repr(seeds)[:77]}..."
-            said = f"{len(texts)} texts but seeds {shown}: give a list of one seed per text (or none)"
-            raise ConfigError(said, "seeds")
         plans = []
-        for text, seed in zip(texts, seeds):  # a loop, not a comprehension: a warning's stacklevel names the caller
-            plans.append(self._planned(text, {**request, "voice": voice, "seed": seed}, split=False))
+        for i, (text, seed) in enumerate(zip(texts, seeds)):  # a loop: a warning's stacklevel names the caller
+            try:
+                plans.append(self._planned(text, {**request, "voice": voice, "seed": seed}, split=False))
+            except (PromptError, ConfigError) as e:
+                raise in_batch(e, i) from None
         if len({p.params for p in plans}) > 1:
             raise ConfigError("the plans of one batch share their sampling settings: batch them by their settings")
-        if any(len(p.pieces) != 1 for p in plans):
-            raise EngineError("generate_batch speaks plans of one piece each: plan them with split=False")
+        if several := [i for i, p in enumerate(plans) if len(p.pieces) != 1]:
+            n, i = len(plans[several[0]].pieces), several[0]
+            raise EngineError(f"generate_batch speaks plans of one piece; texts[{i}]'s has {n}: plan with split=False")
         pieces = [p.pieces[0] for p in plans]
         with self.backend.lease.hold():  # its prefills pass through the backend (the last logits it keeps)
             gens = generate_batch(

@@ -142,9 +142,11 @@ def test_tts_generate_batch_bad_input(tts_fp32):
     with pytest.raises(ConfigError, match="one seed per text") as e:  # an Audio8Error, as every refusal
         tts_fp32.generate_batch(["a", "b"], seeds=[1])
     assert e.value.field == "seeds"
-    with pytest.raises(PromptError):
+    with pytest.raises(PromptError, match=r"^texts\[1\]: text is empty"):  # which text, said first
         tts_fp32.generate_batch(["fine", "   "], seeds=[1, 2])
-    with pytest.raises(ConfigError, match="max_frames must be >= 1"):
+    with pytest.raises(ConfigError, match=r"^seeds\[2\]: seed must be >= 0, got -5$"):
+        tts_fp32.generate_batch(["a", "b", "c"], seeds=[1, 2, -5])
+    with pytest.raises(ConfigError, match="^max_frames must be >= 1"):  # the whole batch's setting: no index
         tts_fp32.generate_batch(["fine"], max_frames=0)
     with pytest.raises(ConfigError, match="max_batch must be a whole number"):
         tts_fp32.generate_batch(["fine"], max_batch=1.5)
