@@ -83,7 +83,7 @@ def test_make_refuses_a_non_empty_folder_and_accepts_an_empty_one(tmp_path):
     full = tmp_path / "full"
     full.mkdir()
     (full / "keep.txt").write_text("data")
-    with pytest.raises(CheckpointError, match="not an empty folder"):
+    with pytest.raises(CheckpointError, match="full is a non-empty folder: a checkpoint goes into a new or empty"):
         make_checkpoint(full, "tiny", seed=0)
     assert [p.name for p in full.iterdir()] == ["keep.txt"]
     empty = tmp_path / "empty"

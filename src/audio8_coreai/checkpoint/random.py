@@ -170,7 +170,8 @@ def make_checkpoint(out_dir: str | Path, size: Size = "tiny", seed: int = 0) -> 
         raise CheckpointError(f"unknown checkpoint size {size!r}; choose 'tiny' or '0.6b'")
     out = Path(out_dir).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CheckpointError(f"{out} already exists and is not an empty folder; choose a new folder or remove it")
+        what = "a non-empty folder" if out.is_dir() else "a file"
+        raise CheckpointError(f"{out} is {what}: a checkpoint goes into a new or empty folder; choose one or remove it")
     try:  # a folder that cannot be made or written (no such place, read-only, a disk full) is said, not a traceback
         out.parent.mkdir(parents=True, exist_ok=True)
         return _write(out, size, seed)

@@ -188,6 +188,11 @@ def test_missing_or_incomplete_asset_folder(oracle, fp32_assets, tmp_path):
         CoreAIBackend(oracle, tmp_path / "empty")
     with pytest.raises(AssetError, match="no dualar.aimodel.*--out NEW, then --assets NEW"):
         CoreAIBackend(oracle, oracle.path)  # a checkpoint folder given as the assets
+    one_part = re.escape(
+        f"dualar.aimodel is one asset, not an asset folder: give the folder that holds it, --assets {fp32_assets}"
+    )
+    with pytest.raises(AssetError, match=one_part):
+        CoreAIBackend(oracle, fp32_assets / "dualar.aimodel")
     partial = tmp_path / "partial"
     shutil.copytree(fp32_assets, partial)
     shutil.rmtree(partial / "codec_encoder.aimodel")
@@ -318,8 +323,11 @@ def test_a_request_that_sets_no_sampling_draws_with_the_assets_own(speakable, fp
 
 
 def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
-    with pytest.raises(AssetError, match="not an empty folder"):
+    with pytest.raises(AssetError, match="is a non-empty folder: the assets go into a new or empty folder"):
         convert(oracle, fp32_assets, progress=False)
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(AssetError, match="a-file is a file: the assets go into a new or empty folder"):
+        convert(oracle, tmp_path / "a-file", progress=False)
     with pytest.raises(PrecisionError, match="unknown precision 'int4'"):
         convert(oracle, tmp_path / "a", "int4", progress=False)
     with pytest.raises(
@@ -330,7 +338,7 @@ def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
         convert(oracle, tmp_path / "a", context=100, progress=False)
     with pytest.raises(AssetError, match=r"decoder first push -1 \(>= 0; 0: none\)"):
         convert(oracle, tmp_path / "a", decoder_first_frames=-1, progress=False)
-    with pytest.raises(AssetError, match=r"decoder push 16 .* and the first push 16 below it \(0: none"):
+    with pytest.raises(AssetError, match=r"^the decoder's first push 16 must be below its push 16 \(0: none"):
         convert(oracle, tmp_path / "a", decoder_first_frames=16, progress=False)  # wrote no `first`, unsaid
     with pytest.raises(AssetError, match=r"decoder push 4096 must be at most the \d+ frames an utterance may hold"):
         convert(oracle, tmp_path / "a", decoder_frames=4096, progress=False)  # every push padded to 4096
@@ -437,7 +445,7 @@ def test_cli_convert_one_part(oracle_dir, tmp_path):
     decoder = read_manifest(tmp_path / "dec" / "codec_decoder.aimodel")
     assert decoder["precision"] == "fp16" and decoder["pushes"] == {"main": 4} and list(decoder["contract"]) == ["main"]
     result = _run("convert", "--model", oracle_dir, "--out", tmp_path / "dec")
-    assert result.exit_code == 2 and "not an empty folder" in _said(result)
+    assert result.exit_code == 2 and "dec is a non-empty folder" in _said(result)
 
 
 @pytest.mark.parametrize(

@@ -193,11 +193,14 @@ def convert(
             f"codec calls must hold frames: decoder push {decoder_frames}, encoder bucket {encoder_frames} (>= 1), "
             f"decoder first push {decoder_first_frames} (>= 0; 0: none)"
         )
-    if decoder_frames > cfg.max_seq_len or decoder_first_frames >= decoder_frames:
+    if decoder_frames > cfg.max_seq_len:
         raise AssetError(
-            f"decoder push {decoder_frames} must be at most the {cfg.max_seq_len} frames an utterance may hold, and "
-            f"the first push {decoder_first_frames} below it (0: none; --decoder-first-frames 1 for a stream's "
-            "first chunk)"
+            f"decoder push {decoder_frames} must be at most the {cfg.max_seq_len} frames an utterance may hold"
+        )
+    if decoder_first_frames >= decoder_frames:
+        raise AssetError(
+            f"the decoder's first push {decoder_first_frames} must be below its push {decoder_frames} (0: none; "
+            "--decoder-first-frames 1 for a stream's first chunk)"
         )
     unknown = sorted(set(parts) - set(PARTS))
     if unknown or not parts:
@@ -209,7 +212,8 @@ def convert(
     elif out.is_symlink():
         raise AssetError(f"{out} is a link to {os.readlink(out)}, not a folder; choose a new folder or remove it")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise AssetError(f"{out} already exists and is not an empty folder; choose a new folder or remove it")
+        what = "a non-empty folder" if out.is_dir() else "a file"
+        raise AssetError(f"{out} is {what}: the assets go into a new or empty folder; choose one or remove it")
     blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise AssetError(f"cannot write the assets at {out}: {blocker} is a file, not a folder; choose another place")
