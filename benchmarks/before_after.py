@@ -50,7 +50,7 @@ def run(src: Path, model: str, precision: str, frames: int, threads: int) -> dic
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", type=Path, required=True, help="the src/ folder of the old tree")
     ap.add_argument("--after", type=Path, default=Path("src"), help="the src/ folder of the new tree")
     ap.add_argument("--model", required=True, help="checkpoint folder (audio8 make-checkpoint --size 0.6b)")

@@ -131,7 +131,7 @@ def rounded_outputs(module: torch.nn.Module) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="checkpoint folder")
     ap.add_argument("--assets", help="a folder holding codec_decoder.aimodel (fp16) of --model (skips conversion)")
     ap.add_argument("--pushes", default="1,16", help="frames per push, comma-separated (each at most the push)")

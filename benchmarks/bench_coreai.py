@@ -95,7 +95,7 @@ def time_codec(backend, ckpt, frames: int, chunk: int) -> tuple[np.ndarray, list
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="checkpoint folder")
     ap.add_argument("--assets", help="existing asset folder (skips conversion)")
     ap.add_argument("--precision", default="fp32", choices=names("coreai"))
