@@ -294,6 +294,8 @@ def cluster(never_eos_long_checkpoint, voices):
 
 
 def test_a_ray_cluster_serves_the_same_api(cluster, never_eos_long_checkpoint, voices, tmp_path):
+    import ray
+
     url = cluster
     # The same request and seed: the same bytes as `audio8 serve --batch 1`.
     whole = speech(url, response_format="wav")
@@ -309,6 +311,12 @@ def test_a_ray_cluster_serves_the_same_api(cluster, never_eos_long_checkpoint, v
     metrics = httpx.get(f"{url}/metrics").text
     assert 'audio8_requests_total{status="200"} 1.0' in metrics and "audio8_in_flight 0.0" in metrics
     assert not any(name in metrics for name in ("audio8_frames_total", "audio8_rtf", "audio8_ttfa", "queue_depth"))
+    # A client's error is answered as the app answers it, and not logged by the replica as a failed request.
+    refused = speech(url, max_frames=600, response_format="wav")
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request"
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
+    synth_log = "".join(p.read_text() for p in logs.glob("replica_*Synth*.log"))
+    assert "CALL speak" in synth_log and "Traceback" not in synth_log and "Request failed" not in synth_log
     # A voice added through one request is usable by the next, and its requests stay on one replica.
     assert add_voice(url, "bo", 1.0, tmp_path).status_code == 201
     replicas = {speech(url, voice="bo", response_format="wav").headers["x-replica"] for _ in range(3)}

@@ -104,10 +104,23 @@ class Finished:
     frames: int | None
 
 
+@dataclass(frozen=True)
+class Refused:
+    """What a Synth call gives instead of its result or its stream's next item when the request is refused (a
+    client's error, said by the ingress as the app says it): given, not raised, so that Ray does not log it as a
+    failed request with a traceback."""
+
+    error: ApiError
+
+
+def _refused(e: Audio8Error | ApiError) -> Refused:
+    return Refused(e if isinstance(e, ApiError) else api_error(e))
+
+
 class Synth:
     """One engine (``server.batch`` rows of one model, or one instance) of ``cluster``'s checkpoint on this replica's
-    device, making speech as ``audio8 serve`` does (:class:`.synth.LocalSynthesizer`). Its errors leave it as
-    ApiError (picklable)."""
+    device, making speech as ``audio8 serve`` does (:class:`.synth.LocalSynthesizer`). A refusal leaves it as a
+    :class:`Refused` value (its ApiError picklable); anything else it raises."""
 
     def __init__(self, cluster: RaySettings, server: ServerSettings):
         model = cluster.model or DEFAULT_MODEL
@@ -136,30 +149,34 @@ class Synth:
         backend keeps their prompt heads); Ray sends the requests of ``key`` to the replicas that keep it."""
         return await self.read_voice(key)
 
-    async def speak(self, job: SpeechJob) -> AsyncGenerator[Started | bytes | Finished, None]:
-        """:class:`Started` once the stream is built, the body's bytes (:class:`.synth.Speech`), :class:`Finished`."""
+    async def speak(self, job: SpeechJob) -> AsyncGenerator[Started | bytes | Finished | Refused, None]:
+        """:class:`Started` once the stream is built, the body's bytes (:class:`.synth.Speech`), :class:`Finished`;
+        or, where the request is refused (before the stream or within it), :class:`Refused` and nothing more."""
         try:
             checked = job.checked
             if job.voice_key:
                 checked = dataclasses.replace(checked, voice=await self.voice(job.voice_key))
             speech = await self.local.open(checked, job.output)
-        except Audio8Error as e:
-            raise api_error(e) from None
+        except (Audio8Error, ApiError) as e:
+            yield _refused(e)
+            return
         try:
             yield Started(self.replica, speech.tokens, speech.warning)
             async for data in speech.body:
                 yield data
             yield Finished(speech.frames)
-        except Audio8Error as e:
-            raise api_error(e) from None
+        except (Audio8Error, ApiError) as e:
+            yield _refused(e)
         finally:
             await speech.body.aclose()  # also when the request is cancelled: the engine stops at its next frame
 
-    async def register_voice(self, name: str, data: bytes, filename: str, transcript: str, replace: bool) -> Voice:
+    async def register_voice(
+        self, name: str, data: bytes, filename: str, transcript: str, replace: bool
+    ) -> Voice | Refused:
         try:
             return await self.local.register_voice(name, data, filename, transcript, replace)
-        except Audio8Error as e:
-            raise api_error(e) from None
+        except (Audio8Error, ApiError) as e:
+            return _refused(e)
 
     async def info(self) -> dict[str, Any]:
         """What the app needs before its first request: the checkpoint's ``fingerprint`` and the fields of
@@ -168,12 +185,12 @@ class Synth:
         return {**fixed, "fingerprint": self.local.fingerprint}
 
 
-async def _remote(step: Awaitable[T]) -> T:
+async def _remote(step: Awaitable[T | Refused]) -> T:
     """What a Synth call gives, its errors as the app says them: a full queue a 503 with Retry-After, a replica
     lost (:data:`LOST`; before a stream's first byte nothing was sent, so the client may send it again) a 503
-    replica_unavailable with Retry-After, the replica's ApiError as it is, anything else a 500."""
+    replica_unavailable with Retry-After, a :class:`Refused` its ApiError, anything else a 500."""
     try:
-        return await step
+        given = await step
     except BackPressureError as e:
         wait = math.ceil(e.retry_after_s or DEFAULTS.ray.retry_after_s)
         raise ApiError(
@@ -195,6 +212,9 @@ async def _remote(step: Awaitable[T]) -> T:
         raise failed(e.cause) from None
     except RayError as e:  # the request could not be placed, or Ray failed otherwise
         raise failed(e) from None
+    if isinstance(given, Refused):
+        raise given.error
+    return given
 
 
 class RaySynthesizer(Synthesizer):

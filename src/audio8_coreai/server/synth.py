@@ -212,7 +212,7 @@ class LocalSynthesizer(Synthesizer):
     async def health(self) -> dict[str, Any]:
         first = self.instances[0]
         return {
-            "model": first.checkpoint.path.name,  # the folder's name: no answer carries a server path
+            "model": first.checkpoint.name,  # the hub id or the folder's name: no answer carries a server path
             "backend": first.backend.description,
             "device": first.backend.device_name,
             "sample_rate": first.sample_rate,
