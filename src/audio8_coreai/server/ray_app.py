@@ -30,6 +30,7 @@ import hashlib
 import logging
 import math
 import os
+import signal
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -321,6 +322,7 @@ def application(cluster: RaySettings, server: ServerSettings) -> serve.Applicati
             "autoscaling_config": {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": rows(server)}
         }
     synth = SynthDeployment.options(
+        graceful_shutdown_timeout_s=server.shutdown_s,  # a replica stopped finishes its streams for this long
         max_ongoing_requests=rows(server),
         max_queued_requests=max(server.max_queue, 1),  # Ray: at least 1 (-1 is no limit)
         backpressure_config={"retry_after_s": cluster.retry_after_s},
@@ -329,7 +331,9 @@ def application(cluster: RaySettings, server: ServerSettings) -> serve.Applicati
     ).bind(cluster, server)
     # No CPU reserved for the ingress (it waits on Synth, as Ray's proxy does): N replicas fit N cores.
     ingress = IngressDeployment.options(
-        max_ongoing_requests=cluster.ingress_requests, ray_actor_options={"num_cpus": 0}
+        graceful_shutdown_timeout_s=server.shutdown_s,
+        max_ongoing_requests=cluster.ingress_requests,
+        ray_actor_options={"num_cpus": 0},
     )
     return ingress.bind(synth, cluster, server)
 
@@ -343,6 +347,7 @@ def run_on_ray(cluster: RaySettings, server: ServerSettings, address: str | None
     import ray
 
     joining = address or os.environ.get("RAY_ADDRESS")
+    heard = signal.getsignal(signal.SIGTERM)  # the command's handler, which ray.init replaces with one that exits
     try:
         ray.init(address=joining or "local")  # "local": Ray's word for a new instance
     except (ConnectionError, ValueError) as e:  # no cluster there, or no Ray address (a dashboard's http:// URL)
@@ -353,6 +358,14 @@ def run_on_ray(cluster: RaySettings, server: ServerSettings, address: str | None
             f"cannot join the Ray cluster at {joining} ({said}); give --address HEAD_IP:6379 (what `ray start --head` "
             "printed), auto for the cluster this machine belongs to, or no --address for a Ray instance of its own"
         ) from None
+    if callable(heard):
+        signal.signal(signal.SIGTERM, heard)
     http = {"host": server.host, "port": server.port, "keep_alive_timeout_s": server.keep_alive_s}
     serve.start(http_options=http)
-    serve.run(application(cluster, server), name="audio8", route_prefix="/", blocking=True)
+    try:
+        serve.run(application(cluster, server), name="audio8", route_prefix="/", blocking=True)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: streams still running get server.shutdown_s, then Ray stops
+        if not joining:
+            log.warning("stopping: answers still running get %.0f s to finish", server.shutdown_s)
+            serve.delete("audio8")
+        raise
