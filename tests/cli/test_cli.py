@@ -224,6 +224,8 @@ def test_prompt_of_a_long_text_is_the_pieces_say_speaks(tiny_checkpoint):
     for shown, piece in zip(pieces, plan.pieces):
         assert shown["text"] == piece.text and np.array_equal(np.array(shown["prompt"]), piece.prompt)
     assert " ".join(p["text"] for p in pieces) == text.strip()
+    ids = sum(np.array(p["prompt"]).size for p in pieces)  # written compactly: a book's ids were 12x its bytes
+    assert result.output.count("\n") == 1 and len(result.output) < 4 * ids
     said = run("prompt", text, "--model", tiny_checkpoint).output
     assert said.count("prompt [11, ") == len(pieces) and f"piece {len(pieces)} of {len(pieces)}: " in said
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
@@ -12,6 +14,9 @@ import typer
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import CheckpointError, PromptError
 from .app import ModelOpt, TextArg, app, friendly, out, text_of
+
+if TYPE_CHECKING:
+    from ..plan import Piece
 
 
 @app.command()
@@ -43,18 +48,30 @@ def prompt(
         voice = Voice(_read_codes(ref_codes), ref_text, ckpt.codec_config.sample_rate, 0.0, "", "")
     # as say speaks it: a text too long for one utterance in pieces, each with its prompt
     plan = make_plan(check_request(text), voice, builder, ckpt.config, ckpt.generation, "")
-    pieces = [(piece.text, piece.prompt) for piece in plan.pieces]
     if as_json:
-        shown = [{"text": t, "shape": list(ids.shape), "prompt": ids.tolist()} for t, ids in pieces]
-        out.print_json(
-            json.dumps({k: v for k, v in shown[0].items() if k != "text"} if len(shown) == 1 else {"pieces": shown})
-        )
+        _print_json(plan.pieces)
         return
-    for n, (piece, ids) in enumerate(pieces, 1):
-        if len(pieces) > 1:
-            out.print(f"piece {n} of {len(pieces)}: {piece!r}", highlight=False)
+    for n, piece in enumerate(plan.pieces, 1):  # each prompt built as it is printed (a book's are hundreds of MB)
+        ids = piece.prompt
+        if len(plan.pieces) > 1:
+            out.print(f"piece {n} of {len(plan.pieces)}: {piece.text!r}", highlight=False)
         out.print(f"prompt [{ids.shape[0]}, {ids.shape[1]}]; row 0:", highlight=False)
-        out.print(" ".join(str(int(i)) for i in ids[0]), highlight=False)
+        out.print(" ".join(map(str, ids[0].tolist())), highlight=False)
+
+
+def _print_json(pieces: Sequence[Piece]) -> None:
+    """One piece as ``{shape, prompt}``, several as ``{"pieces": [{text, shape, prompt}]}``: written to stdout a
+    piece at a time, each prompt built as it is written, so a long text's output never sits in memory whole."""
+    if len(pieces) == 1:
+        ids = pieces[0].prompt
+        sys.stdout.write(json.dumps({"shape": list(ids.shape), "prompt": ids.tolist()}) + "\n")
+        return
+    sys.stdout.write('{"pieces": [')
+    for n, piece in enumerate(pieces):
+        ids = piece.prompt
+        shown = {"text": piece.text, "shape": list(ids.shape), "prompt": ids.tolist()}
+        sys.stdout.write((", " if n else "") + json.dumps(shown, ensure_ascii=False))
+    sys.stdout.write("]}\n")
 
 
 def _read_codes(path: Path) -> np.ndarray:
