@@ -263,12 +263,20 @@ def test_every_oracle_entry_collected() -> None:
         ("Ja. Obst, z.B. Äpfel.", 18, ["Ja.", "Obst, z.B. Äpfel."]),
         ("Obst. Er bringt ca. 30 Äpfel.", 24, ["Obst.", "Er bringt ca. 30 Äpfel."]),
         ("Er kommt um 3. Das ist gut.", 16, ["Er kommt um 3.", "Das ist gut."]),
+        # de: „…“ closes after the sentence's point; a street's "str." before its number
+        ("Er sagte: „Es ist so.“ Am 3. Oktober kam er.", 40, ["Er sagte: „Es ist so.“", "Am 3. Oktober kam er."]),
+        ("Ja. Wir sind in der Hauptstr. 5 in Bonn.", 37, ["Ja.", "Wir sind in der Hauptstr. 5 in Bonn."]),
         # fr: Monsieur, Madame, par exemple
+        ("Oui. Au 3 av. Foch et en janv. 2020 aussi.", 40, ["Oui.", "Au 3 av. Foch et en janv. 2020 aussi."]),
         ("Il est tard. M. Dupont et Mme. Martin arrivent.", 35, ["Il est tard.", "M. Dupont et Mme. Martin arrivent."]),
         ("Oui. Du sport, p.ex. le tennis.", 27, ["Oui.", "Du sport, p.ex. le tennis."]),
         # es: Señor, Señora, aproximadamente
         ("Es tarde. El Sr. García y la Sra. López llegan.", 38, ["Es tarde.", "El Sr. García y la Sra. López llegan."]),
         ("Sí. Trajeron aprox. 20 libros.", 27, ["Sí.", "Trajeron aprox. 20 libros."]),
+        ("Sí. Lee el cap. 3 hoy.", 20, ["Sí.", "Lee el cap. 3 hoy."]),
+        # the danda and the Arabic question mark and comma (languages the model is not measured in) end alike
+        ("नमस्ते दोस्त। आज मौसम बहुत अच्छा है।", 24, ["नमस्ते दोस्त।", "आज मौसम बहुत अच्छा है।"]),
+        ("تريد القهوة الآن؟ نعم، من فضلك.", 28, ["تريد القهوة الآن؟", "نعم، من فضلك."]),
         # CJK typed with half-width marks (no spaces): a Latin mark before a CJK character ends a sentence or clause
         (
             "今天天气很好,我们去公园散步吧.你觉得怎么样?好的!",

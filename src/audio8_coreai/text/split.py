@@ -13,12 +13,13 @@ from .checks import check_text
 # "3,5", "e.g.x", "U.S.A" and "Mr.田中" stay whole; "好的.你" is cut, as CJK text typed with half-width marks has no
 # spaces); a CJK mark (full-width and halfwidth forms) or an em dash ends one wherever it is. Closing quotes and
 # brackets stay with the mark they follow, a French » after its space too.
-SENTENCE_MARKS_LATIN = ".!?…．"  # the full-width stop as a point: "３．１４" is a number
+SENTENCE_MARKS_LATIN = ".!?…．।؟"  # the full-width stop as a point: "３．１４" is a number; the danda, Arabic "?"
 SENTENCE_MARKS_CJK = "。！？｡"
-CLAUSE_MARKS_LATIN = ",;:–"
+CLAUSE_MARKS_LATIN = ",;:–،؛"  # Arabic comma and semicolon too
 CLAUSE_MARKS_CJK = "，、；：､—"
-_CLOSERS = "\"'”’»)]}」』）】》"
+_CLOSERS = "\"'”’“‘»)]}」』）】》"  # “ ‘ close German „…“ ‚…‘ (straight after a mark: never an opener)
 _SPACED_CLOSERS = "»›"  # French typesetting: "Bonjour. »"
+_SPACED_CLOSE = re.compile(rf"\s+[{_SPACED_CLOSERS}]+(?=\s|$)")
 
 # Words whose period never ends a sentence in the Latin-script languages the model speaks (en, de, fr, es):
 # titles before a name and abbreviations that stand inside a sentence; lowercased, without the final period.
@@ -73,6 +74,8 @@ ABBREVIATIONS_INSIDE = frozenset(
         "pr",
         "p.ex",
         "c.-à-d",
+        "av",
+        "bd",  # avenue, boulevard: before a name
         # es: Señora, Señorita, Doctora, usted, ustedes, doña, por ejemplo
         "sra",
         "srta",
@@ -109,8 +112,15 @@ ABBREVIATIONS_EITHER = frozenset(
         "str",
         "abs",  # de
         "env",
-        "av",
-        "bd",  # fr
+        "janv",
+        "févr",
+        "avr",
+        "juil",
+        "sept",
+        "oct",
+        "nov",
+        "déc",  # fr (months before a date: "janv. 2020")
+        "cap",  # es (capítulo)
         "aprox",
         "pág",
         "núm",
@@ -156,8 +166,9 @@ def _continues_sentence(text: str, i: int, j: int) -> bool:
     if key in ABBREVIATIONS_INSIDE or (len(word) == 1 and word.isupper() and word != "I"):
         return True
     if word.isdigit():  # a list's number ("1. First") begins its text; an ordinal ("3. Oktober") goes on
-        return lower_next or following.lower() in MONTHS_DE or not text[: text.rfind(" ", 0, i) + 1].strip()
-    return (key in ABBREVIATIONS_EITHER or "." in word) and lower_next  # "U.S. and", "p.m. tomorrow"
+        return lower_next or following.lower() in MONTHS_DE or text.rfind(" ", 0, i) == -1  # cleaned: no lead
+    street = len(key) > 3 and key.endswith("str")  # de: "Hauptstr. 5"
+    return (key in ABBREVIATIONS_EITHER or street or "." in word) and lower_next  # "U.S. and", "p.m. tomorrow"
 
 
 def _wide(char: str) -> bool:
@@ -180,9 +191,9 @@ def _cut(
         j = i + 1
         while j < len(text) and (text[j] in marks or text[j] in _CLOSERS):
             j += 1
-        spaced = re.match(rf"\s+[{_SPACED_CLOSERS}]+(?=\s|$)", text[j:])
+        spaced = _SPACED_CLOSE.match(text, j)  # at j, not on a copy of the rest: linear in the text
         if spaced:
-            j += spaced.end()
+            j = spaced.end()
         # a CJK letter on both sides: CJK text typed with half-width marks ("e.g.東京", "Mr.田中" go on)
         between = j < len(text) and _wide(text[j]) and i > 0 and _wide(text[i - 1])
         ends = j == len(text) or ((text[j].isspace() or between) and not continues(text, i, j))
@@ -199,9 +210,9 @@ def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[
     """Split ``text`` into pieces of at most ``max_tokens`` tokens each (``count(piece)`` tokens), in order.
 
     Text that fits is returned whole (one piece, cleaned as :func:`check_text`). Otherwise it is cut at
-    sentence ends (``. ! ? … ．`` before a space, or between CJK letters, but not after a title, an abbreviation or
+    sentence ends (``. ! ? … ． । ؟`` before a space, or between CJK letters, but not after a title, an abbreviation or
     an initial, see :func:`_continues_sentence`; ``。！？｡`` anywhere), a sentence that is still too long at
-    clause marks (``, ; : –`` before a space or between CJK letters, ``，、；：､—`` anywhere), and a clause still
+    clause marks (``, ; : – ، ؛`` before a space or between CJK letters, ``，、；：､—`` anywhere), and a clause still
     too long at spaces;
     then neighbouring cuts are joined again while they fit, so pieces are as long as allowed (fewer breaks in
     the prosody). Pieces keep the text's own characters: joined with single spaces where the text had
