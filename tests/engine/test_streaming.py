@@ -249,8 +249,10 @@ def test_stream_checks_before_the_first_frame(tiny_tts, kwargs):
 
 
 def test_unsplittable_long_run_is_a_clear_error(tiny_tts):
-    with pytest.raises(PromptError, match=r"tokens with nowhere to split \(a sentence or clause mark before a space"):
+    with pytest.raises(PromptError, match=r"'a{39}…' \(400 characters, at character 0\) is 400 tokens with nowhere"):
         tiny_tts.stream("a" * 400, seed=0)
+    with pytest.raises(PromptError, match=r"\(200 characters, at character 4\) is 600 tokens .*no space, and no"):
+        tiny_tts.stream("Hi. " + "我" * 200, seed=0)  # a CJK run: 3 tokens a character here (bytes)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -252,9 +252,10 @@ def split_checked(text: str, max_tokens: int, count: Callable[[str], int]) -> li
                     run = text[w0:w1].strip()
                     shown = run if len(run) <= 40 else run[:39] + "…"
                     raise PromptError(
-                        f"cannot split the text: {shown!r} (character {w0}) is {count(run)} tokens with nowhere "
-                        f"to split (a sentence or clause mark before a space, or a space), over the {max_tokens} "
-                        "tokens one utterance can hold; add punctuation or spaces"
+                        f"cannot split the text: {shown!r} ({len(run)} characters, at character {w0}) is "
+                        f"{count(run)} tokens with nowhere to split (no space, and no sentence or clause mark such "
+                        f"as . , 。 、 that may end a piece), over the {max_tokens} tokens one utterance can hold; add "
+                        "punctuation or spaces"
                     )
                 spans.append((w0, w1))
     pieces: list[tuple[int, int]] = []
