@@ -21,6 +21,7 @@ SPOKEN = {
     "kana marks": "ラーメン、ゝゞヽヾ々〆",
     "ko": "안녕하세요, 반갑습니다.",
     "de": "Die Straße ist schön.",
+    "lone letters as symbols": "The resistor is 10 kΩ, π is 3.14 and the grain 5 μm wide.",
 }
 FOREIGN = {
     "ru": ("Привет, как дела?", "Cyrillic"),
