@@ -283,7 +283,7 @@ def test_split_text(text, limit, pieces):
 
 
 def test_split_text_refuses_a_run_it_cannot_split():
-    with pytest.raises(PromptError, match=r"'aaaaaaaaaa' \(character 4\) is 10 tokens"):
+    with pytest.raises(PromptError, match=r"'aaaaaaaaaa' \(10 characters, at character 4\) is 10 tokens"):
         split_text("ok. aaaaaaaaaa", 8, len)
     with pytest.raises(PromptError, match="empty"):
         split_text("   ", 8, len)

@@ -255,7 +255,7 @@ def test_every_oracle_entry_collected() -> None:
         (
             "It was 3.5 degrees. Then 1,000.50 or 1.000,50 or 3,5 came.",
             20,
-            ["It was 3.5 degrees.", "Then 1,000.50 or", "1.000,50 or 3,5", "came."],
+            ["It was 3.5 degrees.", "Then 1,000.50", "or 1.000,50", "or 3,5 came."],
         ),
         # de: Herr, zum Beispiel, an ordinal before a month; "ca." before a number; a number's own sentence end
         ("Es ist spät. Hr. Müller kommt.", 18, ["Es ist spät.", "Hr. Müller kommt."]),
@@ -296,6 +296,25 @@ def test_every_oracle_entry_collected() -> None:
     ],
 )
 def test_split_text_sentence_ends(text: str, limit: int, pieces: list[str]) -> None:
+    assert split_text(text, limit, len) == pieces
+
+
+@pytest.mark.parametrize(
+    "text, limit, pieces",
+    [
+        # a sentence too long for one piece is cut into the fewest pieces, as even as its words allow: no
+        # one-word tail, and no piece that ends another sentence mid-sentence
+        (
+            "Yes, fine! He said it will rain in the north of the country.",
+            32,
+            ["Yes, fine!", "He said it will rain in", "the north of the country."],
+        ),
+        # a sentence that fits joins the piece before it, a cut sentence's last one too
+        ("One two three four five six. Go.", 16, ["One two three", "four five six.", "Go."]),
+        ("One two three four five six. Go.", 18, ["One two three", "four five six. Go."]),
+    ],
+)
+def test_a_long_sentence_is_cut_evenly_and_alone(text: str, limit: int, pieces: list[str]) -> None:
     assert split_text(text, limit, len) == pieces
 
 

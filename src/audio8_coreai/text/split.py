@@ -213,9 +213,10 @@ def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[
     sentence ends (``. ! ? … ． । ؟`` before a space, or between CJK letters, but not after a title, an abbreviation or
     an initial, see :func:`_continues_sentence`; ``。！？｡`` anywhere), a sentence that is still too long at
     clause marks (``, ; : – ، ؛`` before a space or between CJK letters, ``，、；：､—`` anywhere), and a clause still
-    too long at spaces;
-    then neighbouring cuts are joined again while they fit, so pieces are as long as allowed (fewer breaks in
-    the prosody). Pieces keep the text's own characters: joined with single spaces where the text had
+    too long at spaces. Whole sentences are joined again while they fit, so pieces are as long as allowed (fewer
+    breaks in the prosody); a sentence too long for one piece is cut into the fewest pieces of its own, as even as
+    its clauses and words allow (no one-word tail, no piece ending another sentence mid-way). Pieces keep the
+    text's own characters: joined with single spaces where the text had
     whitespace, they give back the cleaned text. A cut without a letter or digit ("...", "—") rides with its
     neighbour. Never drops text.
 
@@ -236,38 +237,84 @@ def split_checked(text: str, max_tokens: int, count: Callable[[str], int]) -> li
         )
     if count(text) <= max_tokens:
         return [text]
-    spans: list[tuple[int, int]] = []
-    for s0, s1 in _cut(text, SENTENCE_MARKS_LATIN, SENTENCE_MARKS_CJK, _continues_sentence):
-        if count(text[s0:s1]) <= max_tokens:
-            spans.append((s0, s1))
-            continue
-        for c0, c1 in _cut(text[s0:s1], CLAUSE_MARKS_LATIN, CLAUSE_MARKS_CJK):
-            c0, c1 = s0 + c0, s0 + c1
-            if count(text[c0:c1]) <= max_tokens:
-                spans.append((c0, c1))
-                continue
-            for word in re.finditer(r"\S+\s*", text[c0:c1]):
-                w0, w1 = c0 + word.start(), c0 + word.end()
-                if count(text[w0:w1]) > max_tokens:
-                    run = text[w0:w1].strip()
-                    shown = run if len(run) <= 40 else run[:39] + "…"
-                    raise PromptError(
-                        f"cannot split the text: {shown!r} ({len(run)} characters, at character {w0}) is "
-                        f"{count(run)} tokens with nowhere to split (no space, and no sentence or clause mark such "
-                        f"as . , 。 、 that may end a piece), over the {max_tokens} tokens one utterance can hold; add "
-                        "punctuation or spaces"
-                    )
-                spans.append((w0, w1))
     pieces: list[tuple[int, int]] = []
-    for s0, s1 in spans:
-        speakable = any(unicodedata.category(c)[0] in "LN" for c in text[s0:s1])
-        if pieces and (not speakable or count(text[pieces[-1][0] : s1].strip()) <= max_tokens):
-            pieces[-1] = (pieces[-1][0], s1)
-        else:
-            pieces.append((s0, s1))
-    if len(pieces) > 1 and not any(unicodedata.category(c)[0] in "LN" for c in text[slice(*pieces[0])]):
+    lead = None  # where marks before the first words ("... Hello") begin: they ride with the first sentence
+    for s0, s1 in _cut(text, SENTENCE_MARKS_LATIN, SENTENCE_MARKS_CJK, _continues_sentence):
+        if not pieces and not _speakable(text[s0:s1]):
+            lead = s0 if lead is None else lead
+            continue
+        s0 = s0 if lead is None else lead
+        lead = None
+        if count(text[s0:s1]) <= max_tokens:  # a whole sentence joins the piece before it while they fit
+            if pieces and (not _speakable(text[s0:s1]) or count(text[pieces[-1][0] : s1].strip()) <= max_tokens):
+                pieces[-1] = (pieces[-1][0], s1)
+            else:
+                pieces.append((s0, s1))
+            continue
+        # a sentence too long for one piece: pieces of its own (none ends another sentence's mid-sentence), as
+        # even as its clauses and words allow
+        spans = [
+            span
+            for c0, c1 in _cut(text[s0:s1], CLAUSE_MARKS_LATIN, CLAUSE_MARKS_CJK)
+            for span in _clause_spans(text, s0 + c0, s0 + c1, max_tokens, count)
+        ]
+        pieces += _balanced(text, spans, max_tokens, count)
+    if len(pieces) > 1 and not _speakable(text[slice(*pieces[0])]):
         pieces[:2] = [(pieces[0][0], pieces[1][1])]  # leading marks ride with the first words
     return [text[a:b].strip() for a, b in pieces]
+
+
+def _speakable(text: str) -> bool:
+    """Whether ``text`` holds a letter or a digit: a cut without one ("...", "—") rides with its neighbour."""
+    return any(unicodedata.category(c)[0] in "LN" for c in text)
+
+
+def _clause_spans(text: str, c0: int, c1: int, max_tokens: int, count: Callable[[str], int]) -> list[tuple[int, int]]:
+    """The clause ``text[c0:c1]`` as one span when it fits ``max_tokens``, else its words; raises PromptError for
+    a word (a run without a space) that does not fit."""
+    if count(text[c0:c1]) <= max_tokens:
+        return [(c0, c1)]
+    words = []
+    for word in re.finditer(r"\S+\s*", text[c0:c1]):
+        w0, w1 = c0 + word.start(), c0 + word.end()
+        if count(text[w0:w1]) > max_tokens:
+            run = text[w0:w1].strip()
+            shown = run if len(run) <= 40 else run[:39] + "…"
+            raise PromptError(
+                f"cannot split the text: {shown!r} ({len(run)} characters, at character {w0}) is "
+                f"{count(run)} tokens with nowhere to split (no space, and no sentence or clause mark such "
+                f"as . , 。 、 that may end a piece), over the {max_tokens} tokens one utterance can hold; add "
+                "punctuation or spaces"
+            )
+        words.append((w0, w1))
+    return words
+
+
+def _balanced(
+    text: str, spans: list[tuple[int, int]], max_tokens: int, count: Callable[[str], int]
+) -> list[tuple[int, int]]:
+    """Consecutive ``spans`` (of one sentence) joined into the fewest pieces of at most ``max_tokens`` tokens, the
+    longest as short as that number of pieces allows: filling each piece to the cap in turn leaves a short tail
+    ("... in the" | "park.") where even pieces break the sentence near its middle."""
+
+    def fill(limit: int) -> list[tuple[int, int]]:
+        parts: list[tuple[int, int]] = []
+        for s0, s1 in spans:
+            if parts and (not _speakable(text[s0:s1]) or count(text[parts[-1][0] : s1].strip()) <= limit):
+                parts[-1] = (parts[-1][0], s1)
+            else:
+                parts.append((s0, s1))
+        return parts
+
+    fewest = len(fill(max_tokens))
+    low, high = 1, max_tokens
+    while low < high:  # the lowest limit that needs no more pieces (fewer pieces need a higher one)
+        middle = (low + high) // 2
+        if len(fill(middle)) <= fewest:
+            high = middle
+        else:
+            low = middle + 1
+    return fill(low)
 
 
 # Where growing text is cut whatever follows: a blank line (a paragraph), or a line break before a list item
