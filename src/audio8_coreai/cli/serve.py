@@ -125,10 +125,9 @@ def serve(
     ] = None,
 ) -> None:
     """Serve the OpenAI-compatible speech API (POST /v1/audio/speech), voices, /health and /metrics."""
-    import uvicorn
 
     from ..server import create_app
-    from ..server.connections import uvicorn_config
+    from ..server.connections import Server, uvicorn_config
     from ..server.voicenames import parse_voice_map
     from ..tts import TTS
     from ..voices import check_name
@@ -198,7 +197,7 @@ def serve(
     if batch:
         _, instances = instances[0].batched(batch)
     try:
-        uvicorn.Server(uvicorn_config(create_app(instances, settings), settings, host, port)).run()
+        Server(uvicorn_config(create_app(instances, settings), settings, host, port)).run()
     finally:  # uvicorn returns on Ctrl-C or SIGTERM: end the codec processes with the server
         for tts in loaded:
             tts.close()

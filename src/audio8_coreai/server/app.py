@@ -16,7 +16,7 @@ from ..settings import DEFAULTS, ServerSettings
 from ..tts import TTS
 from . import errors
 from .body_limit import SpeechBodyLimit
-from .connections import uvicorn_config
+from .connections import Server, uvicorn_config
 from .metrics import Metrics
 from .requestid import RequestIds
 from .routers import health, models, page, speech, voices
@@ -100,13 +100,11 @@ def serve_in_thread(
     within ``start_timeout_s`` seconds."""
     import socket
 
-    import uvicorn
-
     if port == 0:
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn_config(app, app.state.server.settings, host, port, log_level=log_level))
+    server = Server(uvicorn_config(app, app.state.server.settings, host, port, log_level=log_level))
     thread = threading.Thread(target=server.run, name="audio8-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s

@@ -249,3 +249,20 @@ def uvicorn_config(
         limit_concurrency=settings.max_connections,
         timeout_graceful_shutdown=settings.shutdown_s,
     )
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server of an app of :func:`.app.create_app`. As its shutdown begins (SIGTERM, Ctrl-C) requests still
+    waiting for a place are refused (503 shutting_down, :meth:`.synth.Synthesizer.drain`); what still runs half a
+    second before the grace (``shutdown_s``) ends is ended by the app (:meth:`.synth.Synthesizer.cut`: a whole file
+    a 503, a stream cut with one log line), not cancelled by uvicorn (a plain-text 500 and a traceback each)."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        synth = self.config.app.state.server.synth
+        synth.drain()
+        grace = self.config.timeout_graceful_shutdown
+        cut = asyncio.get_running_loop().call_later(max((grace or 0.0) - 0.5, 0.0), synth.cut)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            cut.cancel()

@@ -144,6 +144,17 @@ def asset_fault(e: AssetError) -> ApiError:
     return ApiError(500, ASSET_FAULT, None, "server_error")
 
 
+def shutting_down() -> ApiError:
+    """The 503 of a request the server stops for (SIGTERM, Ctrl-C): refused while it waited for a place, or ended
+    at the shutdown's grace (``shutdown_s``) before its answer was whole; the client may send it again."""
+    return ApiError(
+        503,
+        "the server is shutting down: send the request again (to another instance, or here once it is back)",
+        code="shutting_down",
+        headers={"Retry-After": "1"},
+    )
+
+
 def api_error(e: Audio8Error) -> ApiError:
     """``e`` as the server says it: an ApiError as it is, a damaged voice or an asset fault a 500, any other a
     400 naming the setting (a ConfigError's ``field``)."""

@@ -271,6 +271,12 @@ class RaySynthesizer(Synthesizer):
     def close(self) -> None:
         pass  # the replicas are Ray's
 
+    def drain(self) -> None:
+        pass  # Ray's proxy and replicas stop themselves (graceful_shutdown_timeout_s)
+
+    def cut(self) -> None:
+        pass
+
 
 class Ingress:
     """The HTTP side: the app of ``audio8 serve`` under ``server`` over :class:`RaySynthesizer` (built on the

@@ -73,6 +73,12 @@ class Relay:
                 self._room.notify()
         return item
 
+    def interrupt(self, item: Any) -> None:
+        """Stop the worker (as :meth:`stop`) and hand ``item`` to the request after what it holds (event loop side):
+        the request's last item, whatever the worker would still have given (the server shutting down)."""
+        self.stop()
+        self._items.put_nowait(item)
+
     def stop(self) -> None:
         """The request wants no more: the worker stops at its next frame, or at once if it waits for room."""
         self.stopped.set()

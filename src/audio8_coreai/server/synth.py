@@ -15,7 +15,7 @@ import logging
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +29,7 @@ from ..plan import Plan
 from ..request import CheckedRequest
 from ..tts import TTS
 from ..voices import Voice, VoiceStore
-from .errors import ApiError, api_error, storage
+from .errors import ApiError, api_error, shutting_down, storage
 from .metrics import Metrics
 from .relay import Cancelled, Relay, Stalled
 from .workers import Workers
@@ -108,6 +108,16 @@ class Synthesizer(ABC):
     def close(self) -> None:
         """Stop taking work (the app's shutdown)."""
 
+    @abstractmethod
+    def drain(self) -> None:
+        """The server begins to shut down: refuse new requests and those still waiting for a place (ApiError 503
+        shutting_down); running ones go on (event loop side)."""
+
+    @abstractmethod
+    def cut(self) -> None:
+        """The shutdown's grace is over: end what still runs (a whole file not yet sent: 503 shutting_down; a
+        stream: cut), the workers stopping at their next frame (event loop side)."""
+
 
 class _End:
     """The last item of a job's relay: the stream that ran (its statistics) or the error that stopped it."""
@@ -135,6 +145,7 @@ class LocalSynthesizer(Synthesizer):
             raise ValueError("the server needs at least one model instance")
         self.instances, self.settings, self.metrics = list(instances), settings, metrics
         self.workers = Workers(self.instances, settings.max_queue)
+        self._relays: dict[Relay, bool] = {}  # the live requests' relays: True once their stream is built
         first = self.instances[0]
         self.voices, self.sample_rate, self.fingerprint = (
             first.voices,
@@ -170,16 +181,20 @@ class LocalSynthesizer(Synthesizer):
             except BaseException as e:  # delivered to the request, which answers 500 or ends the stream
                 relay.put(_End(error=e))
 
+        self._relays[relay] = False
         self.workers.submit(job)
         try:
             item = await relay.get()
         except BaseException:  # cancelled while waiting: the worker stops at its start or next frame
             relay.stop()
+            self._relays.pop(relay, None)
             raise
-        if not isinstance(item, Plan):  # the stream could not be built
+        if not isinstance(item, Plan):  # the stream could not be built (or the server is shutting down)
+            self._relays.pop(relay, None)
             raise failed(item.error)
+        self._relays[relay] = True
         speech = Speech(LOCAL, item.tokens, item.warning, dropped=relay.dropped)
-        speech.body = _body(relay, output, self.sample_rate, speech)
+        speech.body = _body(relay, output, self.sample_rate, speech, lambda: self._relays.pop(relay, None))
         return speech
 
     async def register_voice(self, name: str, data: bytes, filename: str, transcript: str, replace: bool) -> Voice:
@@ -207,7 +222,7 @@ class LocalSynthesizer(Synthesizer):
                 shutil.rmtree(folder, ignore_errors=True)
             return dataclasses.replace(voice, warnings=tuple(w.replace(clip, filename) for w in voice.warnings))
 
-        return await self.workers.submit(job)
+        return await self.workers.result(job)
 
     async def health(self) -> dict[str, Any]:
         first = self.instances[0]
@@ -228,13 +243,24 @@ class LocalSynthesizer(Synthesizer):
     def close(self) -> None:
         self.workers.shutdown()
 
+    def drain(self) -> None:
+        self.workers.drain()
+        for relay in [r for r, built in self._relays.items() if not built]:
+            relay.interrupt(_End(error=shutting_down()))
 
-async def _body(relay: Relay, output: Output, sample_rate: int, speech: Speech) -> AsyncGenerator[bytes, None]:
+    def cut(self) -> None:
+        for relay in list(self._relays):
+            relay.interrupt(_End(error=shutting_down()))
+
+
+async def _body(
+    relay: Relay, output: Output, sample_rate: int, speech: Speech, ended: Callable[[], object]
+) -> AsyncGenerator[bytes, None]:
     """A job's chunks (float32 at ``sample_rate``) made as ``output`` says: encoded as they come, or as one file at
     the end; ``speech.frames`` set at the end. Raises ApiError 422 no_audio when the utterance ended on its first
     frame (streamed or not: nothing has been sent then), Stalled when the stream was dropped for a client that read
     nothing for ``stall_s`` (:mod:`.relay`). ``finally`` tells the worker to stop at its next frame when the body is
-    closed early."""
+    closed early, and calls ``ended``."""
     encoder = _ChunkEncoder(output, sample_rate) if output.stream else None
     try:
         chunks = []
@@ -265,6 +291,7 @@ async def _body(relay: Relay, output: Output, sample_rate: int, speech: Speech) 
             yield data
     finally:
         relay.stop()
+        ended()
         if encoder is not None:
             encoder.discard()  # a client that left: closed here, not by the garbage collector
 

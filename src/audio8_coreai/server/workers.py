@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..tts import TTS
-from .errors import ApiError
+from .errors import ApiError, shutting_down
 
 
 class Workers:
@@ -33,13 +33,17 @@ class Workers:
         self.admitted = 0
         self.running = 0
         self._job_s = 1.0  # running mean of job seconds, for Retry-After
+        self.draining = False
 
     @property
     def queued(self) -> int:
         return self.admitted - self.running
 
     def admit(self) -> None:
-        """Take a place, or raise ApiError 503 with Retry-After (the expected wait, seconds) when full."""
+        """Take a place, or raise ApiError 503 with Retry-After (the expected wait, seconds) when full, 503
+        shutting_down once :meth:`drain` was called."""
+        if self.draining:
+            raise shutting_down()
         with self._lock:
             if self.admitted >= len(self.instances) + self.max_queue:
                 wait = math.ceil(self._job_s * (1 + self.queued / len(self.instances)))
@@ -72,6 +76,22 @@ class Workers:
                     self._job_s = 0.8 * self._job_s + 0.2 * (time.perf_counter() - t0)
 
         return asyncio.wrap_future(self._pool.submit(contextvars.copy_context().run, run))
+
+    async def result(self, job: Callable[[TTS], Any]) -> Any:
+        """:meth:`submit`'s result; raises ApiError 503 shutting_down when :meth:`drain` dropped the job unrun."""
+        future = self.submit(job)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.draining and future.cancelled() and not (task is not None and task.cancelling()):
+                raise shutting_down() from None
+            raise
+
+    def drain(self) -> None:
+        """Refuse new work (:meth:`admit`) and drop the jobs waiting for a worker; running ones go on."""
+        self.draining = True
+        self.shutdown()
 
     def shutdown(self) -> None:
         """Drop waiting jobs; running ones end with their requests (a closed stream stops at its next frame)."""

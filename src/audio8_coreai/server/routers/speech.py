@@ -249,7 +249,8 @@ async def _sent(
     after the first bytes (logged; raises :class:`_Cut`: the status line is sent, only cutting the stream tells the
     client); 499 client_closed when the client left (the server then cancels or closes this generator, which closes
     ``body``: the synthesis stops at its next frame); 499 client_stalled when it stopped reading for ``stall_s``
-    (the stream dropped, ``dropped`` set, :mod:`..relay`): counted as the server drops it, the response cut."""
+    (the stream dropped, ``dropped`` set, :mod:`..relay`): counted as the server drops it, the response cut; 503
+    shutting_down when the server's shutdown grace ended it (logged as a warning; cut)."""
     try:
         async for data in body:
             yield data
@@ -260,6 +261,10 @@ async def _sent(
         metrics.count(499, "client_stalled")
         raise _Cut from None
     except Exception as e:  # whatever stopped the synthesis, the response can only be cut now
+        if isinstance(e, ApiError) and e.code == "shutting_down":
+            log.warning("a stream was cut: the server is shutting down (its grace, shutdown_s, is over)")
+            metrics.count(503, "shutting_down")
+            raise _Cut from None
         log.error("a stream failed after its first bytes and was cut: %s", e)
         metrics.count(500, "stream_cut")
         raise _Cut from None

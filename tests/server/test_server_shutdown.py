@@ -1,0 +1,78 @@
+"""``audio8 serve`` shutting down (SIGTERM, Ctrl-C: uvicorn's should_exit) with requests in flight: those waiting
+for a place are refused at once, what runs gets ``shutdown_s``, then the app ends it (a whole file a JSON 503, a
+stream cut): no request is cancelled by uvicorn (a plain-text 500 and a traceback each)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import numpy as np
+
+from audio8_coreai import TTS
+from audio8_coreai.server import create_app, serve_in_thread
+from audio8_coreai.settings import ServerSettings
+
+GRACE_S = 2.0
+
+
+class _Slow:
+    """A stand-in for a SpeechStream that never ends: 0.1 s of tone (float32 [4410]) every 20 ms, ``on_frame``
+    called before each, until the server stops it."""
+
+    prefill_s = frames_s = codec_s = duration_s = 0.0
+    first_audio_s = None
+    frames = 0
+
+    def __init__(self, on_frame):
+        self.on_frame = on_frame
+
+    def __iter__(self):
+        for step in range(100_000):
+            self.on_frame(step)
+            time.sleep(0.02)
+            yield (0.3 * np.sin(np.arange(4410) / 7)).astype(np.float32)
+
+
+def test_a_shutdown_refuses_the_waiting_then_ends_the_running_as_the_app_says(tiny_checkpoint, capfd):
+    instances = [TTS.load(tiny_checkpoint, device="cpu") for _ in range(2)]
+    for instance in instances:
+        instance.stream = lambda *args, on_frame, **kwargs: _Slow(on_frame)
+    settings = ServerSettings(workers=2, max_queue=2, shutdown_s=GRACE_S)
+    answers: dict[str, tuple] = {}
+
+    def whole(url: str, name: str) -> None:
+        r = httpx.post(f"{url}/v1/audio/speech", json={"input": "Hello.", "stream": False}, timeout=60)
+        answers[name] = (r.status_code, r.headers.get("retry-after"), r.json()["error"]["code"], time.monotonic())
+
+    def stream(url: str) -> None:
+        received = 0
+        body = {"input": "Hello.", "stream": True, "response_format": "pcm"}
+        try:
+            with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=60) as r:
+                for chunk in r.iter_raw():
+                    received += len(chunk)
+        except httpx.HTTPError as e:  # cut: no last chunk
+            answers["stream"] = (type(e).__name__, received)
+
+    with serve_in_thread(create_app(instances, settings)) as url:
+        clients = [threading.Thread(target=stream, args=(url,)), threading.Thread(target=whole, args=(url, "whole"))]
+        for client in clients:
+            client.start()
+        while httpx.get(f"{url}/health").json()["running"] < 2:
+            time.sleep(0.05)
+        clients.append(threading.Thread(target=whole, args=(url, "waiting")))
+        clients[-1].start()
+        while httpx.get(f"{url}/health").json()["queued"] < 1:
+            time.sleep(0.05)
+        stopped = time.monotonic()  # leaving the block is SIGTERM's path
+    for client in clients:
+        client.join(timeout=60)
+    assert answers["waiting"][:3] == (503, "1", "shutting_down") and answers["waiting"][3] - stopped < 1.0
+    assert answers["whole"][:3] == (503, "1", "shutting_down")
+    assert GRACE_S - 1.0 < answers["whole"][3] - stopped < GRACE_S + 1.0  # at the grace's end, not at once
+    assert answers["stream"][0] in ("RemoteProtocolError", "ReadError") and answers["stream"][1] > 0
+    said = capfd.readouterr().err
+    assert "Traceback" not in said and "Exception in ASGI" not in said and "timeout graceful shutdown" not in said
+    assert said.count("a stream was cut: the server is shutting down") == 1
