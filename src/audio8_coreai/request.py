@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import GenerationConfig, check_int, check_number
-from .errors import ConfigError, PromptError, VoiceError
+from .errors import Audio8Error, ConfigError, EngineError, PromptError, VoiceError
 from .settings import DEFAULTS
 from .text import check_text
 from .voices import Voice, check_name, check_voice_choice
@@ -136,11 +136,15 @@ def check_batch(texts: object, seeds: object) -> list[int | None]:
     return list(seeds)
 
 
-def in_batch(error: PromptError | ConfigError, index: int) -> PromptError | ConfigError:
-    """``error`` about text ``index`` of a batch, said first: ``texts[i]: ...`` for a text refused (PromptError),
-    ``seeds[i]: ...`` for its seed (ConfigError of ``seed``); any other setting is the whole batch's, unchanged."""
-    if isinstance(error, PromptError) or error.field == "seed":
-        error.args = (f"{'texts' if isinstance(error, PromptError) else 'seeds'}[{index}]: {error}",)
+def in_batch(error: PromptError | EngineError | ConfigError, index: int) -> Audio8Error:
+    """``error`` about text ``index`` of a batch, said first: ``texts[i]: ...`` for a text refused (PromptError) or
+    whose prompt leaves too little room for the frames asked (EngineError), ``seeds[i]: ...`` for its seed
+    (ConfigError of ``seed``); any other setting is the whole batch's, unchanged."""
+    if isinstance(error, ConfigError):
+        if error.field == "seed":
+            error.args = (f"seeds[{index}]: {error}",)
+    else:
+        error.args = (f"texts[{index}]: {error}",)
     return error
 
 

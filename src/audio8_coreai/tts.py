@@ -249,7 +249,7 @@ class TTS(VoiceCloning):
         for i, (text, seed) in enumerate(zip(texts, seeds)):  # a loop: a warning's stacklevel names the caller
             try:
                 plans.append(self._planned(text, {**request, "voice": voice, "seed": seed}, split=False))
-            except (PromptError, ConfigError) as e:
+            except (PromptError, EngineError, ConfigError) as e:
                 raise in_batch(e, i) from None
         if len({p.params for p in plans}) > 1:
             raise ConfigError("the plans of one batch share their sampling settings: batch them by their settings")

@@ -310,10 +310,12 @@ def test_nan_weights_are_named_not_spoken(part, tiny_checkpoint, tmp_path):
         list(tts.stream("Hello there.", seed=1, max_frames=4, chunk_frames=2))
 
 
-def test_name_is_the_hub_id_in_the_hub_cache_else_the_folder(tiny_checkpoint, tmp_path):
+def test_name_is_the_hub_id_in_the_hub_cache_else_the_folder(tiny_checkpoint, tmp_path, monkeypatch):
     """What the Wyoming ``info`` and the Core AI manifests call the checkpoint (never its path)."""
     snapshot = tmp_path / "models--Audio8--Audio8-TTS-Preview-0.6b" / "snapshots" / "0123abcd"
     snapshot.parent.mkdir(parents=True)
     _copy(tiny_checkpoint, snapshot)
     assert load_checkpoint(snapshot).name == "Audio8/Audio8-TTS-Preview-0.6b"
     assert load_checkpoint(_copy(tiny_checkpoint, tmp_path / "my-voice-ck")).name == "my-voice-ck"
+    monkeypatch.chdir(tmp_path / "my-voice-ck")
+    assert load_checkpoint(".").name == "my-voice-ck"  # a relative path has its folder's name

@@ -137,7 +137,7 @@ def test_tts_generate_batch_equals_generate(tts_fp32):
 
 
 def test_tts_generate_batch_bad_input(tts_fp32):
-    from audio8_coreai.errors import ConfigError, PromptError
+    from audio8_coreai.errors import ConfigError, EngineError, PromptError
 
     with pytest.raises(ConfigError, match="one seed per text") as e:  # an Audio8Error, as every refusal
         tts_fp32.generate_batch(["a", "b"], seeds=[1])
@@ -146,6 +146,9 @@ def test_tts_generate_batch_bad_input(tts_fp32):
         tts_fp32.generate_batch(["fine", "   "], seeds=[1, 2])
     with pytest.raises(ConfigError, match=r"^seeds\[2\]: seed must be >= 0, got -5$"):
         tts_fp32.generate_batch(["a", "b", "c"], seeds=[1, 2, -5])
+    room = tts_fp32.checkpoint.config.max_seq_len - tts_fp32.prompts.plain("a").shape[1]
+    with pytest.raises(EngineError, match=r"^texts\[1\]: the prompt is \d+ tokens, so at most"):
+        tts_fp32.generate_batch(["a", "a " * 20], max_frames=room)  # fits the first text's room, not the second's
     with pytest.raises(ConfigError, match="^max_frames must be >= 1"):  # the whole batch's setting: no index
         tts_fp32.generate_batch(["fine"], max_frames=0)
     with pytest.raises(ConfigError, match="max_batch must be a whole number"):

@@ -188,6 +188,9 @@ def test_streaming_audio_comes_before_the_stream_ends(never_eos_tts):
         ("1. First item\n", [], "1. First item\n"),  # the line break kept: the next line decides
         ("The meeting was\nmoved. Next", ["The meeting was moved."], " Next"),  # a wrapped line goes on
         ("---\n\nHi. There", ["Hi."], " There"),  # marks alone before a break are not spoken
+        (" 1. First step then more. And", ["1. First step then more."], " And"),  # a number after a sentence's end
+        ("他走了。“再见", ["他走了。"], "“再见"),  # a Chinese opening quote goes with what follows
+        ("Er sagte: „Es regnet.“ Am", ["Er sagte: „Es regnet.“"], " Am"),  # a German closing quote with its end
     ],
 )
 def test_complete_sentences_of_growing_text(text, sentences, rest):

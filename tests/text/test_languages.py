@@ -36,6 +36,11 @@ FOREIGN = {
     "sat": ("ᱚᱛ", "Ol Chiki letters"),
     "iu": ("ᐊᐃ", "Canadian Syllabics letters"),
     "th": ("สวัสดี", "Thai letters"),
+    # words of one letter, or letters joined by marks, a joiner or the tatweel
+    "ru short": ("А я?", "Cyrillic"),
+    "hi short": ("हाँ।", "Devanagari"),
+    "ar tatweel": ("بـك", "Arabic"),
+    "fa joiner": ("ب\u200cپ", "Arabic"),
 }
 
 

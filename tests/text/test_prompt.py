@@ -266,8 +266,12 @@ def test_every_oracle_entry_collected() -> None:
         # de: „…“ closes after the sentence's point; a street's "str." before its number
         ("Er sagte: „Es ist so.“ Am 3. Oktober kam er.", 40, ["Er sagte: „Es ist so.“", "Am 3. Oktober kam er."]),
         ("Ja. Wir sind in der Hauptstr. 5 in Bonn.", 37, ["Ja.", "Wir sind in der Hauptstr. 5 in Bonn."]),
+        # zh: an opening quote after the end of a sentence or clause goes with what it opens
+        ("他走了很远的路。“再见！”她走了很远。", 10, ["他走了很远的路。", "“再见！”", "她走了很远。"]),
+        ("他说：“我们走吧。”", 8, ["他说：", "“我们走吧。”"]),
         # fr: Monsieur, Madame, par exemple
         ("Oui. Au 3 av. Foch et en janv. 2020 aussi.", 40, ["Oui.", "Au 3 av. Foch et en janv. 2020 aussi."]),
+        ("J'aime les BD. Mon frère lit des romans.", 32, ["J'aime les BD.", "Mon frère lit des romans."]),
         ("Il est tard. M. Dupont et Mme. Martin arrivent.", 35, ["Il est tard.", "M. Dupont et Mme. Martin arrivent."]),
         ("Oui. Du sport, p.ex. le tennis.", 27, ["Oui.", "Du sport, p.ex. le tennis."]),
         # es: Señor, Señora, aproximadamente

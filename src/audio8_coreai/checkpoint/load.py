@@ -8,6 +8,7 @@ a forward pass.
 from __future__ import annotations
 
 import hashlib
+import os
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,10 +62,10 @@ class Checkpoint:
     def name(self) -> str:
         """The checkpoint's name: its hub id (``OWNER/NAME``) for a folder in the hub's cache
         (``models--OWNER--NAME/snapshots/REVISION``, as ``huggingface_hub`` lays it out), else the folder's name."""
-        parts = self.path.parts
-        if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-            return parts[-3].removeprefix("models--").replace("--", "/")
-        return self.path.name
+        path = Path(os.path.abspath(self.path))  # "." has a name too; links are not followed
+        if len(path.parts) >= 3 and path.parts[-2] == "snapshots" and path.parts[-3].startswith("models--"):
+            return path.parts[-3].removeprefix("models--").replace("--", "/")
+        return path.name
 
     @property
     def model_file(self) -> Path:

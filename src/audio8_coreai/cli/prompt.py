@@ -70,7 +70,7 @@ def _print_json(pieces: Sequence[Piece]) -> None:
     for n, piece in enumerate(pieces):
         ids = piece.prompt
         shown = {"text": piece.text, "shape": list(ids.shape), "prompt": ids.tolist()}
-        sys.stdout.write((", " if n else "") + json.dumps(shown, ensure_ascii=False))
+        sys.stdout.write((", " if n else "") + json.dumps(shown))  # ASCII: any stdout encoding takes it
     sys.stdout.write("]}\n")
 
 

@@ -18,12 +18,13 @@ LANGUAGES = {
     "fr": "French",
     "es": "Spanish",
 }
-# Two or more letters in a row (marks between them allowed) outside the scripts of those languages (Latin, Han,
-# the kana, Hangul; Common and Inherited marks are shared): a word of another script, not a lone symbol-like letter
-# in a sentence of these ("10 kΩ", "π", "5 μm").
-_FOREIGN_WORD = regex.compile(
-    r"(?:[\p{L}--[\p{Latin}\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Common}\p{Inherited}]]\p{M}*){2,}", regex.V1
-)
+# A letter outside the scripts of those languages (Latin, Han, the kana, Hangul; Common and Inherited marks are
+# shared); two or more in a row (marks, joiners and the Arabic tatweel between them) are a word of another script,
+# where one alone among letters of these is a symbol ("10 kΩ", "π", "5 μm").
+_FOREIGN = r"[\p{L}--[\p{Latin}\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}\p{Common}\p{Inherited}]]"
+_FOREIGN_LETTER = regex.compile(_FOREIGN, regex.V1)
+_FOREIGN_WORD = regex.compile(rf"(?:{_FOREIGN}[\p{{M}}\p{{Cf}}\u0640]*){{2,}}", regex.V1)
+_SPOKEN_LETTER = regex.compile(r"[\p{Latin}\p{Han}\p{Hiragana}\p{Katakana}\p{Hangul}]")
 # Characters of written Cantonese that standard written Chinese does not use (its particles and pronouns).
 _CANTONESE = frozenset("嘅咗唔佢冇喺啲嚟嘢哋嗰噉咩啱嘞囉睇咁")
 
@@ -32,11 +33,13 @@ def language_warning(text: str) -> str | None:
     """One ASCII line warning that ``text`` is not in the model's languages (:data:`LANGUAGES`), or None.
 
     Warns for words of any other script (Cyrillic, Greek, Arabic, Thai...: the model speaks them as noise or
-    skips them; a lone letter such as "Ω" or "π" among others is taken as a symbol) and for characters of written
-    Cantonese (read as Mandarin, if at all). Latin-script text is not checked further: French or German is read as
-    best the model can. The line names no character of the text (it may go into an HTTP header).
-    """
-    foreign = [c for word in _FOREIGN_WORD.findall(text) for c in word if unicodedata.category(c)[0] == "L"]
+    skips them; a lone letter such as "Ω" or "π" among letters of these languages is taken as a symbol) and for
+    characters of written Cantonese (read as Mandarin, if at all). Latin-script text is not checked further: French
+    or German is read as best the model can. The line names no character of the text (it may go into an HTTP
+    header)."""
+    foreign = [c for word in _FOREIGN_WORD.findall(text) for c in word if _FOREIGN_LETTER.match(c)]
+    if not foreign and not _SPOKEN_LETTER.search(text):  # only lone letters, none of these languages': "Я."
+        foreign = _FOREIGN_LETTER.findall(text)
     names = list(LANGUAGES.values())
     languages = f"the model speaks {', '.join(names[:-1])} and {names[-1]}"
     if foreign:

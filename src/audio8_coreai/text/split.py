@@ -17,7 +17,8 @@ SENTENCE_MARKS_LATIN = ".!?…．।؟"  # the full-width stop as a point: "３�
 SENTENCE_MARKS_CJK = "。！？｡"
 CLAUSE_MARKS_LATIN = ",;:–،؛"  # Arabic comma and semicolon too
 CLAUSE_MARKS_CJK = "，、；：､—"
-_CLOSERS = "\"'”’“‘»)]}」』）】》"  # “ ‘ close German „…“ ‚…‘ (straight after a mark: never an opener)
+_CLOSERS = "\"'”’»)]}」』）】》"
+_CLOSERS_BEFORE_SPACE = "“‘"  # close German „…“ ‚…‘ before a space or the end; open Chinese quotes (。“再见)
 _SPACED_CLOSERS = "»›"  # French typesetting: "Bonjour. »"
 _SPACED_CLOSE = re.compile(rf"\s+[{_SPACED_CLOSERS}]+(?=\s|$)")
 
@@ -74,8 +75,7 @@ ABBREVIATIONS_INSIDE = frozenset(
         "pr",
         "p.ex",
         "c.-à-d",
-        "av",
-        "bd",  # avenue, boulevard: before a name
+        "av",  # avenue: before a name
         # es: Señora, Señorita, Doctora, usted, ustedes, doña, por ejemplo
         "sra",
         "srta",
@@ -112,6 +112,7 @@ ABBREVIATIONS_EITHER = frozenset(
         "str",
         "abs",  # de
         "env",
+        "bd",
         "janv",
         "févr",
         "avr",
@@ -146,6 +147,8 @@ MONTHS_DE = frozenset(
 )
 
 _NEXT_WORD = re.compile(r"\s*(\w*)")
+_BLANK = re.compile(r"\s*")  # what may come before a list's number at the text's start ("1. First")
+_LONGEST_WORD = 64  # characters looked back for the word before a period (titles and abbreviations are short)
 _OPENING = re.compile(r"^\W+")  # opening quotes and brackets before a word
 
 
@@ -161,12 +164,13 @@ def _continues_sentence(text: str, i: int, j: int) -> bool:
         return following[:1].islower()
     if run != ".":
         return False
-    word = _OPENING.sub("", text[text.rfind(" ", 0, i) + 1 : i])  # "(Dr" -> "Dr", "“Mr" -> "Mr"
+    begin = text.rfind(" ", max(0, i - _LONGEST_WORD), i) + 1  # bounded: CJK without spaces stays linear
+    word = _OPENING.sub("", text[begin:i])  # "(Dr" -> "Dr", "“Mr" -> "Mr"
     key = word.lower()
     if key in ABBREVIATIONS_INSIDE or (len(word) == 1 and word.isupper() and word != "I"):
         return True
     if word.isdigit():  # a list's number ("1. First") begins its text; an ordinal ("3. Oktober") goes on
-        return lower_next or following.lower() in MONTHS_DE or text.rfind(" ", 0, i) == -1  # cleaned: no lead
+        return lower_next or following.lower() in MONTHS_DE or _BLANK.fullmatch(text, 0, begin) is not None
     street = len(key) > 3 and key.endswith("str")  # de: "Hauptstr. 5"
     return (key in ABBREVIATIONS_EITHER or street or "." in word) and lower_next  # "U.S. and", "p.m. tomorrow"
 
@@ -189,7 +193,11 @@ def _cut(
             i += 1
             continue
         j = i + 1
-        while j < len(text) and (text[j] in marks or text[j] in _CLOSERS):
+        while j < len(text) and (
+            text[j] in marks
+            or text[j] in _CLOSERS
+            or (text[j] in _CLOSERS_BEFORE_SPACE and (j + 1 == len(text) or text[j + 1].isspace()))
+        ):
             j += 1
         spaced = _SPACED_CLOSE.match(text, j)  # at j, not on a copy of the rest: linear in the text
         if spaced:
@@ -262,11 +270,6 @@ def split_checked(text: str, max_tokens: int, count: Callable[[str], int]) -> li
     if len(pieces) > 1 and not _speakable(text[slice(*pieces[0])]):
         pieces[:2] = [(pieces[0][0], pieces[1][1])]  # leading marks ride with the first words
     return [text[a:b].strip() for a, b in pieces]
-
-
-def _speakable(text: str) -> bool:
-    """Whether ``text`` holds a letter or a digit: a cut without one ("...", "—") rides with its neighbour."""
-    return any(unicodedata.category(c)[0] in "LN" for c in text)
 
 
 def _clause_spans(text: str, c0: int, c1: int, max_tokens: int, count: Callable[[str], int]) -> list[tuple[int, int]]:
@@ -345,7 +348,7 @@ def _sentences(text: str, whole: bool) -> tuple[list[str], int]:
     """The complete sentences of cleaned ``text`` and where its rest begins: every one when ``whole`` (a break
     follows), else all but the last, and the last but one too while the word after its end has not come."""
     spans = _cut(text, SENTENCE_MARKS_LATIN, SENTENCE_MARKS_CJK, _continues_sentence)
-    if whole or text.rstrip().rstrip(_CLOSERS).endswith(tuple(_FINAL_CJK)):  # "「好。」" ends too
+    if whole or text.rstrip().rstrip(_CLOSERS + _CLOSERS_BEFORE_SPACE).endswith(tuple(_FINAL_CJK)):  # "「好。」" too
         keep = 0
     elif len(spans) > 1 and not _speakable(text[slice(*spans[-1])]):
         keep = 2  # the word after the last end has not come yet: that end may still turn out to continue

@@ -193,6 +193,8 @@ def test_missing_or_incomplete_asset_folder(oracle, fp32_assets, tmp_path):
     )
     with pytest.raises(AssetError, match=one_part):
         CoreAIBackend(oracle, fp32_assets / "dualar.aimodel")
+    (tmp_path / "voice.aimodel").symlink_to(fp32_assets)  # an asset folder may be named so too
+    CoreAIBackend(oracle, tmp_path / "voice.aimodel").close()
     partial = tmp_path / "partial"
     shutil.copytree(fp32_assets, partial)
     shutil.rmtree(partial / "codec_encoder.aimodel")

@@ -202,12 +202,12 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
     new = "into a new folder: audio8 convert --model DIR --out NEW, then --assets NEW"
     fix = f"convert the checkpoint again {new}"
-    if path.parent.suffix == ".aimodel" and path.parent.is_dir():  # --assets named one part, not its folder
-        raise AssetError(
-            f"{path.parent} is one asset, not an asset folder: give the folder that holds it, --assets "
-            f"{path.parent.parent}"
-        )
     if not path.is_dir():
+        if path.parent.suffix == ".aimodel" and (path.parent / "main.mlirb").is_file():  # --assets named one part
+            raise AssetError(
+                f"{path.parent} is one asset, not an asset folder: give the folder that holds it, --assets "
+                f"{path.parent.parent}"
+            )
         names = ", ".join(f"{p}.aimodel" for p in PARTS)
         if path.parent.is_dir() and any(path.parent.iterdir()) and not any(path.parent.glob("*.aimodel")):
             # not an asset folder at all (a checkpoint folder, say): convert writes a new or empty one only
