@@ -164,7 +164,8 @@ def _continues_sentence(text: str, i: int, j: int) -> bool:
         return following[:1].islower()
     if run != ".":
         return False
-    begin = text.rfind(" ", max(0, i - _LONGEST_WORD), i) + 1  # bounded: CJK without spaces stays linear
+    window = max(0, i - _LONGEST_WORD)  # bounded: CJK without spaces stays linear
+    begin = max(text.rfind(" ", window, i) + 1, window)
     word = _OPENING.sub("", text[begin:i])  # "(Dr" -> "Dr", "“Mr" -> "Mr"
     key = word.lower()
     if key in ABBREVIATIONS_INSIDE or (len(word) == 1 and word.isupper() and word != "I"):
