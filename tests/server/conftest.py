@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from audio8_coreai import TTS
+from tests import clips
 from tests.server.wyoming_support import make_voice
 
 
@@ -21,3 +22,12 @@ def never_eos_tts(tiny_checkpoint, tmp_path_factory) -> TTS:
     tts.voices.save(make_voice("stranger", "f" * 64))
     tts.voices.path("broken").write_bytes(b"not a voice")
     return tts
+
+
+@pytest.fixture(scope="module")
+def voices_dir(tiny_checkpoint, tmp_path_factory):
+    """A voice store holding ``ana`` (a 1.5 s sweep), made with the tiny checkpoint."""
+    folder = tmp_path_factory.mktemp("voices")
+    clip = clips.write(folder.parent / "ana.wav", clips.sweep(22050, 1.5), 22050)
+    TTS.load(tiny_checkpoint, device="cpu", voices_dir=folder).register_voice("ana", clip, "A rising tone.")
+    return folder

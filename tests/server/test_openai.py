@@ -17,31 +17,18 @@ import openai
 import pytest
 import soundfile as sf
 import soxr
-from fastapi.testclient import TestClient
 from openai._streaming import SSEDecoder
 
 from audio8_coreai import TTS
 from audio8_coreai.audio import StreamStretcher, time_stretch
-from audio8_coreai.errors import ConfigError, VoiceError
 from audio8_coreai.server import create_app, serve_in_thread
-from audio8_coreai.server.voicenames import parse_voice_map
 from audio8_coreai.settings import ServerSettings
-from tests import clips
 
 TEXT = "The meeting has been moved to Thursday afternoon."
 FRAMES = 12
 EXTRAS = {"max_frames": FRAMES}  # every request: at most 12 frames of the tiny model
 FRESH_ID = re.compile(r"req_[0-9a-f]{32}")  # the server's own x-request-id
 SETTINGS = ServerSettings(workers=1, max_queue=4, max_frames=40, chunk_frames=4, voice_map={"echo": "ana"})
-
-
-@pytest.fixture(scope="module")
-def voices_dir(tiny_checkpoint, tmp_path_factory):
-    """A voice store holding ``ana`` (a 1.5 s sweep), made with the tiny checkpoint."""
-    folder = tmp_path_factory.mktemp("voices")
-    clip = clips.write(folder.parent / "ana.wav", clips.sweep(22050, 1.5), 22050)
-    TTS.load(tiny_checkpoint, device="cpu", voices_dir=folder).register_voice("ana", clip, "A rising tone.")
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -308,81 +295,6 @@ def test_open_webui_lists_our_voices_and_models(base, client, voices_dir):
     listed = client.models.list()
     assert [m.id for m in listed.data] == [m["id"] for m in models]
     assert all(m.object == "model" and m.owned_by == "audio8-coreai" and m.created > 0 for m in listed.data)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Server settings: sample rate, voice map, default voice
-
-
-def test_server_sample_rate_and_default_voice(tiny_checkpoint, voices_dir):
-    """serve --sample-rate sets every body's rate (a request may ask another); --default-voice speaks requests
-    that name no voice, and an unmapped OpenAI name, in that stored voice."""
-    tts = TTS.load(tiny_checkpoint, device="cpu", voices_dir=voices_dir)
-    settings = ServerSettings(workers=1, sample_rate=16000, default_voice="ana")
-    with TestClient(create_app([tts], settings)) as http:
-
-        def speak(**body) -> httpx.Response:
-            return http.post("/v1/audio/speech", json={"input": TEXT, "seed": 2, **EXTRAS, **body})
-
-        wav = speak(response_format="wav")
-        assert sf.info(io.BytesIO(wav.content)).samplerate == 16000 and wav.headers["x-sample-rate"] == "16000"
-        assert speak(response_format="pcm", sample_rate=22050).headers["x-sample-rate"] == "22050"
-        assert (
-            wav.content
-            == speak(response_format="wav", voice="ana").content
-            == speak(response_format="wav", voice="alloy").content
-        )
-        assert http.get("/v1/audio/voices").json()["voices"][0] == {"id": "default", "name": "default (ana)"}
-
-
-def test_the_voice_map_wins_over_a_stored_voice_of_its_name(tiny_checkpoint, voices_dir, tmp_path):
-    """An operator's ``--voice-map alloy=ana`` speaks ana for alloy even where a voice named Alloy is stored (a
-    client could otherwise take the name over); registering a mapped name is refused; the picker lists it once."""
-    import shutil
-
-    from tests.server.wyoming_support import make_voice
-
-    store = tmp_path / "voices"
-    shutil.copytree(voices_dir, store)
-    tts = TTS.load(tiny_checkpoint, device="cpu", voices_dir=store)
-    tts.voices.save(make_voice("Alloy", tts.checkpoint.fingerprint()))
-
-    def speak(http: TestClient, voice: str) -> bytes:
-        r = http.post("/v1/audio/speech", json={"input": TEXT, "seed": 2, **EXTRAS, "voice": voice, "stream": False})
-        assert r.status_code == 200, r.text
-        return r.content
-
-    with TestClient(create_app([tts], ServerSettings(workers=1))) as http:  # unmapped: the stored Alloy speaks
-        assert speak(http, "alloy") != speak(http, "ana")
-    with TestClient(create_app([tts], ServerSettings(workers=1, voice_map={"alloy": "ana"}))) as http:
-        assert speak(http, "alloy") == speak(http, "ALLOY") == speak(http, "ana")
-        clip = clips.write(tmp_path / "a.wav", clips.sweep(22050, 1.0), 22050).read_bytes()
-        r = http.post("/v1/voices", data={"name": "alloy", "transcript": "Hi."}, files={"audio": ("a.wav", clip)})
-        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_voice"
-        assert "'alloy' speaks the stored voice 'ana' here (the server's --voice-map)" in r.json()["error"]["message"]
-        ids = [v["id"] for v in http.get("/v1/audio/voices").json()["voices"]]
-        assert ids == ["default", "ana", "alloy"]
-        # nor through the map's target: replacing or deleting the voice the map speaks is refused
-        form = {"name": "ANA", "transcript": "Hi.", "replace": "true"}
-        r = http.post("/v1/voices", data=form, files={"audio": ("a.wav", clip)})
-        assert r.status_code == 400 and "'ANA' is the server's --voice-map alloy=ana" in r.json()["error"]["message"]
-        r = http.delete("/v1/voices/ana")
-        assert r.status_code == 409 and r.json()["error"]["code"] == "voice_in_use"
-        assert speak(http, "alloy") == speak(http, "ana")
-
-
-def test_unknown_voice_map_targets_are_refused_at_start(tiny_checkpoint, voices_dir):
-    tts = TTS.load(tiny_checkpoint, device="cpu", voices_dir=voices_dir)
-    with pytest.raises(VoiceError, match=r"--voice-map alloy=bob: no voice named 'bob'"):
-        create_app([tts], ServerSettings(voice_map={"alloy": "bob"}))
-    with pytest.raises(VoiceError, match=r"--default-voice carl: no voice named 'carl'"):
-        create_app([tts], ServerSettings(default_voice="carl"))
-    assert parse_voice_map("alloy=ana, Echo=bob") == {"alloy": "ana", "echo": "bob"}
-    for bad in ("alloy", "alloy=../x", "=ana"):
-        with pytest.raises(ConfigError, match="--voice-map"):
-            parse_voice_map(bad)
-    with pytest.raises(ConfigError, match="--voice-map 'ALLOY=dc': 'ALLOY' is mapped twice"):  # the last won, unsaid
-        parse_voice_map("alloy=ana,ALLOY=dc")
 
 
 # ------------------------------------------------------------------------------------------------------------

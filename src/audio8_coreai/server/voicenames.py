@@ -4,6 +4,8 @@ seed, so requests naming no voice and no seed get one steady speaker)."""
 
 from __future__ import annotations
 
+import logging
+
 from ..errors import ConfigError, VoiceError
 from ..voices import Voice, VoiceStore, check_name
 from .errors import ApiError
@@ -14,6 +16,7 @@ OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer", "verse"}
 )
 DEFAULT_VOICE = "default"  # the id listed and accepted for the default voice
+log = logging.getLogger("audio8_coreai.server")
 
 
 def parse_voice_map(text: str) -> dict[str, str]:
@@ -66,14 +69,15 @@ def resolve(name: str | None, store: VoiceStore, voice_map: dict[str, str], defa
     """The voice a request's ``name`` asks for: its ``voice_map`` target (the operator's map wins over a stored voice
     of the same name); else a stored voice of that name; else, for None, DEFAULT_VOICE or an OpenAI name, the
     ``default_voice`` (None: the model's own voice). Raises ApiError 400 voice_not_found for any other name,
-    VoiceError for a damaged stored voice (DamagedVoice)."""
+    VoiceError for a damaged stored voice (DamagedVoice), ApiError 500 mapped_voice_missing (logged) when a voice
+    the server's settings name is no longer stored."""
     key = None if name is None else name.lower()
     if key in voice_map:
-        return store.load(voice_map[key])
+        return _mapped(store, voice_map[key], f"--voice-map {key}={voice_map[key]}")
     if name is not None and store.find(name) is not None:
         return store.load(name)
     if key is None or key == DEFAULT_VOICE or key in OPENAI_VOICES:
-        return None if default_voice is None else store.load(default_voice)
+        return None if default_voice is None else _mapped(store, default_voice, f"--default-voice {default_voice}")
     raise ApiError(
         400,
         f"no voice named {name!r}: GET /v1/audio/voices lists the voices (OpenAI's names, such as alloy, and "
@@ -81,3 +85,19 @@ def resolve(name: str | None, store: VoiceStore, voice_map: dict[str, str], defa
         "voice",
         "voice_not_found",
     )
+
+
+def _mapped(store: VoiceStore, name: str, setting: str) -> Voice:
+    """The stored voice ``name`` that the server's ``setting`` names. It was there at start (:func:`check_voices`)
+    and the API refuses to delete it, but a server sharing the voice folder may have: ApiError 500, logged."""
+    if store.find(name) is None:
+        log.warning("%s names the stored voice %r, which is gone from %s", setting, name, store.root)
+        raise ApiError(
+            500,
+            f"this server's {setting} names the stored voice {name!r}, which is no longer stored (deleted through "
+            "another server sharing the voice folder?): its operator registers it again (POST /v1/voices) or "
+            "changes the setting",
+            "voice",
+            "mapped_voice_missing",
+        )
+    return store.load(name)
