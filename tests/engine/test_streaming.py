@@ -220,6 +220,33 @@ def test_long_text_is_split_and_spoken_in_order_with_pauses(tiny_tts):
     assert speech.duration_s == pytest.approx(len(again) / 44100)
 
 
+def test_a_piece_that_ends_at_once_gets_no_pause(tiny_tts, monkeypatch):
+    """The model ends the second of three pieces on its first frame: the stream goes on with the third, one pause
+    between the two pieces that have audio (none around the silent one), and says so in ``duration_s``."""
+    import dataclasses
+
+    from audio8_coreai.engine import stream as stream_module
+
+    calls, original = [], stream_module.frame_steps
+
+    def second_ends_at_once(backend, utterance, params):
+        calls.append(1)
+        steps = original(backend, utterance, params)
+        if len(calls) == 2:
+            yield dataclasses.replace(next(steps), semantic=backend.cfg.eos_token_id)
+            return
+        yield from steps
+
+    monkeypatch.setattr(stream_module, "frame_steps", second_ends_at_once)
+    text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(3))
+    speech = tiny_tts.stream(text, seed=2, max_frames=5, chunk_frames=4)
+    chunks = list(speech)
+    pause = round(DEFAULTS.speech.pause_s * 44100)
+    assert len(speech.pieces) == 3 and speech.reached_eos[1] and speech.frames == 10
+    assert [len(c) == pause and not c.any() for c in chunks].count(True) == 1
+    assert speech.duration_s == pytest.approx(sum(len(c) for c in chunks) / 44100)
+
+
 def test_closing_a_stream_early_leaks_nothing_into_the_next_utterance(tiny_tts):
     fresh = tiny_tts.generate("A second, different sentence.", seed=3, max_frames=12)
     speech = iter(tiny_tts.stream(TEXT, seed=4, max_frames=60, chunk_frames=4))

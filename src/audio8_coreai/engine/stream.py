@@ -63,7 +63,7 @@ class SpeechStream:
     (both sizes whole numbers >= 1), each next one twice the last up to ``chunk_frames`` (``n`` frames are ``n *
     frame_length`` samples), so audio already sent covers the making of the next chunk whenever frames come
     faster than real time; a piece's last chunk holds what is left when it ends (eos or its cap); a silence of
-    ``pause_s`` seconds separates pieces.
+    ``pause_s`` seconds separates pieces (none around a piece that ended at once, without audio).
     The seeded noise stream (``seed``) runs on across pieces, so a split text is as reproducible as one
     utterance; a one-piece stream gives the samples of ``TTS.generate`` with the same seed. ``on_frame(step)``
     is called after each model step (steps numbered across pieces; eos steps included); raising there, or
@@ -124,6 +124,7 @@ class SpeechStream:
         self.prefill_s = self.frames_s = self.codec_s = 0.0
         self.timeline: list[ChunkTimes] = []
         self._decodes = self._sent = 0  # chunks decoded and handed on so far (both in order)
+        self._pauses = 0  # pauses sent: between pieces with audio, none around a piece that ended at once
 
     @property
     def max_frames(self) -> int:
@@ -133,7 +134,7 @@ class SpeechStream:
     @property
     def duration_s(self) -> float:
         """Seconds of audio made so far, pauses included."""
-        pauses = max(0, len(self.reached_eos) - 1) * round(self.pause_s * self.sample_rate)
+        pauses = self._pauses * round(self.pause_s * self.sample_rate)
         return (self.frames * self.frame_length + pauses) / self.sample_rate
 
     def __iter__(self) -> Iterator[np.ndarray]:
@@ -164,9 +165,8 @@ class SpeechStream:
         self._start = time.perf_counter()
         step = 0
         size = self.first_chunk_frames
-        for index, piece in enumerate(self.pieces):
-            if index:
-                yield pause
+        for piece in self.pieces:
+            gap = self.frames > 0  # a pause before this piece's first audio, after audio: none around a silent one
             t0 = time.perf_counter()
             with self.backend.lease.hold() as token:
                 self.backend.prefill(piece.prompt)
@@ -194,12 +194,23 @@ class SpeechStream:
                         size = min(self.chunk_frames, 2 * size)
                     # the stream's first chunk at once (the earliest first audio), later ones as they are done
                     for audio in codec.drain() if self.first_audio_s is None else codec.ready():
+                        if gap:
+                            yield self._paused(pause)
+                            gap = False
                         yield self._sending(audio)
                 if pending:
                     self._put(codec, pending)
                 for audio in codec.drain():
+                    if gap:
+                        yield self._paused(pause)
+                        gap = False
                     yield self._sending(audio)
             self.reached_eos.append(eos)
+
+    def _paused(self, pause: np.ndarray) -> np.ndarray:
+        """``pause``, counted (:attr:`duration_s`)."""
+        self._pauses += 1
+        return pause
 
     def _put(self, codec: CodecQueue, frames: list[np.ndarray]) -> None:
         """Hand the chunk of ``frames`` (codes int [C] each) to the codec, timed."""
