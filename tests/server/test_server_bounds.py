@@ -154,18 +154,21 @@ def test_heads_under_the_limit_and_big_bodies_are_served(url):
 
 def test_past_the_connection_limit_a_request_gets_the_apis_json_503(url):
     """Three connections at most: with two held open and silent, a third's request is refused as the API refuses
-    (JSON, a code, Retry-After); with them gone it is served."""
+    (JSON, a code, Retry-After, its x-request-id); with them gone it is served. /health is answered whatever the
+    load (a probe must not restart a busy server)."""
     held = [socket.create_connection(_address(url), timeout=10) for _ in range(2)]
     try:
         time.sleep(0.2)
-        answer = httpx.get(f"{url}/health")
+        answer = httpx.get(f"{url}/v1/voices", headers={"x-request-id": "probe-1"})
         assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
         assert answer.json()["error"]["code"] == "too_many_connections"
+        assert answer.headers.get_list("x-request-id") == ["probe-1"]
+        assert httpx.get(f"{url}/health").status_code == 200
     finally:
         for sock in held:
             sock.close()
     time.sleep(0.2)
-    assert httpx.get(f"{url}/health").status_code == 200
+    assert httpx.get(f"{url}/v1/voices").status_code == 200
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])

@@ -110,6 +110,24 @@ def test_the_log_lines_of_a_request_carry_its_id(served, monkeypatch):
     assert len([line for line in text.splitlines() if "trace-ok" in line]) == 1  # its access line only
 
 
+def test_a_clients_id_cannot_forge_a_log_line(served):
+    """An id with a bracket, spaces and quotes is answered as sent, and logged with those escaped: the line cannot
+    read as another request's."""
+    url, _ = served
+    forged = 'abc] 10.0.0.1:1 - "GET /admin HTTP/1.1" 200'
+    lines = io.StringIO()
+    handler = logging.getLogger("uvicorn.access").handlers[0]
+    before = handler.setStream(lines)
+    try:
+        answer = ask(url, "GET", "/health", None, {"x-request-id": forged})
+    finally:
+        handler.setStream(before)
+    assert answer.headers["x-request-id"] == forged
+    (line,) = lines.getvalue().splitlines()
+    assert line.count("[") == line.count("]") == 1 and '"GET /admin' not in line
+    assert "[abc\\x5d\\x2010.0.0.1:1\\x20-\\x20\\x22GET\\x20/admin" in line
+
+
 @pytest.mark.parametrize(
     "sent, logged",
     [

@@ -25,7 +25,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..settings import ServerSettings
 from .errors import ApiError
-from .requestid import RequestIdFilter, request_id
+from .requestid import REQUEST_ID, RequestIdFilter, request_id
 
 log = logging.getLogger(__name__)
 
@@ -184,17 +184,21 @@ def reset(transport: asyncio.Transport) -> None:
 
 
 def _connection_limited(app: Any, connections: set, tasks: set, limit: int | None) -> Any:
-    """``app`` (ASGI) answering the API's JSON 503 while ``connections`` reach ``limit`` or ``tasks`` (this
-    request's included) pass it: uvicorn's own concurrency check, made where the answer is ours."""
+    """``app`` (ASGI) answering the API's JSON 503 (with its ``x-request-id``) while ``connections`` reach ``limit``
+    or ``tasks`` (this request's included) pass it: uvicorn's own concurrency check, made where the answer is
+    ours. ``GET /health`` is answered whatever the load: a probe that restarts a busy server would make it busier."""
 
     async def limited(scope, receive, send) -> None:
-        if scope["type"] == "http" and limit is not None and (len(connections) >= limit or len(tasks) > limit):
+        over = limit is not None and (len(connections) >= limit or len(tasks) > limit)
+        if scope["type"] == "http" and over and scope["path"] != "/health":
+            rid = request_id(dict(scope["headers"]).get(b"x-request-id"))
+            REQUEST_ID.set(rid)
             log.warning("over %d connections: 503", limit)
             busy = ApiError(
                 503,
                 f"the server holds its limit of {limit} connections; retry later",
                 code="too_many_connections",
-                headers={"Retry-After": "1"},
+                headers={"Retry-After": "1", "x-request-id": rid},
             )
             await busy.response()(scope, receive, send)
             return

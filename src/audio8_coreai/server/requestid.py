@@ -70,10 +70,16 @@ class RequestIds:
 
 
 class RequestIdFilter(logging.Filter):
-    """Sets ``record.request_id`` to ``"[ID] "`` for a record logged while a request is handled, else ``""``, for
-    formats that write ``%(request_id)s`` (a handler's filter: every record that handler writes has it)."""
+    """Sets ``record.request_id`` to ``"[ID] "`` for a record logged while a request is handled (spaces, brackets,
+    quotes and backslashes of the id escaped), else ``""``, for formats that write ``%(request_id)s`` (a handler's
+    filter: every record that handler writes has it)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         rid = REQUEST_ID.get()
-        record.request_id = f"[{rid}] " if rid else ""
+        record.request_id = f"[{rid.translate(_IN_BRACKETS)}] " if rid else ""
         return True
+
+
+# A client's id as its log lines show it: no space, bracket, quote or backslash of its own, which could make a line
+# read as another request's ("abc] 10.0.0.1:1 - \"GET /admin\""); each written \xNN.
+_IN_BRACKETS = {ord(c): f"\\x{ord(c):02x}" for c in ' []"\\'}
