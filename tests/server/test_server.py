@@ -351,6 +351,7 @@ def test_voices_register_speak_list_and_delete(capped, tmp_path):
         ({"name": "big", "transcript": "t"}, {"audio": ("big.wav", b"\0" * 1_100_000, "audio/wav")}, 413),
         ({"name": "bad/name", "transcript": "t"}, {"audio": ("c.wav", b"RIFF", "audio/wav")}, 400),
         ({"name": "junk", "transcript": "t"}, {"audio": ("my take.wav", b"not audio at all", "audio/wav")}, 400),
+        ({"name": "junk2", "transcript": "t"}, {"audio": ("myrecording", b"not audio at all", "audio/wav")}, 400),
         ({"name": "nofile", "transcript": "t"}, None, 400),
         ({"name": "Default", "transcript": "t"}, {"audio": ("c.wav", b"RIFF", "audio/wav")}, 400),
         ({"name": "bo", "transcript": "t", "replace": "maybe"}, {"audio": ("c.wav", b"RIFF", "audio/wav")}, 400),
@@ -362,6 +363,8 @@ def test_bad_voice_uploads(base, form, files, status):
     assert r.status_code == status and message
     if form["name"] == "junk":  # the client's file name, never the server's temporary path
         assert "my take.wav" in message and "/tmp" not in message
+    if form["name"] == "junk2":  # a name without a suffix replaces no word of the message
+        assert "myrecording" in message and "a myrecording" not in message and "clip" in message
     if form["name"] == "Default":  # the id requests use for the default voice is no stored voice's name
         assert "names the server's default voice" in message
     if "replace" in form:

@@ -4,6 +4,7 @@ uvicorn on 127.0.0.1, tiny checkpoint; the helpers are test_server.py's)."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -85,14 +86,17 @@ def test_a_client_that_leaves_a_whole_file_request_frees_the_worker(tiny_checkpo
         assert_worker_freed(url)
 
 
-def test_a_damaged_stored_voice_is_a_500_with_the_http_remedy(tiny_checkpoint, tmp_path):
-    """The server's own file is broken, not the request: 500 voice_damaged, DELETE then POST, no server path."""
+def test_a_damaged_stored_voice_is_a_500_with_the_http_remedy(tiny_checkpoint, tmp_path, caplog):
+    """The server's own file is broken, not the request: 500 voice_damaged, DELETE then POST, no server path; the
+    file logged for the operator."""
     (tmp_path / "cut.npz").write_bytes(b"not a zip")
     with serving(tiny_checkpoint, tmp_path, SETTINGS) as url:
-        r = speech(url, voice="cut")
+        with caplog.at_level(logging.ERROR, "audio8_coreai.server"):
+            r = speech(url, voice="cut")
         error = r.json()["error"]
         assert r.status_code == 500 and error["code"] == "voice_damaged" and error["param"] == "voice"
         assert "DELETE /v1/voices/cut" in error["message"] and str(tmp_path) not in error["message"]
+        assert f"damaged voice: voice file {tmp_path / 'cut.npz'} is damaged" in caplog.text
         (listed,) = httpx.get(f"{url}/v1/voices").json()["data"]
         assert listed["name"] == "cut" and str(tmp_path) not in listed["error"]
         assert httpx.delete(f"{url}/v1/voices/cut").status_code == 200

@@ -160,7 +160,8 @@ def api_error(e: Audio8Error) -> ApiError:
     400 naming the setting (a ConfigError's ``field``)."""
     if isinstance(e, ApiError):
         return e
-    if isinstance(e, DamagedVoice):
+    if isinstance(e, DamagedVoice):  # a request refused for it: the whole message (its file) logged for the operator
+        log.error("damaged voice: %s", e)
         return damaged(e)
     if isinstance(e, VoiceExists):
         return exists(e)

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import shutil
 import tempfile
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
@@ -199,7 +200,8 @@ class LocalSynthesizer(Synthesizer):
 
     async def register_voice(self, name: str, data: bytes, filename: str, transcript: str, replace: bool) -> Voice:
         self.workers.admit()
-        clip = "clip" + "".join(c for c in Path(filename).suffix[:16] if c.isalnum() or c == ".")  # the server's file
+        suffix = "".join(c for c in Path(filename).suffix[:16] if c.isalnum() or c == ".")
+        clip = f"upload-{uuid.uuid4().hex[:12]}{suffix}"  # the server's file: a name no message holds otherwise
 
         def job(tts: TTS) -> Voice:
             try:

@@ -1,6 +1,7 @@
-"""``audio8 serve`` shutting down (SIGTERM, Ctrl-C: uvicorn's should_exit) with requests in flight: those waiting
-for a place are refused at once, what runs gets ``shutdown_s``, then the app ends it (a whole file a JSON 503, a
-stream cut): no request is cancelled by uvicorn (a plain-text 500 and a traceback each)."""
+"""``audio8 serve`` starting (it says what it serves) and shutting down (SIGTERM, Ctrl-C: uvicorn's should_exit)
+with requests in flight: those waiting for a place are refused at once, what runs gets ``shutdown_s``, then the
+app ends it (a whole file a JSON 503, a stream cut): no request is cancelled by uvicorn (a plain-text 500 and a
+traceback each)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 from audio8_coreai import TTS
 from audio8_coreai.server import create_app, serve_in_thread
 from audio8_coreai.settings import ServerSettings
+from tests.server.wyoming_support import free_port
 
 GRACE_S = 2.0
 
@@ -76,3 +78,17 @@ def test_a_shutdown_refuses_the_waiting_then_ends_the_running_as_the_app_says(ti
     said = capfd.readouterr().err
     assert "Traceback" not in said and "Exception in ASGI" not in said and "timeout graceful shutdown" not in said
     assert said.count("a stream was cut: the server is shutting down") == 1
+
+
+def test_serve_says_what_it_serves(tiny_checkpoint, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from audio8_coreai.cli import app
+    from audio8_coreai.server.connections import Server
+
+    monkeypatch.setattr(Server, "run", lambda self: None)  # started, not left running
+    args = ["serve", "--model", str(tiny_checkpoint), "--voices", str(tmp_path), "--workers", "2"]
+    args += ["--port", str(free_port())]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert f"serving {tiny_checkpoint.name} (torch cpu int16, 2 worker(s); voices in {tmp_path})" in result.output
