@@ -255,7 +255,7 @@ def test_every_oracle_entry_collected() -> None:
         (
             "It was 3.5 degrees. Then 1,000.50 or 1.000,50 or 3,5 came.",
             20,
-            ["It was 3.5 degrees.", "Then 1,000.50", "or 1.000,50", "or 3,5 came."],
+            ["It was 3.5 degrees.", "Then 1,000.50 or", "1.000,50 or", "3,5 came."],
         ),
         # de: Herr, zum Beispiel, an ordinal before a month; "ca." before a number; a number's own sentence end
         ("Es ist spät. Hr. Müller kommt.", 18, ["Es ist spät.", "Hr. Müller kommt."]),
@@ -316,6 +316,9 @@ def test_split_text_sentence_ends(text: str, limit: int, pieces: list[str]) -> N
         # a sentence that fits joins the piece before it, a cut sentence's last one too
         ("One two three four five six. Go.", 16, ["One two three", "four five six.", "Go."]),
         ("One two three four five six. Go.", 18, ["One two three", "four five six. Go."]),
+        # marks alone ride with a piece whatever their length: never a piece of their own
+        ("Hello there. " + "— " * 10 + "!", 12, ["Hello there. — — — — — — — — — — !"]),
+        ("Hi. " + ", " * 10 + "and so on.", 8, ["Hi.", ", , , , , , , , , , and", "so on."]),
     ],
 )
 def test_a_long_sentence_is_cut_evenly_and_alone(text: str, limit: int, pieces: list[str]) -> None:

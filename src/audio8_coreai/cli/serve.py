@@ -198,12 +198,12 @@ def serve(
         _, instances = instances[0].batched(batch)
     first = loaded[0]
     rows = f"{batch} batched rows" if batch else f"{count} worker(s)"
-    err.print(  # what runs, for the operator's log (uvicorn's lines name only the address)
-        f"serving {first.checkpoint.name} ({first.backend.description}, {rows}; voices in {first.voices.root})",
-        highlight=False,
-        soft_wrap=True,
-    )
     try:
+        err.print(  # what runs, for the operator's log (uvicorn's lines name only the address)
+            f"serving {first.checkpoint.name} ({first.backend.description}, {rows}; voices in {first.voices.root})",
+            highlight=False,
+            soft_wrap=True,
+        )
         Server(uvicorn_config(create_app(instances, settings), settings, host, port)).run()
     finally:  # uvicorn returns on Ctrl-C or SIGTERM: end the codec processes with the server
         for tts in loaded:

@@ -63,7 +63,8 @@ class SpeechStream:
     (both sizes whole numbers >= 1), each next one twice the last up to ``chunk_frames`` (``n`` frames are ``n *
     frame_length`` samples), so audio already sent covers the making of the next chunk whenever frames come
     faster than real time; a piece's last chunk holds what is left when it ends (eos or its cap); a silence of
-    ``pause_s`` seconds separates pieces (none around a piece that ended at once, without audio).
+    ``pause_s`` seconds follows a piece with audio when another piece follows (none after a piece that ended at
+    once, without audio).
     The seeded noise stream (``seed``) runs on across pieces, so a split text is as reproducible as one
     utterance; a one-piece stream gives the samples of ``TTS.generate`` with the same seed. ``on_frame(step)``
     is called after each model step (steps numbered across pieces; eos steps included); raising there, or
@@ -124,7 +125,7 @@ class SpeechStream:
         self.prefill_s = self.frames_s = self.codec_s = 0.0
         self.timeline: list[ChunkTimes] = []
         self._decodes = self._sent = 0  # chunks decoded and handed on so far (both in order)
-        self._pauses = 0  # pauses sent: between pieces with audio, none around a piece that ended at once
+        self._pauses = 0  # pauses sent: after each piece with audio that another piece follows
 
     @property
     def max_frames(self) -> int:
@@ -165,8 +166,11 @@ class SpeechStream:
         self._start = time.perf_counter()
         step = 0
         size = self.first_chunk_frames
+        spoke = False  # audio was sent since the last pause: the next piece opens with one
         for piece in self.pieces:
-            gap = self.frames > 0  # a pause before this piece's first audio, after audio: none around a silent one
+            if spoke:  # at once, played while this piece's first chunk is made; not again after a silent piece
+                yield self._paused(pause)
+                spoke = False
             t0 = time.perf_counter()
             with self.backend.lease.hold() as token:
                 self.backend.prefill(piece.prompt)
@@ -194,16 +198,12 @@ class SpeechStream:
                         size = min(self.chunk_frames, 2 * size)
                     # the stream's first chunk at once (the earliest first audio), later ones as they are done
                     for audio in codec.drain() if self.first_audio_s is None else codec.ready():
-                        if gap:
-                            yield self._paused(pause)
-                            gap = False
+                        spoke = True
                         yield self._sending(audio)
                 if pending:
                     self._put(codec, pending)
                 for audio in codec.drain():
-                    if gap:
-                        yield self._paused(pause)
-                        gap = False
+                    spoke = True
                     yield self._sending(audio)
             self.reached_eos.append(eos)
 

@@ -254,8 +254,11 @@ def split_checked(text: str, max_tokens: int, count: Callable[[str], int]) -> li
             continue
         s0 = s0 if lead is None else lead
         lead = None
+        if not _speakable(text[s0:s1]):  # marks alone ("— — !") ride with the piece before them, whatever their size
+            pieces[-1] = (pieces[-1][0], s1)
+            continue
         if count(text[s0:s1]) <= max_tokens:  # a whole sentence joins the piece before it while they fit
-            if pieces and (not _speakable(text[s0:s1]) or count(text[pieces[-1][0] : s1].strip()) <= max_tokens):
+            if pieces and count(text[pieces[-1][0] : s1].strip()) <= max_tokens:
                 pieces[-1] = (pieces[-1][0], s1)
             else:
                 pieces.append((s0, s1))
@@ -298,27 +301,33 @@ def _balanced(
     text: str, spans: list[tuple[int, int]], max_tokens: int, count: Callable[[str], int]
 ) -> list[tuple[int, int]]:
     """Consecutive ``spans`` (of one sentence) joined into the fewest pieces of at most ``max_tokens`` tokens, the
-    longest as short as that number of pieces allows: filling each piece to the cap in turn leaves a short tail
-    ("... in the" | "park.") where even pieces break the sentence near its middle."""
+    last two as even as the spans allow: filling each piece to the cap in turn leaves a short tail ("... in the" |
+    "park."). One pass over the sentence, then one or a few over its last two pieces' spans."""
 
-    def fill(limit: int) -> list[tuple[int, int]]:
+    def fill(spans: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
         parts: list[tuple[int, int]] = []
+        words = False  # whether the last part holds a letter or digit yet: marks alone never end one
         for s0, s1 in spans:
-            if parts and (not _speakable(text[s0:s1]) or count(text[parts[-1][0] : s1].strip()) <= limit):
+            speakable = _speakable(text[s0:s1])
+            if parts and (not speakable or not words or count(text[parts[-1][0] : s1].strip()) <= limit):
                 parts[-1] = (parts[-1][0], s1)
             else:
                 parts.append((s0, s1))
+                words = False
+            words = words or speakable
         return parts
 
-    fewest = len(fill(max_tokens))
-    low, high = 1, max_tokens
-    while low < high:  # the lowest limit that needs no more pieces (fewer pieces need a higher one)
-        middle = (low + high) // 2
-        if len(fill(middle)) <= fewest:
-            high = middle
-        else:
-            low = middle + 1
-    return fill(low)
+    parts = fill(spans, max_tokens)
+    if len(parts) < 2:
+        return parts
+    tail = [span for span in spans if span[0] >= parts[-2][0]]
+    limit = -(-count(text[tail[0][0] : tail[-1][1]].strip()) // 2)  # half of the last two pieces' tokens
+    while limit < max_tokens:
+        even = fill(tail, limit)
+        if len(even) <= 2:
+            return parts[:-2] + even
+        limit += max(1, limit // 8)
+    return parts
 
 
 # Where growing text is cut whatever follows: a blank line (a paragraph), or a line break before a list item
