@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import ConfigError, VoiceError
+from ..errors import ConfigError, DamagedVoice, VoiceError
 from ..voices import Voice, VoiceStore, check_name
 from .errors import ApiError
 
@@ -90,7 +90,11 @@ def resolve(name: str | None, store: VoiceStore, voice_map: dict[str, str], defa
 def _mapped(store: VoiceStore, name: str, setting: str) -> Voice:
     """The stored voice ``name`` that the server's ``setting`` names. It was there at start (:func:`check_voices`)
     and the API refuses to delete it, but a server sharing the voice folder may have: ApiError 500, logged."""
-    if store.find(name) is None:
+    try:
+        return store.load(name)
+    except DamagedVoice:
+        raise
+    except VoiceError:
         log.warning("%s names the stored voice %r, which is gone from %s", setting, name, store.root)
         raise ApiError(
             500,
@@ -99,5 +103,4 @@ def _mapped(store: VoiceStore, name: str, setting: str) -> Voice:
             "changes the setting",
             "voice",
             "mapped_voice_missing",
-        )
-    return store.load(name)
+        ) from None
