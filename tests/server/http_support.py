@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 from contextlib import contextmanager
 
 import av
@@ -61,3 +62,22 @@ def metric(base: str, name: str) -> float:
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+class Endless:
+    """A stand-in for a SpeechStream that never ends: ``seconds`` of tone a chunk (float32, 44.1 kHz), one every
+    ``every_s`` seconds, ``on_frame`` called before each, until the server stops it."""
+
+    prefill_s = frames_s = codec_s = duration_s = 0.0
+    first_audio_s = None
+    frames = 0
+
+    def __init__(self, on_frame, seconds: float = 1.0, every_s: float = 0.0):
+        self.on_frame, self.every_s = on_frame, every_s
+        self.chunk = (0.3 * np.sin(np.arange(round(44100 * seconds)) / 7)).astype(np.float32)
+
+    def __iter__(self):
+        for step in range(100_000):
+            self.on_frame(step)
+            time.sleep(self.every_s)
+            yield self.chunk.copy()

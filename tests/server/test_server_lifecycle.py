@@ -9,38 +9,20 @@ import threading
 import time
 
 import httpx
-import numpy as np
 
 from audio8_coreai import TTS
 from audio8_coreai.server import create_app, serve_in_thread
 from audio8_coreai.settings import ServerSettings
+from tests.server.http_support import Endless
 from tests.server.wyoming_support import free_port
 
 GRACE_S = 2.0
 
 
-class _Slow:
-    """A stand-in for a SpeechStream that never ends: 0.1 s of tone (float32 [4410]) every 20 ms, ``on_frame``
-    called before each, until the server stops it."""
-
-    prefill_s = frames_s = codec_s = duration_s = 0.0
-    first_audio_s = None
-    frames = 0
-
-    def __init__(self, on_frame):
-        self.on_frame = on_frame
-
-    def __iter__(self):
-        for step in range(100_000):
-            self.on_frame(step)
-            time.sleep(0.02)
-            yield (0.3 * np.sin(np.arange(4410) / 7)).astype(np.float32)
-
-
 def test_a_shutdown_refuses_the_waiting_then_ends_the_running_as_the_app_says(tiny_checkpoint, capfd):
     instances = [TTS.load(tiny_checkpoint, device="cpu") for _ in range(2)]
     for instance in instances:
-        instance.stream = lambda *args, on_frame, **kwargs: _Slow(on_frame)
+        instance.stream = lambda *args, on_frame, **kwargs: Endless(on_frame, seconds=0.1, every_s=0.02)
     settings = ServerSettings(workers=2, max_queue=2, shutdown_s=GRACE_S)
     answers: dict[str, tuple] = {}
 

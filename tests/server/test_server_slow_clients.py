@@ -12,13 +12,12 @@ import time
 from urllib.parse import urlsplit
 
 import httpx
-import numpy as np
 import pytest
 
 from audio8_coreai import TTS
 from audio8_coreai.server import create_app, serve_in_thread
 from audio8_coreai.settings import DEFAULTS, ServerSettings
-from tests.server.http_support import TEXT, metric, serving, speech
+from tests.server.http_support import TEXT, Endless, metric, serving, speech
 
 
 def test_a_connection_that_never_finishes_its_request_is_closed(tiny_checkpoint, tmp_path):
@@ -103,23 +102,6 @@ def test_a_stream_whose_client_stops_reading_buffers_a_bounded_amount_then_is_dr
     assert any("not reading" in r.getMessage() for r in caplog.records)
 
 
-class _Endless:
-    """A stand-in for a SpeechStream: a second of tone per chunk (float32 [44100]), ``on_frame`` called before each,
-    until the server stops it."""
-
-    prefill_s = frames_s = codec_s = duration_s = 0.0
-    first_audio_s = None
-    frames = 0
-
-    def __init__(self, on_frame):
-        self.on_frame = on_frame
-
-    def __iter__(self):
-        for step in range(10_000):
-            self.on_frame(step)
-            yield (0.3 * np.sin(np.arange(44100) / 7)).astype(np.float32)
-
-
 def _stop_reading_after_the_head(s: socket.socket, url: str, request: dict) -> bytes:
     """Send the speech ``request`` on ``s`` (a small receive window, so the server's sends back up), read its answer's
     head (a 200) and return what was read: the client then reads nothing."""
@@ -149,7 +131,7 @@ def test_a_stream_dropped_for_a_client_that_stopped_reading_is_cut_and_counted_a
     reads on gets what its own socket held and then a reset, a body it can tell was cut; audio or OpenAI's events
     alike."""
     instance = TTS.load(tiny_checkpoint, device="cpu")
-    instance.stream = lambda *args, on_frame, **kwargs: _Endless(on_frame)
+    instance.stream = lambda *args, on_frame, **kwargs: Endless(on_frame)
     settings = ServerSettings(workers=1, stream_buffer_chunks=2, stall_s=1.0)
     with serve_in_thread(create_app([instance], settings)) as url:
         before = metric(url, 'audio8_errors_total{code="client_stalled"}')
@@ -178,7 +160,7 @@ def test_a_shutdown_waits_shutdown_s_for_a_client_that_reads_nothing_not_its_sta
     """SIGTERM's path (uvicorn's should_exit) with a stream whose client reads nothing: the server ends about
     ``shutdown_s`` after, not at the stream's ``stall_s`` drop (it took 40 s; docker stop kills after 10)."""
     instance = TTS.load(tiny_checkpoint, device="cpu")
-    instance.stream = lambda *args, on_frame, **kwargs: _Endless(on_frame)
+    instance.stream = lambda *args, on_frame, **kwargs: Endless(on_frame)
     settings = ServerSettings(workers=1, stream_buffer_chunks=2, stall_s=60.0, shutdown_s=1.0)
     with socket.socket() as s:
         with serve_in_thread(create_app([instance], settings)) as url:
@@ -192,7 +174,7 @@ def test_a_client_that_leaves_mid_stream_is_counted_without_an_error_in_the_log(
     """Over a real socket (uvloop where it is installed, as ``audio8 serve``): clients that read a stream's first
     bytes and leave (closing, or with a reset) are counted 499 client_closed, and the server logs no error."""
     instance = TTS.load(tiny_checkpoint, device="cpu")
-    instance.stream = lambda *args, on_frame, **kwargs: _Endless(on_frame)
+    instance.stream = lambda *args, on_frame, **kwargs: Endless(on_frame)
     with serve_in_thread(create_app([instance], ServerSettings(workers=1))) as url:
         before = metric(url, 'audio8_errors_total{code="client_closed"}')
         body = json.dumps({"input": "Hello.", "response_format": "pcm", "stream": True}).encode()
