@@ -1,0 +1,217 @@
+"""The Core AI backend refusing bad input: asset folders missing, incomplete, damaged, stale or of another
+checkpoint; prompts and sampling the assets cannot run; conversion arguments.
+
+The assets (converted from the tiny oracle checkpoint, run by the coreai.runtime CPU interpreter) and how they
+are made: coreai_support.py; the fixtures: conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file, save_file
+
+from tests.backends.coreai.coreai_support import coreai_missing
+
+pytest.importorskip("coreai.runtime", reason=coreai_missing())
+
+from audio8_coreai import TTS
+from audio8_coreai.backends.base import StepInputs
+from audio8_coreai.backends.coreai import CoreAIBackend, convert
+from audio8_coreai.checkpoint import load_checkpoint
+from audio8_coreai.config import SamplingParams
+from audio8_coreai.errors import AssetError, BackendError, EngineError, PrecisionError
+from audio8_coreai.request import check_request
+
+
+def test_missing_or_incomplete_asset_folder(oracle, fp32_assets, tmp_path):
+    with pytest.raises(AssetError, match="no Core AI asset folder .*audio8 convert"):
+        CoreAIBackend(oracle, tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AssetError, match="no dualar.aimodel"):
+        CoreAIBackend(oracle, tmp_path / "empty")
+    with pytest.raises(AssetError, match="no dualar.aimodel.*--out NEW, then --assets NEW"):
+        CoreAIBackend(oracle, oracle.path)  # a checkpoint folder given as the assets
+    one_part = re.escape(
+        f"dualar.aimodel is one asset, not an asset folder: give the folder that holds it, --assets {fp32_assets}"
+    )
+    with pytest.raises(AssetError, match=one_part):
+        CoreAIBackend(oracle, fp32_assets / "dualar.aimodel")
+    (tmp_path / "voice.aimodel").symlink_to(fp32_assets)  # an asset folder may be named so too
+    CoreAIBackend(oracle, tmp_path / "voice.aimodel").close()
+    partial = tmp_path / "partial"
+    shutil.copytree(fp32_assets, partial)
+    shutil.rmtree(partial / "codec_encoder.aimodel")
+    backend = CoreAIBackend(oracle, partial)  # frames and the decoder still work
+    try:
+        with pytest.raises(AssetError, match="no codec_encoder.aimodel"):
+            backend.encode(np.zeros(4096, np.float32))
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("fault", ["no decoder", "cut decoder", "cut encoder", "no encoder"])
+def test_a_speaker_is_refused_at_load_when_its_codec_cannot_run(speakable, fp32_assets, tmp_path, fault):
+    """TTS.load (say, serve, wyoming) checks the codec parts at load: without a working decoder a folder was taken,
+    the frames made, then the audio refused (a server's /health said ok). A folder without the encoder speaks."""
+    folder = tmp_path / "a"
+    shutil.copytree(fp32_assets, folder)
+    part = folder / ("codec_decoder.aimodel" if "decoder" in fault else "codec_encoder.aimodel")
+    if fault.startswith("no"):
+        shutil.rmtree(part)
+    else:
+        os.truncate(part / "main.mlirb", 1000)
+    if fault == "no encoder":
+        with TTS.load(speakable, backend="coreai", assets=folder) as tts:
+            assert tts.generate("Hi.", seed=0, max_frames=2).audio.size > 0
+        return
+    said = "no codec_decoder.aimodel" if fault == "no decoder" else f"{part / 'main.mlirb'} is damaged"
+    with pytest.raises(AssetError, match=re.escape(said)):
+        TTS.load(speakable, backend="coreai", assets=folder)
+
+
+def test_a_damaged_or_cut_program_is_refused_before_the_runtime_reads_it(oracle, fp32_assets, tmp_path):
+    """A program cut short (a half-done copy) made the runtime abort the whole process: its main.hash is checked
+    first. A file given as the folder is said to be one."""
+    cut = tmp_path / "cut"
+    shutil.copytree(fp32_assets, cut)
+    program = cut / "dualar.aimodel" / "main.mlirb"
+    with program.open("r+b") as f:
+        f.truncate(program.stat().st_size // 2)
+    with pytest.raises(AssetError, match=r"dualar.aimodel/main.mlirb is damaged .*--out NEW, then --assets NEW"):
+        CoreAIBackend(oracle, cut)
+    program.unlink()
+    with pytest.raises(AssetError, match=r"dualar.aimodel: no main.mlirb"):
+        CoreAIBackend(oracle, cut)
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(AssetError, match=r"a_file is a file, not a Core AI asset folder"):
+        CoreAIBackend(oracle, tmp_path / "a_file")
+
+
+def test_stale_asset_is_refused(oracle, fp32_assets, tmp_path):
+    from coreai.authoring import AIModelAsset
+
+    stale = tmp_path / "stale"
+    shutil.copytree(fp32_assets, stale)
+
+    def older(meta):  # format 1: the stateless decoder, whose manifest had no push size or state layout
+        manifest = json.loads(meta.creator_defined_metadata["audio8"])
+        kept = {k: v for k, v in manifest.items() if k not in ("push", "max_frames", "state")}
+        meta.set_custom("audio8", json.dumps({**kept, "format": 1}))
+
+    AIModelAsset.load(stale / "codec_decoder.aimodel").update_metadata(older)
+    backend = CoreAIBackend(oracle, stale)
+    try:  # refused when the codec is first used, naming the command that rebuilds the folder
+        with pytest.raises(AssetError, match="codec_decoder.aimodel: stale asset") as refused:
+            backend.codec_stream()
+        assert "again into a new folder: audio8 convert --model DIR --out NEW, then --assets NEW" in str(refused.value)
+    finally:
+        backend.close()
+    AIModelAsset.load(stale / "dualar.aimodel").update_metadata(older)
+    with pytest.raises(AssetError, match="stale asset .*format 1.*convert the checkpoint again"):
+        CoreAIBackend(oracle, stale)
+
+
+def test_assets_of_another_checkpoint_are_refused(tiny_checkpoint, oracle_dir, fp32_assets, tmp_path):
+    with pytest.raises(AssetError, match="converted from another checkpoint"):
+        CoreAIBackend(load_checkpoint(tiny_checkpoint), fp32_assets)
+    # Same config, sizes and names, other weights (a re-seeded or fine-tuned checkpoint).
+    retrained = tmp_path / "retrained"
+    shutil.copytree(oracle_dir, retrained)
+    weights = load_file(retrained / "model.safetensors")
+    save_file(
+        {k: v + 0.01 if v.is_floating_point() else v for k, v in weights.items()}, retrained / "model.safetensors"
+    )
+    with pytest.raises(AssetError, match="converted from another checkpoint"):
+        CoreAIBackend(load_checkpoint(retrained), fp32_assets)
+
+
+def test_prompt_longer_than_the_context(fp32_backend, oracle, speakable, fp32_assets):
+    with pytest.raises(BackendError, match="context of 128"):
+        fp32_backend.prefill(np.zeros((11, 130), dtype=np.int64))
+    tts = TTS.load(speakable, backend="coreai", assets=fp32_assets)
+    assert tts.config.max_seq_len == 128
+    with pytest.raises(EngineError, match="context is 128"):
+        tts.generate("word " * 60, seed=0)
+
+
+def test_sampling_other_than_the_baked_one_is_refused(fp32_backend, oracle, fixture):
+    fp32_backend.prefill(fixture["plain__prompt_input_ids"][0])
+    other = SamplingParams(temperature=0.9)
+    baked = rf"temperature {fp32_backend.sampling.temperature:g}, top-k {fp32_backend.sampling.top_k}, top-p"
+    said = rf"when converted \({baked} [0-9.]+\); temperature 0.9, top-k 50, top-p 0.9 was asked for: drop"
+    with pytest.raises(BackendError, match=said):
+        fp32_backend.frame(
+            other, StepInputs(None, 0, np.full((2, 257), 0.5, np.float32), np.full(10, -1), np.full((9, 256), 0.5))
+        )
+
+
+def test_a_request_that_sets_no_sampling_draws_with_the_assets_own(speakable, fp32_assets, tmp_path):
+    """The checkpoint's generation_config.json changed since the conversion (or the assets were converted with
+    other sampling): a request that sets none speaks with what the frame graphs bake in (it was refused, told to
+    drop options it never gave); one that asks for other values is still refused."""
+    changed = tmp_path / "ck"
+    shutil.copytree(speakable, changed)
+    config = json.loads((changed / "generation_config.json").read_text())
+    (changed / "generation_config.json").write_text(json.dumps({**config, "temperature": 0.55}))
+    with TTS.load(changed, backend="coreai", assets=fp32_assets) as tts:
+        baked = tts.backend.sampling
+        assert baked.temperature != 0.55 and tts.checkpoint.generation.temperature == 0.55
+        plan = tts.plan(check_request("Hi."))
+        assert (plan.params.temperature, plan.params.top_k, plan.params.top_p) == (
+            baked.temperature,
+            baked.top_k,
+            baked.top_p,
+        )
+        assert tts.generate("Hi.", seed=0, max_frames=2).audio.size > 0
+        with pytest.raises(BackendError, match="temperature 0.55, top-k .* was asked for"):
+            tts.generate("Hi.", seed=0, max_frames=2, temperature=0.55)
+
+
+def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
+    with pytest.raises(AssetError, match="is a non-empty folder: the assets go into a new or empty folder"):
+        convert(oracle, fp32_assets, progress=False)
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(AssetError, match="a-file is a file: the assets go into a new or empty folder"):
+        convert(oracle, tmp_path / "a-file", progress=False)
+    with pytest.raises(PrecisionError, match="unknown precision 'int4'"):
+        convert(oracle, tmp_path / "a", "int4", progress=False)
+    with pytest.raises(
+        PrecisionError, match="precision int16 does not run on coreai: use one of fp32, fp16, int8-fp16"
+    ):
+        convert(oracle, tmp_path / "a", "int16", progress=False)
+    with pytest.raises(AssetError, match="multiple of 32"):
+        convert(oracle, tmp_path / "a", context=100, progress=False)
+    with pytest.raises(AssetError, match=r"decoder first push -1 \(>= 0; 0: none\)"):
+        convert(oracle, tmp_path / "a", decoder_first_frames=-1, progress=False)
+    with pytest.raises(AssetError, match=r"^the decoder's first push 16 must be below its push 16 \(0: none"):
+        convert(oracle, tmp_path / "a", decoder_first_frames=16, progress=False)  # wrote no `first`, unsaid
+    with pytest.raises(AssetError, match=r"decoder push 4096 must be at most the \d+ frames an utterance may hold"):
+        convert(oracle, tmp_path / "a", decoder_frames=4096, progress=False)  # every push padded to 4096
+    with pytest.raises(AssetError, match="unknown or no parts"):
+        convert(oracle, tmp_path / "a", parts=("vocoder",), progress=False)
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(BackendError, match="the device cuda is a torch-backend choice: drop --device"):
+        TTS.load(oracle.path, backend="coreai", assets=fp32_assets, device="cuda")
+
+
+def test_convert_into_a_place_that_cannot_hold_a_folder_is_said(oracle, tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(AssetError, match="cannot write the assets at .*a-file/assets: .*a-file is a file, not a fold"):
+        convert(oracle, tmp_path / "a-file" / "assets", progress=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # refused before converting, not after
+    with pytest.raises(AssetError, match=r"dangling is a link to .*nowhere, not a folder"):
+        convert(oracle, tmp_path / "dangling", progress=False)
+    (tmp_path / "dangling").unlink()
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")  # a link to an empty folder: the folder filled, the link kept
+    convert(oracle, tmp_path / "link", "fp16", parts=("codec_decoder",), decoder_frames=4, progress=False)
+    assert (tmp_path / "link").is_symlink() and [p.name for p in (tmp_path / "link").iterdir()] == [
+        "codec_decoder.aimodel"
+    ]
