@@ -161,9 +161,9 @@ class ServerSettings(_Group):
     request_timeout_s: float = Field(60.0, gt=0, description="a whole request must come within this of its start")
     keep_alive_s: int = Field(5, ge=1, description="uvicorn's timeout_keep_alive: an idle connection then closed")
     max_connections: int = Field(256, ge=1, description="uvicorn's limit_concurrency: connections at once, then 503")
-    max_head_bytes: int = Field(64 * 1024, ge=1024, description="a request head: past it 431, the connection closed")
+    max_head_bytes: int = Field(64 * 1024, ge=1024, description="a request head: past it 431, then a lingering close")
     max_unread_body_bytes: int = Field(
-        4 * 2**20, ge=0, description="a body left unread by its early answer (a 413): read and dropped, then closed"
+        4 * 2**20, ge=0, description="a request its early answer (413, 431) left unread: read and dropped, then closed"
     )
     stream_buffer_chunks: int = Field(4, ge=1, description="chunks a stream holds for a client not reading; then waits")
     stall_s: float = Field(30.0, gt=0, description="a stream whose client reads nothing this long is dropped")

@@ -52,9 +52,10 @@ def _json_answer(raw: bytes) -> tuple[int, dict[str, str], dict]:
     return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, json.loads(body)
 
 
-def test_a_head_past_the_limit_is_431_json_and_the_rest_is_never_read(url):
-    """A 16 MB header sent in one go: the server answers 431 once 64 KB are in and closes, never reading the rest
-    (the client's send fails: the server stopped taking bytes long before 16 MB)."""
+def test_a_head_past_the_limit_is_431_json_and_the_rest_is_never_parsed(url):
+    """A 16 MB header sent in one go: the server answers 431 once 64 KB are in, shuts its side (so the answer comes
+    before any reset), drops at most ``max_unread_body_bytes`` more and closes (the client's send fails: the server
+    stopped taking bytes long before 16 MB)."""
     head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (16 << 20)
     outcome: list[str] = []
     with socket.create_connection(_address(url), timeout=30) as sock:

@@ -36,12 +36,13 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
     * a connection whose request is not whole (head and body) ``request_timeout_s`` seconds after the connection
       opened or its last answer was sent is closed (a request whose body has come whole is left to run: a long
       synthesis is no slow client);
-    * a request head past ``max_head_bytes`` (bytes received while no head is whole) is answered 431 and the
-      connection closed, before the rest is read;
+    * a request head past ``max_head_bytes`` (bytes received while no head is whole) is answered 431, before the
+      rest is parsed, and ends in a lingering close (below);
     * an answer that starts while its request's body is still coming (a 413) says ``connection: close`` and ends in
-      a lingering close: after the answer the server's side is shut (FIN) and the rest of the body is read and
+      a lingering close: after the answer the server's side is shut (FIN) and the rest of the request is read and
       dropped, up to ``max_unread_body_bytes``, until the client closes or the deadline; so the client, still
-      sending, reads its answer rather than a reset, and sends its next request on a new connection;
+      sending, reads its answer rather than a reset (a close with bytes unread resets the connection, and a reset
+      can overtake the answer), and sends its next request on a new connection;
     * past ``max_connections`` a request is answered the API's JSON 503 (``too_many_connections``, Retry-After),
       where uvicorn's own is plain text;
     * a response the app leaves incomplete (a stream cut: failed, or dropped for a client that stopped reading)
@@ -55,7 +56,7 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
         _tail = b""  # the last bytes of the head read so far (its end may come in the next read)
         _unread = 0  # bytes of a request body received after its answer was complete
         _refused = False
-        _lingering = False  # answered with the body unread: the rest is dropped until the client closes
+        _lingering = False  # answered with the request unread: the rest is dropped until the client closes
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -72,7 +73,7 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
             if self._refused:
                 return
             cycle = self.cycle
-            if self._lingering:  # the rest of a body its answer left unread: dropped, never parsed
+            if self._lingering:  # the rest of a request its answer left unread: dropped, never parsed
                 self._unread += len(data)
                 if self._unread > settings.max_unread_body_bytes:
                     self._refused = True
@@ -137,7 +138,6 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
                 self.transport.close()  # a request still reading its body sees a disconnect
 
         def _refuse_head(self) -> None:
-            self._refused = True
             log.warning("a request head over %d bytes: 431, connection closed", settings.max_head_bytes)
             refusal = ApiError(
                 431,
@@ -151,7 +151,7 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
                 "connection: close\r\n\r\n"
             )
             self.transport.write(head.encode("ascii") + refusal.body)
-            self.transport.close()
+            self._linger()
 
     return Bounded
 
