@@ -121,10 +121,16 @@ def test_page_lists_voices_and_adds_one_by_upload(base, browser, clip):
     assert [o.get_attribute("value") for o in picker.find_elements(By.TAG_NAME, "option")] == ["", "ana", "bob"]
     assert picker.get_attribute("value") == "ana"  # the new voice is picked
 
-    element(browser, "add-voice").click()  # again, without replace: the server's refusal is shown
+    element(browser, "add-voice").click()  # again, without replace: the server's refusal, in the page's words
     error = element(browser, "voice-error")
     wait(browser, lambda: error.is_displayed())
-    assert "exists" in error.text and "replace=true" in error.text
+    assert error.text == (
+        'A voice of that name is stored already: choose another name, or tick "Replace a stored voice of that name".'
+    )
+    element(browser, "voice-replace").click()
+    element(browser, "add-voice").click()
+    wait(browser, lambda: "the voice ana" in element(browser, "voice-status").text)
+    assert element(browser, "voice-status").text == "Replaced the voice ana (1.5 s)." and not error.is_displayed()
 
 
 def test_speak_plays_as_it_streams_and_offers_the_whole_wav(capped, browser, tmp_path):
@@ -171,3 +177,70 @@ def test_empty_text_is_refused_on_the_page_and_server_refusals_are_shown(base, b
     wait(browser, lambda: "characters" in error.text)
     assert error.text == "input is 250 characters; this server takes at most 200 per request: split the text"
     assert result.get_attribute("data-state") == "error" and requested(browser, "/v1/audio/speech") == 1
+
+
+def _spoken(browser) -> None:
+    """Wait until the page's Speak has received its whole answer ("done")."""
+    result = element(browser, "result")
+    wait(browser, lambda: result.get_attribute("data-state") in ("done", "error"))
+    assert result.get_attribute("data-state") == "done", element(browser, "error").text
+
+
+def _held_when_received(browser) -> None:
+    """Suspend the page's audio once the first samples are scheduled (what is scheduled then waits to play), then
+    wait until the speech is received whole."""
+    wait(browser, lambda: int(element(browser, "result").get_attribute("data-samples")) > 0)
+    browser.execute_script("context.suspend()")
+    _spoken(browser)
+
+
+def test_stop_stays_enabled_while_the_audio_plays_and_speak_stops_the_earlier_audio(capped, browser):
+    browser.get(f"{capped}/")
+    wait(browser, lambda: element(browser, "voice").get_attribute("data-loaded") is not None)
+    stop, speak_button = element(browser, "stop"), element(browser, "speak")
+    speak(browser, TEXT, seed="1")
+    _held_when_received(browser)
+    assert stop.is_enabled() and speak_button.is_enabled()  # received whole, still to play
+    scheduled = browser.execute_script(
+        "window.stopped = 0;"
+        "for (const s of speech.player.sources) { const own = s.stop.bind(s); s.stop = () => { stopped++; own(); }; }"
+        "return speech.player.sources.size"
+    )
+    assert scheduled > 0
+    speak_button.click()  # a new Speak stops the earlier audio before it plays its own
+    assert browser.execute_script("return stopped") == scheduled
+    _held_when_received(browser)
+    stop.click()
+    assert browser.execute_script("return speech") is None
+    assert not stop.is_enabled() and speak_button.is_enabled()
+    speak_button.click()  # played to its end: Stop is disabled then
+    _spoken(browser)
+    wait(browser, lambda: not stop.is_enabled(), timeout=10)
+    assert speak_button.is_enabled() and browser.execute_script("return speech.player.playing") is False
+
+
+def test_a_double_click_on_speak_sends_one_request(capped, browser):
+    browser.get(f"{capped}/")
+    wait(browser, lambda: element(browser, "voice").get_attribute("data-loaded") is not None)
+    element(browser, "text").clear()
+    element(browser, "text").send_keys(TEXT)
+    browser.execute_script("$('speak').click(); $('speak').click()")  # both before the first await returns
+    _spoken(browser)
+    assert requested(browser, "/v1/audio/speech") == 1 and not element(browser, "error").is_displayed()
+
+
+def test_an_unreachable_server_and_an_error_of_the_page_are_told_apart(base, browser):
+    browser.get(f"{base}/")
+    browser.execute_script("window.fetch = () => Promise.reject(new TypeError('Failed to fetch'))")
+    speak(browser, TEXT)
+    error = element(browser, "error")
+    wait(browser, lambda: error.is_displayed())
+    assert error.text == "Could not reach the server (Failed to fetch): is audio8 serve still running?"
+    browser.get(f"{base}/")
+    browser.execute_script("window.AudioContext = class { resume() { throw new TypeError('no audio output'); } }")
+    speak(browser, TEXT)
+    error = element(browser, "error")
+    wait(browser, lambda: error.is_displayed())
+    assert error.text == "The speech could not be played: no audio output"
+    assert requested(browser, "/v1/audio/speech") == 0
+    assert element(browser, "speak").is_enabled() and not element(browser, "stop").is_enabled()

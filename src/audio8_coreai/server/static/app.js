@@ -13,20 +13,43 @@ function show(element, text) {
   element.hidden = !text;
 }
 
-// The message of an API refusal: OpenAI's {"error": {"message": ...}}, else the body's text, else the status.
+// The message of an API refusal, in the page's words where the API's name its parameters: OpenAI's
+// {"error": {"message", "code"}}, else the body's text, else the status.
 async function refusal(response) {
   const text = await response.text();
+  let error = {};
   try {
-    const message = JSON.parse(text).error.message;
-    if (message) return message;
+    error = JSON.parse(text).error ?? {};
   } catch (e) {
     // not our JSON (a proxy's page, say): its text below
   }
+  const wait = response.headers.get("Retry-After");
+  if (response.status === 503 && wait) {
+    const why = error.code === "shutting_down" ? "The server is shutting down" : "The server is busy";
+    return `${why}: try again in ${wait} s.`;
+  }
+  if (error.code === "voice_exists") {
+    return `A voice of that name is stored already: choose another name, or tick "Replace a stored voice of that name".`;
+  }
+  if (error.code === "voice_not_found") {
+    return "That voice is no longer on the server (deleted since the list was read): pick another.";
+  }
+  if (error.message) return error.message;
   return text.trim().slice(0, 300) || `the server answered ${response.status} ${response.statusText}`;
 }
 
-function unreachable(e) {
-  return `Could not reach the server (${e.message}): is audio8 serve still running?`;
+// A failure to reach the server (fetch's TypeError), told apart from an error of the page's own.
+class Unreachable extends Error {}
+
+// What `promise` (a fetch, or a read of its answer) gives, a network failure thrown as an Unreachable that says
+// `what` failed; a Stop (AbortError) is thrown as it is.
+async function reach(promise, what) {
+  try {
+    return await promise;
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new Unreachable(`${what} (${e.message}): is audio8 serve still running?`);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -37,9 +60,9 @@ async function loadVoices(select) {
   const keep = select ?? picker.value;
   let response;
   try {
-    response = await fetch("/v1/voices");
+    response = await reach(fetch("/v1/voices"), "Could not reach the server");
   } catch (e) {
-    show($("error"), unreachable(e));
+    show($("error"), e.message);
     return;
   }
   if (!response.ok) {
@@ -78,10 +101,11 @@ async function addVoice(event) {
   }
   const body = new FormData(form);
   body.set("name", name);
+  const stored = [...$("voice").options].some((o) => o.value.toLowerCase() === name.toLowerCase());
   $("add-voice").disabled = true;
   status.textContent = "Encoding the clip…";
   try {
-    const response = await fetch("/v1/voices", { method: "POST", body });
+    const response = await reach(fetch("/v1/voices", { method: "POST", body }), "Could not reach the server");
     if (!response.ok) {
       status.textContent = "";
       show(error, await refusal(response));
@@ -89,11 +113,12 @@ async function addVoice(event) {
     }
     const voice = await response.json();
     const warnings = voice.warnings.length ? ` Note: ${voice.warnings.join(" ")}` : "";
-    status.textContent = `Added the voice ${voice.name} (${voice.duration_s.toFixed(1)} s).${warnings}`;
+    const done = stored ? "Replaced" : "Added";
+    status.textContent = `${done} the voice ${voice.name} (${voice.duration_s.toFixed(1)} s).${warnings}`;
     await loadVoices(voice.name);
   } catch (e) {
     status.textContent = "";
-    show(error, unreachable(e));
+    show(error, e instanceof Unreachable ? e.message : `The voice could not be added: ${e.message}`);
   } finally {
     $("add-voice").disabled = false;
   }
@@ -129,13 +154,19 @@ function wavHeader(bytes) {
   return null;
 }
 
-// Plays 16-bit PCM frames as they arrive, each chunk scheduled right after the last.
+// Plays 16-bit PCM frames as they arrive, each chunk scheduled right after the last; `idle` is called when the
+// last chunk scheduled has ended (or been stopped).
 class Player {
-  constructor(context, header) {
+  constructor(context, header, idle) {
     this.context = context;
     this.header = header;
+    this.idle = idle;
     this.next = 0;
     this.sources = new Set();
+  }
+
+  get playing() {
+    return this.sources.size > 0;
   }
 
   play(pcm) {
@@ -154,13 +185,15 @@ class Player {
     source.start(this.next);
     this.next += buffer.duration;
     this.sources.add(source);
-    source.onended = () => this.sources.delete(source);
+    source.onended = () => {
+      this.sources.delete(source);
+      if (!this.playing) this.idle();
+    };
     return frames;
   }
 
   stop() {
     for (const source of this.sources) source.stop();
-    this.sources.clear();
   }
 }
 
@@ -198,7 +231,7 @@ function speechRequest() {
 }
 
 let context = null; // one AudioContext for the page, made on the first Speak (a user gesture)
-let running = null; // { controller, player } of the speech being received
+let speech = null; // { controller, player, receiving } of the last Speak: its request, then its audio as it plays
 
 function setState(state, samples) {
   const result = $("result");
@@ -206,37 +239,64 @@ function setState(state, samples) {
   if (samples !== undefined) result.dataset.samples = String(samples);
 }
 
+// Speak enabled unless a request is being received; Stop while one is, or its audio still plays. A button
+// disabled while it has the focus hands the focus to the other (a keyboard user's place is kept).
+function setButtons() {
+  const speakButton = $("speak");
+  const stopButton = $("stop");
+  const busy = Boolean(speech?.receiving);
+  const stoppable = busy || Boolean(speech?.player?.playing);
+  const focused = document.activeElement;
+  speakButton.disabled = busy;
+  stopButton.disabled = !stoppable;
+  if (focused === speakButton && busy) stopButton.focus();
+  if (focused === stopButton && !stoppable) speakButton.focus();
+}
+
+// Stops the last Speak: its request (the server stops making the speech at its next frame) and its audio.
+function stopSpeech() {
+  if (!speech) return;
+  speech.controller.abort();
+  speech.player?.stop();
+  speech = null;
+  setButtons();
+}
+
 async function speak(event) {
   event.preventDefault();
+  if (speech?.receiving) return; // a second click before the first one's request started
+  const status = $("status");
   show($("error"), "");
   const { body, problem } = speechRequest();
   if (problem) {
+    status.textContent = "";
     show($("error"), problem);
     setState("error");
     return;
   }
-  if (running) stopSpeech();
-  context = context ?? new AudioContext();
-  await context.resume();
+  stopSpeech(); // the last Speak's audio, if it still plays
   const controller = new AbortController();
-  running = { controller, player: null };
-  const status = $("status");
+  const current = { controller, player: null, receiving: true };
+  speech = current;
+  setButtons();
   $("result").hidden = true;
-  $("speak").disabled = true;
-  $("stop").disabled = false;
   setState("waiting", 0);
   status.textContent = "Waiting for the first audio…";
   try {
-    const response = await fetch("/v1/audio/speech", {
+    context = context ?? new AudioContext();
+    await context.resume();
+    const request = fetch("/v1/audio/speech", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify(body),
       signal: controller.signal,
     });
+    const response = await reach(request, "Could not reach the server");
     if (!response.ok) {
       status.textContent = "";
       show($("error"), await refusal(response));
       setState("error");
+      if (body.voice) loadVoices(); // a voice deleted since the list was read leaves it
       return;
     }
     const seed = response.headers.get("X-Seed");
@@ -248,7 +308,7 @@ async function speak(event) {
     const reader = response.body.getReader();
     setState("streaming");
     for (;;) {
-      const { done, value } = await reader.read();
+      const { done, value } = await reach(reader.read(), "The connection to the server was lost");
       if (done) break;
       chunks.push(value);
       length += value.length;
@@ -256,13 +316,13 @@ async function speak(event) {
       if (!header) {
         header = wavHeader(pending);
         if (!header) continue;
-        running.player = new Player(context, header);
+        current.player = new Player(context, header, () => speech === current && setButtons());
         pending = pending.subarray(header.dataOffset);
       }
       const frameBytes = 2 * header.channels;
       const ready = pending.length - (pending.length % frameBytes);
       if (ready > 0) {
-        samples += running.player.play(pending.subarray(0, ready));
+        samples += current.player.play(pending.subarray(0, ready));
         pending = pending.subarray(ready);
         setState("streaming", samples);
         status.textContent = `Playing as it arrives: ${(samples / header.rate).toFixed(2)} s received…`;
@@ -285,24 +345,19 @@ async function speak(event) {
     setState("done", samples);
     status.textContent = `Done: ${(samples / header.rate).toFixed(2)} s of speech at ${header.rate} Hz, seed ${seed}.`;
   } catch (e) {
+    if (speech !== current && speech !== null) return; // stopped, and a new Speak has begun: the page is its
     if (e.name === "AbortError") {
       status.textContent = "Stopped.";
       setState("stopped");
     } else {
       status.textContent = "";
-      show($("error"), e instanceof TypeError ? unreachable(e) : `The speech could not be played: ${e.message}`);
+      show($("error"), e instanceof Unreachable ? e.message : `The speech could not be played: ${e.message}`);
       setState("error");
     }
   } finally {
-    if (running && running.controller === controller) running = null;
-    $("speak").disabled = false;
-    $("stop").disabled = true;
+    current.receiving = false;
+    if (speech === current) setButtons();
   }
-}
-
-function stopSpeech() {
-  running.controller.abort(); // the server stops making the speech at its next frame
-  if (running.player) running.player.stop();
 }
 
 // `a` then `b` in one array.
@@ -315,7 +370,7 @@ function join(a, b) {
 
 document.addEventListener("DOMContentLoaded", () => {
   $("speak-form").addEventListener("submit", speak);
-  $("stop").addEventListener("click", () => running && stopSpeech());
+  $("stop").addEventListener("click", stopSpeech);
   $("voice-form").addEventListener("submit", addVoice);
   loadVoices();
 });
