@@ -176,8 +176,9 @@ def test_unreadable_files_are_refused_clearly(tmp_path, kind):
     path.write_bytes(
         {"not audio": b"this is text, not sound\n" * 20, "truncated header": good[:30], "empty file": b""}[kind]
     )
-    with pytest.raises(AudioError, match="cannot read reference audio .*broken.wav"):
+    with pytest.raises(AudioError, match="cannot read reference audio .*broken.wav") as refused:
         read_reference(path)
+    assert str(path) in str(refused.value) and "b'" not in str(refused.value)  # the name once, as given
 
 
 def _wav_with(tmp_path, before_data: bytes = b"", data_size: int | None = None, keep: float = 1.0):

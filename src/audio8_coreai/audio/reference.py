@@ -95,7 +95,8 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
                 _check_duration(path, f.frames, rate)
             data = f.read(dtype="float32", always_2d=True)
     except (sf.SoundFileError, RuntimeError, OSError) as e:
-        detail = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
+        said = e.error_string if isinstance(e, sf.LibsndfileError) else str(e)  # without "Error opening b'name'"
+        detail = said.strip().splitlines()[0].rstrip(".") if said.strip() else type(e).__name__
         raise AudioError(
             f"cannot read reference audio {path}: {detail}; give a clip in a format libsndfile "
             "reads (wav, flac, ogg, mp3, aiff), re-exported if this one is damaged"
