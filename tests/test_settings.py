@@ -97,6 +97,8 @@ def test_environment_variables_set_fields(env):
         ("AUDIO8_SERVER__PORT", "eighty", "AUDIO8_SERVER__PORT must be a whole number 1 to 65535, got 'eighty'"),
         ("AUDIO8_SERVER__WORKERS", "0", "AUDIO8_SERVER__WORKERS must be a whole number >= 1, got '0'"),
         ("AUDIO8_MEASURE__TOLERANCE", "inf", "AUDIO8_MEASURE__TOLERANCE must be a finite number > 0, got 'inf'"),
+        ("AUDIO8_SERVER__STALL_S", "inf", "AUDIO8_SERVER__STALL_S must be a finite number > 0, got 'inf'"),
+        ("AUDIO8_WYOMING__IDLE_S", "Infinity", "AUDIO8_WYOMING__IDLE_S must be a finite number > 0, got 'Infinity'"),
         ("AUDIO8_TORCH__CUDA_GRAPHS", "maybe", "AUDIO8_TORCH__CUDA_GRAPHS must be true, false or none, got 'maybe'"),
         ("AUDIO8_SERVER__PORT", "None", "AUDIO8_SERVER__PORT must be a whole number 1 to 65535, got 'None'"),
         ("AUDIO8_SERVER__VOICE_MAP", '{"alloy": "a", "Alloy": "b"}', "AUDIO8_SERVER__VOICE_MAP: voice_map maps a name"),
@@ -174,7 +176,7 @@ def test_a_commands_options_override_a_group_validated():
         (DEFAULTS.server, {"port": 0}, "--port must be 1 to 65535, got 0"),
         (DEFAULTS.server, {"workers": 0}, "--workers must be >= 1, got 0"),
         (DEFAULTS.server, {"chunk_frames": 4, "first_chunk_frames": 5}, "--first-chunk-frames must be 1 to "),
-        (DEFAULTS.ray, {"gpus": -1.0}, "--replica-gpus must be a number >= 0, got -1.0"),
+        (DEFAULTS.ray, {"gpus": -1.0}, "--replica-gpus must be a finite number >= 0, got -1.0"),
         (DEFAULTS.measure, {"tolerance": -1.0}, "--tolerance must be a finite number > 0, got -1.0"),
     ]:
         with pytest.raises(ConfigError) as e:

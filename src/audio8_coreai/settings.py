@@ -37,7 +37,7 @@ Group = TypeVar("Group", bound=BaseModel)
 
 
 class _Group(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf seconds: no bound at all
 
     @field_validator("*", mode="before")
     @classmethod
@@ -219,7 +219,7 @@ class WyomingSettings(_Group):
         None, ge=0, le=2**53 - 1, description="seed of every utterance; None: the own voice's default, else drawn"
     )
     # Sampling (None: the checkpoint's), within the publisher's rules (config.py GenerationConfig.check)
-    temperature: float | None = Field(None, gt=0, allow_inf_nan=False, description="sampling temperature")
+    temperature: float | None = Field(None, gt=0, description="sampling temperature")
     top_k: int | None = Field(None, ge=1, description="top-k")
     top_p: float | None = Field(None, gt=0, le=1, description="top-p")
     max_frames: int | None = Field(None, ge=1, description="frame cap per utterance; None: the model's budget")
@@ -273,7 +273,7 @@ class BenchSettings(_Group):
 class MeasureSettings(_Group):
     """The measuring tools (``audio8 parity | gate | make-checkpoint``)."""
 
-    tolerance: float = Field(1e-4, gt=0, allow_inf_nan=False, description="max |logit/waveform diff| for fp32 parity")
+    tolerance: float = Field(1e-4, gt=0, description="max |logit/waveform diff| for fp32 parity")
     asr_margin: float = Field(0.05, ge=0, le=1, description="error-rate points the port may lose per language")
     speaker_margin: float = Field(0.05, ge=0, le=2, description="mean speaker cosine the port may lose")
     checkpoint_seed: int = Field(0, ge=0, description="the seed of make-checkpoint's random weights")

@@ -11,7 +11,7 @@ from pydantic.fields import FieldInfo
 
 
 def takes(info: FieldInfo, typed: bool = True) -> str:
-    """What a field takes, in words: 'a whole number 1 to 65535', 'a number > 0', 'one of 8000, 11025...';
+    """What a field takes, in words: 'a whole number 1 to 65535', 'a finite number > 0', 'one of 8000, 11025...';
     ``typed`` False (a CLI option, whose type the CLI has checked) leaves out 'a whole number' and 'or none'."""
     limits = {k: v for m in info.metadata for k in ("ge", "gt", "le", "lt") if (v := getattr(m, k, None)) is not None}
     if "ge" in limits and "le" in limits:
@@ -25,9 +25,8 @@ def takes(info: FieldInfo, typed: bool = True) -> str:
     elif kind is bool:
         return "true, false or none" if typed and optional else "true or false"
     elif kind in (int, float):
-        finite = any(getattr(m, "allow_inf_nan", True) is False for m in info.metadata)
-        number = "a finite number" if finite else "a number"
-        said = " ".join(filter(None, (number if kind is float else "a whole number" if typed else "", bounds)))
+        number = "a finite number" if kind is float else "a whole number" if typed else ""  # settings refuse inf
+        said = " ".join(filter(None, (number, bounds)))
     elif typing.get_origin(kind) in (tuple, dict):
         example = (info.examples or [None])[0] or info.get_default(call_default_factory=True)
         example = example or ([1, 4] if typing.get_origin(kind) is tuple else {"a": "b"})

@@ -220,7 +220,7 @@ def test_ray_settings_and_the_cli_check_the_scale(tiny_checkpoint):
             RaySettings(autoscale=bad)
     for options, said in (
         (["--autoscale", "3:1"], "--autoscale must be min and max replicas, 0 <= min <= max"),
-        (["--replica-gpus", "-1"], "--replica-gpus must be a number >= 0, got -1.0"),
+        (["--replica-gpus", "-1"], "--replica-gpus must be a finite number >= 0, got -1.0"),
         (["--autoscale", "two"], "--autoscale takes MIN:MAX"),
         (["--workers", "2"], "drop --workers"),
         (["--replicas", "0"], "--replicas must be >= 1"),
