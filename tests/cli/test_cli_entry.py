@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -9,14 +10,17 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 from tests.cli.cli_support import run
+from tests.server.wyoming_support import free_port
 
 
-def _catches_sigterm(pid: int) -> bool:
-    """Whether process ``pid`` has a handler for SIGTERM (Linux's /proc/PID/status SigCgt mask)."""
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (Linux's /proc/PID/status SigCgt mask)."""
     status = Path(f"/proc/{pid}/status").read_text()
     caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
-    return bool(caught >> (signal.SIGTERM - 1) & 1)
+    return bool(caught >> (signum - 1) & 1)
 
 
 def test_python_dash_m_runs_the_command(tiny_checkpoint, tmp_path):
@@ -27,10 +31,51 @@ def test_python_dash_m_runs_the_command(tiny_checkpoint, tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == json.loads(run(*args).output)
 
-    say = [sys.executable, "-m", "audio8_coreai", "say", "-", "-o", str(tmp_path / "x.wav"), "--model", "nowhere"]
-    waiting = subprocess.Popen(say, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # reads stdin
-    deadline = time.monotonic() + 60
-    while not _catches_sigterm(waiting.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    waiting = _waiting_say(tmp_path)
     waiting.send_signal(signal.SIGTERM)
     assert waiting.communicate(timeout=60)[1] == "terminated\n" and waiting.returncode == -signal.SIGTERM
+
+
+def _waiting_say(tmp_path: Path, hang_up: bool = True, **popen) -> subprocess.Popen:
+    """``audio8 say -`` waiting on its stdin, its handlers of SIGTERM (and SIGHUP if ``hang_up``) in place."""
+    say = [sys.executable, "-m", "audio8_coreai", "say", "-", "-o", str(tmp_path / "x.wav"), "--model", "nowhere"]
+    waiting = subprocess.Popen(say, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    deadline = time.monotonic() + 60
+    signals = (signal.SIGTERM, signal.SIGHUP) if hang_up else (signal.SIGTERM,)
+    while not all(_catches(waiting.pid, s) for s in signals) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return waiting
+
+
+def test_a_hang_up_unwinds_as_a_termination_unless_ignored(tmp_path):
+    """A SIGHUP (the terminal closed) unwinds the command as a SIGTERM does (what it held cleaned up), says so and
+    ends the process by it; under ``nohup`` (SIGHUP ignored) the command runs on."""
+    waiting = _waiting_say(tmp_path)
+    waiting.send_signal(signal.SIGHUP)
+    assert waiting.communicate(timeout=60)[1] == "hung up\n" and waiting.returncode == -signal.SIGHUP
+
+    ignoring = _waiting_say(tmp_path, hang_up=False, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    ignoring.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    assert ignoring.poll() is None  # still waiting on its stdin
+    ignoring.send_signal(signal.SIGTERM)
+    assert ignoring.communicate(timeout=60)[1] == "terminated\n" and ignoring.returncode == -signal.SIGTERM
+
+
+def test_serve_shuts_down_gracefully_on_a_hang_up(tiny_checkpoint, tmp_path):
+    port = free_port()
+    args = ["serve", "--model", str(tiny_checkpoint), "--voices", str(tmp_path), "--port", str(port)]
+    server = subprocess.Popen([sys.executable, "-m", "audio8_coreai", *args], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and server.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        server.send_signal(signal.SIGHUP)
+        said = server.communicate(timeout=60)[1]
+    finally:
+        server.kill()
+    assert server.returncode == -signal.SIGHUP, said[-2000:]
+    assert "Shutting down" in said and said.rstrip().endswith("hung up") and "Traceback" not in said

@@ -93,38 +93,43 @@ def _interrupted() -> typer.Exit:
     return typer.Exit(say_interrupted())
 
 
+ENDING_SIGNALS = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}  # unwound as a Ctrl-C, then re-raised
+
+
 def say_interrupted() -> int:
-    """'interrupted', and the status to exit with (130), after a Ctrl-C. After a SIGTERM, what the command held is
-    already cleaned up (the unwinding did it): 'terminated', then the process ends by the signal itself, as a
-    process that handles none does (systemd counts that a clean stop, a status 143 a failure; uvicorn re-raises it
-    so too)."""
-    if _HEARD and _HEARD[-1] == signal.SIGTERM:
-        err.print("terminated")
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+    """'interrupted', and the status to exit with (130), after a Ctrl-C. After a SIGTERM or SIGHUP, what the command
+    held is already cleaned up (the unwinding did it): 'terminated' or 'hung up', then the process ends by the
+    signal itself, as a process that handles none does (systemd counts that a clean stop, a status 143 a failure;
+    uvicorn re-raises it so too)."""
+    if _HEARD and _HEARD[-1] in ENDING_SIGNALS:
+        err.print(ENDING_SIGNALS[_HEARD[-1]])
+        signal.signal(_HEARD[-1], signal.SIG_DFL)
+        os.kill(os.getpid(), _HEARD[-1])
     err.print("interrupted")
     return 130
 
 
-_HEARD: list[int] = []  # the Ctrl-Cs and SIGTERMs heard since listen_for_interrupts (the command's own process only)
+_HEARD: list[int] = []  # the signals heard since listen_for_interrupts (the command's own process only)
 
 
 def listen_for_interrupts() -> None:
-    """Note each Ctrl-C (SIGINT) and SIGTERM from now on, raised as KeyboardInterrupt as by Python's own handler of
-    SIGINT: a C extension's import it cuts short can leave the module half made, and a later import fail (numpy's
-    RecursionError, "cannot load module more than once"), which :func:`friendly` then says as the interruption it
-    is; and a SIGTERM (``timeout``, ``docker stop``, a CI cancel) unwinds as a Ctrl-C does, so what a command left
-    half made (a conversion's hidden folder, a partial audio file) is cleaned up, not left behind. The servers
-    put their own handlers in place while they serve. The ``audio8`` command calls it before loading its modules;
-    the main thread only (signals are its)."""
+    """Note each Ctrl-C (SIGINT), SIGTERM and SIGHUP from now on, raised as KeyboardInterrupt as by Python's own
+    handler of SIGINT: a C extension's import it cuts short can leave the module half made, and a later import fail
+    (numpy's RecursionError, "cannot load module more than once"), which :func:`friendly` then says as the
+    interruption it is; and a SIGTERM (``timeout``, ``docker stop``, a CI cancel) or SIGHUP (the terminal closed)
+    unwinds as a Ctrl-C does, so what a command left half made (a conversion's hidden folder, a partial audio file)
+    is cleaned up, not left behind. A SIGHUP ignored already (``nohup``) stays ignored. The servers put their own
+    handlers in place while they serve. The ``audio8`` command calls it before loading its modules; the main thread
+    only (signals are its)."""
 
     def hear(signum: int, frame: object) -> None:
         _HEARD.append(signum)
         raise KeyboardInterrupt
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, hear)
-        signal.signal(signal.SIGTERM, hear)
+        for heard in (signal.SIGINT, *ENDING_SIGNALS):
+            if heard != signal.SIGHUP or signal.getsignal(heard) is not signal.SIG_IGN:
+                signal.signal(heard, hear)
 
 
 def described(group: BaseModel, field: str, lead: str = "", more: str = "") -> str:

@@ -15,8 +15,11 @@ import asyncio
 import contextlib
 import copy
 import logging
+import signal
 import socket
 import struct
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -238,7 +241,8 @@ def uvicorn_config(
     app: FastAPI, settings: ServerSettings, host: str, port: int, log_level: str = "info"
 ) -> uvicorn.Config:
     """The uvicorn configuration of ``audio8 serve`` (and of :func:`.app.serve_in_thread`): ``settings``' keep-alive,
-    connection limit, request deadline and shutdown grace (a stream to a client that reads slowly or not at all
+    connection limit, head limit (h11's own cap on a head still coming raised to it), request deadline and shutdown
+    grace (a stream to a client that reads slowly or not at all
     would hold a SIGTERM until its stall drop), and :func:`log_config`. The protocol is h11's whatever is installed:
     uvicorn's httptools one chunks a streamed answer to an HTTP/1.0 client, which cannot read it, and one protocol
     everywhere is the one the tests run."""
@@ -249,6 +253,7 @@ def uvicorn_config(
         log_level=log_level,
         log_config=log_config(),
         http=bounded_protocol(H11Protocol, settings),
+        h11_max_incomplete_event_size=settings.max_head_bytes,  # h11's own, 16 KB: a head in pieces a plain 400
         timeout_keep_alive=settings.keep_alive_s,
         limit_concurrency=settings.max_connections,
         timeout_graceful_shutdown=settings.shutdown_s,
@@ -256,10 +261,34 @@ def uvicorn_config(
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server of an app of :func:`.app.create_app`. As its shutdown begins (SIGTERM, Ctrl-C) requests still
-    waiting for a place are refused (503 shutting_down, :meth:`.synth.Synthesizer.drain`); what still runs half a
-    second before the grace (``shutdown_s``) ends is ended by the app (:meth:`.synth.Synthesizer.cut`: a whole file
-    a 503, a stream cut with one log line), not cancelled by uvicorn (a plain-text 500 and a traceback each)."""
+    """uvicorn's server of an app of :func:`.app.create_app`. As its shutdown begins (SIGTERM, SIGHUP, Ctrl-C)
+    requests still waiting for a place are refused (503 shutting_down, :meth:`.synth.Synthesizer.drain`); what still
+    runs half a second before the grace (``shutdown_s``) ends is ended by the app (:meth:`.synth.Synthesizer.cut`: a
+    whole file a 503, a stream cut with one log line), not cancelled by uvicorn (a plain-text 500 and a traceback
+    each)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's signals (SIGINT, SIGTERM), and SIGHUP (the terminal closed) shutting down as they do, then
+        raised again once the server has stopped, for the command to end by it; a SIGHUP ignored (``nohup``)
+        stays ignored."""
+        hup = threading.current_thread() is threading.main_thread()
+        hup = hup and signal.getsignal(signal.SIGHUP) not in (signal.SIG_IGN, None)
+        heard: list[int] = []
+
+        def hang_up(signum: int, frame: object) -> None:
+            heard.append(signum)
+            self.should_exit = True
+
+        before = signal.signal(signal.SIGHUP, hang_up) if hup else None
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            if hup:
+                signal.signal(signal.SIGHUP, before)
+        if heard:
+            signal.raise_signal(signal.SIGHUP)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         synth = self.config.app.state.server.synth
