@@ -10,6 +10,6 @@ runner = CliRunner()
 
 
 def run(*args):
-    result = runner.invoke(app, [str(a) for a in args])
+    result = runner.invoke(app, [str(a) for a in args], prog_name="audio8")
     assert "Traceback" not in result.output
     return result

@@ -79,3 +79,21 @@ def test_serve_shuts_down_gracefully_on_a_hang_up(tiny_checkpoint, tmp_path):
         server.kill()
     assert server.returncode == -signal.SIGHUP, said[-2000:]
     assert "Shutting down" in said and said.rstrip().endswith("hung up") and "Traceback" not in said
+
+
+def test_a_text_beginning_with_a_dash_is_refused_with_its_fix(tiny_checkpoint, tmp_path):
+    """'-5 degrees' reads as an option to click ("No such option: -5"): the command says to put -- before it, and
+    with -- the text is spoken; a value of an option (--seed -5) and a mistyped option are not taken for text."""
+    out = tmp_path / "x.wav"
+    for text in ("-5 degrees outside", "-5", "- a list item"):
+        result = run("say", text, "-o", out, "--model", tiny_checkpoint)
+        assert result.exit_code == 2 and not out.exists()
+        said = " ".join(result.output.split())
+        fix = f"put -- before it, after any options (audio8 say -- {text!r})"
+        assert said == f"error: the text {text!r} begins with '-', which marks an option: {fix}"
+    assert "seed must be >= 0, got -5" in run("say", "--seed", "-5", "Hi.", "--model", tiny_checkpoint).output
+    assert "No such option: --sede" in run("say", "--sede", "1", "Hi.", "--model", tiny_checkpoint).output
+    assert run("prompt", "-3 apples", "--model", tiny_checkpoint).exit_code == 2
+    result = run("prompt", "--model", tiny_checkpoint, "--json", "--", "-3 apples")
+    ids, spoken = json.loads(result.output)["prompt"][0], [3 + b for b in b"-3 apples"]  # the tiny tokenizer: 3 + byte
+    assert result.exit_code == 0 and any(ids[i : i + len(spoken)] == spoken for i in range(len(ids)))

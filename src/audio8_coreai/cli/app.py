@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import typer.core
 from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
@@ -130,6 +131,34 @@ def listen_for_interrupts() -> None:
         for heard in (signal.SIGINT, *ENDING_SIGNALS):
             if heard != signal.SIGHUP or signal.getsignal(heard) is not signal.SIG_IGN:
                 signal.signal(heard, hear)
+
+
+class TextCommand(typer.core.TyperCommand):
+    """A command whose argument is the text to speak: a text that begins with '-' and reads as text, not as one of
+    the command's options ("-5 degrees", "-5", "- a list item"), is refused with its fix (``--`` before it) where
+    click would say "No such option: -5"; a mistyped option (``--sede``) is left to click's own suggestion."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        options = [p for p in self.params if isinstance(p, typer.core.TyperOption)]
+        known = {name for p in options for name in (*p.opts, *p.secondary_opts)}
+        valued = {name for p in options if not p.is_flag for name in p.opts}
+        previous = None
+        for arg in args:
+            if arg == "--":
+                break
+            word = arg.lstrip("-")
+            textlike = any(c.isspace() for c in arg.strip()) or not word or not word[0].isascii() or word[0].isdigit()
+            unknown = arg.startswith("-") and arg != "-" and arg.split("=", 1)[0] not in known
+            if previous not in valued and unknown and textlike:
+                err.print(
+                    f"[bold red]error:[/] the text {escape(repr(arg))} begins with '-', which marks an option: put "
+                    f"-- before it, after any options ({ctx.command_path} -- {escape(repr(arg))})",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+                raise typer.Exit(2)
+            previous = arg
+        return super().parse_args(ctx, args)
 
 
 def described(group: BaseModel, field: str, lead: str = "", more: str = "") -> str:

@@ -13,13 +13,13 @@ import typer
 
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import CheckpointError, PromptError
-from .app import ModelOpt, TextArg, app, friendly, out, text_of
+from .app import ModelOpt, TextArg, TextCommand, app, friendly, out, text_of
 
 if TYPE_CHECKING:
     from ..plan import Piece
 
 
-@app.command()
+@app.command(cls=TextCommand)
 @friendly
 def prompt(
     text: TextArg,

@@ -22,6 +22,7 @@ from .app import (
     ModelOpt,
     PrecisionOpt,
     TextArg,
+    TextCommand,
     VoicesOpt,
     app,
     described,
@@ -33,7 +34,7 @@ from .app import (
 )
 
 
-@app.command()
+@app.command(cls=TextCommand)
 @friendly
 def say(
     text: TextArg,
