@@ -270,11 +270,13 @@ def test_no_samples_are_written_where_the_format_holds_none(tmp_path):
         (np.zeros((1000, 2), np.float32), 44100, r"must be mono \[samples\], not shape \[1000, 2\]"),
         (np.zeros(1000, np.float32), 44100.5, "sample_rate must be a whole number of Hz >= 1, not 44100.5"),
         (np.zeros(1000, np.float32), 0, "sample_rate must be a whole number of Hz >= 1, not 0"),
+        (np.zeros(1000, np.int16), 44100, r"is int16 samples: give float samples in \[-1, 1\] \(int16 samples: divide"),
+        ((np.zeros(1000, np.float32), 44100), 44100, r"got an \(audio, sample_rate\) pair: synthesize\(\) returns"),
     ],
 )
 def test_speech_out_is_mono_finite_at_a_whole_rate(tmp_path, audio, rate, message):
-    """encode_speech (every format) and write_audio refuse what they cannot write faithfully; one channel shaped
-    [1, N] is mono."""
+    """encode_speech (every format) and write_audio refuse what they cannot write faithfully (integer samples would
+    be written unscaled: 32767 times full scale); one channel shaped [1, N] is mono."""
     for fmt in ("wav", "mp3", "flac"):
         with pytest.raises(AudioError, match=message):
             encode_speech(audio, rate, fmt)

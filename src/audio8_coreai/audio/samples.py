@@ -10,10 +10,27 @@ from ..errors import AudioError
 
 
 def mono_samples(audio: np.ndarray, what: str = "speech audio") -> np.ndarray:
-    """``audio`` as float32 [N]: mono [N], or one channel shaped [N, 1] / [1, N]. Raises AudioError for several
-    channels (they would be written one after the other as one longer signal) or a NaN or infinite sample (LAME
-    aborts the process on NaN; wav would hold noise)."""
-    data = np.asarray(audio, dtype=np.float32)
+    """``audio`` as float32 [N]: float samples (in [-1, 1]), mono [N], or one channel shaped [N, 1] / [1, N].
+    Raises AudioError for what is no array of numbers (``synthesize``'s whole (audio, sample_rate) pair), integer
+    samples (int16's 32767 would be written 32767 times full scale), several channels (they would be written one
+    after the other as one longer signal) or a NaN or infinite sample (LAME aborts the process on NaN; wav would
+    hold noise)."""
+    try:
+        given = np.asarray(audio)
+    except ValueError:  # ragged: a sequence of an array and something else
+        given = np.asarray(None)
+    if given.dtype.kind in "iub":
+        raise AudioError(
+            f"{what} is {given.dtype} samples: give float samples in [-1, 1] (int16 samples: divide them by "
+            "32768 first)"
+        )
+    if given.dtype.kind not in "f":
+        said = "an (audio, sample_rate) pair" if isinstance(audio, tuple) and len(audio) == 2 else type(audio).__name__
+        raise AudioError(
+            f"{what} must be an array of float samples [N], got {said}: synthesize() returns (audio, "
+            "sample_rate), give its audio"
+        )
+    data = given.astype(np.float32, copy=False)
     if sum(n > 1 for n in data.shape) > 1:
         raise AudioError(
             f"{what} must be mono [samples], not shape {list(data.shape)}: mix the channels first "
@@ -37,11 +54,8 @@ def check_some(data: np.ndarray, fmt: str) -> None:
 
 
 def clip_samples(audio: np.ndarray) -> np.ndarray:
-    """A clip handed to a codec encoder (``Backend.encode``) as float32 [N]: :func:`mono_samples`, and float samples
-    (integers would be taken unscaled, 32767 for full scale) holding at least one. Raises AudioError."""
-    kind = np.asarray(audio).dtype
-    if kind.kind in "iub":
-        raise AudioError(f"clip audio must be float samples in [-1, 1], not {kind}: scale it first (int16: / 32768)")
+    """A clip handed to a codec encoder (``Backend.encode``) as float32 [N]: :func:`mono_samples` holding at least
+    one sample. Raises AudioError."""
     data = mono_samples(audio, "clip audio")
     if data.size == 0:
         raise AudioError("clip audio holds no samples: give the clip's audio")

@@ -255,7 +255,10 @@ def test_cli_convert_one_part(oracle_dir, tmp_path):
     "audio, said",
     [
         (np.zeros((44100, 2), np.float32), r"clip audio must be mono \[samples\], not shape \[44100, 2\]"),
-        ((np.ones(44100) * 1000).astype(np.int16), r"float samples in \[-1, 1\], not int16: scale it first"),
+        (
+            (np.ones(44100) * 1000).astype(np.int16),
+            r"clip audio is int16 samples: give float samples in \[-1, 1\] \(int16 samples: divide them by 32768",
+        ),
         (np.zeros(0, np.float32), "clip audio holds no samples"),
     ],
 )
