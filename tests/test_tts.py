@@ -319,8 +319,13 @@ def test_every_error_class_is_an_audio8_error_and_exported(tiny_checkpoint, tiny
     import audio8_coreai
     from audio8_coreai.errors import AssetError, GateError, ParityError, QuantError, TokenizerError
 
-    exported = [getattr(audio8_coreai, n) for n in audio8_coreai.__all__ if n.endswith("Error")]
-    assert len(exported) == 8
+    names = [n for n in audio8_coreai.__all__ if isinstance(getattr(audio8_coreai, n), type)]
+    classes = [getattr(audio8_coreai, n) for n in names]
+    exported = [c for c in classes if issubclass(c, Exception) and not issubclass(c, Warning)]
+    assert len(exported) == 14  # every error a TTS call raises, subclasses included (PromptTooLong, VoiceExists...)
+    assert {"PrecisionError", "PromptTooLong", "VoiceExists", "DamagedVoice", "VoiceStorageError", "NoAudio"} < set(
+        names
+    )
     for cls in exported + [AssetError, GateError, QuantError, ParityError, TokenizerError]:
         assert issubclass(cls, audio8_coreai.Audio8Error), cls
     with pytest.raises(audio8_coreai.Audio8Error, match="device must be a name"):

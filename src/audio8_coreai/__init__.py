@@ -10,8 +10,10 @@ Public API::
     for chunk in tts.stream("A long text. Spoken as it is made."):   # float32 chunks, exact to the whole
         ...
 
-Every error raised on purpose is an :class:`Audio8Error` (ConfigError, CheckpointError, PromptError, AudioError,
-VoiceError, EngineError, BackendError are exported here too); its message says what to change.
+Every error raised on purpose is an :class:`Audio8Error`; its message says what to change. Exported here too:
+ConfigError, CheckpointError, PrecisionError, PromptError (PromptTooLong), AudioError, VoiceError (VoiceExists,
+DamagedVoice, VoiceStorageError), EngineError (NoAudio: the model ended at once) and BackendError; the tools'
+own (AssetError, ParityError, GateError...) live in :mod:`audio8_coreai.errors`.
 """
 
 import importlib
@@ -24,10 +26,16 @@ from .errors import (
     CheckpointError,
     ClipWarning,
     ConfigError,
+    DamagedVoice,
     EngineError,
+    NoAudio,
+    PrecisionError,
     PromptError,
+    PromptTooLong,
     UnsupportedLanguageWarning,
     VoiceError,
+    VoiceExists,
+    VoiceStorageError,
 )
 
 if TYPE_CHECKING:
@@ -62,5 +70,11 @@ __all__ = [
     "ClipWarning",
     "PromptError",
     "VoiceError",
+    "PrecisionError",
+    "PromptTooLong",
+    "VoiceExists",
+    "DamagedVoice",
+    "VoiceStorageError",
+    "NoAudio",
 ]
 __version__ = "0.1.0"

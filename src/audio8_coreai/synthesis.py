@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 
-@dataclass
+@dataclass(eq=False)  # identity: equality of arrays is no truth value
 class Synthesis:
     """One utterance: ``audio`` float32 [N] at ``sample_rate`` Hz (N = frames x 2048), its ``codes``
     int64 [num_codebooks, frames], whether eos ended it (False: stopped at the frame cap), the seed that
     reproduces it, and times in seconds (``rtf`` = compute time / audio duration; ``codec_s`` is the decode's time
     after the last frame: with the codec in a process of its own the rest ran beside the frames)."""
 
-    audio: np.ndarray
+    audio: np.ndarray = field(repr=False)  # the repr: the figures, not the arrays
     sample_rate: int
-    codes: np.ndarray
+    codes: np.ndarray = field(repr=False)
     reached_eos: bool
     seed: int
     prompt_length: int

@@ -30,7 +30,7 @@ import os
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -77,7 +77,7 @@ class Voice:
     [0, codebook_size) as that checkpoint's codec makes them (0: not known), checked when the voice is stored and
     read."""
 
-    codes: np.ndarray
+    codes: np.ndarray = field(repr=False)  # the repr: the voice's figures, not its codes
     transcript: str
     sample_rate: int
     duration_s: float
