@@ -248,6 +248,17 @@ def test_paths_that_are_not_checkpoints(tmp_path):
     assert resolve_checkpoint(tmp_path / "linked") == tmp_path / "linked"
 
 
+@pytest.mark.parametrize(("model", "said"), [(None, "NoneType"), ("", "''"), ("  ", "'  '"), (5, "int")])
+def test_a_model_that_is_no_path_or_id_is_said_so(model, said, tmp_path, monkeypatch):
+    """None, an empty name (it read as the current folder) or a number: what model takes, not a path's error."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError) as refused:
+        resolve_checkpoint(model)
+    assert str(refused.value) == (
+        f"model must be a checkpoint folder's path or a hub id such as Audio8/Audio8-TTS-Preview-0.6b, got {said}"
+    )
+
+
 def test_hub_id_while_offline_says_what_a_local_folder_needs(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(CheckpointError) as err:

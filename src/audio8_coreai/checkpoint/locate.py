@@ -46,9 +46,14 @@ def resolve_checkpoint(model: str | Path = DEFAULT_MODEL, *, weights: bool = Tru
     Raises:
         CheckpointError: ``model`` is a folder whose path is not UTF-8 (the file libraries cannot open
             it), a file, or a path that does not exist and is not a hub id, or the hub could not be reached /
-            has no such repository / the id is not cached while offline. The message lists the files a local
-            folder must hold and suggests ``--model DIR``.
+            has no such repository / the id is not cached while offline; ``model`` neither a str nor a path, or
+            empty. The message lists the files a local folder must hold and suggests ``--model DIR``.
     """
+    if not isinstance(model, str | os.PathLike) or not str(model).strip():
+        said = repr(model) if isinstance(model, str) else type(model).__name__
+        raise CheckpointError(
+            f"model must be a checkpoint folder's path or a hub id such as {DEFAULT_MODEL}, got {said}"
+        )
     text = str(model)
     path = Path(text).expanduser()
     if path.is_dir():
