@@ -144,10 +144,11 @@ def test_nearly_all_silence_is_refused(tmp_path, kind):
         data[rate : rate + rate // 5] = clips.sweep(rate, 0.2)
     elif kind == "hiss":  # steady noise at about -65 dBFS RMS
         data = np.random.default_rng(1).normal(0, 10 ** (-65 / 20), 2 * rate).astype(np.float32)
-    else:  # DC at half scale, 3 s: no sound (it was taken for a voice)
-        data = np.full(3 * rate, 0.5, np.float32)
-    with pytest.raises(AudioError, match="nearly all silence"):
+    else:  # DC at 5 times full scale, 3 s: no sound (it was taken for a voice), however loud
+        data = np.full(3 * rate, 5.0, np.float32)
+    with pytest.raises(AudioError, match="nearly all silence") as refused:
         read_reference(clips.write(tmp_path / "q.wav", data, rate, "FLOAT"))
+    assert "varies above -50 dBFS (a steady level, however loud, is no sound)" in str(refused.value)
 
 
 def test_half_silence_is_accepted(tmp_path):

@@ -125,7 +125,8 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     if sound < MIN_SOUND_SHARE:
         raise AudioError(
             f"reference audio {path} is nearly all silence: only {sound * duration:.2f} s of its "
-            f"{duration:.2f} s is above {SILENCE_DBFS:g} dBFS; give a clip of the speaker talking"
+            f"{duration:.2f} s varies above {SILENCE_DBFS:g} dBFS (a steady level, however loud, is no sound); give "
+            "a clip of the speaker talking"
         )
     peak_dbfs = 20 * float(np.log10(peak))
     warnings = []
