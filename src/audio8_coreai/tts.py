@@ -301,7 +301,9 @@ class TTS(VoiceCloning):
 
         A plan of one piece is :meth:`generate`'s audio. Longer text is spoken piece by piece as :meth:`stream`
         does (the same samples, pauses included; its chunk sizes do not matter here) and the pieces' audio joined;
-        ``on_start`` then gets the most frames all pieces together may make. Raises as :meth:`generate` and
+        ``on_start`` then gets the most frames all pieces together may make. Without a ``seed`` a fresh one is drawn
+        and not returned: to hear a result again, give ``seed``, or plan first (``plan.seed``) or call
+        :meth:`generate` (``Synthesis.seed``) or :meth:`stream` (its ``seed``). Raises as :meth:`generate` and
         :meth:`stream`.
         """
         check_callback("on_start", on_start)
