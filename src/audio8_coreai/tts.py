@@ -235,12 +235,16 @@ class TTS(VoiceCloning):
         one utterance (no splitting). ``frames_s`` is an utterance's time from its admission to its last frame
         (shared frame calls included), ``codec_s`` the batched decode's time.
         Raises as :meth:`generate`, and BackendError on a backend other than torch, ConfigError when ``texts`` is
-        no list (one string, a set, a generator), ``seeds`` does not match it, plans do not share their sampling
-        settings or ``max_batch`` < 1.
+        no list (one string, a set, a generator) or mixes plans and strings, ``seeds`` does not match it, plans do
+        not share their sampling settings or ``max_batch`` < 1.
         """
         if not self.backend.batches:
             raise self.backend.no_batching()
         seeds = check_batch(texts, seeds)
+        planned = [isinstance(t, Plan) for t in texts]
+        if any(planned) and not all(planned):  # a plan holds its settings, a string takes the keywords: not both
+            i, j = planned.index(True), planned.index(False)
+            raise ConfigError(f"texts[{i}] is a plan and texts[{j}] is not: give all plans or all strings", "texts")
         max_batch = check_int(max_batch, "max_batch")
         request = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "max_frames": max_frames}
         if isinstance(voice, str):  # read once for every text

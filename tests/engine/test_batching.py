@@ -11,6 +11,7 @@ from audio8_coreai.engine.batch import BatchEngine, generate_batch
 from audio8_coreai.engine.loop import generate
 from audio8_coreai.errors import BackendError, EngineError
 from audio8_coreai.model.frame import Frame
+from audio8_coreai.request import check_request
 
 TEXTS = (
     "Hello there.",
@@ -159,6 +160,11 @@ def test_tts_generate_batch_bad_input(tts_fp32):
         tts_fp32.generate_batch({"a", "b"})
     with pytest.raises(ConfigError, match="a list of strings, got generator"):
         tts_fp32.generate_batch(t for t in ("a", "b"))
+    plan = tts_fp32.plan(check_request("Hi.", seed=1, temperature=0.3))
+    with pytest.raises(
+        ConfigError, match=r"^texts\[1\] is a plan and texts\[0\] is not: give all plans or all strings$"
+    ):
+        tts_fp32.generate_batch(["Hi.", plan])  # the plan's settings and the keywords' would differ unsaid
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus': a request takes voice, ref_audio"):
         tts_fp32.generate("Hi.", bogus=1)  # said as generate's own, not check_request's
 
