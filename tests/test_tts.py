@@ -270,10 +270,10 @@ def test_numpy_bools_and_0_or_1_are_switches(tiny_checkpoint):
 @pytest.mark.parametrize(
     "kwargs, error, field",
     [
-        ({"text": "..."}, PromptError, None),
+        ({"text": "..."}, PromptError, "text"),
         ({"voice": "a/b"}, VoiceError, None),
         ({"ref_audio": "clip.wav"}, VoiceError, None),
-        ({"ref_audio": "clip.wav", "ref_text": " "}, PromptError, None),
+        ({"ref_audio": "clip.wav", "ref_text": " "}, PromptError, "ref_text"),
         ({"temperature": 0}, ConfigError, "temperature"),
         ({"top_p": 1.5}, ConfigError, "top_p"),
         ({"top_k": 2.5}, ConfigError, "top_k"),
@@ -287,7 +287,7 @@ def test_check_request_refuses_without_a_model(kwargs, error, field):
     """The weights-free check the CLI runs before loading and the server before taking a worker."""
     with pytest.raises(error) as e:
         check_request(**{"text": "Hello there.", **kwargs})
-    assert getattr(e.value, "field", None) == field
+    assert e.value.field == field
 
 
 def test_check_request_normalises():

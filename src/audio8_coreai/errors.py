@@ -8,17 +8,18 @@ from __future__ import annotations
 
 
 class Audio8Error(Exception):
-    """An input, file or setting this package cannot use; the message names it and what to change."""
+    """An input, file or setting this package cannot use; the message names it and what to change. ``field`` names
+    the request's input or setting it is about when there is one (``text``, ``seed``, ``max_frames``...), for the
+    HTTP error's ``param``."""
+
+    def __init__(self, message: str = "", field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class ConfigError(Audio8Error, ValueError):
     """A config file is missing a key, has a wrong type or describes another model, or a setting is out of
-    range; ``field`` names that setting when there is one (``temperature``, ``seed``...), for the HTTP error's
-    ``param``."""
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.field = field
+    range (``field``: that setting, when there is one)."""
 
 
 class CheckpointError(Audio8Error):

@@ -160,7 +160,8 @@ def _split(
         raise PromptError(
             f"{e}; here the prompt around the text (the voice's reference clip and transcript "
             f"included) takes {overhead} of the context's {cfg.max_seq_len} positions, so a "
-            "voice made from a shorter clip leaves room for longer pieces"
+            "voice made from a shorter clip leaves room for longer pieces",
+            e.field,
         ) from None
 
 
@@ -184,5 +185,5 @@ def _pieces(
             if len(texts) == 1:
                 raise
             start = words if len(words) <= 40 else words[:40] + "..."
-            raise EngineError(f"piece {index + 1} of {len(texts)} ({start!r}): {e}") from None
+            raise EngineError(f"piece {index + 1} of {len(texts)} ({start!r}): {e}", e.field) from None
         yield Piece(words, budget, build)

@@ -15,7 +15,7 @@ import numpy as np
 import openai
 import pytest
 
-from audio8_coreai import TTS
+from audio8_coreai import TTS, EngineError, PromptError
 from audio8_coreai.audio import SPEECH_FORMATS, STREAMABLE_FORMATS, SpeechEncoder, encode_speech
 from audio8_coreai.settings import ServerSettings
 from tests import clips
@@ -215,6 +215,20 @@ def test_bad_requests_get_clear_json_errors(base, body, status, code):
         assert error["param"] == next(iter(body))  # the field to change
     if set(body) == {"voice"} and code == "invalid_request":  # not a name nor {"id": NAME}: said so
         assert error["param"] == "voice" and error["message"].startswith('voice must be a name or {"id": NAME}, got ')
+
+
+def test_the_models_refusals_name_their_field(base, tiny_tts):
+    """A refusal made past the schema (by the plan) names its field as param too: a word too long to split the
+    input; the library's field is the keyword (a frame cap past the context: max_frames; an empty ref_text)."""
+    error = speech(base, input="x" * 290).json()["error"]
+    assert (error["param"], error["code"]) == ("input", "invalid_request") and "cannot split" in error["message"]
+    room = tiny_tts.checkpoint.config.max_seq_len - tiny_tts.prompts.plain("Hi.").shape[1]
+    with pytest.raises(EngineError, match="so at most") as refused:
+        tiny_tts.generate("Hi.", max_frames=room + 1)
+    assert refused.value.field == "max_frames"
+    with pytest.raises(PromptError, match="reference text is empty") as refused:
+        tiny_tts.voice_from_clip("clip.wav", "  ")
+    assert refused.value.field == "ref_text"
 
 
 def test_an_utterance_that_ends_at_once_is_a_422_not_an_empty_file(

@@ -206,7 +206,8 @@ def frame_budget(
         raise EngineError(
             f"the prompt is {prompt_length} tokens, so at most {room} frames fit the model's context of "
             f"{cfg.max_seq_len}; asked for {max_frames}: lower the frame cap (max_frames, --max-frames) or shorten the "
-            "text"
+            "text",
+            "max_frames",
         )
     return max_frames
 

@@ -27,7 +27,7 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match, Route
 
-from ..errors import AssetError, Audio8Error, ConfigError, DamagedVoice, VoiceExists, VoiceStorageError
+from ..errors import AssetError, Audio8Error, DamagedVoice, VoiceExists, VoiceStorageError
 from .forms import FieldNotText
 from .schemas import ErrorBody
 
@@ -157,7 +157,7 @@ def shutting_down() -> ApiError:
 
 def api_error(e: Audio8Error) -> ApiError:
     """``e`` as the server says it: an ApiError as it is, a damaged voice or an asset fault a 500, any other a
-    400 naming the setting (a ConfigError's ``field``)."""
+    400 naming the input or setting it is about (its ``field``, as the API names it) as ``param``."""
     if isinstance(e, ApiError):
         return e
     if isinstance(e, DamagedVoice):  # a request refused for it: the whole message (its file) logged for the operator
@@ -169,7 +169,10 @@ def api_error(e: Audio8Error) -> ApiError:
         return storage(e)
     if isinstance(e, AssetError):
         return asset_fault(e)
-    return ApiError(400, str(e), e.field if isinstance(e, ConfigError) else None, "invalid_request")
+    return ApiError(400, str(e), _PARAMS.get(e.field, e.field), "invalid_request")
+
+
+_PARAMS = {"text": "input", "ref_text": "transcript"}  # the library's keywords as the API names them
 
 
 def schema_error(first: dict[str, Any]) -> ApiError:

@@ -24,18 +24,20 @@ def check_text(text: str, what: str = "text") -> str:
     or digit (punctuation, symbols or emoji only, e.g. "...!!" or "—"): the model has nothing to read
     and babbles or stops at once. This stricter rule is ours.
     """
+    field = {"text": "text", "reference text": "ref_text"}.get(what)  # the keyword it came in (Audio8Error.field)
     if not isinstance(text, str):
-        raise PromptError(f"{what} must be a string, got {type(text).__name__}")
+        raise PromptError(f"{what} must be a string, got {type(text).__name__}", field)
     check_unicode(text, what)
     cleaned = clean_text(text)
     if not cleaned:
         words = "what the clip says" if what == "reference text" else "the words to speak"
-        raise PromptError(f"{what} is empty (or only whitespace): give {words}")
+        raise PromptError(f"{what} is empty (or only whitespace): give {words}", field)
     if not any(unicodedata.category(c)[0] in "LN" for c in cleaned):
         shown = cleaned if len(cleaned) <= 60 else f"{cleaned[:60]}... ({len(cleaned)} characters)"
         raise PromptError(
             f"{what} {shown!r} has no letters or digits (only punctuation or symbols): "
-            "there is nothing to speak; give at least one word"
+            "there is nothing to speak; give at least one word",
+            field,
         )
     return cleaned
 

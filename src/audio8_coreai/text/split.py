@@ -291,7 +291,8 @@ def _clause_spans(text: str, c0: int, c1: int, max_tokens: int, count: Callable[
                 f"cannot split the text: {shown!r} ({len(run)} characters, at character {w0}) is "
                 f"{count(run)} tokens with nowhere to split (no space, and no sentence or clause mark such "
                 f"as . , 。 、 that may end a piece), over the {max_tokens} tokens one utterance can hold; add "
-                "punctuation or spaces"
+                "punctuation or spaces",
+                "text",
             )
         words.append((w0, w1))
     return words
