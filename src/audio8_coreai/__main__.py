@@ -1,5 +1,5 @@
 """``python -m audio8_coreai``: the ``audio8`` command."""
 
-from .cli.app import app
+from .cli import main
 
-app()
+main()

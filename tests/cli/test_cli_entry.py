@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.cli.cli_support import run
 from tests.server.wyoming_support import free_port
@@ -36,10 +37,17 @@ def test_python_dash_m_runs_the_command(tiny_checkpoint, tmp_path):
     assert waiting.communicate(timeout=60)[1] == "terminated\n" and waiting.returncode == -signal.SIGTERM
 
 
-def _waiting_say(tmp_path: Path, hang_up: bool = True, **popen) -> subprocess.Popen:
-    """``audio8 say -`` waiting on its stdin, its handlers of SIGTERM (and SIGHUP if ``hang_up``) in place."""
+def _hang_up_as(action: signal.Handlers):
+    """A child's SIGHUP disposition set to ``action`` before it runs (a test run under nohup passes SIG_IGN on)."""
+    return lambda: signal.signal(signal.SIGHUP, action)
+
+
+def _waiting_say(tmp_path: Path, hang_up: bool = True) -> subprocess.Popen:
+    """``audio8 say -`` waiting on its stdin, its handler of SIGTERM in place, and of SIGHUP if ``hang_up`` (else
+    started with SIGHUP ignored, as under nohup)."""
     say = [sys.executable, "-m", "audio8_coreai", "say", "-", "-o", str(tmp_path / "x.wav"), "--model", "nowhere"]
-    waiting = subprocess.Popen(say, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    start = _hang_up_as(signal.SIG_DFL if hang_up else signal.SIG_IGN)
+    waiting = subprocess.Popen(say, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=start)
     deadline = time.monotonic() + 60
     signals = (signal.SIGTERM, signal.SIGHUP) if hang_up else (signal.SIGTERM,)
     while not all(_catches(waiting.pid, s) for s in signals) and time.monotonic() < deadline:
@@ -54,7 +62,7 @@ def test_a_hang_up_unwinds_as_a_termination_unless_ignored(tmp_path):
     waiting.send_signal(signal.SIGHUP)
     assert waiting.communicate(timeout=60)[1] == "hung up\n" and waiting.returncode == -signal.SIGHUP
 
-    ignoring = _waiting_say(tmp_path, hang_up=False, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    ignoring = _waiting_say(tmp_path, hang_up=False)
     ignoring.send_signal(signal.SIGHUP)
     time.sleep(1.0)
     assert ignoring.poll() is None  # still waiting on its stdin
@@ -65,7 +73,8 @@ def test_a_hang_up_unwinds_as_a_termination_unless_ignored(tmp_path):
 def test_serve_shuts_down_gracefully_on_a_hang_up(tiny_checkpoint, tmp_path):
     port = free_port()
     args = ["serve", "--model", str(tiny_checkpoint), "--voices", str(tmp_path), "--port", str(port)]
-    server = subprocess.Popen([sys.executable, "-m", "audio8_coreai", *args], stderr=subprocess.PIPE, text=True)
+    command = [sys.executable, "-m", "audio8_coreai", *args]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=_hang_up_as(signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and server.poll() is None:
@@ -97,3 +106,17 @@ def test_a_text_beginning_with_a_dash_is_refused_with_its_fix(tiny_checkpoint, t
     result = run("prompt", "--model", tiny_checkpoint, "--json", "--", "-3 apples")
     ids, spoken = json.loads(result.output)["prompt"][0], [3 + b for b in b"-3 apples"]  # the tiny tokenizer: 3 + byte
     assert result.exit_code == 0 and any(ids[i : i + len(spoken)] == spoken for i in range(len(ids)))
+
+
+def test_an_interruption_before_the_command_runs_is_said_not_a_traceback(monkeypatch, capsys):
+    """A Ctrl-C (or SIGTERM, SIGHUP: raised so too) while the options are parsed, before a command's own handling:
+    the entry point says 'interrupted' and exits 130."""
+    import audio8_coreai.cli as cli
+
+    def parsing():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "app", parsing)
+    with pytest.raises(SystemExit) as ended:
+        cli.main()
+    assert ended.value.code == 130 and capsys.readouterr().err == "interrupted\n"

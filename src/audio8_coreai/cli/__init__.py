@@ -26,11 +26,24 @@ try:  # the commands read the settings tree (their defaults): a wrong AUDIO8_* v
 except ConfigError as e:
     sys.stderr.write(f"error: {e}\n")
     raise SystemExit(2) from None
-except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) while the commands' modules load: said as a command's interruption
+except KeyboardInterrupt:  # Ctrl-C (SIGTERM, SIGHUP) while the commands' modules load: said as a command's interruption
     _app = sys.modules.get(f"{__name__}.app")  # whose handler turns a SIGTERM into this, once it has loaded
     if _app is None:
         sys.stderr.write("interrupted\n")
         raise SystemExit(130) from None
     raise SystemExit(_app.say_interrupted()) from None
 
-__all__ = ["app"]
+
+def main() -> None:
+    """The ``audio8`` command (its script, ``python -m audio8_coreai``): :data:`app`, with a Ctrl-C, SIGTERM or SIGHUP
+    that comes before a command's own handling of it (while its options are parsed) said as the interruption it
+    is, not a traceback."""
+    from .app import say_interrupted
+
+    try:
+        app()
+    except KeyboardInterrupt:
+        raise SystemExit(say_interrupted()) from None
+
+
+__all__ = ["app", "main"]

@@ -1,5 +1,5 @@
 """``python -m audio8_coreai.cli``: the ``audio8`` command."""
 
-from .app import app
+from . import main
 
-app()
+main()
