@@ -389,7 +389,7 @@ def test_health_and_metrics(capped):
     health = httpx.get(f"{capped}/health").json()
     assert health["status"] == "ok" and health["device"] == "cpu" and health["backend"].startswith("torch cpu")
     assert health["workers"] == 2
-    for path in ("/health", "/"):  # uptime monitors ask HEAD (it was a 405)
+    for path in ("/health", "/", "/v1/models", "/v1/audio/voices", "/metrics"):  # every GET answers HEAD (was a 405)
         head = httpx.head(f"{capped}{path}")
         assert head.status_code == 200 and head.content == b"" and int(head.headers["content-length"]) > 0
     speech(capped, response_format="pcm")

@@ -331,7 +331,7 @@ def test_text_with_nothing_to_speak_has_one_code(base, text):
 def test_405_lists_every_method_of_the_path(base):
     r = httpx.put(f"{base}/v1/voices")
     clean(r, 405, "method_not_allowed")
-    assert r.headers["allow"] == "GET, POST"
+    assert r.headers["allow"] == "GET, HEAD, POST"
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..settings import DEFAULTS, ServerSettings
 from ..tts import TTS
@@ -39,9 +39,16 @@ EXPOSED_HEADERS = (
 
 class _App(FastAPI):
     """FastAPI with :class:`.requestid.RequestIds` outside all of its middleware: starlette's last-resort 500,
-    sent by its outermost middleware, carries the request's id too (``answer_ids``: see :func:`create_app`)."""
+    sent by its outermost middleware, carries the request's id too (``answer_ids``: see :func:`create_app`); and
+    every GET answering HEAD (uptime monitors ask it): routed as the GET, whose body the server (uvicorn, which
+    still sees the HEAD) leaves unsent."""
 
     answer_ids = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await super().__call__(scope, receive, send)
 
     def build_middleware_stack(self) -> ASGIApp:
         return RequestIds(super().build_middleware_stack(), self.answer_ids)

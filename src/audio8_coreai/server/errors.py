@@ -353,9 +353,10 @@ def route_list(routes: Sequence[BaseRoute]) -> str:
 
 
 def _allowed(routes: Sequence[BaseRoute], request: Request) -> str:
-    """Every method ``routes`` take at ``request``'s path (starlette names only the first route's)."""
+    """Every method ``routes`` take at ``request``'s path (starlette names only the first route's), HEAD with GET
+    (:class:`.app._App` answers it)."""
     methods: set[str] = set()
     for route in routes:
         if isinstance(route, Route) and route.matches(request.scope)[0] is not Match.NONE:
             methods |= route.methods or set()
-    return ", ".join(sorted(methods))
+    return ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))

@@ -15,7 +15,6 @@ router = APIRouter()
 
 
 @router.get("/health", responses=documented())
-@router.head("/health", include_in_schema=False)  # uptime monitors ask HEAD
 async def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """The model served (its folder's name), its backend and device, and the workers' load
     (:meth:`..synth.Synthesizer.health`)."""

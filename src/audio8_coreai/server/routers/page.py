@@ -22,7 +22,6 @@ def _file(name: str, media_type: str) -> Response:
 
 
 @router.get("/")
-@router.head("/", include_in_schema=False)
 def page() -> Response:
     """The page (HTML)."""
     return _file("index.html", "text/html; charset=utf-8")
