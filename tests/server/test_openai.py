@@ -294,6 +294,12 @@ def test_open_webui_lists_our_voices_and_models(base, client, voices_dir):
     assert {"id": "tts-1"} in models and {"id": "audio8-tts"} in models
     listed = client.models.list()
     assert [m.id for m in listed.data] == [m["id"] for m in models]
+    assert client.models.retrieve("tts-1").model_dump() == listed.data[1].model_dump()
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("whisper-1")
+    assert missing.value.body["code"] == "model_not_found" and "this server lists audio8-tts, tts-1" in str(
+        missing.value
+    )
     assert all(m.object == "model" and m.owned_by == "audio8-coreai" and m.created > 0 for m in listed.data)
 
 

@@ -19,7 +19,7 @@ Endpoints:
   (a frame cap per piece, at most the server's). Long input is split into pieces (``TTS.stream``).
   With the OpenAI SDK: ``client.audio.speech.create(model=..., voice=..., input=..., extra_body={"seed": 1})``.
 * ``GET /v1/audio/voices`` (``{"voices": [{"id", "name"}]}``), ``GET /v1/audio/models`` (``{"models": [{"id"}]}``):
-  Open WebUI's lists; ``GET /v1/models``: OpenAI's model list.
+  Open WebUI's lists; ``GET /v1/models`` (and ``/v1/models/{model}``): OpenAI's model list.
 * ``GET /v1/voices``, ``POST /v1/voices`` (multipart: ``name``, ``transcript``, ``audio`` file of at most
   ``max_upload_bytes``; ``replace=true`` overwrites), ``DELETE /v1/voices/{name}``.
 * ``GET /health``: model, backend and the device in use, workers, queue. ``GET /metrics``: Prometheus text

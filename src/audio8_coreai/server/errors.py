@@ -55,7 +55,7 @@ FIELD_CODES = {
 # What each refusal status means, for the OpenAPI schema (:func:`documented`).
 STATUSES = {
     400: "A request the server refuses: the message says what to change.",
-    404: "No such voice.",
+    404: "No such voice (or model).",
     409: "A voice of that name exists (replace=true overwrites it), or the server's settings speak it (no delete).",
     413: "The body or the upload is over this server's limit.",
     422: "The model ended the utterance at once: no audio (another seed speaks).",
