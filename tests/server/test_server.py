@@ -324,6 +324,10 @@ def test_unknown_routes_and_methods_get_the_same_error_shape(base):
     r = httpx.get(f"{base}/v1/audio/speech")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
     assert r.headers["allow"] == "POST"
+    r = httpx.post(f"{base}/v1/audio/speech/", json={"input": "Hi"})  # a slash too many: said, not a bodyless 307
+    assert r.status_code == 404 and r.json()["error"]["message"].startswith(
+        "no such endpoint: POST /v1/audio/speech/ (without the last slash: /v1/audio/speech); this server has"
+    )
 
 
 # ------------------------------------------------------------------------------------------------------------

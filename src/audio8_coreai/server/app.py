@@ -77,7 +77,8 @@ def create_app(
         yield
         server.synth.close()
 
-    app = _App(title="audio8-coreai", version="0.1.0", lifespan=lifespan)
+    # redirect_slashes off: a path with a slash too many gets the JSON 404 that says so, not a bodyless 307
+    app = _App(title="audio8-coreai", version="0.1.0", lifespan=lifespan, redirect_slashes=False)
     app.answer_ids = not proxy_ids
     app.state.server = server
     routers = (speech.router, voices.router, health.router, models.router, page.router)  # page: GET /, the web page

@@ -308,8 +308,11 @@ def install(app: FastAPI, count, routes: Sequence[BaseRoute] = ()) -> None:
         # shape as every other refusal.
         if exc.status_code == 400:
             return await refuse(unparsed(exc))
+        path = request.url.path
+        slash = path != "/" and path.endswith("/") and _methods(routes, {**request.scope, "path": path.rstrip("/")})
+        hint = f" (without the last slash: {path.rstrip('/')})" if slash else ""
         message = {
-            404: f"no such endpoint: {request.method} {request.url.path}; this server has {endpoints}",
+            404: f"no such endpoint: {request.method} {path}{hint}; this server has {endpoints}",
             405: f"{request.method} is not allowed on {request.url.path}; this server has {endpoints}",
         }.get(exc.status_code, str(exc.detail))
         code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code)
@@ -355,8 +358,14 @@ def route_list(routes: Sequence[BaseRoute]) -> str:
 def _allowed(routes: Sequence[BaseRoute], request: Request) -> str:
     """Every method ``routes`` take at ``request``'s path (starlette names only the first route's), HEAD with GET
     (:class:`.app._App` answers it)."""
+    methods = _methods(routes, request.scope)
+    return ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))
+
+
+def _methods(routes: Sequence[BaseRoute], scope: dict[str, Any]) -> set[str]:
+    """The methods ``routes`` take at ``scope``'s path (none: no route there)."""
     methods: set[str] = set()
     for route in routes:
-        if isinstance(route, Route) and route.matches(request.scope)[0] is not Match.NONE:
+        if isinstance(route, Route) and route.matches(scope)[0] is not Match.NONE:
             methods |= route.methods or set()
-    return ", ".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))
+    return methods
