@@ -46,6 +46,17 @@ def test_an_error_answer_reaches_the_page_too(client):
 def test_another_origin_is_refused(client):
     r = client.options("/v1/audio/speech", headers={**PREFLIGHT, "Origin": "https://evil.example"})
     assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+    assert r.headers["content-type"] == "application/json" and r.json()["error"]["code"] == "cors_refused"
+    assert r.json()["error"]["message"] == (
+        "CORS preflight refused (Disallowed CORS origin): a page may call this server from the origins its "
+        "--cors-origin names (AUDIO8_SERVER__CORS_ORIGINS), with DELETE, GET, HEAD, POST"
+    )
+    put = {**PREFLIGHT, "Access-Control-Request-Method": "PUT"}
+    assert (
+        client.options("/v1/audio/speech", headers=put)
+        .json()["error"]["message"]
+        .startswith("CORS preflight refused (Disallowed CORS method)")
+    )
     r = client.get("/health", headers={"Origin": "https://evil.example"})
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 

@@ -9,7 +9,9 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from fastapi import FastAPI
+from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..settings import DEFAULTS, ServerSettings
@@ -54,6 +56,24 @@ class _App(FastAPI):
         return RequestIds(super().build_middleware_stack(), self.answer_ids)
 
 
+class _Cors(CORSMiddleware):
+    """starlette's CORS, its refusal of a preflight (plain text: "Disallowed CORS origin") in the API's JSON
+    error (``cors_refused``), saying what allows it."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        answer = super().preflight_response(request_headers)
+        if answer.status_code != 400:
+            return answer
+        why = bytes(answer.body).decode().rstrip(".")
+        return errors.ApiError(
+            400,
+            f"CORS preflight refused ({why}): a page may call this server from the origins its --cors-origin "
+            f"names (AUDIO8_SERVER__CORS_ORIGINS), with {', '.join(sorted(self.allow_methods))}",
+            None,
+            "cors_refused",
+        ).response()
+
+
 def create_app(
     instances: Sequence[TTS] | Synthesizer, settings: ServerSettings | None = None, proxy_ids: bool = False
 ) -> FastAPI:
@@ -86,7 +106,7 @@ def create_app(
     app.add_middleware(SpeechBodyLimit, max_input_chars=settings.max_input_chars, metrics=server.metrics)
     if settings.cors_origins:  # outside the body limit: its 413 reaches the page's script too
         app.add_middleware(
-            CORSMiddleware,
+            _Cors,
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "HEAD", "POST", "DELETE"],
             allow_headers=["*"],
