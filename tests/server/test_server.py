@@ -181,6 +181,7 @@ BAD_REQUESTS = [
     ({"speed": 0.2}, 400, "invalid_speed"),
     ({"sample_rate": 7999}, 400, "invalid_sample_rate"),
     ({"sample_rate": 10000, "response_format": "mp3"}, 400, "unsupported_sample_rate"),
+    ({"sample_rate": 16000, "response_format": "opus"}, 400, "unsupported_sample_rate"),  # opus: 48 kHz, said
     ({"stream_format": "sse", "response_format": "flac"}, 400, "unsupported_format"),
     ({"voice": {"name": "ana"}}, 400, "invalid_request"),
     ({"voice": {"id": "ana", "extra": 1}}, 400, "invalid_request"),

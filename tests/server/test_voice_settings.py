@@ -22,8 +22,8 @@ from tests.server.test_openai import EXTRAS, TEXT
 
 
 def test_server_sample_rate_and_default_voice(tiny_checkpoint, voices_dir):
-    """serve --sample-rate sets every body's rate (a request may ask another); --default-voice speaks requests
-    that name no voice, and an unmapped OpenAI name, in that stored voice."""
+    """serve --sample-rate sets every body's rate but opus's (a request may ask another); --default-voice speaks
+    requests that name no voice, and an unmapped OpenAI name, in that stored voice."""
     tts = TTS.load(tiny_checkpoint, device="cpu", voices_dir=voices_dir)
     settings = ServerSettings(workers=1, sample_rate=16000, default_voice="ana")
     with TestClient(create_app([tts], settings)) as http:
@@ -34,6 +34,7 @@ def test_server_sample_rate_and_default_voice(tiny_checkpoint, voices_dir):
         wav = speak(response_format="wav")
         assert sf.info(io.BytesIO(wav.content)).samplerate == 16000 and wav.headers["x-sample-rate"] == "16000"
         assert speak(response_format="pcm", sample_rate=22050).headers["x-sample-rate"] == "22050"
+        assert speak(response_format="opus").headers["x-sample-rate"] == "48000"  # the server's rate is not opus's
         assert (
             wav.content
             == speak(response_format="wav", voice="ana").content

@@ -43,9 +43,13 @@ STREAMABLE_FORMATS = ("wav", "pcm", "mp3", "opus", "aac")
 def output_rate(fmt: str, model_rate: int, asked: int | None = None) -> int:
     """The sample rate (Hz) of a ``fmt`` body of speech made at ``model_rate``: opus always OPUS_RATE; else
     ``asked`` (a request's ``sample_rate`` or the server's); else pcm DEFAULTS.server.pcm_sample_rate (OpenAI's 24 kHz)
-    and the rest ``model_rate``. Raises AudioError for ``asked`` outside RATE_RANGE, or not one of MPEG_RATES for
-    mp3 and aac."""
+    and the rest ``model_rate``. Raises AudioError for ``asked`` outside RATE_RANGE, not one of MPEG_RATES for mp3
+    and aac, or not OPUS_RATE for opus."""
     if fmt == "opus":
+        if asked not in (None, OPUS_RATE):
+            raise AudioError(
+                f"opus is always {OPUS_RATE} Hz, not {asked}: leave sample_rate out, or use wav, pcm or flac"
+            )
         return OPUS_RATE
     if asked is None:
         return DEFAULTS.server.pcm_sample_rate if fmt == "pcm" else model_rate

@@ -150,8 +150,10 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
 
 def _rate(req: SpeechRequest, server: State) -> int:
     """The body's sample rate (Hz): the request's ``sample_rate``, else the server's, else the format's default
-    (:func:`...audio.output_rate`); raises ApiError 400 unsupported_sample_rate for one the format cannot take."""
-    asked = req.sample_rate if req.sample_rate is not None else server.settings.sample_rate
+    (:func:`...audio.output_rate`; the server's is not opus's, always 48 kHz); raises ApiError 400
+    unsupported_sample_rate for one the format cannot take."""
+    own = req.sample_rate is not None or req.response_format == "opus"
+    asked = req.sample_rate if own else server.settings.sample_rate
     try:
         return output_rate(req.response_format, server.synth.sample_rate, asked)
     except AudioError as e:
