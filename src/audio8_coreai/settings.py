@@ -228,6 +228,7 @@ class WyomingSettings(_Group):
     idle_s: float = Field(60.0, gt=0, description="a client silent this long (between events or within one) closed")
     buffer_s: float = Field(60.0, ge=1, le=3600, description="audio held for a client reading slower; then it waits")
     max_connections: int = Field(32, ge=1, description="clients connected at once; more are refused (error: busy)")
+    shutdown_s: float = Field(5.0, gt=0, description="on a stop, answers still running this long after are cut")
 
 
 class RaySettings(_Group):

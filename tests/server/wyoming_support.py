@@ -11,11 +11,10 @@ import numpy as np
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.event import Event
-from wyoming.server import AsyncTcpServer
 
 from audio8_coreai import TTS, Voice
 from audio8_coreai.audio import encode_speech
-from audio8_coreai.server.wyoming import serve
+from audio8_coreai.server.wyoming_serve import serve
 from audio8_coreai.server.wyoming_speaker import Speaker
 from audio8_coreai.settings import DEFAULTS, WyomingSettings
 
@@ -40,9 +39,9 @@ def make_voice(name: str, fingerprint: str) -> Voice:
 async def serving(tts: TTS, settings: WyomingSettings | None = None) -> AsyncIterator[int]:
     """Serve ``tts`` (:func:`serve`, as the command does) on a free loopback port while the block runs; yields
     the port."""
-    port = free_port()
-    server = AsyncTcpServer("127.0.0.1", port)
-    task = asyncio.create_task(serve(Speaker(tts, settings or WyomingSettings(seed=SEED, max_frames=FRAMES)), server))
+    port, stop = free_port(), asyncio.Event()
+    speaker = Speaker(tts, settings or WyomingSettings(seed=SEED, max_frames=FRAMES))
+    task = asyncio.create_task(serve(speaker, "127.0.0.1", port, stop))
     for _ in range(500):  # until it listens
         with contextlib.suppress(OSError):
             _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -52,9 +51,8 @@ async def serving(tts: TTS, settings: WyomingSettings | None = None) -> AsyncIte
     try:
         yield port
     finally:
-        await server.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        stop.set()
+        await task
 
 
 def talk(tts: TTS, *conversations: list[Event | None], settings: WyomingSettings | None = None) -> list[list[Event]]:

@@ -64,9 +64,8 @@ def wyoming(
     import asyncio
 
     try:
-        from wyoming.server import AsyncTcpServer
-
-        from ..server.wyoming import Speaker, serve
+        from ..server.wyoming_serve import serve
+        from ..server.wyoming_speaker import Speaker
     except ImportError as e:
         raise ConfigError(f"audio8 wyoming needs the wyoming package ({e}): {install_extra('wyoming')}") from e
     from ..tts import TTS
@@ -79,4 +78,4 @@ def wyoming(
         options = dict(device=device, precision=precision, backend=backend, assets=assets, cuda_graphs=cuda_graphs)
         tts = TTS.load(model, voices_dir=voices, **options)
     err.print(f"Wyoming text to speech on tcp://{host}:{port} (Home Assistant: add the Wyoming integration)")
-    asyncio.run(serve(Speaker(tts, settings), AsyncTcpServer(host, port)))
+    asyncio.run(serve(Speaker(tts, settings), host, port))

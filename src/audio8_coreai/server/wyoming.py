@@ -28,6 +28,8 @@ reads (so a client that reads slowly, or not at all, holds the model only in utt
 client that reads nothing for ``DEFAULTS.server.stall_s`` seconds is dropped: its utterance stopped, its connection
 reset, one line logged. At most ``max_connections`` clients are connected at once (each holds at most ``buffer_s``
 of audio); one more gets a ``busy`` error. Misbehaving clients' warnings are logged at most ten a minute.
+On a stop (SIGTERM, SIGINT, SIGHUP) no connection is taken and idle ones are closed; an answer running gets
+``shutdown_s`` seconds to end whole, then an ``error`` event (``shutting_down``) ends it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
 from wyoming.event import Event
 from wyoming.info import Describe
-from wyoming.server import AsyncEventHandler, AsyncServer
+from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
 from ..audio import encode_speech
@@ -137,7 +139,7 @@ class _Throttled:
         self._log.warning(message, *args)
 
 
-class _Doors:
+class Doors:
     """The connections open at once, at most ``cap`` (``max_connections``): past it one is refused as busy;
     connections' warnings go through one :class:`_Throttled` log."""
 
@@ -164,10 +166,23 @@ class _Doors:
 class WyomingHandler(AsyncEventHandler):
     """One client connection: answers its events in order (see the module's docstring)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, speaker: Speaker, doors: _Doors):
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, speaker: Speaker, doors: Doors):
         super().__init__(reader, writer)
         self.speaker, self.doors = speaker, doors
         self.stream: _Stream | None = None
+        self.answering = False  # an event is being answered (a synthesis, queued or speaking)
+        self._cut = False  # the server stops: the answer running was cancelled, an error event then ends it
+
+    async def stop(self) -> None:
+        """Stop after the answer running, if one is (:meth:`cut` ends it sooner); an idle connection at once."""
+        self._is_running = False
+        if not self.answering:
+            self.reader.feed_eof()
+
+    def cut(self, task: asyncio.Task) -> None:
+        """End the answer running in ``task`` (this connection's) now, with a ``shutting_down`` error event."""
+        self._cut = True
+        task.cancel()
 
     async def run(self) -> None:
         """Answer the client's events until it closes, one refuses, or :meth:`stop`: the package's loop, with each
@@ -191,8 +206,18 @@ class WyomingHandler(AsyncEventHandler):
                     with contextlib.suppress(ConnectionError):
                         await self.write_event(refusal(e).event())
                     break
-                if event is None or not await self.handle_event(event):
-                    break
+                self.answering = True
+                try:
+                    if event is None or not await self.handle_event(event):
+                        break
+                finally:
+                    self.answering = False
+        except asyncio.CancelledError:
+            if not self._cut:
+                raise
+            stopping = Error(text="the server is shutting down: send it again once it is back", code="shutting_down")
+            with contextlib.suppress(ConnectionError, NotReading, TimeoutError):
+                await asyncio.wait_for(self.write_event(stopping.event()), 1.0)
         except NotReading:
             self.doors.log.warning("dropped a wyoming client: it read nothing for %g s", DEFAULTS.server.stall_s)
             reset(self.writer.transport)  # what it was not reading is discarded, not held for it
@@ -317,12 +342,3 @@ class WyomingHandler(AsyncEventHandler):
             await stream.audio.stop()
         self.stream = None
         await self.write_event(SynthesizeStopped().event())
-
-
-async def serve(speaker: Speaker, server: AsyncServer) -> None:
-    """Serve ``speaker`` on ``server`` (e.g. ``AsyncTcpServer(host, port)``) until it stops."""
-    doors = _Doors(speaker.settings.max_connections)
-    try:
-        await server.run(lambda reader, writer: WyomingHandler(reader, writer, speaker, doors))
-    finally:
-        await speaker.close()

@@ -1,0 +1,94 @@
+"""``audio8 wyoming`` stopping (SIGTERM, SIGINT, SIGHUP; ``serve``'s ``stop`` here): no new connection, idle ones
+closed, an answer running ends whole within ``shutdown_s`` or gets a ``shutting_down`` error event, never a
+connection closed mid-answer without a word."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from wyoming.client import AsyncTcpClient
+from wyoming.tts import Synthesize
+
+from audio8_coreai import TTS
+from audio8_coreai.server.wyoming_serve import serve
+from audio8_coreai.server.wyoming_speaker import Speaker
+from audio8_coreai.settings import WyomingSettings
+from tests.server.wyoming_support import SEED, free_port
+
+
+def _stopped_while_speaking(checkpoint, max_frames: int, shutdown_s: float) -> tuple[list[str], float, bool]:
+    """One client asks a synthesis and a second one stays idle; the server is stopped once the first audio came.
+    Returns the speaking client's event types up to the end (None: closed), the seconds from the stop to that
+    end, and whether the idle client was closed."""
+    settings = WyomingSettings(seed=SEED, max_frames=max_frames, shutdown_s=shutdown_s)
+
+    async def main():
+        port, stop = free_port(), asyncio.Event()
+        server = asyncio.create_task(
+            serve(Speaker(TTS.load(checkpoint, device="cpu"), settings), "127.0.0.1", port, stop)
+        )
+        for _ in range(500):
+            try:
+                idle = AsyncTcpClient("127.0.0.1", port)
+                await idle.connect()
+                break
+            except OSError:
+                await asyncio.sleep(0.01)
+        kinds = []
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(Synthesize(text="The meeting has been moved to Thursday.").event())
+            while (event := await asyncio.wait_for(client.read_event(), 60)).type != "audio-chunk":
+                kinds.append(event.type)
+            kinds.append(event.type)
+            stop.set()
+            stopped = time.monotonic()
+            while (event := await asyncio.wait_for(client.read_event(), 60)) is not None:
+                if not kinds or kinds[-1] != event.type or event.type != "audio-chunk":
+                    kinds.append(event.type)
+                if event.type == "error":
+                    kinds.append(event.data["code"])
+            kinds.append(None)
+            ended = time.monotonic() - stopped
+        idle_closed = await asyncio.wait_for(idle.read_event(), 10) is None
+        await idle.disconnect()
+        await server
+        return kinds, ended, idle_closed
+
+    return asyncio.run(main())
+
+
+def test_an_answer_longer_than_the_grace_ends_with_a_shutting_down_error(never_eos_long_checkpoint):
+    kinds, ended, idle_closed = _stopped_while_speaking(never_eos_long_checkpoint, 400, shutdown_s=0.5)
+    assert kinds == ["audio-start", "audio-chunk", "error", "shutting_down", None], kinds
+    assert 0.4 < ended < 5.0 and idle_closed
+
+
+def test_an_answer_within_the_grace_ends_whole(never_eos_long_checkpoint):
+    kinds, ended, idle_closed = _stopped_while_speaking(never_eos_long_checkpoint, 20, shutdown_s=30.0)
+    assert kinds == ["audio-start", "audio-chunk", "audio-stop", None], kinds
+    assert ended < 25.0 and idle_closed
+
+
+def test_the_command_ends_by_the_signal_and_says_so(tiny_checkpoint):
+    port = free_port()
+    command = [sys.executable, "-m", "audio8_coreai", "wyoming", "--model", str(tiny_checkpoint), "--port", str(port)]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.2)
+        server.send_signal(signal.SIGTERM)
+        said = server.communicate(timeout=60)[1]
+    finally:
+        server.kill()
+    assert server.returncode == -signal.SIGTERM and said.rstrip().endswith("terminated"), said[-2000:]
+    assert "Traceback" not in said
