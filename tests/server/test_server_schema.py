@@ -32,3 +32,13 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_every_answer_is_as_the_schema_says_and_none_is_a_5xx(case):
     case.call_and_validate(excluded_checks=[positive_data_acceptance], timeout=120)
+
+
+def test_the_schema_says_what_the_speech_fields_take(api_schema):
+    """The voice as a name or OpenAI's {"id": NAME} (a client made from the schema sends both), the input's limit and
+    the rates each format takes."""
+    fields = api_schema.raw_schema["components"]["schemas"]["SpeechRequest"]["properties"]
+    voice_object = {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
+    assert {**voice_object, "additionalProperties": False} in fields["voice"]["anyOf"]
+    assert "max_input_chars (4096 unless set)" in fields["input"]["description"]
+    assert fields["sample_rate"]["description"].endswith("; opus only 48000")

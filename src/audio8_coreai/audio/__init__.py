@@ -4,6 +4,7 @@ from ..errors import AudioError
 from .encode import (
     MEDIA_TYPES,
     MPEG_RATES,
+    OPUS_RATE,
     RATE_RANGE,
     SPEECH_FORMATS,
     STREAMABLE_FORMATS,
@@ -19,6 +20,7 @@ from .stretch import StreamStretcher, check_speed, time_stretch
 __all__ = [
     "MEDIA_TYPES",
     "MPEG_RATES",
+    "OPUS_RATE",
     "RATE_RANGE",
     "REFERENCE_RATE",
     "SPEECH_FORMATS",

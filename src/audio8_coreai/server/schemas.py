@@ -4,12 +4,30 @@ Limits set per server (input length, frame cap) are checked by the route."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from ..audio import RATE_RANGE, SPEECH_FORMATS, STREAMABLE_FORMATS, check_speech_format, check_speed
+from ..audio import (
+    MPEG_RATES,
+    OPUS_RATE,
+    RATE_RANGE,
+    SPEECH_FORMATS,
+    STREAMABLE_FORMATS,
+    check_speech_format,
+    check_speed,
+)
 from ..errors import AudioError, PromptError, VoiceError
 from ..packages import require
 from ..request import MAX_SEED
@@ -17,6 +35,16 @@ from ..text import check_unicode
 from ..voices import check_name
 
 SpeechFormat = Literal[SPEECH_FORMATS]  # wav | pcm | flac | mp3 | opus | aac
+
+# The voice as the schema says it: a name, or OpenAI's custom-voice object {"id": NAME} (the validator takes both).
+VOICE_SCHEMA = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"], "additionalProperties": False},
+        {"type": "null"},
+    ],
+    "description": 'a stored voice\'s name (or {"id": NAME}), or an OpenAI name such as alloy for the default voice',
+}
 
 
 def refusal(code: str, message: str) -> PydanticCustomError:
@@ -44,8 +72,8 @@ class SpeechRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = "audio8-tts"
-    input: str
-    voice: str | None = None
+    input: str = Field(description="the text to speak: at most the server's max_input_chars (4096 unless set)")
+    voice: Annotated[str | None, WithJsonSchema(VOICE_SCHEMA)] = None
     stream: StrictBool | None = None  # before response_format, whose validator reads it
     response_format: SpeechFormat = "mp3"
     speed: StrictFloat = Field(1.0, ge=0.25, le=4.0, allow_inf_nan=False)  # OpenAI's range: a time stretch
@@ -56,7 +84,12 @@ class SpeechRequest(BaseModel):
     top_p: StrictFloat | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     top_k: StrictInt | None = Field(None, ge=1)
     max_frames: StrictInt | None = Field(None, ge=1)
-    sample_rate: StrictInt | None = Field(None, ge=RATE_RANGE[0], le=RATE_RANGE[1])
+    sample_rate: StrictInt | None = Field(
+        None,
+        ge=RATE_RANGE[0],
+        le=RATE_RANGE[1],
+        description=f"Hz; mp3 and aac take {', '.join(map(str, MPEG_RATES))}; opus only {OPUS_RATE}",
+    )
 
     @field_validator("model")
     @classmethod
