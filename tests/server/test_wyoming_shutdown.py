@@ -12,7 +12,7 @@ import sys
 import time
 
 from wyoming.client import AsyncTcpClient
-from wyoming.tts import Synthesize
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from audio8_coreai import TTS
 from audio8_coreai.server.wyoming_serve import serve
@@ -92,3 +92,40 @@ def test_the_command_ends_by_the_signal_and_says_so(tiny_checkpoint):
         server.kill()
     assert server.returncode == -signal.SIGTERM and said.rstrip().endswith("terminated"), said[-2000:]
     assert "Traceback" not in said
+
+
+def test_a_stream_open_at_the_stop_may_end_within_the_grace_else_is_cut(never_eos_long_checkpoint):
+    """Home Assistant streams an answer as it is written: a stream open at the stop is an answer under way too.
+    Its stop within the grace ends it whole (audio-stop, synthesize-stopped); a stream left open gets the error."""
+    settings = WyomingSettings(seed=SEED, max_frames=4, shutdown_s=2.0)
+
+    async def main(finish: bool) -> list[str | None]:
+        port, stop = free_port(), asyncio.Event()
+        server = asyncio.create_task(
+            serve(Speaker(TTS.load(never_eos_long_checkpoint, device="cpu"), settings), "127.0.0.1", port, stop)
+        )
+        for _ in range(500):
+            try:
+                client = AsyncTcpClient("127.0.0.1", port)
+                await client.connect()
+                break
+            except OSError:
+                await asyncio.sleep(0.01)
+        await client.write_event(SynthesizeStart().event())
+        await client.write_event(SynthesizeChunk(text="The meeting has been").event())
+        await asyncio.sleep(0.2)
+        stop.set()
+        await asyncio.sleep(0.2)
+        if finish:
+            await client.write_event(SynthesizeChunk(text=" moved to Thursday.").event())
+            await client.write_event(SynthesizeStop().event())
+        kinds: list[str | None] = []
+        while (event := await asyncio.wait_for(client.read_event(), 30)) is not None:
+            if not kinds or kinds[-1] != event.type:
+                kinds.append(event.type)
+        await client.disconnect()
+        await server
+        return [*kinds, None]
+
+    assert asyncio.run(main(True)) == ["audio-start", "audio-chunk", "audio-stop", "synthesize-stopped", None]
+    assert asyncio.run(main(False)) == ["error", None]

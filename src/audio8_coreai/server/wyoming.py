@@ -171,12 +171,18 @@ class WyomingHandler(AsyncEventHandler):
         self.speaker, self.doors = speaker, doors
         self.stream: _Stream | None = None
         self.answering = False  # an event is being answered (a synthesis, queued or speaking)
+        self._stopping = False  # the server stops: no new answer is begun
         self._cut = False  # the server stops: the answer running was cancelled, an error event then ends it
 
+    @property
+    def busy(self) -> bool:
+        """An answer is under way: an event being answered, or a stream open (its chunks still to come)."""
+        return self.answering or self.stream is not None
+
     async def stop(self) -> None:
-        """Stop after the answer running, if one is (:meth:`cut` ends it sooner); an idle connection at once."""
-        self._is_running = False
-        if not self.answering:
+        """Stop after the answer under way, if one is (:meth:`cut` ends it sooner); an idle connection at once."""
+        self._stopping = True
+        if not self.busy:
             self.reader.feed_eof()
 
     def cut(self, task: asyncio.Task) -> None:
@@ -185,18 +191,17 @@ class WyomingHandler(AsyncEventHandler):
         task.cancel()
 
     async def run(self) -> None:
-        """Answer the client's events until it closes, one refuses, or :meth:`stop`: the package's loop, with each
-        event read under the byte and idle bounds (:func:`.wyoming_events.read_event`); an event that breaks them
-        or the format is answered with an ``error`` event and logged in one line, and the connection closed. A
-        connection past ``max_connections`` gets a ``busy`` error and is closed at once."""
+        """Answer the client's events until it closes, one refuses, or :meth:`stop` (after the answer under way):
+        the package's loop, with each event read under the byte and idle bounds (:func:`.wyoming_events.read_event`);
+        an event that breaks them or the format is answered with an ``error`` event and logged in one line, and the
+        connection closed. A connection past ``max_connections`` gets a ``busy`` error and is closed at once."""
         if not self.doors.enter():
             with contextlib.suppress(ConnectionError, NotReading):
                 await self.write_event(Error(text=self.doors.busy, code="busy").event())
             self.writer.close()
             return
-        self._is_running = True
         try:
-            while self._is_running:
+            while not (self._stopping and not self.busy):
                 try:
                     event = await read_event(
                         self.reader, self.speaker.settings.max_event_bytes, self.speaker.settings.idle_s

@@ -58,7 +58,7 @@ async def _wind_down(running: dict[asyncio.Task, WyomingHandler], grace_s: float
     """Close the idle connections of ``running``, give the answers running ``grace_s`` seconds, then cut them."""
     if not running:
         return
-    answering = sum(handler.answering for handler in running.values())
+    answering = sum(handler.busy for handler in running.values())
     log.info("wyoming stopping: %d answer(s) running get up to %g s", answering, grace_s)
     for handler in list(running.values()):
         await handler.stop()
