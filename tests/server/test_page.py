@@ -229,18 +229,24 @@ def test_a_double_click_on_speak_sends_one_request(capped, browser):
     assert requested(browser, "/v1/audio/speech") == 1 and not element(browser, "error").is_displayed()
 
 
-def test_an_unreachable_server_and_an_error_of_the_page_are_told_apart(base, browser):
+@pytest.mark.parametrize(
+    "broken, said",
+    [
+        (  # the network: fetch fails
+            "window.fetch = () => Promise.reject(new TypeError('Failed to fetch'))",
+            "Could not reach the server (Failed to fetch): is audio8 serve still running?",
+        ),
+        (  # the page's own: a TypeError too, not said as the server's absence
+            "window.AudioContext = class { resume() { throw new TypeError('no audio output'); } }",
+            "The speech could not be played: no audio output",
+        ),
+    ],
+)
+def test_an_unreachable_server_and_an_error_of_the_page_are_told_apart(base, browser, broken, said):
     browser.get(f"{base}/")
-    browser.execute_script("window.fetch = () => Promise.reject(new TypeError('Failed to fetch'))")
+    browser.execute_script(broken)
     speak(browser, TEXT)
     error = element(browser, "error")
     wait(browser, lambda: error.is_displayed())
-    assert error.text == "Could not reach the server (Failed to fetch): is audio8 serve still running?"
-    browser.get(f"{base}/")
-    browser.execute_script("window.AudioContext = class { resume() { throw new TypeError('no audio output'); } }")
-    speak(browser, TEXT)
-    error = element(browser, "error")
-    wait(browser, lambda: error.is_displayed())
-    assert error.text == "The speech could not be played: no audio output"
-    assert requested(browser, "/v1/audio/speech") == 0
+    assert error.text == said and requested(browser, "/v1/audio/speech") == 0
     assert element(browser, "speak").is_enabled() and not element(browser, "stop").is_enabled()

@@ -21,6 +21,18 @@ from audio8_coreai.settings import WyomingSettings
 from tests.server.wyoming_support import SEED, free_port
 
 
+async def _connected(port: int) -> AsyncTcpClient:
+    """A client connected to the server starting on ``port`` (tried until it listens)."""
+    for _ in range(500):
+        client = AsyncTcpClient("127.0.0.1", port)
+        try:
+            await client.connect()
+            return client
+        except OSError:
+            await asyncio.sleep(0.01)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
 def _stopped_while_speaking(checkpoint, max_frames: int, shutdown_s: float) -> tuple[list[str], float, bool]:
     """One client asks a synthesis and a second one stays idle; the server is stopped once the first audio came.
     Returns the speaking client's event types up to the end (None: closed), the seconds from the stop to that
@@ -32,13 +44,7 @@ def _stopped_while_speaking(checkpoint, max_frames: int, shutdown_s: float) -> t
         server = asyncio.create_task(
             serve(Speaker(TTS.load(checkpoint, device="cpu"), settings), "127.0.0.1", port, stop)
         )
-        for _ in range(500):
-            try:
-                idle = AsyncTcpClient("127.0.0.1", port)
-                await idle.connect()
-                break
-            except OSError:
-                await asyncio.sleep(0.01)
+        idle = await _connected(port)
         kinds = []
         async with AsyncTcpClient("127.0.0.1", port) as client:
             await client.write_event(Synthesize(text="The meeting has been moved to Thursday.").event())
@@ -104,13 +110,7 @@ def test_a_stream_open_at_the_stop_may_end_within_the_grace_else_is_cut(never_eo
         server = asyncio.create_task(
             serve(Speaker(TTS.load(never_eos_long_checkpoint, device="cpu"), settings), "127.0.0.1", port, stop)
         )
-        for _ in range(500):
-            try:
-                client = AsyncTcpClient("127.0.0.1", port)
-                await client.connect()
-                break
-            except OSError:
-                await asyncio.sleep(0.01)
+        client = await _connected(port)
         await client.write_event(SynthesizeStart().event())
         await client.write_event(SynthesizeChunk(text="The meeting has been").event())
         await asyncio.sleep(0.2)
