@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from wyoming.client import AsyncTcpClient
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
@@ -129,3 +130,24 @@ def test_a_stream_open_at_the_stop_may_end_within_the_grace_else_is_cut(never_eo
 
     assert asyncio.run(main(True)) == ["audio-start", "audio-chunk", "audio-stop", "synthesize-stopped", None]
     assert asyncio.run(main(False)) == ["error", None]
+
+
+def test_a_port_taken_is_an_os_error_and_leaves_the_signals_as_they_were(tiny_tts):
+    """Listening fails (the port was taken while the model loaded): OSError, the process's handlers untouched (as
+    the command's own, which say the interruption)."""
+
+    def own(signum, frame):
+        raise KeyboardInterrupt
+
+    before = {s: signal.signal(s, own) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            with pytest.raises(OSError):
+                asyncio.run(serve(Speaker(tiny_tts, WyomingSettings()), "127.0.0.1", port))
+        assert signal.getsignal(signal.SIGTERM) is own and signal.getsignal(signal.SIGHUP) is own
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

@@ -31,17 +31,19 @@ async def serve(speaker: Speaker, host: str, port: int, stop: asyncio.Event | No
 
     loop, heard = asyncio.get_running_loop(), []
     signals = _stop_signals() if threading.current_thread() is threading.main_thread() else {}
-    for signum in signals:
-        loop.add_signal_handler(signum, lambda signum=signum: (heard.append(signum), stop.set()))
-    listener = await asyncio.start_server(connected, host, port)
     try:
-        await stop.wait()
+        listener = await asyncio.start_server(connected, host, port)
+        try:
+            for signum in signals:
+                loop.add_signal_handler(signum, lambda signum=signum: (heard.append(signum), stop.set()))
+            await stop.wait()
+        finally:
+            listener.close()
+            for signum, before in signals.items():  # the command's own again (loop.remove_signal_handler: SIG_DFL)
+                loop.remove_signal_handler(signum)
+                signal.signal(signum, before)
+            await _wind_down(running, speaker.settings.shutdown_s)
     finally:
-        listener.close()
-        for signum, before in signals.items():
-            loop.remove_signal_handler(signum)
-            signal.signal(signum, before)
-        await _wind_down(running, speaker.settings.shutdown_s)
         await speaker.close()
     if heard:
         signal.raise_signal(heard[-1])
