@@ -25,11 +25,11 @@ def mono_samples(audio: np.ndarray, what: str = "speech audio") -> np.ndarray:
             "32768 first)"
         )
     if given.dtype.kind not in "f":
-        said = "an (audio, sample_rate) pair" if isinstance(audio, tuple) and len(audio) == 2 else type(audio).__name__
-        raise AudioError(
-            f"{what} must be an array of float samples [N], got {said}: synthesize() returns (audio, "
-            "sample_rate), give its audio"
+        pair = isinstance(audio, tuple) and len(audio) == 2
+        said = (
+            "an (audio, sample_rate) pair: synthesize() returns one, give its audio" if pair else type(audio).__name__
         )
+        raise AudioError(f"{what} must be an array of float samples [N], got {said}")
     data = given.astype(np.float32, copy=False)
     if sum(n > 1 for n in data.shape) > 1:
         raise AudioError(

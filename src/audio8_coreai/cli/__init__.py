@@ -37,13 +37,17 @@ except KeyboardInterrupt:  # Ctrl-C (SIGTERM, SIGHUP) while the commands' module
 def main() -> None:
     """The ``audio8`` command (its script, ``python -m audio8_coreai``): :data:`app`, with a Ctrl-C, SIGTERM or SIGHUP
     that comes before a command's own handling of it (while its options are parsed) said as the interruption it
-    is, not a traceback."""
-    from .app import say_interrupted
+    is: typer ends such a one silently with 130 (older click: "Aborted!" and 1, or the KeyboardInterrupt itself)."""
+    from .app import interruption_unsaid, say_interrupted
 
     try:
         app()
     except KeyboardInterrupt:
         raise SystemExit(say_interrupted()) from None
+    except SystemExit as e:
+        if e.code not in (0, None) and interruption_unsaid():
+            raise SystemExit(say_interrupted()) from None
+        raise
 
 
 __all__ = ["app", "main"]

@@ -102,6 +102,7 @@ def say_interrupted() -> int:
     held is already cleaned up (the unwinding did it): 'terminated' or 'hung up', then the process ends by the
     signal itself, as a process that handles none does (systemd counts that a clean stop, a status 143 a failure;
     uvicorn re-raises it so too)."""
+    _SAID.append(True)
     if _HEARD and _HEARD[-1] in ENDING_SIGNALS:
         err.print(ENDING_SIGNALS[_HEARD[-1]])
         signal.signal(_HEARD[-1], signal.SIG_DFL)
@@ -111,6 +112,12 @@ def say_interrupted() -> int:
 
 
 _HEARD: list[int] = []  # the signals heard since listen_for_interrupts (the command's own process only)
+_SAID: list[bool] = []  # said_interrupted has said it
+
+
+def interruption_unsaid() -> bool:
+    """Whether a signal was heard (:func:`listen_for_interrupts`) that no :func:`say_interrupted` has said yet."""
+    return bool(_HEARD) and not _SAID
 
 
 def listen_for_interrupts() -> None:
@@ -139,6 +146,8 @@ class TextCommand(typer.core.TyperCommand):
     click would say "No such option: -5"; a mistyped option (``--sede``) is left to click's own suggestion."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if ctx.resilient_parsing:  # shell completion: nothing is said
+            return super().parse_args(ctx, args)
         options = [p for p in self.params if isinstance(p, typer.core.TyperOption)]
         known = {name for p in options for name in (*p.opts, *p.secondary_opts)}
         valued = {name for p in options if not p.is_flag for name in p.opts}

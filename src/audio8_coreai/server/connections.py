@@ -141,7 +141,7 @@ def bounded_protocol(base: type[asyncio.Protocol], settings: ServerSettings) -> 
                 self.transport.close()  # a request still reading its body sees a disconnect
 
         def _refuse_head(self) -> None:
-            log.warning("a request head over %d bytes: 431, connection closed", settings.max_head_bytes)
+            log.warning("a request head over %d bytes: 431, the rest dropped", settings.max_head_bytes)
             refusal = ApiError(
                 431,
                 f"the request's head (request line and headers) is over {settings.max_head_bytes} bytes: send "
