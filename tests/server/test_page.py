@@ -250,3 +250,21 @@ def test_an_unreachable_server_and_an_error_of_the_page_are_told_apart(base, bro
     wait(browser, lambda: error.is_displayed())
     assert error.text == said and requested(browser, "/v1/audio/speech") == 0
     assert element(browser, "speak").is_enabled() and not element(browser, "stop").is_enabled()
+
+
+def test_a_voice_deleted_since_the_list_was_read_is_said_and_leaves_the_list(base, browser, clip):
+    files = {"audio": ("clip.wav", clip.read_bytes(), "audio/wav")}
+    r = httpx.post(f"{base}/v1/voices", data={"name": "gone", "transcript": "A rising tone."}, files=files, timeout=60)
+    assert r.status_code == 201, r.text
+    browser.get(f"{base}/")
+    picker = element(browser, "voice")
+    wait(browser, lambda: picker.get_attribute("data-loaded") is not None)
+    loaded = int(picker.get_attribute("data-loaded"))
+    picker.find_element(By.CSS_SELECTOR, "option[value='gone']").click()
+    assert httpx.delete(f"{base}/v1/voices/gone").status_code == 200
+    speak(browser, TEXT)
+    error = element(browser, "error")
+    wait(browser, lambda: error.is_displayed())
+    assert error.text == "That voice is no longer on the server (deleted since the list was read): pick another."
+    wait(browser, lambda: picker.get_attribute("data-loaded") == str(loaded - 1))  # the list read again
+    assert "gone" not in [o.get_attribute("value") for o in picker.find_elements(By.TAG_NAME, "option")]

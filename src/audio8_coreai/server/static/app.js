@@ -13,8 +13,8 @@ function show(element, text) {
   element.hidden = !text;
 }
 
-// The message of an API refusal, in the page's words where the API's name its parameters: OpenAI's
-// {"error": {"message", "code"}}, else the body's text, else the status.
+// An API refusal as { message, code }: the message in the page's words where the API's name its parameters
+// (OpenAI's {"error": {"message", "code"}}, else the body's text, else the status), the code the API's (or null).
 async function refusal(response) {
   const text = await response.text();
   let error = {};
@@ -23,19 +23,18 @@ async function refusal(response) {
   } catch (e) {
     // not our JSON (a proxy's page, say): its text below
   }
+  const code = error.code ?? null;
   const wait = response.headers.get("Retry-After");
   if (response.status === 503 && wait) {
-    const why = error.code === "shutting_down" ? "The server is shutting down" : "The server is busy";
-    return `${why}: try again in ${wait} s.`;
+    const why = code === "shutting_down" ? "The server is shutting down" : "The server is busy";
+    return { message: `${why}: try again in ${wait} s.`, code };
   }
-  if (error.code === "voice_exists") {
-    return `A voice of that name is stored already: choose another name, or tick "Replace a stored voice of that name".`;
-  }
-  if (error.code === "voice_not_found") {
-    return "That voice is no longer on the server (deleted since the list was read): pick another.";
-  }
-  if (error.message) return error.message;
-  return text.trim().slice(0, 300) || `the server answered ${response.status} ${response.statusText}`;
+  const own = {
+    voice_exists: `A voice of that name is stored already: choose another name, or tick "Replace a stored voice of that name".`,
+    voice_not_found: "That voice is no longer on the server (deleted since the list was read): pick another.",
+  }[code];
+  const said = text.trim().slice(0, 300) || `the server answered ${response.status} ${response.statusText}`;
+  return { message: own ?? error.message ?? said, code };
 }
 
 // A failure to reach the server (fetch's TypeError), told apart from an error of the page's own.
@@ -66,7 +65,7 @@ async function loadVoices(select) {
     return;
   }
   if (!response.ok) {
-    show($("error"), `The voice list could not be read: ${await refusal(response)}`);
+    show($("error"), `The voice list could not be read: ${(await refusal(response)).message}`);
     return;
   }
   const voices = (await response.json()).data;
@@ -108,7 +107,7 @@ async function addVoice(event) {
     const response = await reach(fetch("/v1/voices", { method: "POST", body }), "Could not reach the server");
     if (!response.ok) {
       status.textContent = "";
-      show(error, await refusal(response));
+      show(error, (await refusal(response)).message);
       return;
     }
     const voice = await response.json();
@@ -294,9 +293,10 @@ async function speak(event) {
     const response = await reach(request, "Could not reach the server");
     if (!response.ok) {
       status.textContent = "";
-      show($("error"), await refusal(response));
+      const refused = await refusal(response);
+      show($("error"), refused.message);
       setState("error");
-      if (body.voice) loadVoices(); // a voice deleted since the list was read leaves it
+      if (refused.code === "voice_not_found") loadVoices(); // a voice deleted since the list was read leaves it
       return;
     }
     const seed = response.headers.get("X-Seed");
