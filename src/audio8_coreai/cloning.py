@@ -46,7 +46,7 @@ class VoiceCloning:
         Raises AudioError (unusable clip), PromptError (empty transcript), VoiceError (the clone prompt
         would leave fewer than DEFAULTS.speech.min_voice_frames frames of the context; the message gives the numbers).
         """
-        voice = self._clip_voice(audio, check_text(text, "reference text"), name)
+        voice = self._clip_voice(audio, check_text(text, "reference text", "ref_text"), name)
         warn_clip(voice, stacklevel=2)
         return voice
 
@@ -94,7 +94,7 @@ class VoiceCloning:
             store = VoiceStore(store)
         name = check_name(name)
         store.check_new(name, replace)
-        voice = self._clip_voice(audio, check_text(text, "reference text"), name)
+        voice = self._clip_voice(audio, check_text(text, "reference text", "ref_text"), name)
         if warn:
             warn_clip(voice, stacklevel=2)
         store.save(voice, replace=replace)

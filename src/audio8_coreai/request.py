@@ -80,10 +80,10 @@ def check_request(
     ``DEFAULTS.speech.chunk_frames``); ``first_chunk_frames`` outside 1 to ``chunk_frames``; any of them not a number
     of the right kind). ``text_field``: what the errors call the text (the HTTP body's ``input``).
     """
-    text = check_text(text, text_field)
+    text = check_text(text, text_field, text_field)
     check_voice_choice(voice, ref_audio, ref_text)
     if ref_audio is not None:
-        ref_text = check_text(ref_text, "reference text")
+        ref_text = check_text(ref_text, "reference text", "ref_text")
     elif isinstance(voice, str):
         voice = check_name(voice)
     elif voice is not None and not isinstance(voice, Voice):

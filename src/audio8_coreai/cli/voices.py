@@ -54,7 +54,7 @@ def voice_add(
                 "of that name cannot be picked there; give it another name to use it with Home Assistant"
             ]
         )
-    check_text(text, "reference text")
+    check_text(text, "reference text", "ref_text")
     print_warnings(read_reference(audio)[1].warnings)
     with err.status("loading the model..."):
         tts = TTS.load(model, device=device)

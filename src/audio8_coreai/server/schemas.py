@@ -106,7 +106,7 @@ class SpeechRequest(BaseModel):
     @classmethod
     def _utf8(cls, text: str) -> str:
         try:  # what can be echoed and encoded; whether it says anything is check_request's (the router's 400)
-            return check_unicode(text, "input")
+            return check_unicode(text, "input", "input")
         except PromptError as e:
             raise refusal("invalid_input", str(e)) from None
 

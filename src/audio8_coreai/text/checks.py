@@ -17,17 +17,17 @@ def clean_text(text: str) -> str:
     return " ".join(text.split())
 
 
-def check_text(text: str, what: str = "text") -> str:
-    """Clean the text to speak and reject what cannot be spoken; returns the cleaned text.
+def check_text(text: str, what: str = "text", field: str | None = None) -> str:
+    """Clean the text to speak and reject what cannot be spoken; returns the cleaned text. ``what``: the text as
+    the messages call it; ``field``: the keyword it came in, the PromptError's (:attr:`.errors.Audio8Error.field`).
 
     The publisher rejects only an empty text after cleaning. We also reject text without a single letter
     or digit (punctuation, symbols or emoji only, e.g. "...!!" or "—"): the model has nothing to read
     and babbles or stops at once. This stricter rule is ours.
     """
-    field = {"text": "text", "reference text": "ref_text"}.get(what)  # the keyword it came in (Audio8Error.field)
     if not isinstance(text, str):
         raise PromptError(f"{what} must be a string, got {type(text).__name__}", field)
-    check_unicode(text, what)
+    check_unicode(text, what, field)
     cleaned = clean_text(text)
     if not cleaned:
         words = "what the clip says" if what == "reference text" else "the words to speak"
@@ -42,7 +42,7 @@ def check_text(text: str, what: str = "text") -> str:
     return cleaned
 
 
-def check_unicode(text: str, what: str = "text") -> str:
+def check_unicode(text: str, what: str = "text", field: str | None = None) -> str:
     """``text`` if it can be written as UTF-8, else PromptError naming the first lone surrogate (U+D800 to U+DFFF:
     half of a UTF-16 pair, e.g. from a JSON escape ``\\ud800``), which no tokenizer, file or HTTP answer takes; one
     of U+DC80 to U+DCFF is a byte that was no UTF-8 (Python's escape for a command line's text in Latin-1, say)."""
@@ -51,11 +51,13 @@ def check_unicode(text: str, what: str = "text") -> str:
         raise PromptError(
             f"{what} holds U+{ord(bad):04X} at character {text.index(bad)}: the byte 0x{ord(bad) - 0xDC00:02X} "
             "of text that is not UTF-8 (a file or a command line in Latin-1? convert it first: iconv -f latin1 -t "
-            "utf-8), or half of a JSON surrogate pair (send it whole)"
+            "utf-8), or half of a JSON surrogate pair (send it whole)",
+            field,
         )
     if bad is not None:
         raise PromptError(
             f"{what} holds a lone surrogate (U+{ord(bad):04X} at character {text.index(bad)}), which is not a "
-            "character: send valid UTF-8 text (a pair of surrogates in JSON escapes must be whole)"
+            "character: send valid UTF-8 text (a pair of surrogates in JSON escapes must be whole)",
+            field,
         )
     return text

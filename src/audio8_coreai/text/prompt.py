@@ -128,7 +128,7 @@ class PromptBuilder:
         Raises :class:`PromptError` for empty or unspeakable text (:func:`check_text`) or a prompt that
         leaves no room for a frame in ``max_seq_len``.
         """
-        return self.build(self.head(), self.encode(check_text(text)))
+        return self.build(self.head(), self.encode(check_text(text, field="text")))
 
     def clone(self, text: str, ref_text: str, ref_codes: np.ndarray) -> np.ndarray:
         """The voice-clone prompt: int64 ``[num_codebooks + 1, P]`` with the reference inside the system turn.
@@ -139,7 +139,7 @@ class PromptBuilder:
         ``semantic_begin_id + ref_codes[0]`` under the T reference columns and rows 1.. hold ``ref_codes``
         there; everything else in rows 1.. is zero.
         """
-        target_ids = self.encode(check_text(text))
+        target_ids = self.encode(check_text(text, field="text"))
         return self.build(self.head(ref_text, ref_codes), target_ids)
 
     def head(self, ref_text: str | None = None, ref_codes: np.ndarray | None = None) -> PromptHead:

@@ -233,7 +233,7 @@ def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[
     (one long word, or CJK text without punctuation) longer than ``max_tokens``: the message gives the run's
     start and both counts.
     """
-    return split_checked(check_text(text), max_tokens, count)
+    return split_checked(check_text(text, field="text"), max_tokens, count)
 
 
 def split_checked(text: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:
