@@ -25,17 +25,18 @@ import argparse
 import contextlib
 import hashlib
 import json
+import os
 import random
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
 
-from audio8_coreai.measure.args import count, count_or_zero
+from audio8_coreai.measure.args import count, count_or_zero, seconds
 
 TEXTS = [
     "The meeting has been moved to Thursday afternoon.",
@@ -139,11 +140,14 @@ def one_request(client: httpx.Client, url: str, body: dict, tally: Tally) -> Non
         tally.audio_s += size / 2 / 44100  # pcm: 16-bit mono at 44.1 kHz
 
 
-def client_loop(index: int, url: str, args: argparse.Namespace, deadline: float, tally: Tally) -> None:
+def client_loop(
+    index: int, url: str, args: argparse.Namespace, deadline: float, tally: Tally, stop: threading.Event
+) -> None:
+    """One client sending requests until ``deadline`` (monotonic seconds) or ``stop`` (Ctrl-C)."""
     with httpx.Client(timeout=args.timeout) as client:
         n = 0
         rng = random.Random(index)
-        while args.mix and time.monotonic() < deadline:
+        while args.mix and time.monotonic() < deadline and not stop.is_set():
             fmt = rng.choice(FORMATS)
             body = {
                 "model": "tts-1",
@@ -154,7 +158,7 @@ def client_loop(index: int, url: str, args: argparse.Namespace, deadline: float,
                 "max_frames": args.max_frames,
             }
             mixed_request(client, url, body, rng.random() < args.disconnect, args.backoff, tally)
-        while not args.mix and time.monotonic() < deadline:
+        while not args.mix and time.monotonic() < deadline and not stop.is_set():
             body = {
                 "model": "tts-1",
                 "input": TEXTS[(index + n) % len(TEXTS)],
@@ -215,10 +219,10 @@ def main() -> int:
     where.add_argument("--url", help="A running server, e.g. http://127.0.0.1:8000.")
     where.add_argument("--model", help="Start a server on this checkpoint in this process.")
     ap.add_argument("--clients", type=count, default=4)
-    ap.add_argument("--duration", type=float, default=30.0, help="Seconds of sending new requests.")
+    ap.add_argument("--duration", type=seconds, default=30.0, help="Seconds of sending new requests.")
     ap.add_argument("--max-frames", type=count, default=64, help="Frame cap per request (46 ms each).")
     ap.add_argument("--no-stream", action="store_true", help="Whole responses instead of streamed ones.")
-    ap.add_argument("--timeout", type=float, default=600.0, help="Per-request timeout, seconds.")
+    ap.add_argument("--timeout", type=seconds, default=600.0, help="Per-request timeout, seconds.")
     ap.add_argument("--workers", type=count, default=1, help="With --model: model instances.")
     ap.add_argument(
         "--batch",
@@ -243,13 +247,26 @@ def main() -> int:
             from audio8_coreai.server import serve_in_thread
 
             url = stack.enter_context(serve_in_thread(make_app(args)))
-        health = httpx.get(f"{url}/health", timeout=30).json()
+        try:
+            health = httpx.get(f"{url}/health", timeout=30).json()
+        except httpx.HTTPError as e:
+            print(f"error: no audio8 server answers at {url} ({e}): start one (audio8 serve) or give --model")
+            return 2
         before = process_stats(args.server_pid)
-        tally = Tally()
+        tally, stop = Tally(), threading.Event()
         t0 = time.monotonic()
         with ThreadPoolExecutor(args.clients) as pool:
-            for i in range(args.clients):
-                pool.submit(client_loop, i, url, args, t0 + args.duration, tally)
+            deadline = t0 + args.duration
+            clients = [pool.submit(client_loop, i, url, args, deadline, tally, stop) for i in range(args.clients)]
+            try:
+                wait(clients)
+            except KeyboardInterrupt:  # no new requests; those under way end, and what was measured is said
+                stop.set()
+                print("interrupted: the requests under way end first (Ctrl-C again leaves at once)", file=sys.stderr)
+                try:
+                    wait(clients)
+                except KeyboardInterrupt:
+                    os._exit(130)
         wall = time.monotonic() - t0
         settled = settle(url)
         after = process_stats(args.server_pid)
