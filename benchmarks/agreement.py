@@ -5,8 +5,8 @@ seed 0; cached in ``--cache`` keyed by checkpoint, frames and seed), then replay
 ``--precision`` on ``--device`` (the CPU, or CUDA with its default CUDA graphs: is a GPU's fp32 the CPU's?) and
 prints semantic and codebook draw agreement against the bars (98.5 % / 97.5 %; exact, 100 %, is fp32's goal).
 
-    python benchmarks/agreement.py --precision int8 --precision int8-int16 [--device cpu] [--frames 128]
-                                   [--prompts 4] [--threads 1] [--json out.json]
+    python benchmarks/agreement.py --precision int8 --precision int8-int16 [--model DIR] [--device cpu]
+                                   [--frames 128] [--prompts 4] [--threads 1] [--json out.json]
 
 The JSON: ``{"meta", "results": [Agreement.to_json() per precision], "complete"}``, written after each precision.
 """
@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from audio8_coreai.backends.torch import resolve_device
+from audio8_coreai.errors import Audio8Error
 from audio8_coreai.measure.agreement import (
     PROMPTS,
     Agreement,
@@ -31,12 +33,25 @@ from audio8_coreai.measure.agreement import (
 )
 from audio8_coreai.measure.args import count, count_or_zero
 from audio8_coreai.measure.bench import ensure_checkpoint
+from audio8_coreai.precision import resolve_precision, runtime_of
 from audio8_coreai.settings import DEFAULTS
 
 
 def main() -> None:
+    """The script: its errors (a checkpoint, a precision, a device, an output it cannot use) in one line."""
+    try:
+        measure()
+    except Audio8Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def measure() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", type=Path, default=Path(DEFAULTS.bench.checkpoint))
+    ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint), help="a checkpoint folder")
     ap.add_argument("--precision", action="append", default=None)
     ap.add_argument("--device", default="cpu", help="where the precisions replay (the recording is the CPU's)")
     ap.add_argument("--frames", type=count, default=128)
@@ -46,10 +61,16 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path("~/.cache/audio8-coreai"))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    args.precision = args.precision or ["int8", "int8-int16"]
+    runtime = runtime_of("torch", resolve_device(args.device).type)
+    for name in args.precision:  # before minutes of recording
+        resolve_precision(name, runtime)
+    if args.json is not None and not args.json.resolve().parent.is_dir():
+        ap.error(f"argument --json: {args.json.resolve().parent} is no folder: give a file in an existing folder")
     torch.set_num_threads(args.threads)
     from audio8_coreai.tts import TTS
 
-    ckpt = ensure_checkpoint(args.checkpoint, lambda m: print(m, file=sys.stderr))
+    ckpt = ensure_checkpoint(args.model, lambda m: print(m, file=sys.stderr))
     from audio8_coreai.checkpoint import load_checkpoint
 
     args.cache.expanduser().mkdir(parents=True, exist_ok=True)
@@ -75,7 +96,7 @@ def main() -> None:
         del ref
     results, failed = [], []
     report = {"meta": {**meta, "device": args.device}, "results": results, "complete": False}
-    for prec in args.precision or ["int8", "int8-int16"]:
+    for prec in args.precision:
         tts = TTS.load(ckpt, device=args.device, precision=prec, codec_process=False)
         params = tts.sampling()
         agree = Agreement(tts.backend.description, "torch cpu fp32")

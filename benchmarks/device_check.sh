@@ -131,7 +131,7 @@ if have_ckpt || timed checkpoint 60 "$PY" -c "import sys; from pathlib import Pa
 from audio8_coreai.checkpoint import make_checkpoint; make_checkpoint(Path(sys.argv[1]), '0.6b', seed=0)" "$CKPT"; then
     part single 60 "$PY" benchmarks/bench_gpu.py single --model "$CKPT" --device "$DEVICE" "${SINGLE[@]}" \
         --json "$OUT/single.json"
-    part agreement 75 "$PY" benchmarks/agreement.py --checkpoint "$CKPT" --device "$DEVICE" --precision fp32 \
+    part agreement 75 "$PY" benchmarks/agreement.py --model "$CKPT" --device "$DEVICE" --precision fp32 \
         --precision bf16 --cache /tmp/devcheck-recordings "${AGREEMENT[@]}" --json "$OUT/agreement.json"
     part batched 90 "$PY" benchmarks/bench_gpu.py batched --model "$CKPT" --device "$DEVICE" "${BATCHED[@]}" \
         --json "$OUT/batched.json"

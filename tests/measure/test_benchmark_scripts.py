@@ -29,6 +29,21 @@ def test_agreement_takes_one_to_four_prompts():
     assert done.returncode == 2 and "invalid choice: 0 (choose from 1, 2, 3, 4)" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--precision", "bogus"], "error: unknown precision 'bogus': use one of"),
+        (["--json", "/nowhere/a.json"], "argument --json: /nowhere is no folder: give a file in an existing folder"),
+        (["--model", "/nowhere/ck", "--precision", "int16"], "error: "),
+    ],
+)
+def test_agreement_says_a_mistake_in_one_line_before_it_records(args, said):
+    """A precision it does not know, an output it cannot write, a checkpoint it cannot find: one line, no
+    traceback, before the minutes of the fp32 recording (the precision's error came after them)."""
+    done = _run("agreement.py", *args)
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
 @pytest.mark.parametrize("script, part", [("bench_gpu.py", "single"), ("probe_attention.py", None)])
 def test_gpu_scripts_say_there_is_no_cuda_device(script, part):
@@ -43,6 +58,7 @@ def test_gpu_scripts_say_there_is_no_cuda_device(script, part):
         ("bench_streaming.py", "--chunk-frames", "0", "0 is under 1"),
         ("bench_overlap.py", "--frames", "-3", "-3 is under 1"),
         ("load_test.py", "--clients", "two", "'two' is not a whole number"),
+        ("load_test.py", "--duration", "-1", "-1 is no duration: give a number of seconds above 0"),
         ("bench_coreai.py", "--codec-frames", "-1", "-1 is under 0: give a whole number of at least 0"),
     ],
 )
