@@ -106,6 +106,8 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
         (["bench", "--device", "tpu"], "device"),
         (["bench", "--json", "{tmp}/missing/b.json"], "missing does not exist"),
         (["bench", "--json", "{tmp}"], "is a folder: give a file name such as"),
+        (["bench", "--json", "/etc/hostname/b.json"], "/etc/hostname is a file, not a folder: write elsewhere"),
+        (["bench", "--threads", "100000"], "--threads 100000: this process may run on"),
         (["bench", "--json", "/proc/b.json"], "--json /proc/b.json cannot be written"),  # root may, /proc refuses
         (["serve", "--port", "{busy}"], "pick another --port"),
         (["serve", "--host", "999.1.1.1"], "give --host an address of this machine"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -294,7 +295,8 @@ def bench(
         if json_out.is_dir():
             raise ConfigError(f"--json {json_out} is a folder: give a file name such as {json_out / 'bench.json'}")
         if not folder.is_dir():
-            raise ConfigError(f"--json {json_out}: the folder {folder} does not exist: write elsewhere")
+            said = "is a file, not a folder" if folder.exists() else "does not exist"
+            raise ConfigError(f"--json {json_out}: {folder} {said}: write elsewhere")
         existed = json_out.exists()
         try:  # a real write, not permission bits: root passes those where the file system still refuses (/proc)
             with open(json_out, "a"):
@@ -304,6 +306,9 @@ def bench(
         if not existed:
             json_out.unlink()
     thread_list = threads or [DEFAULTS.bench.threads]
+    cpus = len(os.sched_getaffinity(0))
+    if over := [t for t in thread_list if t is not None and t > cpus]:  # they would only wait on each other
+        raise ConfigError(f"--threads {over[0]}: this process may run on {cpus} CPUs: give at most {cpus}", "threads")
     configs = [override(base, threads=t, precision="fp32", baseline=True) for t in thread_list] if baseline else []
     configs += [
         override(base, precision=p, threads=t, codec_dtype=c, cuda_graphs=g)

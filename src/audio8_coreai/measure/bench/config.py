@@ -17,6 +17,7 @@ STREAM_CHUNK = 32  # frames emitted per streaming decode
 STREAM_WINDOW = 160  # frames decoded per streaming chunk (128 of context, attention window of the codec)
 FAST_PASSES = 9  # rows 0+1 in one pass, then rows 2..9
 PUBLISHER = {"ms_per_frame": 265.0, "rtf": 6.7, "peak_rss_gb": 5.75}  # its own fp32 generate, this machine
+PUBLISHER_SIZE = (896, 24, 4)  # the 0.6b's slow AR width and blocks, fast AR blocks: PUBLISHER's figures are its
 
 
 def label(cfg: BenchSettings) -> str:

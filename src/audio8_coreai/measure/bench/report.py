@@ -38,7 +38,7 @@ def format_table(rows: list[dict]) -> str:
         v = r.get(key)
         if v is None:
             return "-"
-        return fmt.format(v / 1e3 if key == "ttfa_ms" else v)
+        return fmt.format(v / 1e3 if key == "ttfa_ms" else v) + ("*" if key == "label" and r.get("noisy") else "")
 
     table = [[h for h, _, _ in COLUMNS]] + [[cell(r, k, f) for _, k, f in COLUMNS] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
@@ -52,6 +52,8 @@ def format_table(rows: list[dict]) -> str:
             f"{r0['backend']} {r0['device']}, prompt {r0['prompt_columns']} columns, {r0['frames']} frames, "
             f"median of {r0['runs']} runs after a warm-up; times in ms unless named",
         )
+    if any(r.get("noisy") for r in rows):
+        lines.append("* parts timed longer than the frame (other < 0): another process held the CPU; run again")
     return "\n".join(lines)
 
 
