@@ -69,6 +69,10 @@ def test_gate_against_the_oracle_cli(oracle_dir, tmp_path):
     assert any("ASR round trip" in s for s in report["skipped"])
     md = (out / "report.md").read_text()
     assert "**PASS**" in md and "![summary](summary.png)" in md
+    (out / "audio" / "stale.port.wav").write_bytes(b"a former run's")  # a report is replaced whole
+    assert gate_oracle(oracle_dir, "--device", "cpu", "--out", out).exit_code == 0
+    assert not (out / "audio" / "stale.port.wav").exists() and (out / "report.json").is_file()
+    assert [p.name for p in out.parent.iterdir()] == ["report"]  # no staging folder left beside it
     pictures = [out / "summary.png"] + [out / f["picture"] for f in report["fixtures"] if f["picture"]]
     assert len(pictures) == 4  # summary + plain, greedy, clone
     for p in pictures:
@@ -223,9 +227,25 @@ def test_gate_cli_bad_input(oracle_dir, tmp_path, monkeypatch):
     result = gate_oracle(oracle_dir, "--recognizer", "audio8_fake_asr3:hear", "--out", tmp_path / "r")
     assert result.exit_code == 2 and "serves the ASR rung of --against fp32" in " ".join(result.output.split())
     result = run("gate", "--model", oracle_dir, "--against", tmp_path / "nope.npz", "--out", tmp_path / "r")
-    assert result.exit_code == 2 and "must be fp32 or an oracle fixture.npz" in " ".join(result.output.split())
+    assert result.exit_code == 2 and "oracle fixture.npz; " in " ".join(result.output.split())
+    assert "nope.npz does not exist" in " ".join(result.output.split())
     result = gate_oracle(oracle_dir, "--fixtures", DEFAULT_FIXTURES, "--out", tmp_path / "r")
     assert result.exit_code == 2 and "fixtures apply to --against fp32" in " ".join(result.output.split())
     (tmp_path / "file").write_text("x")
     result = run("gate", "--model", oracle_dir, "--out", tmp_path / "file")
     assert result.exit_code == 2 and "is a file" in " ".join(result.output.split())
+    result = run("gate", "--model", oracle_dir, "--out", tmp_path)  # the user's own files are never replaced
+    assert result.exit_code == 2 and "holds files that are no gate report" in " ".join(result.output.split())
+    assert not (tmp_path / "r").exists()  # nothing made by a refused run
+
+
+def test_a_fixture_of_another_checkpoint_fails_with_the_cause_said(oracle_dir, tiny_checkpoint, tmp_path):
+    """The replay fails on weights the fixture was not recorded from: the note says so (as parity's does), rather
+    than leave the failed verdicts to blame the port."""
+    pytest.importorskip("matplotlib")
+    args = ("--model", tiny_checkpoint, "--against", oracle_dir / "fixture.npz", "--out", tmp_path / "r")
+    result = run("gate", *args)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "gate FAIL" in said
+    assert f"was recorded from the checkpoint in {oracle_dir}, whose weights differ from" in said
+    assert f"run with --model {oracle_dir}" in said

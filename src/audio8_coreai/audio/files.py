@@ -224,16 +224,23 @@ def _claim(tmp: str | Path, path: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_folder(out: Path) -> Iterator[Path]:
+def staged_folder(out: Path, replace: bool = False) -> Iterator[Path]:
     """A hidden sibling folder to write into; when the block ends it becomes ``out`` (which must be absent or an
-    empty folder) by one rename, and when the block raises it is removed: a reader never sees half a folder."""
+    empty folder, or with ``replace`` a folder whose files are all to go: moved aside by one rename, then removed)
+    by one rename, and when the block raises it is removed: a reader never sees half a folder."""
     tmp = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         yield tmp
-        if out.exists():
+        old = None
+        if out.exists() and replace:
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            out.rename(old)
+        elif out.exists():
             out.rmdir()  # empty (the caller checked); rename needs the name free
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

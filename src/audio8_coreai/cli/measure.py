@@ -43,7 +43,7 @@ def parity(
     precisions). Core AI assets replay what their baked sampling allows and say what they skip."""
     from ..backends.choice import open_backend
     from ..checkpoint import load_checkpoint
-    from ..measure.oracle import load_fixture, recorded_from_another
+    from ..measure.oracle import load_fixture
     from ..measure.parity import run_parity
 
     tolerance = override(DEFAULTS.measure, tolerance=tolerance).tolerance
@@ -58,14 +58,8 @@ def parity(
         out.print_json(report.to_json())
     else:
         _print_parity(report, exact)
-    recorded = None if report.passed else recorded_from_another(fixture, ckpt.model_file)
-    if recorded is not None:
-        err.print(
-            f"note: {fixture} was recorded from the checkpoint in {recorded}, whose weights differ from "
-            f"{ckpt.model_file}: run with --model {recorded}",
-            highlight=False,
-            soft_wrap=True,
-        )
+    if not report.passed:
+        _another_checkpoints(fixture, ckpt.model_file)
     run_dtype = meta.get("run_dtype", "float32")
     if exact and not report.passed and run_dtype != "float32":
         err.print(
@@ -218,7 +212,26 @@ def gate(
         out.print(f"  skipped {reason}", highlight=False, soft_wrap=True)
     out.print(f"gate {'PASS' if report.passed else 'FAIL'}: {out_dir / 'report.md'}", highlight=False, soft_wrap=True)
     if not report.passed:
+        if against != "fp32":
+            from ..checkpoint import load_checkpoint
+
+            _another_checkpoints(Path(against).expanduser(), load_checkpoint(model).model_file)
         raise typer.Exit(1)
+
+
+def _another_checkpoints(fixture: Path, model_file: Path) -> None:
+    """A note when the oracle ``fixture`` a replay failed was recorded from a checkpoint whose weights are not
+    ``model_file``'s (:func:`..measure.oracle.recorded_from_another`): the likely cause, and the fix."""
+    from ..measure.oracle import recorded_from_another
+
+    recorded = recorded_from_another(fixture, model_file)
+    if recorded is not None:
+        err.print(
+            f"note: {fixture} was recorded from the checkpoint in {recorded}, whose weights differ from "
+            f"{model_file}: run with --model {recorded}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command()

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ...audio import REFERENCE_RATE, read_reference, write_audio
+from ...audio.files import staged_folder
 from ...backends.choice import open_backend
 from ...config import SamplingParams
 from ...engine.loop import frame_budget, generate
@@ -85,48 +86,55 @@ def run_gate(
     if precision is None and backend == "torch":
         precision = "fp32"
     _matplotlib()  # a missing extra fails here, not after minutes of generation
-    out = Path(out_dir).expanduser()
+    out = Path(out_dir).expanduser().absolute()
     if out.exists() and not out.is_dir():
         raise GateError(f"{out} is a file: give a folder for the report")
+    if not out.parent.is_dir():
+        raise GateError(f"{out}: the folder {out.parent} does not exist: make it first, or write elsewhere")
+    if out.is_dir() and any(out.iterdir()) and not (out / "report.json").is_file():  # a report's is replaced whole
+        raise GateError(f"{out} holds files that are no gate report: give a new or empty folder, or a report's")
     if not (0 <= asr_margin <= 1 and 0 <= speaker_margin <= 2):
         raise GateError(f"margins out of range: asr {asr_margin} (0..1), speaker {speaker_margin} (0..2)")
     if (backend == "coreai") != (assets is not None):
         raise BackendError("the coreai backend runs converted assets: give --assets DIR with --backend coreai")
     if str(against) != "fp32" and not Path(against).expanduser().is_file():
-        raise GateError(f"--against must be fp32 or an oracle fixture.npz; {against} is neither")
+        said = "is a folder" if Path(against).expanduser().is_dir() else "does not exist"
+        raise GateError(f"--against must be fp32 or an oracle fixture.npz; {against} {said}")
     if str(against) != "fp32" and (fixtures is not None or names):
         raise GateError("fixtures apply to --against fp32; an oracle fixture.npz brings its own scenarios")
     if str(against) != "fp32" and recognizers:
         raise GateError("a recognizer (--recognizer) serves the ASR rung of --against fp32; an oracle replay has none")
-    for sub in ("pictures", "audio"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    if str(against) == "fp32":
-        report = _against_fp32(
-            model,
-            out,
-            backend,
-            device,
-            precision,
-            assets,
-            fixtures,
-            names,
-            reference_device,
-            max_frames,
-            recognizers,
-            speaker_encoder,
-            asr_margin,
-            speaker_margin,
-            say,
+    with staged_folder(out, replace=True) as staged:  # an interrupted run leaves the last report whole
+        for sub in ("pictures", "audio"):
+            (staged / sub).mkdir()
+        if str(against) == "fp32":
+            report = _against_fp32(
+                model,
+                staged,
+                backend,
+                device,
+                precision,
+                assets,
+                fixtures,
+                names,
+                reference_device,
+                max_frames,
+                recognizers,
+                speaker_encoder,
+                asr_margin,
+                speaker_margin,
+                say,
+            )
+        else:
+            fixture = Path(against).expanduser()
+            report = _against_oracle(model, staged, fixture, backend, device, precision, assets, say)
+        report.margins = {"asr": asr_margin, "speaker": speaker_margin}
+        report.seconds = time.perf_counter() - t0
+        plot_summary(staged / "summary.png", report)
+        (staged / "report.json").write_text(
+            json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=_json), encoding="utf-8"
         )
-    else:
-        report = _against_oracle(model, out, Path(against).expanduser(), backend, device, precision, assets, say)
-    report.margins = {"asr": asr_margin, "speaker": speaker_margin}
-    report.seconds = time.perf_counter() - t0
-    plot_summary(out / "summary.png", report)
-    (out / "report.json").write_text(
-        json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=_json), encoding="utf-8"
-    )
-    (out / "report.md").write_text(render_markdown(report), encoding="utf-8")
+        (staged / "report.md").write_text(render_markdown(report), encoding="utf-8")
     say(f"wrote {out / 'report.md'}: {'PASS' if report.passed else 'FAIL'}")
     return report
 
