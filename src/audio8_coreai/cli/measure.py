@@ -120,7 +120,8 @@ def gate(
         Path,
         typer.Option(
             "--out",
-            help="Report folder: report.json, report.md, PNG pictures, the wavs (created; files in it are replaced).",
+            help="Report folder: report.json, report.md, PNG pictures, the wavs (new, empty, or a former report's, "
+            "replaced whole when this one is done).",
         ),
     ],
     model: ModelOpt = DEFAULT_MODEL,
