@@ -87,7 +87,7 @@ def render_markdown(report: GateReport) -> str:
     lines = [
         f"# Gate: {report.port} against {report.reference}",
         "",
-        f"Model `{report.model}`, precision {report.precision}; {len(report.fixtures)} fixtures in "
+        f"Model `{report.model}`, precision {report.precision}; {_count(len(report.fixtures), 'fixture')} in "
         f"{report.seconds:.0f} s. **{'PASS' if report.passed else 'FAIL'}**",
         "",
         "## Verdicts",
@@ -137,7 +137,7 @@ def render_markdown(report: GateReport) -> str:
         else:
             s = report.speaker
             lines.append(
-                f"{s['encoder']}, {s['fixtures']} clones: reference mean {s['reference_mean']:.3f} / min "
+                f"{s['encoder']}, {_count(s['fixtures'], 'clone')}: reference mean {s['reference_mean']:.3f} / min "
                 f"{s['reference_min']:.3f}; port mean {s['port_mean']:.3f} / min {s['port_min']:.3f}"
             )
         lines.append("")
@@ -201,3 +201,8 @@ def _json(value):
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def _count(n: int, thing: str) -> str:
+    """``n`` things in words: "1 fixture", "3 fixtures"."""
+    return f"{n} {thing}{'' if n == 1 else 's'}"

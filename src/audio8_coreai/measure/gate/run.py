@@ -179,9 +179,10 @@ def _against_oracle(
                 rate,
             )
         report.fixtures.append(result)
+        free = {True: "identical", False: "differs", None: "none recorded"}[rep.free_run_identical]
         say(
             f"{rep.name}: semantic {rep.semantic_draws[0]}/{rep.semantic_draws[1]}, codebook "
-            f"{rep.codebook_draws[0]}/{rep.codebook_draws[1]}, free run identical {rep.free_run_identical}"
+            f"{rep.codebook_draws[0]}/{rep.codebook_draws[1]}, free run {free}"
         )
     # Past the recording the replayed uniforms are neutral (0.5), so once a reduced-precision free run flips,
     # its length says nothing about the port: eos is judged only where the run must be identical.
