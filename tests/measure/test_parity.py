@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from audio8_coreai.backends.torch import TorchBackend
@@ -82,7 +84,10 @@ def test_codec_encoder_reproduces_the_reference_codes(fp32_report):
     assert enc.name == "clone[0]"
     assert enc.codes_equal == (110, 110)  # 10 codebooks x 11 frames
     assert enc.latent_max_diff < 1e-5
-    assert "encoder" in fp32_report.to_json()
+    said = json.loads(fp32_report.to_json())
+    assert said["encoder"][0]["name"] == "clone[0]" and said["passed"] is True
+    assert [s["scenario"] for s in said["scenarios"]] == [s.key for s in fp32_report.scenarios]  # none null
+    assert None not in [s["scenario"] for s in said["scenarios"]]
 
 
 def test_a_bf16_recording_replayed_at_fp32_says_how_it_was_recorded(oracle_bf16_dir):

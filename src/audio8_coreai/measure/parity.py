@@ -141,7 +141,11 @@ class ParityReport:
         )
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "totals": self.totals(), "passed": self.passed}, indent=2)
+        """The report as JSON: every field, each scenario's ``scenario`` its fixture key, the totals and verdict."""
+        report = asdict(self)
+        for scenario, said in zip(self.scenarios, report["scenarios"]):
+            said["scenario"] = scenario.key  # None in the object where it is the name
+        return json.dumps({**report, "totals": self.totals(), "passed": self.passed}, indent=2)
 
 
 def _compare_frame(rep: ScenarioReport, fx, sc, s, b, res: FrameResult, do_sample: bool) -> None:
