@@ -92,6 +92,8 @@ def test_measure_reports_every_figure(tiny_checkpoint, tiny_tts):
     assert base["ms_per_frame"] > 0 and "floor_ms" not in base
     text = format_table([base, row])
     assert "frame/floor" in text and "ops/frame" in text and "baseline autot" in text and "fp32 autot" in text
+    small = format_table([{**row, "prefill_ms_per_token": 0.0512}]).splitlines()
+    assert small[2].split()[2] == "0.051"  # a small model's ms in two figures, not 0.0
     noisy = format_table([{**row, "other_ms": -5.0, "noisy": True}]).splitlines()
     assert noisy[2].startswith("fp32 autot*") and noisy[-1].startswith("* parts timed longer than the frame")
     assert row["ops_per_frame"] >= row["slow_ops"] + row["sampler_ops"] > row["slow_ops"] > 0

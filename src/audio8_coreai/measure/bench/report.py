@@ -38,6 +38,8 @@ def format_table(rows: list[dict]) -> str:
         v = r.get(key)
         if v is None:
             return "-"
+        if fmt == "{:.1f}" and 0 < abs(v) < 0.95:  # a small model's ms: two figures, not 0.0
+            fmt = "{:.2g}"
         return fmt.format(v / 1e3 if key == "ttfa_ms" else v) + ("*" if key == "label" and r.get("noisy") else "")
 
     table = [[h for h, _, _ in COLUMNS]] + [[cell(r, k, f) for _, k, f in COLUMNS] for r in rows]
