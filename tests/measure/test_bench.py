@@ -187,3 +187,14 @@ def test_frames_past_the_context_are_refused_in_one_line_naming_the_most_that_fi
     assert f"--frames {room + 1} does not fit" in proc.stderr and f"give --frames {room} or fewer" in proc.stderr
     assert "the bench worker (--group) stopped: the reason is above" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_frames_past_the_context_are_refused_before_any_model_loads(tiny_checkpoint):
+    """--frames beyond the checkpoint's context: said at once from its config (it came after a model loaded)."""
+    from tests.cli.cli_support import run
+
+    context = load_checkpoint(tiny_checkpoint).config.max_seq_len
+    result = run("bench", "--model", tiny_checkpoint, "--frames", context, "--no-rss")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"--frames {context} does not fit the checkpoint's context of {context}" in said
+    assert "measuring" not in said  # no configuration was started

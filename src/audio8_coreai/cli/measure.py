@@ -290,6 +290,7 @@ def bench(
 ) -> None:
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
     from ..backends.torch import resolve_device, resolve_dtype
+    from ..checkpoint import load_checkpoint
     from ..measure.bench import ensure_checkpoint, format_table, meta, run_configs
     from ..precision import resolve_precision, runtime_of
 
@@ -338,6 +339,9 @@ def bench(
             raise ConfigError(f"{e} (--precision, or AUDIO8_BENCH__PRECISION for its default)", "precision") from None
     log = functools.partial(err.print, highlight=False)
     ensure_checkpoint(model, log)
+    context = load_checkpoint(model).config.max_seq_len  # the exact room (less the prompt) is the worker's check
+    if frames >= context:
+        raise ConfigError(f"--frames {frames} does not fit the checkpoint's context of {context}: give fewer", "frames")
     busy = meta()["load_average"][0]
     if busy > 0.5:
         log(
