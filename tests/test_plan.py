@@ -74,9 +74,9 @@ def counts(monkeypatch) -> Counts:
         seen.encoded[segment] += 1
         return encode(builder, segment)
 
-    def checking(text, what="text"):
+    def checking(text, what="text", field=None):
         seen.checked.append((text, what))
-        return check_text(text, what)
+        return check_text(text, what, field)
 
     def planning(self, *args, **kwargs):
         seen.plans += 1
