@@ -191,8 +191,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     tts = TTS.load(ensure_checkpoint(args.model), device=args.device)
     codec = bench_codec(tts.backend.decoder, args.chunk_frames, args.chunks)
-    codec = f"{str(tts.backend.codec_dtype).removeprefix('torch.')} on {tts.backend.device}"
-    print(f"codec ({codec}), {args.chunk_frames}-frame chunks, {torch.get_num_threads()} threads:")
+    runs_on = f"{str(tts.backend.codec_dtype).removeprefix('torch.')} on {tts.backend.device}"
+    print(f"codec ({runs_on}), {args.chunk_frames}-frame chunks, {torch.get_num_threads()} threads:")
     print(
         f"  incremental      {codec['incremental_ms_per_chunk']:9.0f} ms/chunk  max|diff| "
         f"{codec['incremental_max_diff']:.1e}"
