@@ -13,6 +13,7 @@ import time
 
 import pytest
 from wyoming.client import AsyncTcpClient
+from wyoming.event import async_read_event
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from audio8_coreai import TTS
@@ -151,3 +152,27 @@ def test_a_port_taken_is_an_os_error_and_leaves_the_signals_as_they_were(tiny_tt
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+def test_an_event_cut_by_the_stop_is_said_as_the_stop(tiny_tts, caplog):
+    """A client part-way through sending an event when the stop comes: the stop's error, not a refusal of the
+    client's half line (nor a warning about the client in the log)."""
+
+    async def main() -> dict:
+        port, stop = free_port(), asyncio.Event()
+        server = asyncio.create_task(serve(Speaker(tiny_tts, WyomingSettings()), "127.0.0.1", port, stop))
+        await (await _connected(port)).disconnect()  # it listens
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b'{"type": "synthesize", "da')  # no end of line yet
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        stop.set()
+        said = await asyncio.wait_for(async_read_event(reader), 10)
+        writer.close()
+        await server
+        return said
+
+    with caplog.at_level("WARNING"):
+        said = asyncio.run(main())
+    assert said.type == "error" and said.data["code"] == "shutting_down"
+    assert "wyoming client refused" not in caplog.text

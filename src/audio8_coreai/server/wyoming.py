@@ -63,6 +63,7 @@ from .wyoming_speaker import NotReading, Speaker
 
 log = logging.getLogger(__name__)
 
+STOPPING = Error(text="the server is shutting down: send it again once it is back", code="shutting_down")
 SAMPLE_WIDTH = 2  # bytes: 16-bit signed little-endian PCM
 CHANNELS = 1
 
@@ -207,9 +208,13 @@ class WyomingHandler(AsyncEventHandler):
                         self.reader, self.speaker.settings.max_event_bytes, self.speaker.settings.idle_s
                     )
                 except ProtocolError as e:
-                    self.doors.log.warning("wyoming client refused: %s", e)
+                    if self._stopping:  # the stop's end of input cut an event the client was sending: not its fault
+                        answer = STOPPING
+                    else:
+                        self.doors.log.warning("wyoming client refused: %s", e)
+                        answer = refusal(e)
                     with contextlib.suppress(ConnectionError):
-                        await self.write_event(refusal(e).event())
+                        await self.write_event(answer.event())
                     break
                 self.answering = True
                 try:
@@ -220,9 +225,8 @@ class WyomingHandler(AsyncEventHandler):
         except asyncio.CancelledError:
             if not self._cut:
                 raise
-            stopping = Error(text="the server is shutting down: send it again once it is back", code="shutting_down")
             with contextlib.suppress(ConnectionError, NotReading, TimeoutError):
-                await asyncio.wait_for(self.write_event(stopping.event()), 1.0)
+                await asyncio.wait_for(self.write_event(STOPPING.event()), 1.0)
         except NotReading:
             self.doors.log.warning("dropped a wyoming client: it read nothing for %g s", DEFAULTS.server.stall_s)
             reset(self.writer.transport)  # what it was not reading is discarded, not held for it
