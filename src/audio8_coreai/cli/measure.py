@@ -204,7 +204,7 @@ def gate(
     )
     for key, verdict in report.verdicts.items():
         if isinstance(verdict, dict):
-            verdict = ", ".join(f"{k} {v}" for k, v in verdict.items()) or "-"
+            verdict = ", ".join(f"{k} {v}" for k, v in verdict.items()) or "skipped (why: below)"
         out.print(f"{key}: {verdict}", highlight=False, soft_wrap=True)
     reasons = [f"asr {lang}: {a['skipped']}" for lang, a in report.asr.items() if "skipped" in a]
     if report.speaker and "skipped" in report.speaker:

@@ -109,7 +109,7 @@ def render_markdown(report: GateReport) -> str:
         f"| codebook draws | {t['codebook_draws'][0]}/{t['codebook_draws'][1]} |",
         f"| slow argmax | {t['slow_argmax'][0]}/{t['slow_argmax'][1]} |",
         f"| slow / fast logits cos min | {t['slow_logits_min_cos']:.6f} / {t['fast_logits_min_cos']:.6f} |",
-        f"| misses (reference margin < {LOW_MARGIN}) | {t['misses']} ({t['misses_low_margin']}) |",
+        f"| misses (near-ties: reference margin < {LOW_MARGIN} logit) | {t['misses']} ({t['misses_low_margin']}) |",
         f"| free runs identical | {t['free_run_identical'][0]}/{t['free_run_identical'][1]} |",
         f"| free-run frames port / reference | {t['free_run_frames'][0]} / {t['free_run_frames'][1]} |",
         "",
