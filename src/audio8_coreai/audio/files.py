@@ -224,15 +224,22 @@ def _claim(tmp: str | Path, path: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_folder(out: Path, replace: bool = False) -> Iterator[Path]:
+def staged_folder(out: Path, replace: bool = False, merge: bool = False) -> Iterator[Path]:
     """A hidden sibling folder to write into; when the block ends it becomes ``out`` (which must be absent or an
     empty folder, or with ``replace`` a folder whose files are all to go: moved aside by one rename, then removed)
-    by one rename, and when the block raises it is removed: a reader never sees half a folder."""
+    by one rename, and when the block raises it is removed: a reader never sees half a folder. With ``merge``,
+    ``out`` may hold other entries (none of the names written): each entry written moves in by a rename of its own,
+    so a reader sees each one whole or not at all."""
     tmp = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         yield tmp
         old = None
+        if merge and out.is_dir():
+            for entry in sorted(tmp.iterdir()):
+                entry.rename(out / entry.name)
+            tmp.rmdir()
+            return
         if out.exists() and replace:
             old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
             out.rename(old)

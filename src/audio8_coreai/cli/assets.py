@@ -17,7 +17,10 @@ from .app import ModelOpt, app, described, err, friendly, out
 def convert(
     model: ModelOpt = DEFAULT_MODEL,
     out_dir: Annotated[
-        Path, typer.Option("--out", help="New folder for the assets (must not exist or be empty).")
+        Path,
+        typer.Option(
+            "--out", help="New folder for the assets (absent or empty), or an asset folder to complete with --part."
+        ),
     ] = Path("assets"),
     precision: Annotated[
         str, typer.Option(help="fp32 (exact), fp16, or int8-fp16 (int8 slow-AR weights, fp16 elsewhere).")

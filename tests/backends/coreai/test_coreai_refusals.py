@@ -22,7 +22,7 @@ pytest.importorskip("coreai.runtime", reason=coreai_missing())
 
 from audio8_coreai import TTS
 from audio8_coreai.backends.base import StepInputs
-from audio8_coreai.backends.coreai import CoreAIBackend, convert
+from audio8_coreai.backends.coreai import PARTS, CoreAIBackend, convert
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
 from audio8_coreai.errors import AssetError, BackendError, EngineError, PrecisionError
@@ -174,7 +174,8 @@ def test_a_request_that_sets_no_sampling_draws_with_the_assets_own(speakable, fp
 
 
 def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
-    with pytest.raises(AssetError, match="is a non-empty folder: the assets go into a new or empty folder"):
+    whole = "already holds dualar.aimodel, codec_decoder.aimodel, codec_encoder.aimodel: remove it to convert it again"
+    with pytest.raises(AssetError, match=whole + ", or choose a new folder$"):
         convert(oracle, fp32_assets, progress=False)
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(AssetError, match="a-file is a file: the assets go into a new or empty folder"):
@@ -198,6 +199,39 @@ def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
     assert not (tmp_path / "a").exists()
     with pytest.raises(BackendError, match="the device cuda is a torch-backend choice: drop --device"):
         TTS.load(oracle.path, backend="coreai", assets=fp32_assets, device="cuda")
+
+
+def test_convert_completes_an_asset_folder_of_one_checkpoint_and_precision(
+    tiny_checkpoint, oracle, fp32_assets, tmp_path
+):
+    """``convert --part`` into an asset folder adds the parts it lacks (a second --part was refused: the folder was
+    not empty); a folder of other files, a part it holds, or parts of another precision or checkpoint are refused
+    before anything is converted (a backend refuses a folder that mixes two conversions)."""
+    folder = tmp_path / "a"
+    shutil.copytree(fp32_assets, folder)
+    shutil.rmtree(folder / "codec_encoder.aimodel")
+    with pytest.raises(AssetError, match=r"holds codec_decoder.aimodel: .*only what it lacks: --part codec_encoder$"):
+        convert(oracle, folder, parts=("codec_decoder", "codec_encoder"), progress=False)
+    with pytest.raises(AssetError, match=r"a/dualar.aimodel is fp32, not fp16: .*convert with --precision fp32"):
+        convert(oracle, folder, "fp16", parts=("codec_encoder",), progress=False)
+    with pytest.raises(
+        AssetError,
+        match=r"a/dualar.aimodel was converted from another checkpoint \(tiny\), not from .*tiny: a folder.s parts",
+    ):
+        convert(load_checkpoint(tiny_checkpoint), folder, parts=("codec_encoder",), progress=False)
+    (folder / "notes.txt").write_text("x")
+    with pytest.raises(AssetError, match=r"a is a non-empty folder that is not an asset folder \(it holds notes.txt\)"):
+        convert(oracle, folder, parts=("codec_encoder",), progress=False)
+    (folder / "notes.txt").unlink()
+    (folder / ".DS_Store").write_text("x")  # a Mac's Finder leaves one: not a part, not refused
+    convert(oracle, folder, parts=("codec_encoder",), encoder_frames=16, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]  # no staging folder left beside it
+    assert sorted(p.name for p in folder.iterdir()) == [".DS_Store", *sorted(f"{p}.aimodel" for p in PARTS)]
+    backend = CoreAIBackend(oracle, folder)
+    try:
+        assert backend.encode(np.zeros(4096, np.float32)).shape == (oracle.config.num_codebooks, 2)
+    finally:
+        backend.close()
 
 
 def test_convert_into_a_place_that_cannot_hold_a_folder_is_said(oracle, tmp_path):

@@ -26,7 +26,9 @@ from .manifest import (
     decoder_state_manifest,
     function_contract,
     manifest_base,
+    read_manifest,
     require_coreai,
+    source_name,
 )
 from .weights import decoder_module, dualar_model, encoder_module
 
@@ -140,6 +142,45 @@ def _convert_codec(
     _save(fns, path, {**base, "part": part, **extra}, steps)
 
 
+def _check_completion(out: Path, ckpt: Checkpoint, precision: str, parts: Collection[str]) -> None:
+    """Check that the existing folder ``out`` is empty or an asset folder the conversion of ``parts`` completes.
+
+    Raises AssetError when it holds anything but parts (dot files aside: a Mac's .DS_Store), a part of ``parts``
+    already, or parts that are stale (:func:`.manifest.read_manifest`), of another checkpoint or another precision:
+    a backend refuses a folder that mixes two conversions.
+    """
+    entries = [e for e in out.iterdir() if not e.name.startswith(".")]
+    names = {f"{p}.aimodel": p for p in PARTS}
+    strays = sorted(e.name for e in entries if e.name not in names)
+    if strays:
+        raise AssetError(
+            f"{out} is a non-empty folder that is not an asset folder (it holds {', '.join(strays[:3])}): the "
+            "assets go into a new or empty folder, or into an asset folder that lacks the parts asked for; "
+            "choose one or remove it"
+        )
+    held = sorted((names[e.name] for e in entries), key=PARTS.index)
+    again = [p for p in held if p in parts]
+    if again:
+        lacks = [p for p in PARTS if p not in held]
+        more = f"; or convert only what it lacks: {' '.join(f'--part {p}' for p in lacks)}" if lacks else ""
+        raise AssetError(
+            f"{out} already holds {', '.join(f'{p}.aimodel' for p in again)}: remove it to convert it again, or "
+            f"choose a new folder{more}"
+        )
+    for part in held:
+        manifest = read_manifest(out / f"{part}.aimodel")
+        if manifest["source"]["fingerprint"] != ckpt.fingerprint():
+            raise AssetError(
+                f"{out / (part + '.aimodel')} was converted from another checkpoint ({source_name(manifest)}), "
+                f"not from {ckpt.path}: a folder's parts come from one checkpoint; choose a new folder"
+            )
+        if manifest["precision"] != precision:
+            raise AssetError(
+                f"{out / (part + '.aimodel')} is {manifest['precision']}, not {precision}: a folder's parts share "
+                f"one precision; convert with --precision {manifest['precision']}, or into a new folder"
+            )
+
+
 def convert(
     checkpoint: Checkpoint | str | Path,
     out_dir: str | Path,
@@ -157,8 +198,10 @@ def convert(
 
     Args:
         checkpoint: a loaded :class:`Checkpoint`, or its folder / hub id.
-        out_dir: a new (or empty) folder. The assets are written beside it under a temporary name and
-            moved into place when all are written, so a failed conversion leaves nothing half-made.
+        out_dir: a new (or empty) folder, or an asset folder that lacks the ``parts`` asked for (converted from
+            this checkpoint at this precision: ``audio8 convert --part`` a part at a time). The assets are written
+            beside it under a temporary name and moved into place when all are written, so a failed conversion
+            leaves nothing half-made.
         precision: ``fp32``, ``fp16`` or ``int8-fp16`` (precision.py).
         context: KV slots (prompt + frames), a multiple of 32 up to ``max_seq_len`` (the default).
         sampling: the settings baked into the frame graphs (default: the checkpoint's defaults).
@@ -175,7 +218,8 @@ def convert(
 
     Raises:
         BackendError: the Core AI packages are missing; AssetError: bad ``precision``, ``context``, buckets,
-        ``parts``, or an ``out_dir`` that is a file or a non-empty folder or cannot be made or written;
+        ``parts``, or an ``out_dir`` that is a file, a non-empty folder other than such an asset folder, or
+        cannot be made or written;
         CheckpointError: as :func:`load_checkpoint`.
     """
     require_coreai()
@@ -211,9 +255,10 @@ def convert(
         out = out.resolve()
     elif out.is_symlink():
         raise AssetError(f"{out} is a link to {os.readlink(out)}, not a folder; choose a new folder or remove it")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        what = "a non-empty folder" if out.is_dir() else "a file"
-        raise AssetError(f"{out} is {what}: the assets go into a new or empty folder; choose one or remove it")
+    if out.exists() and not out.is_dir():
+        raise AssetError(f"{out} is a file: the assets go into a new or empty folder; choose one or remove it")
+    if out.is_dir():
+        _check_completion(out, ckpt, precision, parts)
     blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise AssetError(f"cannot write the assets at {out}: {blocker} is a file, not a folder; choose another place")
@@ -223,7 +268,7 @@ def convert(
     per_part = {"dualar": 1 + len(DUALAR_FUNCTIONS) + 2, "codec_decoder": decoder_steps, "codec_encoder": 4}
     try:  # a folder that cannot be made or written (no such place, read-only, a disk full) is said, not a traceback
         out.parent.mkdir(parents=True, exist_ok=True)
-        with staged_folder(out) as tmp, _Steps(sum(per_part[p] for p in wanted), progress) as steps:
+        with staged_folder(out, merge=out.is_dir()) as tmp, _Steps(sum(per_part[p] for p in wanted), progress) as steps:
             for part in wanted:
                 path = tmp / f"{part}.aimodel"
                 if part == "dualar":

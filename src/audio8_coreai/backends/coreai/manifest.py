@@ -244,7 +244,7 @@ def _check_program(path: Path, fix: str) -> None:
         raise AssetError(f"{program} is damaged (not the program its main.hash names: a copy cut short?); {fix}")
 
 
-def _source_name(manifest: dict[str, Any]) -> str:
+def source_name(manifest: dict[str, Any]) -> str:
     """The source checkpoint's folder name (assets of this format written before it was kept held its path)."""
     source = manifest["source"]
     return source["name"] if "name" in source else Path(source["path"]).name
@@ -262,7 +262,7 @@ def checked_manifest(folder: Path, part: str, checkpoint: Checkpoint, precision:
     if got != want:
         raise AssetError(
             f"{folder / (part + '.aimodel')} was converted from another checkpoint "
-            f"({_source_name(manifest)}, fingerprint {got[:12]}), not from "
+            f"({source_name(manifest)}, fingerprint {got[:12]}), not from "
             f"{checkpoint.path} (fingerprint {want[:12]}); convert this checkpoint: "
             f"audio8 convert --model {checkpoint.path} --out DIR"
         )
