@@ -330,3 +330,28 @@ def test_name_is_the_hub_id_in_the_hub_cache_else_the_folder(tiny_checkpoint, tm
     assert load_checkpoint(_copy(tiny_checkpoint, tmp_path / "my-voice-ck")).name == "my-voice-ck"
     monkeypatch.chdir(tmp_path / "my-voice-ck")
     assert load_checkpoint(".").name == "my-voice-ck"  # a relative path has its folder's name
+
+
+@pytest.mark.parametrize(
+    "name, value, precision",
+    [
+        ("layers.0.feed_forward.w2.weight", float("nan"), "fp16w"),  # FBGEMM's packing saturated it: noise spoken
+        ("fast_output.weight", float("-inf"), "fp16w"),  # a head
+        ("fast_layers.0.attention.wqkv.weight", float("nan"), "int16"),  # the int8 pieces' scales made it finite
+        ("layers.1.feed_forward.w1.weight", float("inf"), "int8"),
+    ],
+)
+def test_nan_or_inf_in_a_packed_weight_is_refused_at_load(tiny_checkpoint, tmp_path, name, value, precision):
+    """A precision that packs the linears turned one NaN or inf weight finite, so the damaged file spoke (noise)
+    where fp32 stops it at the first frame: the load refuses it, naming the file to fetch again."""
+    from audio8_coreai import TTS
+    from audio8_coreai.errors import CheckpointError
+
+    bad = _copy(tiny_checkpoint, tmp_path / "bad")
+    with safe_open(str(bad / "model.safetensors"), "pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    state[name][1, 2] = value
+    save_file(state, str(bad / "model.safetensors"))
+    said = "model.safetensors holds NaN or infinite weights: it is damaged (a bad download or disk); download the "
+    with pytest.raises(CheckpointError, match=re.escape(said + "checkpoint again")):
+        TTS.load(bad, device="cpu", precision=precision)

@@ -4,7 +4,9 @@ codec's sizes read back from its shapes, and finite outputs (damaged weights tha
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,20 @@ def damaged(part: str, file: str) -> CheckpointError:
         f"the {part} produced NaN or infinite values: {file} is damaged (a bad download or disk); download the "
         "checkpoint again"
     )
+
+
+def require_finite_weights(weights: Iterable[torch.Tensor], file: str) -> None:
+    """Raise CheckpointError naming ``file`` when one of ``weights`` holds NaN or inf (damaged weights): a precision
+    that packs them (fp16w saturates, int16 scales) would turn them finite and speak noise where fp32's outputs are
+    refused (:func:`require_finite`). One ``aminmax`` a weight, which propagates NaN (a read at about the memory's
+    bandwidth)."""
+    for w in weights:
+        lo, hi = torch.aminmax(w.detach())
+        if not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
+            raise CheckpointError(
+                f"{file} holds NaN or infinite weights: it is damaged (a bad download or disk); download the "
+                "checkpoint again"
+            )
 
 
 def check_tensors(

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ...checkpoint import MODEL_FILE
+from ...checkpoint.validate import require_finite_weights
 from ...errors import QuantError
 from ...packages import require
 from ...precision import DEFAULT_BLOCK, Precision
@@ -53,7 +55,7 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
     and ONNX Runtime's session builds run without the GIL); after each such group the pages of the weights it
     replaced are handed back (:func:`.memory.release_mapped_pages`), so converting from a mapped checkpoint holds
     ``threads`` blocks' stored weights at a time beside the converted ones. Returns the stored weights replaced.
-    Raises QuantError.
+    Raises QuantError, or CheckpointError for a weight holding NaN or inf (:func:`.require_finite_weights`).
     """
     if kind not in KINDS:
         raise QuantError(f"unknown weight kind {kind!r}: use one of {', '.join(KINDS)}")
@@ -64,6 +66,7 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
     def convert(blk) -> list[Tensor]:
         att, ff = blk.attention, blk.feed_forward
         replaced = [att.wqkv.weight, att.wo.weight, ff.w1.weight, ff.w2.weight, ff.w3.weight]
+        require_finite_weights(replaced, MODEL_FILE)
         if fmt is None:
             linear, feed_forward = widened(kind)
             att.wqkv, att.wo, blk.feed_forward = linear(att.wqkv), linear(att.wo), feed_forward(ff)
@@ -90,6 +93,7 @@ def quantize_linear(linear: nn.Linear, kind: str, block: int = DEFAULT_BLOCK, th
     handed back as in :func:`quantize_blocks`."""
     if kind == "fp32":
         return linear
+    require_finite_weights([linear.weight], MODEL_FILE)
     kernel = widened(kind)[0](linear) if kind in WIDENED else NBitsLinear(linear, nbits(kind, block), threads)
     release_mapped_pages([linear.weight])
     return kernel
