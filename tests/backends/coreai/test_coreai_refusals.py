@@ -25,7 +25,7 @@ from audio8_coreai.backends.base import StepInputs
 from audio8_coreai.backends.coreai import PARTS, CoreAIBackend, convert
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
-from audio8_coreai.errors import AssetError, BackendError, EngineError, PrecisionError
+from audio8_coreai.errors import AssetError, BackendError, CheckpointError, EngineError, PrecisionError
 from audio8_coreai.request import check_request
 
 
@@ -249,3 +249,26 @@ def test_convert_into_a_place_that_cannot_hold_a_folder_is_said(oracle, tmp_path
     assert (tmp_path / "link").is_symlink() and [p.name for p in (tmp_path / "link").iterdir()] == [
         "codec_decoder.aimodel"
     ]
+
+
+@pytest.mark.parametrize("part", ["dualar", "codec_decoder"])
+def test_a_damaged_checkpoint_is_refused_before_converting(tiny_checkpoint, tmp_path, part):
+    """NaN weights (a bad download) made assets that drew from NaN on the device: refused, naming the file."""
+    import torch
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_checkpoint, bad)
+    if part == "dualar":
+        weights = load_file(bad / "model.safetensors")
+        weights["fast_layers.0.feed_forward.w2.weight"][0, 0] = float("nan")
+        save_file(weights, bad / "model.safetensors")
+    else:
+        state = torch.load(bad / "codec.pth", weights_only=True)
+        weights = state.get("state_dict", state)
+        name = next(k for k in weights if k.startswith("decoder.") and weights[k].is_floating_point())
+        weights[name].view(-1)[0] = float("inf")
+        torch.save(state, bad / "codec.pth")
+    file = "model.safetensors" if part == "dualar" else "codec.pth"
+    with pytest.raises(CheckpointError, match=f"^{file} holds NaN or infinite weights: it is damaged"):
+        convert(bad, tmp_path / "out", context=64, parts=(part,), progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]

@@ -11,6 +11,7 @@ from typing import Any
 
 from ...audio.files import staged_folder
 from ...checkpoint import Checkpoint, load_checkpoint
+from ...checkpoint.validate import require_finite_weights
 from ...config import SamplingParams
 from ...errors import AssetError
 from ...model.frame import PREFILL_WIDTH
@@ -128,6 +129,7 @@ def _convert_codec(
 ) -> None:
     cc = ckpt.codec_config
     state = steps.run(f"{part}: weights", ckpt.codec_state_dict)
+    require_finite_weights((t for t in state.values() if t.is_floating_point()), ckpt.codec_file.name)
     if part == "codec_decoder":
         longest = decoder_max_frames(ckpt.config.max_seq_len, cc.quantizer_transformer.window_size)
         pushes = decoder_pushes(frames, first)
@@ -220,7 +222,7 @@ def convert(
         BackendError: the Core AI packages are missing; AssetError: bad ``precision``, ``context``, buckets,
         ``parts``, or an ``out_dir`` that is a file, a non-empty folder other than such an asset folder, or
         cannot be made or written;
-        CheckpointError: as :func:`load_checkpoint`.
+        CheckpointError: as :func:`load_checkpoint`, or a weight holding NaN or inf (a damaged file).
     """
     require_coreai()
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)

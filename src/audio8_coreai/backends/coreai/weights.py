@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from ...checkpoint import Checkpoint
+from ...checkpoint.validate import require_finite_weights
 from ...config import CodecConfig
 from ...model.codec import CodecDecoder, CodecEncoder
 from ...model.dualar import DualAR
@@ -112,10 +113,12 @@ def _quantize_slow_linears(model: DualAR, context: int) -> None:
 
 def dualar_model(ckpt: Checkpoint, precision: str, context: int) -> DualAR:
     """The DualAR of ``ckpt`` for ``precision``: float32 for fp32, float16 otherwise, and for int8-fp16 the slow
-    AR's linear weights in int8 (prepared on an example prefill window over ``context`` KV slots)."""
-    model = DualAR.from_state_dict(
-        ckpt.config, ckpt.model_state_dict(), torch.float32 if precision == "fp32" else torch.float16
-    )
+    AR's linear weights in int8 (prepared on an example prefill window over ``context`` KV slots). Raises
+    CheckpointError for a weight holding NaN or inf (assets of a damaged checkpoint would draw from NaN)."""
+    state = ckpt.model_state_dict()
+    require_finite_weights((t for t in state.values() if t.is_floating_point()), ckpt.model_file.name)
+    model = DualAR.from_state_dict(ckpt.config, state, torch.float32 if precision == "fp32" else torch.float16)
+    del state
     if precision == "int8-fp16":
         _quantize_slow_linears(model, context)
     return model
