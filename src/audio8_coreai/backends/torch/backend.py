@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ...audio.samples import clip_samples
-from ...checkpoint import Checkpoint, require_finite
+from ...checkpoint import MODEL_FILE, Checkpoint, require_finite
 from ...config import ModelConfig, SamplingParams
 from ...errors import BackendError, QuantError
 from ...model.codec import CodecDecoder, CodecEncoder
@@ -21,7 +21,7 @@ from ...packages import require
 from ...precision import default_precision, resolve_precision, runtime_of
 from ...settings import DEFAULTS
 from ..base import Backend, BatchFrames, FrameResult, FrameRows, StepInputs
-from .codec_streams import MODEL_FILE, FiniteStream, TorchCodecStream
+from .codec_streams import FiniteStream, TorchCodecStream
 from .codec_worker import CodecWorker, build_decoder, default_codec_process
 from .cudagraphs import GraphedFrame
 from .heads import PromptHeads

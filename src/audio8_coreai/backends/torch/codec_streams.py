@@ -11,8 +11,8 @@ from ...model.codec import CodecDecoder, StreamingDecoder
 from .codec_worker import WorkerStream
 from .threads import running_on
 
-# Named in the error a damaged checkpoint raises (NaN or inf out of the model or the codec).
-MODEL_FILE, CODEC_FILE = "model.safetensors", "the codec file (codec.pth or codec.safetensors)"
+# Named in the error a damaged codec raises (NaN or inf out of it).
+CODEC_FILE = "the codec file (codec.pth or codec.safetensors)"
 
 
 class TorchCodecStream:

@@ -8,11 +8,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from ...checkpoint import damaged
+from ...checkpoint import MODEL_FILE, damaged
 from ...config import ModelConfig
 from ...model.frame import FrameInputs, FrameOutputs, Prefilled, unpacked
 from ..base import FrameResult, StepInputs
-from .codec_streams import MODEL_FILE
 
 
 def frame_results(
