@@ -49,6 +49,9 @@ _CPU = frozenset({"torch-cpu"})
 _CUDA = frozenset({"torch-cuda"})
 _COREAI = frozenset({"coreai"})
 
+FP16_MAX = 65504.0
+"""float16's largest finite value: a weight beyond it cannot be stored in a float16 precision."""
+
 PRECISIONS: dict[str, Precision] = {
     p.name: p
     for p in (

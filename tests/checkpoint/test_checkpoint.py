@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from audio8_coreai.checkpoint import derive_codec_config, load_checkpoint, resolve_checkpoint
 from audio8_coreai.config import CodecConfig
@@ -355,3 +355,19 @@ def test_nan_or_inf_in_a_packed_weight_is_refused_at_load(tiny_checkpoint, tmp_p
     said = "model.safetensors holds NaN or infinite weights: it is damaged (a bad download or disk); download the "
     with pytest.raises(CheckpointError, match=re.escape(said + "checkpoint again")):
         TTS.load(bad, device="cpu", precision=precision)
+
+
+def test_a_weight_beyond_float16s_range_is_refused_by_fp16w(tiny_checkpoint, tmp_path):
+    """FBGEMM's float16 packing saturated a weight over 65504 (other products, silently, at the default precision):
+    refused with the precisions that hold it; int16 loads it."""
+    from audio8_coreai import TTS
+    from audio8_coreai.errors import BackendError
+
+    big = _copy(tiny_checkpoint, tmp_path / "big")
+    state = load_file(big / "model.safetensors")
+    state["layers.1.attention.wo.weight"][3, 4] = -70000.0
+    save_file(state, str(big / "model.safetensors"))
+    said = "a weight of magnitude 70000 is beyond float16's range (65504), so fp16w would change it: load with "
+    with pytest.raises(BackendError, match=re.escape(said + "precision int16 or fp32")):
+        TTS.load(big, device="cpu", precision="fp16w")
+    TTS.load(big, device="cpu", precision="int16").close()

@@ -39,18 +39,22 @@ def damaged(part: str, file: str) -> CheckpointError:
     )
 
 
-def require_finite_weights(weights: Iterable[torch.Tensor], file: str) -> None:
-    """Raise CheckpointError naming ``file`` when one of ``weights`` holds NaN or inf (damaged weights): a precision
-    that packs them (fp16w saturates, int16 scales) would turn them finite and speak noise where fp32's outputs are
-    refused (:func:`require_finite`). One ``aminmax`` a weight, which propagates NaN (a read at about the memory's
-    bandwidth)."""
+def require_finite_weights(weights: Iterable[torch.Tensor], file: str) -> float:
+    """The largest magnitude among ``weights``; raises CheckpointError naming ``file`` when one holds NaN or inf
+    (damaged weights): a precision that packs them (fp16w saturates, int16 scales) would turn them finite and speak
+    noise where fp32's outputs are refused (:func:`require_finite`). One ``aminmax`` a weight, which propagates
+    NaN (a read at about the memory's bandwidth)."""
+    reach = 0.0
     for w in weights:
         lo, hi = torch.aminmax(w.detach())
-        if not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
+        lo, hi = lo.item(), hi.item()
+        if not (math.isfinite(lo) and math.isfinite(hi)):
             raise CheckpointError(
                 f"{file} holds NaN or infinite weights: it is damaged (a bad download or disk); download the "
                 "checkpoint again"
             )
+        reach = max(reach, -lo, hi)
+    return reach
 
 
 def check_tensors(

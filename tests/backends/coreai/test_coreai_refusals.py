@@ -272,3 +272,16 @@ def test_a_damaged_checkpoint_is_refused_before_converting(tiny_checkpoint, tmp_
     with pytest.raises(CheckpointError, match=f"^{file} holds NaN or infinite weights: it is damaged"):
         convert(bad, tmp_path / "out", context=64, parts=(part,), progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]
+
+
+def test_a_weight_beyond_float16s_range_is_refused_by_a_float16_conversion(tiny_checkpoint, tmp_path):
+    """fp16 and int8-fp16 assets stored a weight over 65504 as inf: refused, fp32 named."""
+    big = tmp_path / "big"
+    shutil.copytree(tiny_checkpoint, big)
+    weights = load_file(big / "model.safetensors")
+    weights["norm.weight"][0] = 1e5
+    save_file(weights, big / "model.safetensors")
+    said = "a weight of magnitude 100000 is beyond float16's range (65504), so fp16 would make it infinite: convert "
+    with pytest.raises(AssetError, match=re.escape(said + "with --precision fp32")):
+        convert(big, tmp_path / "out", "fp16", context=64, parts=("dualar",), progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big"]

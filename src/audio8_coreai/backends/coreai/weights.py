@@ -20,10 +20,12 @@ from torch.nn.utils import parametrize
 from ...checkpoint import Checkpoint
 from ...checkpoint.validate import require_finite_weights
 from ...config import CodecConfig
+from ...errors import AssetError
 from ...model.codec import CodecDecoder, CodecEncoder
 from ...model.dualar import DualAR
 from ...model.frame import PREFILL_WIDTH
 from ...model.layers import SpanKV, causal_cache_mask
+from ...precision import FP16_MAX
 
 QUANT_BLOCK = 32  # int8 weights: one scale per this many input channels
 
@@ -114,9 +116,15 @@ def _quantize_slow_linears(model: DualAR, context: int) -> None:
 def dualar_model(ckpt: Checkpoint, precision: str, context: int) -> DualAR:
     """The DualAR of ``ckpt`` for ``precision``: float32 for fp32, float16 otherwise, and for int8-fp16 the slow
     AR's linear weights in int8 (prepared on an example prefill window over ``context`` KV slots). Raises
-    CheckpointError for a weight holding NaN or inf (assets of a damaged checkpoint would draw from NaN)."""
+    CheckpointError for a weight holding NaN or inf (assets of a damaged checkpoint would draw from NaN), AssetError
+    for a weight beyond float16's range in a float16 precision."""
     state = ckpt.model_state_dict()
-    require_finite_weights((t for t in state.values() if t.is_floating_point()), ckpt.model_file.name)
+    reach = require_finite_weights((t for t in state.values() if t.is_floating_point()), ckpt.model_file.name)
+    if precision != "fp32" and reach > FP16_MAX:
+        raise AssetError(
+            f"a weight of magnitude {reach:g} is beyond float16's range ({FP16_MAX:g}), so {precision} would make "
+            "it infinite: convert with --precision fp32"
+        )
     model = DualAR.from_state_dict(ckpt.config, state, torch.float32 if precision == "fp32" else torch.float16)
     del state
     if precision == "int8-fp16":

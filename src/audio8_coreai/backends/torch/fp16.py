@@ -2,8 +2,9 @@
 weights stored as float16 (2 bytes each, prepacked once), activations and accumulation in float32.
 
 A bf16 weight converts to float16 exactly unless its magnitude is under 2^-14 (float16's subnormals keep fewer
-mantissa bits, down to 2^-24) or over 65504: on a bf16 checkpoint the products are those of the stored weights
-but for such tiny values, so the draws are the fp32 run's (docs/speed.md, Precisions, has the agreement counts).
+mantissa bits, down to 2^-24) or over 65504 (refused at load: :mod:`.quantize`): on a bf16 checkpoint the products
+are those of the stored weights but for such tiny values, so the draws are the fp32 run's (docs/speed.md,
+Precisions, has the agreement counts).
 """
 
 from __future__ import annotations

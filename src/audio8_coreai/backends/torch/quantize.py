@@ -14,7 +14,7 @@ from ...checkpoint import MODEL_FILE
 from ...checkpoint.validate import require_finite_weights
 from ...errors import QuantError
 from ...packages import require
-from ...precision import DEFAULT_BLOCK, Precision
+from ...precision import DEFAULT_BLOCK, FP16_MAX, Precision
 from .fp16 import Fp16FeedForward, Fp16Linear
 from .kernels import NBits, NBitsFeedForward, NBitsLinear, onnx_runtime
 from .memory import make_resident, release_freed_memory, release_mapped_pages
@@ -44,6 +44,17 @@ def nbits(kind: str, block: int = DEFAULT_BLOCK) -> NBits:
     return NBits(bits, block, pieces, lo)
 
 
+def _check_weights(weights: list[Tensor], kind: str) -> None:
+    """Raise CheckpointError for a weight holding NaN or inf (:func:`...checkpoint.validate.require_finite_weights`),
+    QuantError for an fp16w weight beyond float16's range (FBGEMM's packing would saturate it: other products)."""
+    reach = require_finite_weights(weights, MODEL_FILE)
+    if kind == "fp16w" and reach > FP16_MAX:
+        raise QuantError(
+            f"a weight of magnitude {reach:g} is beyond float16's range ({FP16_MAX:g}), so fp16w would change it: "
+            "load with precision int16 or fp32"
+        )
+
+
 def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int = 1) -> list[Tensor]:
     """Swap the linears of transformer ``blocks`` (layers.Block) in place for ``kind``'s kernels.
 
@@ -55,7 +66,8 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
     and ONNX Runtime's session builds run without the GIL); after each such group the pages of the weights it
     replaced are handed back (:func:`.memory.release_mapped_pages`), so converting from a mapped checkpoint holds
     ``threads`` blocks' stored weights at a time beside the converted ones. Returns the stored weights replaced.
-    Raises QuantError, or CheckpointError for a weight holding NaN or inf (:func:`.require_finite_weights`).
+    Raises QuantError (for fp16w also a weight beyond float16's range), or CheckpointError for a weight holding NaN
+    or inf.
     """
     if kind not in KINDS:
         raise QuantError(f"unknown weight kind {kind!r}: use one of {', '.join(KINDS)}")
@@ -66,7 +78,7 @@ def quantize_blocks(blocks, kind: str, block: int = DEFAULT_BLOCK, threads: int 
     def convert(blk) -> list[Tensor]:
         att, ff = blk.attention, blk.feed_forward
         replaced = [att.wqkv.weight, att.wo.weight, ff.w1.weight, ff.w2.weight, ff.w3.weight]
-        require_finite_weights(replaced, MODEL_FILE)
+        _check_weights(replaced, kind)
         if fmt is None:
             linear, feed_forward = widened(kind)
             att.wqkv, att.wo, blk.feed_forward = linear(att.wqkv), linear(att.wo), feed_forward(ff)
@@ -93,7 +105,7 @@ def quantize_linear(linear: nn.Linear, kind: str, block: int = DEFAULT_BLOCK, th
     handed back as in :func:`quantize_blocks`."""
     if kind == "fp32":
         return linear
-    require_finite_weights([linear.weight], MODEL_FILE)
+    _check_weights([linear.weight], kind)
     kernel = widened(kind)[0](linear) if kind in WIDENED else NBitsLinear(linear, nbits(kind, block), threads)
     release_mapped_pages([linear.weight])
     return kernel
