@@ -177,6 +177,36 @@ def test_a_replica_lost_before_the_first_byte_is_a_503_with_retry_after(capped, 
     assert speech(capped, response_format="pcm").status_code == 200
 
 
+def test_health_counts_the_running_replicas_and_is_a_503_without_one(monkeypatch, tmp_path):
+    """On a cluster /health asks Ray's controller how many Synth replicas run: a load balancer saw 200 while every
+    replica was lost (or not yet started). None running, or a controller that does not answer within
+    STATUS_TIMEOUT_S, is a 503 no_replica with Retry-After."""
+    from audio8_coreai.server import ray_replicas
+
+    info = {"sample_rate": 44100, "fingerprint": "f", "model": "m", "backend": "torch", "device": "cpu", "workers": 1}
+    synth = RaySynthesizer(None, VoiceStore(tmp_path), SETTINGS.max_queue, info, app="audio8")
+    running = {"n": 2}
+    asked = []
+
+    def replicas(app, deployment):
+        asked.append((app, deployment))
+        if running["n"] is None:
+            time.sleep(ray_replicas.STATUS_TIMEOUT_S + 1)
+        return running["n"]
+
+    monkeypatch.setattr(ray_replicas, "running_replicas", replicas)
+    with serve_in_thread(create_app(synth, SETTINGS)) as url:
+        ok = httpx.get(f"{url}/health", timeout=30)
+        assert ok.status_code == 200 and ok.json()["replicas"] == 2 and asked == [("audio8", "Synth")]
+        for n, said in ((0, "no replica is running"), (None, "Ray's controller did not answer")):
+            running["n"] = n
+            t0 = time.perf_counter()
+            r = httpx.get(f"{url}/health", timeout=30)
+            assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+            assert r.json()["error"]["code"] == "no_replica" and said in r.json()["error"]["message"]
+            assert time.perf_counter() - t0 < ray_replicas.STATUS_TIMEOUT_S + 0.5
+
+
 def test_a_replaced_voice_gets_a_new_key_and_errors_cross_processes_whole(tiny_tts, tmp_path):
     def voice(seconds: float, transcript: str):
         clip = clips.write(tmp_path / f"{seconds}.wav", clips.sweep(22050, seconds), 22050)
@@ -302,9 +332,9 @@ def test_a_ray_cluster_serves_the_same_api(cluster, never_eos_long_checkpoint, v
     assert whole.status_code == 200, whole.text
     # One x-request-id, written by Ray's proxy (the client's own when sent); the app reads it for its logs.
     assert len(whole.headers.get_list("x-request-id")) == 1  # it came twice
-    assert httpx.get(f"{url}/health", headers={"x-request-id": "trace 7"}).headers.get_list("x-request-id") == [
-        "trace 7"
-    ]
+    health = httpx.get(f"{url}/health", headers={"x-request-id": "trace 7"})
+    assert health.headers.get_list("x-request-id") == ["trace 7"]
+    assert health.json()["replicas"] == 2  # Ray's controller asked: the Synth replicas running
     with plain_server(never_eos_long_checkpoint, voices, batch=1) as plain:
         assert speech(plain, response_format="wav").content == whole.content
     # The ingress counts requests; frames, RTF and TTFA are the replicas' (they read 0 here, as if none were made).

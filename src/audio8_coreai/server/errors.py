@@ -60,7 +60,7 @@ STATUSES = {
     413: "The body or the upload is over this server's limit.",
     422: "The model ended the utterance at once: no audio (another seed speaks).",
     500: "The server failed (its storage, a stored voice, or a bug, logged there).",
-    503: "The queue is full (or, on Ray, the replica was lost): retry after Retry-After seconds.",
+    503: "The queue is full (or, on Ray, the replica was lost, or none runs): retry after Retry-After seconds.",
     507: "The server's disk is full.",
 }
 

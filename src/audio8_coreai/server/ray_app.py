@@ -56,6 +56,7 @@ from ..voices import Voice, VoiceStore
 from .app import create_app
 from .errors import ApiError, api_error
 from .metrics import Metrics
+from .ray_replicas import replicas_or_503
 from .synth import LOCAL, LocalSynthesizer, Output, Speech, Synthesizer, failed
 
 T = TypeVar("T")
@@ -222,10 +223,13 @@ async def _remote(step: Awaitable[T | Refused]) -> T:
 class RaySynthesizer(Synthesizer):
     """The app's synthesizer on a cluster: speech and voice registration go to the Synth deployment behind
     ``synth``; ``voices`` is the shared store (read here for listing, checks and deletion); ``max_queue``: the
-    requests Ray lets wait per ingress replica (``/health``); ``info``: what :meth:`Synth.info` says."""
+    requests Ray lets wait per ingress replica (``/health``); ``info``: what :meth:`Synth.info` says; ``app``: the
+    Serve application whose Synth replicas ``/health`` counts (None: not counted, Ray's local testing mode)."""
 
-    def __init__(self, synth: DeploymentHandle, voices: VoiceStore, max_queue: int, info: dict[str, Any]):
-        self.synth, self.voices, self.max_queue = synth, voices, max_queue
+    def __init__(
+        self, synth: DeploymentHandle, voices: VoiceStore, max_queue: int, info: dict[str, Any], app: str | None = None
+    ):
+        self.synth, self.voices, self.max_queue, self.app = synth, voices, max_queue, app
         self.sample_rate, self.fingerprint = info["sample_rate"], info["fingerprint"]
         self.fixed = {k: v for k, v in info.items() if k != "fingerprint"}
         self.running = 0  # streams in flight through this ingress
@@ -262,8 +266,10 @@ class RaySynthesizer(Synthesizer):
     async def health(self) -> dict[str, Any]:
         """Answered here, at once: a call to a replica would wait behind its speech (seconds to minutes, when a
         load balancer's probe must not). A replica's fixed fields (its rows as ``workers``), the streams through
-        this ingress as ``running``, the cluster's ``max_queue``; ``queued`` is Ray's, not known here (None)."""
-        return {**self.fixed, "running": self.running, "queued": None, "max_queue": self.max_queue}
+        this ingress as ``running``, the cluster's ``max_queue``; ``queued`` is Ray's, not known here (None);
+        ``replicas``: the Synth replicas running, from Ray's controller (raises the 503 ``no_replica`` for none)."""
+        counted = {} if self.app is None else {"replicas": await replicas_or_503(self.app, "Synth")}
+        return {**self.fixed, "running": self.running, "queued": None, "max_queue": self.max_queue, **counted}
 
     def load(self) -> tuple[int, int]:
         return self.running, 0  # what waits is Ray's queue, not this process's
@@ -287,7 +293,8 @@ class Ingress:
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
         server, info = self.server, await _remote(self.synth.info.remote())
-        synth = RaySynthesizer(self.synth, VoiceStore(self.cluster.voices), server.max_queue, info)
+        app = serve.get_replica_context().app_name
+        synth = RaySynthesizer(self.synth, VoiceStore(self.cluster.voices), server.max_queue, info, app)
         return create_app(synth, server, proxy_ids=True)  # Ray's proxy answers with the request's x-request-id
 
 

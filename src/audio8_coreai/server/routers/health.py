@@ -14,10 +14,10 @@ from ..state import State, state
 router = APIRouter()
 
 
-@router.get("/health", responses=documented())
+@router.get("/health", responses=documented(503))
 async def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
     """The model served (its folder's name), its backend and device, and the workers' load
-    (:meth:`..synth.Synthesizer.health`)."""
+    (:meth:`..synth.Synthesizer.health`); on Ray the Synth replicas running, and a 503 when none runs."""
     return {"status": "ok", **await server.synth.health()}
 
 
