@@ -97,9 +97,7 @@ def make_plan(
     :meth:`.tts.TTS.plan`, which raises what this does."""
     ids = _Tokens(prompts)
     head = prompts.head() if voice is None else prompts.head(voice.transcript, voice.codes)
-    texts = (
-        _split(checked.text, voice is not None, prompts.around(head), cfg, generation, ids) if split else [checked.text]
-    )
+    texts = _split(checked, voice is not None, prompts.around(head), cfg, generation, ids) if split else [checked.text]
     default_frames = generation.max_new_tokens
     if frame_cap is not None:
         default_frames = min(default_frames, check_int(frame_cap, "frame_cap"))
@@ -136,11 +134,12 @@ class _Tokens:
 
 
 def _split(
-    text: str, cloned: bool, overhead: int, cfg: ModelConfig, generation: GenerationConfig, ids: _Tokens
+    checked: CheckedRequest, cloned: bool, overhead: int, cfg: ModelConfig, generation: GenerationConfig, ids: _Tokens
 ) -> list[str]:
-    """``text`` as the pieces a stream speaks: each one's prompt (``overhead`` columns besides its tokens) plus its
-    estimated speech (DEFAULTS.speech.split_frames_per_token frames per text token) fits the context, and its frames
-    the default frame budget. Raises PromptError for a run of text that cannot be split to fit."""
+    """The request's text as the pieces a stream speaks (:func:`.text.split.split_checked`, at its blocks too): each
+    one's prompt (``overhead`` columns besides its tokens) plus its estimated speech
+    (DEFAULTS.speech.split_frames_per_token frames per text token) fits the context, and its frames the default
+    frame budget. Raises PromptError for a run of text that cannot be split to fit."""
     max_tokens = min(
         (cfg.max_seq_len - overhead) // (1 + DEFAULTS.speech.split_frames_per_token),
         generation.max_new_tokens // DEFAULTS.speech.split_frames_per_token,
@@ -153,7 +152,7 @@ def _split(
             + ("; a voice made from a shorter clip leaves more" if cloned else "")
         )
     try:
-        return split_checked(text, max_tokens, lambda words: len(ids(words)))
+        return split_checked(checked.text, max_tokens, lambda words: len(ids(words)), checked.breaks)
     except PromptError as e:
         if not cloned:
             raise

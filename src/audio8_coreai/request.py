@@ -17,6 +17,7 @@ from .config import GenerationConfig, check_int, check_number
 from .errors import Audio8Error, ConfigError, EngineError, PromptError, VoiceError
 from .settings import DEFAULTS
 from .text import check_text
+from .text.split import block_starts
 from .voices import Voice, check_name, check_voice_choice
 
 MAX_SEED = 2**53 - 1
@@ -40,7 +41,8 @@ class CheckedRequest:
     """A request that passed :func:`check_request`: cleaned ``text``, the voice asked for (a checked name, a
     :class:`Voice`, or a one-off clip ``ref_audio`` with its cleaned ``ref_text``), the ``seed`` (drawn when none
     was given), sampling overrides (None: the checkpoint's), the frame cap (None: the model's budget) and the
-    stream's chunk sizes in frames."""
+    stream's chunk sizes in frames; ``breaks``: where the text's blocks (paragraphs, list items) began, in ``text``
+    (:func:`.text.split.block_starts`: a long text's pieces start there, never end with an item's number)."""
 
     text: str
     voice: str | Voice | None
@@ -53,6 +55,7 @@ class CheckedRequest:
     max_frames: int | None
     chunk_frames: int
     first_chunk_frames: int | None
+    breaks: tuple[int, ...] = ()
 
 
 def check_request(
@@ -80,7 +83,7 @@ def check_request(
     ``DEFAULTS.speech.chunk_frames``); ``first_chunk_frames`` outside 1 to ``chunk_frames``; any of them not a number
     of the right kind). ``text_field``: what the errors call the text (the HTTP body's ``input``).
     """
-    text = check_text(text, text_field, text_field)
+    cleaned = check_text(text, text_field, text_field)
     check_voice_choice(voice, ref_audio, ref_text)
     if ref_audio is not None:
         ref_text = check_text(ref_text, "reference text", "ref_text")
@@ -94,7 +97,7 @@ def check_request(
     chunk_frames = DEFAULTS.speech.chunk_frames if chunk_frames is None else chunk_frames
     chunk_frames, first_chunk_frames = check_chunks(chunk_frames, first_chunk_frames)
     return CheckedRequest(
-        text,
+        cleaned,
         voice,
         ref_audio,
         ref_text,
@@ -105,6 +108,7 @@ def check_request(
         max_frames,
         chunk_frames,
         first_chunk_frames,
+        block_starts(text),
     )
 
 

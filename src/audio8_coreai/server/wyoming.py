@@ -55,7 +55,7 @@ from ..errors import Audio8Error, ConfigError, NoAudio, PromptError, ProtocolErr
 from ..request import CheckedRequest, check_seed
 from ..settings import DEFAULTS
 from ..text import check_text
-from ..text.split import complete_sentences, split_checked
+from ..text.split import block_starts, complete_sentences, split_checked
 from ..voices import Voice
 from .connections import reset
 from .wyoming_events import parse, read_event, refusal
@@ -104,9 +104,9 @@ class _Stream:
 def _parts(text: str, cap: int) -> list[str]:
     """``text`` cut into parts of at most ``cap`` characters (:func:`..text.split.split_checked`); raises
     PromptError (no words) or ConfigError (a run of over ``cap`` characters with nowhere to cut)."""
-    text = check_text(text)
+    cleaned = check_text(text)
     try:
-        return split_checked(text, cap, len)
+        return split_checked(cleaned, cap, len, block_starts(text))
     except PromptError:
         raise ConfigError(
             f"text holds a run of over {cap} characters with no sentence end, clause mark or space to cut it at, "

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from ..errors import PromptError
-from .checks import check_text
+from .abbreviations import ABBREVIATIONS_EITHER, ABBREVIATIONS_INSIDE, MONTHS_DE
+from .checks import check_text, clean_text
 
 # A Latin mark ends a piece only before a space, the end, or a CJK letter after a CJK letter ("3.14", "３．１４",
 # "3,5", "e.g.x", "U.S.A" and "Mr.田中" stay whole; "好的.你" is cut, as CJK text typed with half-width marks has no
@@ -22,141 +23,18 @@ _CLOSERS_BEFORE_SPACE = "“‘"  # close German „…“ ‚…‘ before a sp
 _SPACED_CLOSERS = "»›"  # French typesetting: "Bonjour. »"
 _SPACED_CLOSE = re.compile(rf"\s+[{_SPACED_CLOSERS}]+(?=\s|$)")
 
-# Words whose period never ends a sentence in the Latin-script languages the model speaks (en, de, fr, es):
-# titles before a name and abbreviations that stand inside a sentence; lowercased, without the final period.
-# A missed sentence end costs little (the text is cut at the next one, or at a clause), a false one puts a
-# pause after "Dr.", so the lists lean towards keeping a sentence whole.
-ABBREVIATIONS_INSIDE = frozenset(
-    {
-        # en
-        "mr",
-        "mrs",
-        "ms",
-        "mx",
-        "dr",
-        "prof",
-        "rev",
-        "hon",
-        "st",
-        "mt",
-        "gen",
-        "col",
-        "capt",
-        "lt",
-        "sgt",
-        "gov",
-        "sen",
-        "rep",
-        "fr",
-        "sr",
-        "jr",
-        "vs",
-        "cf",
-        "viz",
-        "e.g",
-        "i.e",
-        # de: Herr, Fräulein, zum Beispiel, das heißt, unter anderem, beziehungsweise, vergleiche...
-        "hr",
-        "frl",
-        "z.b",
-        "d.h",
-        "u.a",
-        "bzw",
-        "vgl",
-        "ggf",
-        "evtl",
-        "sog",
-        "inkl",
-        "zzgl",
-        # fr: Madame, Mademoiselle, Monseigneur, Professeur, par exemple, c'est-à-dire
-        "mme",
-        "mlle",
-        "mgr",
-        "pr",
-        "p.ex",
-        "c.-à-d",
-        "av",  # avenue: before a name
-        # es: Señora, Señorita, Doctora, usted, ustedes, doña, por ejemplo
-        "sra",
-        "srta",
-        "dra",
-        "ud",
-        "uds",
-        "vd",
-        "dña",
-        "p.ej",
-    }
-)
-# Abbreviations that also close sentences ("... and so on, etc. The next"): a sentence end only when the
-# next word does not start with a lowercase letter or a digit ("etc. and", "No. 5", "ca. 30" continue).
-ABBREVIATIONS_EITHER = frozenset(
-    {
-        "etc",
-        "approx",
-        "fig",
-        "no",
-        "nos",
-        "vol",
-        "ch",
-        "p",
-        "pp",
-        "inc",
-        "ltd",
-        "co",
-        "corp",
-        "ave",
-        "blvd",  # en
-        "ca",
-        "nr",
-        "usw",
-        "str",
-        "abs",  # de
-        "env",
-        "bd",
-        "janv",
-        "févr",
-        "avr",
-        "juil",
-        "sept",
-        "oct",
-        "nov",
-        "déc",  # fr (months before a date: "janv. 2020")
-        "cap",  # es (capítulo)
-        "aprox",
-        "pág",
-        "núm",
-        "tel",  # es
-    }
-)
-# German ordinals before a month ("am 3. Oktober"): a number's period is no sentence end before these.
-MONTHS_DE = frozenset(
-    {
-        "januar",
-        "februar",
-        "märz",
-        "april",
-        "mai",
-        "juni",
-        "juli",
-        "august",
-        "september",
-        "oktober",
-        "november",
-        "dezember",
-    }
-)
-
 _NEXT_WORD = re.compile(r"\s*(\w*)")
 _BLANK = re.compile(r"\s*")  # what may come before a list's number at the text's start ("1. First")
 _LONGEST_WORD = 64  # characters looked back for the word before a period (titles and abbreviations are short)
 _OPENING = re.compile(r"^\W+")  # opening quotes and brackets before a word
 
 
-def _continues_sentence(text: str, i: int, j: int) -> bool:
+def _continues_sentence(text: str, i: int, j: int, breaks: Collection[int] = ()) -> bool:
     """Whether the marks ``text[i:j]``, followed by a space, leave the sentence open: a period after a title,
     an abbreviation or an initial ("Dr. Smith", "e.g. this", "J. K. Rowling"), a German ordinal before a month
-    ("3. Oktober"), an ellipsis before a lowercase word ("well... maybe"). Decimals never get here: their
-    period is not followed by a space. ``text`` is cleaned (single spaces)."""
+    ("3. Oktober"), a list's number ("1. First": at the text's start or at one of ``breaks``, where a block
+    begins: :func:`block_starts`), an ellipsis before a lowercase word ("well... maybe"). Decimals never get here:
+    their period is not followed by a space. ``text`` is cleaned (single spaces)."""
     following = _NEXT_WORD.match(text, j).group(1)
     lower_next = following[:1].islower() or following[:1].isdigit()
     run = text[i:j]
@@ -170,8 +48,9 @@ def _continues_sentence(text: str, i: int, j: int) -> bool:
     key = word.lower()
     if key in ABBREVIATIONS_INSIDE or (len(word) == 1 and word.isupper() and word != "I"):
         return True
-    if word.isdigit():  # a list's number ("1. First") begins its text; an ordinal ("3. Oktober") goes on
-        return lower_next or following.lower() in MONTHS_DE or _BLANK.fullmatch(text, 0, begin) is not None
+    if word.isdigit():  # a list's number ("1. First") begins its text or block; an ordinal ("3. Oktober") goes on
+        at_start = _BLANK.fullmatch(text, 0, begin) is not None or begin in breaks
+        return lower_next or following.lower() in MONTHS_DE or at_start
     street = len(key) > 3 and key.endswith("str")  # de: "Hauptstr. 5"
     return (key in ABBREVIATIONS_EITHER or street or "." in word) and lower_next  # "U.S. and", "p.m. tomorrow"
 
@@ -229,16 +108,34 @@ def split_text(text: str, max_tokens: int, count: Callable[[str], int]) -> list[
     whitespace, they give back the cleaned text. A cut without a letter or digit ("...", "—") rides with its
     neighbour. Never drops text.
 
+    A block of the text as written (a paragraph after a blank line, a list item after a line break: "2. ",
+    "- ") starts a sentence: a piece never ends with the next item's number ("... the box. 2." | "Take out").
+
     Raises PromptError for unspeakable text (:func:`check_text`) and for a run without any mark or space
     (one long word, or CJK text without punctuation) longer than ``max_tokens``: the message gives the run's
     start and both counts.
     """
-    return split_checked(check_text(text, field="text"), max_tokens, count)
+    return split_checked(check_text(text, field="text"), max_tokens, count, block_starts(text))
 
 
-def split_checked(text: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:
+def block_starts(text: str) -> tuple[int, ...]:
+    """Where the blocks of ``text`` as written begin in its cleaned form (:func:`..checks.clean_text`), the first
+    one's 0 left out: a paragraph after a blank line, a list item after a line break ("1. ", "2) ", "- ", "* ",
+    "• "), as a language model's replies are laid out (:data:`_BLOCK_BREAK`)."""
+    starts, at = [], 0
+    for block in _BLOCK_BREAK.split(text):
+        cleaned = clean_text(block)
+        if cleaned:
+            if at:
+                starts.append(at)
+            at += len(cleaned) + 1  # the space the cleaning puts between blocks
+    return tuple(starts)
+
+
+def split_checked(text: str, max_tokens: int, count: Callable[[str], int], breaks: tuple[int, ...] = ()) -> list[str]:
     """:func:`split_text` of ``text`` that :func:`check_text` has already cleaned and passed (a checked request's,
-    :mod:`...plan`): not checked again."""
+    :mod:`...plan`): not checked again; ``breaks``: where its blocks began (:func:`block_starts` of the text as
+    written)."""
     if max_tokens < 1:
         raise PromptError(
             f"no room for text: an utterance can hold {max_tokens} tokens of it (a voice whose "
@@ -248,7 +145,7 @@ def split_checked(text: str, max_tokens: int, count: Callable[[str], int]) -> li
         return [text]
     pieces: list[tuple[int, int]] = []
     lead = None  # where marks before the first words ("... Hello") begin: they ride with the first sentence
-    for s0, s1 in _cut(text, SENTENCE_MARKS_LATIN, SENTENCE_MARKS_CJK, _continues_sentence):
+    for s0, s1 in _at_breaks(_cut(text, SENTENCE_MARKS_LATIN, SENTENCE_MARKS_CJK, _continuing(breaks)), breaks):
         if not pieces and not _speakable(text[s0:s1]):
             lead = s0 if lead is None else lead
             continue
@@ -274,6 +171,26 @@ def split_checked(text: str, max_tokens: int, count: Callable[[str], int]) -> li
     if len(pieces) > 1 and not _speakable(text[slice(*pieces[0])]):
         pieces[:2] = [(pieces[0][0], pieces[1][1])]  # leading marks ride with the first words
     return [text[a:b].strip() for a, b in pieces]
+
+
+def _continuing(breaks: tuple[int, ...]) -> Callable[[str, int, int], bool]:
+    """:func:`_continues_sentence` knowing where the blocks begin."""
+    starts = frozenset(breaks)
+    return lambda text, i, j: _continues_sentence(text, i, j, starts)
+
+
+def _at_breaks(spans: list[tuple[int, int]], breaks: tuple[int, ...]) -> list[tuple[int, int]]:
+    """``spans`` (in order) cut again at each of ``breaks`` (ascending) inside one (a block begins there: a new
+    sentence); one pass over both."""
+    out, k = [], 0
+    for s0, s1 in spans:
+        while k < len(breaks) and breaks[k] < s1:
+            if breaks[k] > s0:
+                out.append((s0, breaks[k]))
+                s0 = breaks[k]
+            k += 1
+        out.append((s0, s1))
+    return out
 
 
 def _clause_spans(text: str, c0: int, c1: int, max_tokens: int, count: Callable[[str], int]) -> list[tuple[int, int]]:
