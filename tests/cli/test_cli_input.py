@@ -234,7 +234,7 @@ def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(never_eos_long
         "Bob 1",
         "--audio",
         clip,
-        "--text",
+        "--transcript",  # --text's other name, as the HTTP API's form field
         "Hi, I am Bob [the first].",
         "--model",
         never_eos_long_checkpoint,

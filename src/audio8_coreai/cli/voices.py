@@ -17,7 +17,7 @@ from .app import DeviceOpt, ModelOpt, VoicesOpt, app, err, friendly, out, print_
 voice_app = typer.Typer(
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
-    help="Cloned voices: register a clip by name, list, show, remove.",
+    help="Cloned voices: add (register a clip by name), list, show, rm (remove).",
 )
 app.add_typer(voice_app, name="voice")
 
@@ -33,7 +33,7 @@ def voice_add(
             help="The clip: 0.5-30 s of the speaker alone (wav, flac, ogg, mp3; any sample rate and channels).",
         ),
     ],
-    text: Annotated[str, typer.Option("--text", help="What the clip says, word for word.")],
+    text: Annotated[str, typer.Option("--text", "--transcript", help="What the clip says, word for word.")],
     model: ModelOpt = DEFAULT_MODEL,
     voices: VoicesOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a voice of the same name.")] = False,
