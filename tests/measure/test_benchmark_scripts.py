@@ -60,6 +60,7 @@ def test_gpu_scripts_say_there_is_no_cuda_device(script, part):
         ("load_test.py", "--clients", "two", "'two' is not a whole number"),
         ("load_test.py", "--duration", "-1", "-1 is no duration: give a number of seconds above 0"),
         ("bench_coreai.py", "--codec-frames", "-1", "-1 is under 0: give a whole number of at least 0"),
+        ("bench_read_rates.py", "--layers", "0", "0 is under 1"),
     ],
 )
 def test_counts_under_their_least_are_refused_by_argparse_in_one_line(script, option, value, said):
