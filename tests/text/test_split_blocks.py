@@ -8,7 +8,7 @@ import pytest
 from audio8_coreai.request import check_request
 from audio8_coreai.text import split_text
 from audio8_coreai.text.checks import clean_text
-from audio8_coreai.text.split import block_starts
+from audio8_coreai.text.split import block_starts, with_line_breaks
 
 STEPS = "Here are the steps:\n1. Open the box.\n2. Take out the manual.\n3. Read it twice.\n4. Plug it in."
 
@@ -68,3 +68,22 @@ def test_a_requests_pieces_start_at_its_list_items(tiny_tts):
     pieces = [p.text for p in tiny_tts.plan(checked).pieces]
     assert len(pieces) == 5 and all(p.endswith("aloud.") for p in pieces), pieces  # was "... aloud. 2."
     assert [p.split(".")[0] for p in pieces] == ["Here is the list: 1", "2", "4", "6", "8"]
+
+
+def test_pieces_spoken_as_texts_of_their_own_keep_their_list_items():
+    """Wyoming speaks a text over its character cap in parts, each checked and split again as a request of its own:
+    the parts were cleaned pieces, so inside one a list's number ended a piece again."""
+    from audio8_coreai.server.wyoming import _parts
+
+    text = "Intro here.\n\nSteps:\n1. Open the box now.\n2. Take out the manual.\n3. Read it.\n- a bullet\n4. Done."
+    breaks = block_starts(text)
+    pieces = split_text(text, 40, len)
+    kept = with_line_breaks(pieces, breaks)
+    assert [len(k) for k in kept] == [len(p) for p in pieces] and " ".join(kept).split() == clean_text(text).split()
+    assert kept == [
+        "Intro here.\nSteps:\n1. Open the box now.",
+        "2. Take out the manual.\n3. Read it.",
+        "- a bullet\n4. Done.",
+    ]
+    assert _parts(text, 40) == kept
+    assert [check_request(part).breaks for part in kept] == [(19,), (24,), (11,)]  # each part's own item

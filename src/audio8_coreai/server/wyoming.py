@@ -55,7 +55,7 @@ from ..errors import Audio8Error, ConfigError, NoAudio, PromptError, ProtocolErr
 from ..request import CheckedRequest, check_seed
 from ..settings import DEFAULTS
 from ..text import check_text
-from ..text.split import block_starts, complete_sentences, split_checked
+from ..text.split import block_starts, complete_sentences, split_checked, with_line_breaks
 from ..voices import Voice
 from .connections import reset
 from .wyoming_events import parse, read_event, refusal
@@ -102,11 +102,12 @@ class _Stream:
 
 
 def _parts(text: str, cap: int) -> list[str]:
-    """``text`` cut into parts of at most ``cap`` characters (:func:`..text.split.split_checked`); raises
-    PromptError (no words) or ConfigError (a run of over ``cap`` characters with nowhere to cut)."""
-    cleaned = check_text(text)
+    """``text`` cut into parts of at most ``cap`` characters (:func:`..text.split.split_checked`), each keeping a
+    line break before its list items (:func:`..text.split.with_line_breaks`: its own split then starts pieces
+    there); raises PromptError (no words) or ConfigError (a run of over ``cap`` characters with nowhere to cut)."""
+    cleaned, breaks = check_text(text), block_starts(text)
     try:
-        return split_checked(cleaned, cap, len, block_starts(text))
+        return with_line_breaks(split_checked(cleaned, cap, len, breaks), breaks)
     except PromptError:
         raise ConfigError(
             f"text holds a run of over {cap} characters with no sentence end, clause mark or space to cut it at, "

@@ -132,6 +132,22 @@ def block_starts(text: str) -> tuple[int, ...]:
     return tuple(starts)
 
 
+def with_line_breaks(pieces: list[str], breaks: tuple[int, ...]) -> list[str]:
+    """``pieces`` of a cleaned text (:func:`split_checked`'s, which joined with single spaces give it back) with a
+    line break for the space before each of ``breaks`` inside one: a piece spoken as a text of its own (split again
+    for the model's context) still has its list items (:func:`block_starts`); no piece gets longer."""
+    out, at, k = [], 0, 0
+    for piece in pieces:
+        chars, end = list(piece), at + len(piece)
+        while k < len(breaks) and breaks[k] < end:
+            if breaks[k] > at and chars[breaks[k] - at - 1] == " ":
+                chars[breaks[k] - at - 1] = "\n"
+            k += 1
+        out.append("".join(chars))
+        at = end + 1
+    return out
+
+
 def split_checked(text: str, max_tokens: int, count: Callable[[str], int], breaks: tuple[int, ...] = ()) -> list[str]:
     """:func:`split_text` of ``text`` that :func:`check_text` has already cleaned and passed (a checked request's,
     :mod:`...plan`): not checked again; ``breaks``: where its blocks began (:func:`block_starts` of the text as
