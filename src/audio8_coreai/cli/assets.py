@@ -83,11 +83,14 @@ def convert(
         encoder_frames=frames.encoder_frames,
         parts=part or PARTS,
     )
+    made = [p for p in PARTS if p in (part or PARTS)]
     sizes = ", ".join(
-        f"{p.name} {sum(f.stat().st_size for f in p.rglob('*') if f.is_file()) / 1e6:.1f} MB"
-        for p in sorted(path.glob("*.aimodel"))
+        f"{p}.aimodel {sum(f.stat().st_size for f in (path / f'{p}.aimodel').rglob('*') if f.is_file()) / 1e6:.1f} MB"
+        for p in made
     )
-    out.print(f"wrote {path} in {time.perf_counter() - t0:.0f} s: {sizes}", highlight=False)
+    held = [p for p in PARTS if p not in made and (path / f"{p}.aimodel").is_dir()]
+    more = f" (beside {', '.join(f'{p}.aimodel' for p in held)})" if held else ""
+    out.print(f"wrote {path} in {time.perf_counter() - t0:.0f} s: {sizes}{more}", highlight=False)
 
 
 def _note_short_context(ckpt, context: int) -> None:

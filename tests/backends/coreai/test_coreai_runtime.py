@@ -252,6 +252,10 @@ def test_cli_convert_one_part(oracle_dir, tmp_path):
     assert result.exit_code == 2 and said + "convert only what it lacks: --part dualar --part codec_encoder" in _said(
         result
     )
+    args = ("--precision", "fp16", "--encoder-frames", 8, "--part", "codec_encoder")
+    result = _run("convert", "--model", oracle_dir, "--out", tmp_path / "dec", *args)  # completes the folder
+    assert result.exit_code == 0 and "MB (beside codec_decoder.aimodel)" in _said(result), result.output
+    assert sorted(p.name for p in (tmp_path / "dec").iterdir()) == ["codec_decoder.aimodel", "codec_encoder.aimodel"]
 
 
 @pytest.mark.parametrize(
