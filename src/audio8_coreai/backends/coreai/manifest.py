@@ -212,6 +212,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
         if path.parent.is_dir() and any(path.parent.iterdir()) and not any(path.parent.glob("*.aimodel")):
             # not an asset folder at all (a checkpoint folder, say): convert writes a new or empty one only
             fix = f"convert the checkpoint {new}"
+        elif path.stem in PARTS and any(path.parent.glob("*.aimodel")):  # an asset folder lacking this part
+            fix = (
+                f"convert that part into it, at the precision of the parts it holds: audio8 convert --model DIR "
+                f"--out {path.parent} --part {path.stem} (or {fix})"
+            )
         raise AssetError(
             f"{path.parent}: no {path.name}; an asset folder holds {names} written by audio8 convert; {fix}"
         )
