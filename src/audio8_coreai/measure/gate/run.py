@@ -135,7 +135,7 @@ def run_gate(
             json.dumps(report.to_dict(), indent=2, ensure_ascii=False, default=_json), encoding="utf-8"
         )
         (staged / "report.md").write_text(render_markdown(report), encoding="utf-8")
-    say(f"wrote {out / 'report.md'}: {'PASS' if report.passed else 'FAIL'}")
+    say(f"wrote {out}: report.md, report.json, summary.png")  # the verdict is the caller's to say (report.passed)
     return report
 
 
