@@ -115,5 +115,5 @@ class ClipWarning(UserWarning):
 
 
 class UnsupportedLanguageWarning(UserWarning):
-    """A warning, not an error: text in a script none of the model's languages uses, or written Cantonese
-    (text/languages.py); it is spoken all the same, likely as noise or not at all."""
+    """A warning, not an error: text in a script none of the languages this port measures uses, or written
+    Cantonese (text/languages.py); it is spoken all the same, possibly as noise or not at all."""

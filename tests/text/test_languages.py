@@ -58,7 +58,8 @@ def test_text_in_another_script_is_named(case):
     text, named = FOREIGN[case]
     note = language_warning(text)
     assert note is not None and named in note, note
-    assert "English, Mandarin Chinese, Japanese, Korean, German, French and Spanish" in note
+    # what this port measured, not a claim about the model's languages (the publisher's list may hold more)
+    assert "measured the model in English, Mandarin Chinese, Japanese, Korean, German, French and Spanish only" in note
     assert note.isascii() and "\n" not in note  # fit for an HTTP header: no character of the text in it
 
 

@@ -32,8 +32,8 @@ _CANTONESE = frozenset("嘅咗唔佢冇喺啲嚟嘢哋嗰噉咩啱嘞囉睇咁")
 def language_warning(text: str) -> str | None:
     """One ASCII line warning that ``text`` is not in the model's languages (:data:`LANGUAGES`), or None.
 
-    Warns for words of any other script (Cyrillic, Greek, Arabic, Thai...: the model speaks them as noise or
-    skips them; a lone letter such as "Ω" or "π" among letters of these languages is taken as a symbol) and for
+    Warns for words of any other script (Cyrillic, Greek, Arabic, Thai...: not measured here, so possibly spoken as
+    noise or skipped; a lone letter such as "Ω" or "π" among letters of these languages is taken as a symbol) and for
     characters of written Cantonese (read as Mandarin, if at all). Latin-script text is not checked further: French
     or German is read as best the model can. The line names no character of the text (it may go into an HTTP
     header)."""
@@ -41,7 +41,7 @@ def language_warning(text: str) -> str | None:
     if not foreign and not _SPOKEN_LETTER.search(text):  # only lone letters, none of these languages': "Я."
         foreign = _FOREIGN_LETTER.findall(text)
     names = list(LANGUAGES.values())
-    languages = f"the model speaks {', '.join(names[:-1])} and {names[-1]}"
+    languages = f"this port has measured the model in {', '.join(names[:-1])} and {names[-1]} only"
     if foreign:
         scripts = sorted({_script(c) for c in foreign})
         shown = ", ".join(scripts[:3]) + (f" and {len(scripts) - 3} more" if len(scripts) > 3 else "")
