@@ -204,6 +204,13 @@ def test_text_dash_is_read_from_stdin_and_bounded(tiny_checkpoint, monkeypatch):
         app, ["prompt", "-", "--model", str(tiny_checkpoint), "--json"], input="\ufeffHello there, from a file."
     )
     assert bom.exit_code == 0 and json.loads(bom.output) == json.loads(given.output)
+    utf16 = runner.invoke(  # a Windows "Unicode" file: the Latin-1 advice garbled it
+        app, ["prompt", "-", "--model", str(tiny_checkpoint)], input="Hello there, from a file.".encode("utf-16")
+    )
+    said = (
+        "text is UTF-16 (it begins with UTF-16's byte-order mark, as Windows' 'Unicode' files do), not UTF-8: convert"
+    )
+    assert utf16.exit_code == 2 and said in " ".join(utf16.output.split()) and "latin1" not in utf16.output
     monkeypatch.setattr(app_module, "MAX_STDIN_BYTES", 10)
     big = runner.invoke(app, ["say", "-", "--model", str(tiny_checkpoint)], input="Hello there, from a file.")
     assert big.exit_code == 2 and "the text on stdin is over" in big.output and "speak it in parts" in big.output

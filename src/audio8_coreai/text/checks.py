@@ -45,8 +45,15 @@ def check_text(text: str, what: str = "text", field: str | None = None) -> str:
 def check_unicode(text: str, what: str = "text", field: str | None = None) -> str:
     """``text`` if it can be written as UTF-8, else PromptError naming the first lone surrogate (U+D800 to U+DFFF:
     half of a UTF-16 pair, e.g. from a JSON escape ``\\ud800``), which no tokenizer, file or HTTP answer takes; one
-    of U+DC80 to U+DCFF is a byte that was no UTF-8 (Python's escape for a command line's text in Latin-1, say)."""
+    of U+DC80 to U+DCFF is a byte that was no UTF-8 (Python's escape for a command line's text in Latin-1, say);
+    two such bytes FF FE or FE FF first are UTF-16's byte-order mark (a UTF-16 file read as UTF-8)."""
     bad = next((c for c in text if "\ud800" <= c <= "\udfff"), None)
+    if text.startswith(("\udcff\udcfe", "\udcfe\udcff")):  # the bytes FF FE / FE FF: UTF-16's byte-order mark
+        raise PromptError(
+            f"{what} is UTF-16 (it begins with UTF-16's byte-order mark, as Windows' 'Unicode' files do), not UTF-8: "
+            "convert it first: iconv -f utf-16 -t utf-8",
+            field,
+        )
     if bad is not None and "\udc80" <= bad <= "\udcff":  # a byte no UTF-8 decoder took (a command line's text)
         raise PromptError(
             f"{what} holds U+{ord(bad):04X} at character {text.index(bad)}: the byte 0x{ord(bad) - 0xDC00:02X} "
