@@ -188,7 +188,7 @@ def test_prompt_json_needs_only_config_and_tokenizer(tiny_checkpoint, tmp_path):
     assert any(row0[i : i + len(user)] == user for i in range(len(row0)))
 
 
-def test_text_dash_is_read_from_stdin_and_bounded(tiny_checkpoint, monkeypatch):
+def test_text_dash_is_read_from_stdin_and_bounded(tiny_checkpoint, monkeypatch, tmp_path):
     """``-`` for TEXT reads stdin (a file too long for a command line, 128 KiB an argument), as UTF-8, at most
     MAX_STDIN_BYTES: the same prompt as the text given as an argument."""
     import importlib
@@ -211,6 +211,13 @@ def test_text_dash_is_read_from_stdin_and_bounded(tiny_checkpoint, monkeypatch):
         "text is UTF-16 (it begins with UTF-16's byte-order mark, as Windows' 'Unicode' files do), not UTF-8: convert"
     )
     assert utf16.exit_code == 2 and said in " ".join(utf16.output.split()) and "latin1" not in utf16.output
+    (tmp_path / "book.txt").write_text("Hello there, from a file.")
+    monkeypatch.chdir(tmp_path)
+    named = runner.invoke(app, ["prompt", "book.txt", "--model", str(tiny_checkpoint)])  # spoke "book.txt", unsaid
+    assert (
+        named.exit_code == 0 and "'book.txt' is also a file here; to speak what it holds: - < book.txt" in named.output
+    )
+    assert "also a file" not in runner.invoke(app, ["prompt", "notes.txt", "--model", str(tiny_checkpoint)]).output
     monkeypatch.setattr(app_module, "MAX_STDIN_BYTES", 10)
     big = runner.invoke(app, ["say", "-", "--model", str(tiny_checkpoint)], input="Hello there, from a file.")
     assert big.exit_code == 2 and "the text on stdin is over" in big.output and "speak it in parts" in big.output

@@ -215,8 +215,11 @@ MAX_STDIN_BYTES = 16 * 2**20  # text read from stdin (a book is about 1 MB): mor
 
 def text_of(text: str) -> str:
     """The TEXT argument, or stdin's text for ``-`` (UTF-8; bytes that are none are kept as surrogate escapes, which
-    the text check names). Raises PromptError past MAX_STDIN_BYTES."""
+    the text check names). A TEXT that is one word naming a file here is spoken as given, with a warning that says
+    how to speak the file. Raises PromptError past MAX_STDIN_BYTES."""
     if text != "-":
+        if _names_a_file(text):
+            print_warnings([f"{text.strip()!r} is also a file here; to speak what it holds: - < {text.strip()}"])
         return text
     data = sys.stdin.buffer.read(MAX_STDIN_BYTES + 1)
     if len(data) > MAX_STDIN_BYTES:
@@ -224,6 +227,16 @@ def text_of(text: str) -> str:
             f"the text on stdin is over {MAX_STDIN_BYTES // 2**20} MB: speak it in parts (split the file)"
         )
     return data.decode("utf-8-sig", "surrogateescape")  # -sig: a BOM (Windows editors write one) is no text
+
+
+def _names_a_file(text: str) -> bool:
+    """Whether ``text`` is one word naming a file here ("book.txt": meant as ``- < book.txt``?)."""
+    if len(text.split()) != 1:
+        return False
+    try:
+        return Path(text.strip()).is_file()
+    except (OSError, ValueError):  # a name too long, a NUL in it: no file
+        return False
 
 
 def print_warnings(warnings) -> None:
