@@ -69,7 +69,7 @@ def convert(
     )
     t0 = time.perf_counter()
     ckpt = load_checkpoint(model)
-    if context is not None and ckpt.tokenizer_dir is not None:
+    if context is not None and ckpt.tokenizer_dir is not None and "dualar" in (part or PARTS):
         _note_short_context(ckpt, context)
     sampling = SamplingParams.from_configs(ckpt.config, ckpt.generation)
     path = convert_assets(
@@ -99,6 +99,8 @@ def _note_short_context(ckpt, context: int) -> None:
     from ..model.frame import PREFILL_WIDTH
     from ..text import PromptBuilder, load_tokenizer
 
+    if not (PREFILL_WIDTH <= context <= ckpt.config.max_seq_len and context % PREFILL_WIDTH == 0):
+        return  # a context convert refuses: its error says so, no note before it
     needs = PromptBuilder(load_tokenizer(ckpt.tokenizer_dir), ckpt.config).plain("Hello.").shape[1]
     needs += DEFAULTS.speech.min_voice_frames
     if context < needs:

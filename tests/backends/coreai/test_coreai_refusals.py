@@ -197,6 +197,8 @@ def test_convert_refuses_bad_arguments(oracle, fp32_assets, tmp_path):
         convert(oracle, tmp_path / "a", decoder_frames=4096, progress=False)  # every push padded to 4096
     with pytest.raises(AssetError, match="unknown or no parts"):
         convert(oracle, tmp_path / "a", parts=("vocoder",), progress=False)
+    with pytest.raises(AssetError, match=r"encoder bucket 10000000 frames is over the longest clip a voice takes"):
+        convert(oracle, tmp_path / "a", encoder_frames=10_000_000, progress=False)  # it grew until the OOM killer
     assert not (tmp_path / "a").exists()
     with pytest.raises(BackendError, match="the device cuda is a torch-backend choice: drop --device"):
         TTS.load(oracle.path, backend="coreai", assets=fp32_assets, device="cuda")
@@ -286,3 +288,29 @@ def test_a_weight_beyond_float16s_range_is_refused_by_a_float16_conversion(tiny_
     with pytest.raises(AssetError, match=re.escape(said + "with --precision fp32")):
         convert(big, tmp_path / "out", "fp16", context=64, parts=("dualar",), progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big"]
+
+
+def test_a_closed_backend_a_renamed_part_and_a_conversion_that_lost_the_race_are_said(
+    speakable, oracle, fp32_assets, tmp_path, monkeypatch
+):
+    """A TTS used after close() raised KeyError 'prefill'; a part under another part's name was called stale; a
+    conversion that another one beat to the folder was told to choose a folder it can write."""
+    import importlib
+
+    convert_module = importlib.import_module("audio8_coreai.backends.coreai.convert")  # the package's is the function
+
+    with TTS.load(speakable, backend="coreai", assets=fp32_assets) as tts:
+        pass
+    with pytest.raises(BackendError, match=r"these Core AI assets were closed .*: load the model again"):
+        tts.synthesize("Hi.", seed=0, max_frames=2)
+    renamed = tmp_path / "renamed"
+    shutil.copytree(fp32_assets, renamed)
+    shutil.rmtree(renamed / "codec_decoder.aimodel")
+    (renamed / "codec_encoder.aimodel").rename(renamed / "codec_decoder.aimodel")
+    with pytest.raises(AssetError, match=r"holds the codec_encoder part, not codec_decoder \(a part renamed or moved"):
+        TTS.load(speakable, backend="coreai", assets=renamed)
+    raced = tmp_path / "raced"
+    shutil.copytree(fp32_assets, raced)
+    monkeypatch.setattr(convert_module, "_check_completion", lambda *args: None)  # its checks passed before the other
+    with pytest.raises(AssetError, match=r"another conversion wrote .*raced while this one ran"):
+        convert(oracle, raced, parts=("codec_encoder",), encoder_frames=16, progress=False)

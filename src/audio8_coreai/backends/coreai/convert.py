@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
+import math
 import os
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from ...audio.files import staged_folder
+from ...audio.reference import MAX_REFERENCE_S
 from ...checkpoint import Checkpoint, load_checkpoint
 from ...checkpoint.validate import require_finite_weights
 from ...config import SamplingParams
@@ -243,6 +246,13 @@ def convert(
         raise AssetError(
             f"decoder push {decoder_frames} must be at most the {cfg.max_seq_len} frames an utterance may hold"
         )
+    cc = ckpt.codec_config
+    longest_clip = math.ceil(MAX_REFERENCE_S * cc.sample_rate / cc.frame_length)
+    if encoder_frames > longest_clip:
+        raise AssetError(
+            f"encoder bucket {encoder_frames} frames is over the longest clip a voice takes ({MAX_REFERENCE_S:g} s: "
+            f"{longest_clip} frames of {cc.frame_length} samples); give --encoder-frames {longest_clip} or fewer"
+        )
     if decoder_first_frames >= decoder_frames:
         raise AssetError(
             f"the decoder's first push {decoder_first_frames} must be below its push {decoder_frames} (0: none; "
@@ -280,6 +290,11 @@ def convert(
                     _convert_codec(ckpt, path, part, precision, frames, decoder_first_frames, base, steps)
                 gc.collect()  # free this part's weights and programs before the next one
     except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):  # the last rename found the place taken since the checks
+            raise AssetError(
+                f"another conversion wrote {out} while this one ran (two into one folder at once?), so this one's "
+                f"parts were not moved in; see what it holds, then convert what it lacks: --out {out} --part NAME"
+            ) from None
         raise AssetError(
             f"cannot write the assets at {out}: {e.strerror or e}; choose a folder you can write, with room for them"
         ) from None

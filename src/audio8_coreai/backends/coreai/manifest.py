@@ -231,6 +231,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
         manifest = None
     if not isinstance(manifest, dict):
         raise AssetError(f"{path}: has no audio8 manifest, so it was not written by audio8 convert; {fix}")
+    if manifest.get("format") == FORMAT and manifest.get("part") in PARTS and manifest.get("part") != path.stem:
+        raise AssetError(
+            f"{path}: holds the {manifest['part']} part, not {path.stem} (a part renamed or moved?); give it back its "
+            f"name, {manifest['part']}.aimodel, or {fix}"
+        )
     if manifest.get("format") != FORMAT or manifest.get("part") != path.stem:
         raise AssetError(
             f"{path}: stale asset (format {manifest.get('format')}, part {manifest.get('part')!r}; "

@@ -143,6 +143,7 @@ class CoreAIBackend(Backend):
         self._fns = {name: self._model("dualar").load_function(name) for name in DUALAR_FUNCTIONS}
         self._codec: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         self.calls = 0
+        self.closed = False
         self._state: dict[str, Any] = {}
         self._last: tuple[np.ndarray, np.ndarray] | None = None
         self.reset()
@@ -152,7 +153,8 @@ class CoreAIBackend(Backend):
         return f"coreai {self.precision} ({self.folder.name})"  # the folder's name: servers answer it
 
     def close(self) -> None:
-        """Release the loaded models (the backend cannot be used afterwards)."""
+        """Release the loaded models (the backend cannot be used afterwards: a call raises BackendError)."""
+        self.closed = True
         self._models.clear()
         self._fns.clear()
         self._codec.clear()
@@ -166,6 +168,13 @@ class CoreAIBackend(Backend):
             asset = AIModelAsset.load(self.folder / f"{part}.aimodel")
             self._models[part] = self._runtime.run(self._stack.enter_async_context(asset.executable(_specialization())))
         return self._models[part]
+
+    def _open(self) -> None:
+        """Raise BackendError once :meth:`close` has released the models (they were looked up as missing keys)."""
+        if self.closed:
+            raise BackendError(
+                "these Core AI assets were closed (TTS.close, or its with block ended): load the model again"
+            )
 
     def _call(
         self, fn: Any, inputs: dict[str, np.ndarray], state: dict[str, Any] | None = None
@@ -193,6 +202,7 @@ class CoreAIBackend(Backend):
 
         Raises BackendError when the prompt does not fit the assets' context.
         """
+        self._open()
         n = prompt.shape[1]
         if n >= self.context:
             raise BackendError(
@@ -252,6 +262,7 @@ class CoreAIBackend(Backend):
         Raises BackendError before a prefill, for a slot outside the context, or for sampling settings other than
         the baked ones.
         """
+        self._open()
         tail = self._tail(params, step)
         if step.column is None:
             if self._last is None:
@@ -266,6 +277,7 @@ class CoreAIBackend(Backend):
 
     def _codec_fns(self, part: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The loaded functions of a codec part (name -> function, every one its contract names) and its manifest."""
+        self._open()
         if part not in self._codec:
             manifest = checked_manifest(self.folder, part, self.checkpoint, self.precision)
             fns = {name: self._model(part).load_function(name) for name in manifest["contract"]}
