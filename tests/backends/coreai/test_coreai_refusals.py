@@ -314,3 +314,21 @@ def test_a_closed_backend_a_renamed_part_and_a_conversion_that_lost_the_race_are
     monkeypatch.setattr(convert_module, "_check_completion", lambda *args: None)  # its checks passed before the other
     with pytest.raises(AssetError, match=r"another conversion wrote .*raced while this one ran"):
         convert(oracle, raced, parts=("codec_encoder",), encoder_frames=16, progress=False)
+
+
+def test_a_program_of_another_conversion_under_a_manifest_is_an_asset_error(
+    oracle, fp32_assets, child_conversions, tmp_path
+):
+    """A sync cut short left another conversion's program (context 96, fp16) beside this manifest: the runtime's
+    RuntimeError ("k_cache has an invalid shape") came out as a traceback."""
+    mixed = tmp_path / "mixed"
+    shutil.copytree(fp32_assets, mixed)
+    other = child_conversions.folder("fp16") / "dualar.aimodel"
+    for name in ("main.mlirb", "main.hash"):
+        shutil.copyfile(other / name, mixed / "dualar.aimodel" / name)
+    backend = CoreAIBackend(oracle, mixed)
+    try:
+        with pytest.raises(AssetError, match=r"mixed: a program does not take what its manifest describes \(.*\): the"):
+            backend.prefill(np.zeros((11, 40), dtype=np.int64))
+    finally:
+        backend.close()

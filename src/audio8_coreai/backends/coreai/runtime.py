@@ -179,11 +179,18 @@ class CoreAIBackend(Backend):
     def _call(
         self, fn: Any, inputs: dict[str, np.ndarray], state: dict[str, Any] | None = None
     ) -> dict[str, np.ndarray]:
-        """One runtime call of ``fn`` (inputs as NumPy arrays, ``state`` mutated in place) -> outputs (copies)."""
+        """One runtime call of ``fn`` (inputs as NumPy arrays, ``state`` mutated in place) -> outputs (copies); raises
+        AssetError when the runtime refuses them (a program of another conversion under this manifest)."""
         import coreai.runtime as rt
 
         args = {k: rt.NDArray(np.ascontiguousarray(v)) for k, v in inputs.items()}
-        out = self._runtime.run(fn(inputs=args, state=state or {}))
+        try:
+            out = self._runtime.run(fn(inputs=args, state=state or {}))
+        except RuntimeError as e:  # inputs built by the manifest's contract: the program is not the one it describes
+            raise AssetError(
+                f"{self.folder}: a program does not take what its manifest describes ({e}): the folder mixes files of "
+                "two conversions (a copy or sync cut short?); convert the checkpoint again into a new folder"
+            ) from None
         self.calls += 1
         # Copies: numpy() is a view of the runtime's buffer, which lives only as long as its NDArray.
         return {k: np.array(v.numpy()) for k, v in out.items()}
