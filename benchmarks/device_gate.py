@@ -28,6 +28,7 @@ PART_MODULES = (
     "audio8_coreai.engine.batch",
     "audio8_coreai.measure.agreement",
     "audio8_coreai.measure.bench",
+    "audio8_coreai.settings",
     "torch.nn.attention",
     "pytest",
 )
@@ -52,9 +53,13 @@ def cuda_check(device: str, machine: dict) -> str:
     return f"{machine['gpu']} (sm {machine['capability']})"
 
 
+# a carried distribution whose module is not its name with "_" for "-"
+MODULE_OF = {"python-dotenv": "dotenv"}
+
+
 def wheel_check(wheel: str) -> str:
     name, _, wanted = wheel.partition("==")
-    module = importlib.import_module(name.replace("-", "_"))
+    module = importlib.import_module(MODULE_OF.get(name, name.replace("-", "_")))
     found = version(name)
     if wanted and found != wanted:
         raise RuntimeError(f"{name} {found} imported, not the carried {wanted} ({module.__file__})")

@@ -45,7 +45,7 @@ def gqa(q, k, v, mask):
 def fold(q, k, v, mask):
     b = q.shape[0]
     out = F.scaled_dot_product_attention(q.view(b, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM), k, v, attn_mask=mask)
-    return out.view(b, HEADS, 1, HEAD_DIM)  # [B, 2, 7, 64] -> [B, 14, 1, 64]
+    return out.reshape(b, HEADS, 1, HEAD_DIM)  # [B, 2, 7, 64] -> [B, 14, 1, 64]
 
 
 FORMS = {"gqa": gqa, "fold": fold}

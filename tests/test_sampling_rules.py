@@ -245,3 +245,17 @@ def test_noise_drawn_ahead_is_the_same_stream():
         assert a_slow.shape == (2, V + 1) and a_fast.shape == (3, 64)
         np.testing.assert_array_equal(a_slow, b_slow)
         np.testing.assert_array_equal(a_fast, b_fast)
+
+
+def test_noise_drawn_ahead_or_now_is_the_same_stream():
+    """A step whose draw was not started ahead (no :meth:`NoiseAhead.ahead` since the last) is drawn when asked, and
+    a second ``ahead`` before the step is taken starts nothing more: the seeded values in order either way."""
+    from audio8_coreai.engine.noise import NoiseAhead
+
+    plain, ahead = NoiseSource(3, V, 64, 2), NoiseAhead(NoiseSource(3, V, 64, 2))
+    for started in (1, 0, 2, 0, 0, 1):
+        for _ in range(started):
+            ahead.ahead()
+        (a_slow, a_fast), (b_slow, b_fast) = plain.next_frame(), ahead.next_frame()
+        np.testing.assert_array_equal(a_slow, b_slow)
+        np.testing.assert_array_equal(a_fast, b_fast)

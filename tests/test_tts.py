@@ -252,17 +252,35 @@ def test_loading_and_speaking_never_import_torch_dynamo(tiny_checkpoint, codec_p
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
-def test_noise_drawn_ahead_gives_the_same_audio(tiny_checkpoint):
-    """A backend whose frames leave the host idle (CUDA) draws each step's noise during the step before: the same
-    seed gives the same codes, and the same audio for a stream of several pieces (one noise stream across them)."""
+def test_noise_drawn_ahead_gives_the_same_audio(tiny_checkpoint, monkeypatch):
+    """A backend whose frames leave the host idle (CUDA) draws each step's noise during the step before, on the noise
+    threads (every draw: the backend starts the next once it has launched a frame): the same seed gives the same
+    codes, and the same audio for a stream of several pieces (one noise stream across them)."""
+    import threading
+
     from audio8_coreai import TTS
+    from audio8_coreai.sampling import NoiseSource
+
+    drawn_on: list[str] = []
+    draw = NoiseSource.next_frame
+
+    def recorded(self):
+        drawn_on.append(threading.current_thread().name.split("_")[0])
+        return draw(self)
+
+    monkeypatch.setattr(NoiseSource, "next_frame", recorded)
 
     plain = TTS.load(tiny_checkpoint, device="cpu", codec_process=False)
     ahead = TTS.load(tiny_checkpoint, device="cpu", codec_process=False)
     assert not plain.backend.noise_ahead
     ahead.backend.noise_ahead = True
-    want, got = (tts.generate(TEXT, seed=5, max_frames=20).codes for tts in (plain, ahead))
+    want = plain.generate(TEXT, seed=5, max_frames=20).codes
+    steps = len(drawn_on)  # frames made, and the eos step if one came
+    assert set(drawn_on) == {"MainThread"} and steps == want.shape[1] + (want.shape[1] < 20)
+    drawn_on.clear()
+    got = ahead.generate(TEXT, seed=5, max_frames=20).codes
     np.testing.assert_array_equal(got, want)
+    assert set(drawn_on) == {"audio8-noise"} and len(drawn_on) == steps + 1  # and the step after the last, unused
     text = " ".join(f"Sentence {i} is here, it keeps going." for i in range(3))
     streams = [tts.stream(text, seed=2, max_frames=5, chunk_frames=4) for tts in (plain, ahead)]
     assert [len(s.pieces) for s in streams] == [3, 3]

@@ -13,7 +13,7 @@ import contextlib
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,7 +45,10 @@ class StepInputs:
     """One step's inputs to a backend: the previous ``column`` int64 [1+C] at slot ``pos`` (None: frame 0, drawn
     from the prefill), ``noise_slow`` [2, V+1], RAS ``window`` [W], ``noise_fast`` [C-1, codebook_size], ``forced``
     [1+C] (teacher forcing) or None, and ``logits``: whether the result carries the logits and hidden (tools:
-    parity, agreement, the gate; the frame loop needs only the ids, a few bytes a row off the device)."""
+    parity, agreement, the gate; the frame loop needs only the ids, a few bytes a row off the device).
+    ``draw_ahead`` (None: nothing to do) starts drawing the utterance's next noise
+    (:class:`..engine.noise.NoiseAhead`): a backend whose frames leave the host idle calls it once the frame is
+    launched, before it waits for the results, so the draws run while the device does, not while the host stages."""
 
     column: np.ndarray | None
     pos: int
@@ -54,6 +57,7 @@ class StepInputs:
     noise_fast: np.ndarray
     forced: np.ndarray | None = None
     logits: bool = False
+    draw_ahead: Callable[[], None] | None = None
 
 
 class CodecStream(Protocol):

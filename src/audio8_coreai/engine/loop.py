@@ -21,7 +21,7 @@ from ..config import ModelConfig, SamplingParams, check_int
 from ..errors import EngineError
 from ..sampling import RasWindow
 from ..settings import DEFAULTS
-from .noise import NoiseLike, seeded_noise
+from .noise import NoiseAhead, NoiseLike, seeded_noise
 
 
 @dataclass
@@ -66,7 +66,8 @@ class Utterance:
         noise_slow, noise_fast = self.noise.next_frame()
         forced = None if self.forced is None else self.forced[self.steps]
         pos = self.prompt_length + self.steps - 1
-        return StepInputs(self.column, pos, noise_slow, self.window.current(), noise_fast, forced, self.logits)
+        ahead = self.noise.ahead if isinstance(self.noise, NoiseAhead) else None
+        return StepInputs(self.column, pos, noise_slow, self.window.current(), noise_fast, forced, self.logits, ahead)
 
     def record(self, res: FrameResult) -> None:
         """Apply one step's result: the publisher's stop rule, RAS push and next column."""

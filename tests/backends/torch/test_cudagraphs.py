@@ -75,7 +75,7 @@ def test_captured_frame_passes_the_oracle_on_cuda(oracle_dir):
     backend = TorchBackend(load_checkpoint(oracle_dir), "cuda", "fp32", frame_mode="graph")
     report = run_parity(backend, oracle_dir / "fixture.npz")
     assert report.passed, report.totals()
-    assert backend.description.endswith("cuda-graphs")
+    assert "cuda-graphs" in backend.description.split()
 
 
 @cuda

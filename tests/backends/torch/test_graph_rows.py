@@ -52,17 +52,17 @@ def test_graphs_are_the_default_on_cuda_only(tiny_checkpoint):
     assert tts.backend.frame_mode == "eager" and TorchBatchFrames(tts.backend, 2).graphed is None
 
 
-def _step(cfg, rng, column, pos) -> StepInputs:
+def _step(cfg, rng, column, pos, draw_ahead=None) -> StepInputs:
     noise_slow = rng.random((2, cfg.num_semantic + 1), dtype=np.float32).clip(1e-6)
     noise_fast = rng.random((cfg.num_codebooks - 1, cfg.codebook_size), dtype=np.float32).clip(1e-6)
     window = np.full(cfg.ras_window_size, -1, dtype=np.int64)
-    return StepInputs(column, pos, noise_slow, window, noise_fast, logits=True)
+    return StepInputs(column, pos, noise_slow, window, noise_fast, logits=True, draw_ahead=draw_ahead)
 
 
 def _check_rows(never_eos, device: str = "cpu") -> TorchBatchFrames:
     """Rows joining, leaving and missing a frame, calls padded up to their bucket: the graph-mode batch model gives
     the eager one's codes and KV state, and writes no slot of a row outside the call but the last (which no row
-    attends before writing it). Returns the graph-mode model."""
+    attends before writing it); each starts every call's next noise once. Returns the graph-mode model."""
     eager_b, graphed_b, tts = never_eos
     cfg = eager_b.cfg
     eager, graphed = TorchBatchFrames(eager_b, 4), TorchBatchFrames(graphed_b, 4)
@@ -80,8 +80,13 @@ def _check_rows(never_eos, device: str = "cpu") -> TorchBatchFrames:
         pos[row] = prompt[i].shape[1]
 
     def frame(rows: list[int]) -> None:
-        calls = [(r, _step(cfg, rng, last.get(r), pos[r])) for r in rows]
-        want, got = eager.frames(params, calls), graphed.frames(params, calls)
+        started: list[int] = []
+        calls = [(r, _step(cfg, rng, last.get(r), pos[r], lambda r=r: started.append(r))) for r in rows]
+        want = eager.frames(params, calls)
+        assert sorted(started) == sorted(rows)
+        started.clear()
+        got = graphed.frames(params, calls)
+        assert sorted(started) == sorted(rows)
         for (r, step), a, b in zip(calls, want, got):
             assert a.semantic == b.semantic and np.array_equal(a.codes, b.codes), r
             np.testing.assert_allclose(b.logits, a.logits, rtol=0, atol=1e-5)
@@ -139,7 +144,7 @@ def test_captured_rows_equal_the_eager_cuda_rows(never_eos_checkpoint):
 
 @cuda
 def test_graphs_are_the_default_on_cuda(tiny_checkpoint):
-    assert TTS.load(tiny_checkpoint, device="cuda").backend.description.endswith("cuda-graphs")
+    assert "cuda-graphs" in TTS.load(tiny_checkpoint, device="cuda").backend.description.split()
     assert TTS.load(tiny_checkpoint, device="cuda", cuda_graphs=False).backend.frame_mode == "eager"
     tts = TTS.load(tiny_checkpoint, device="cuda")
     server, _ = tts.batched(3)

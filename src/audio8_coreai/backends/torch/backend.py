@@ -25,7 +25,7 @@ from .codec_streams import FiniteStream, TorchCodecStream
 from .codec_worker import CodecWorker, build_decoder, default_codec_process
 from .cudagraphs import GraphedFrame
 from .heads import PromptHeads
-from .host_edge import frame_inputs, frame_results, prefilled
+from .host_edge import draw_ahead, frame_inputs, frame_results, prefilled
 from .memory import back_with_huge_pages_soon, device_memory_bytes, release_freed_memory
 from .quantize import apply_precision
 from .threads import CallThreads, running_on
@@ -312,6 +312,7 @@ class TorchBackend(Backend):
             else:
                 out = self.frame_maths(params, inputs, self.k_cache, self.v_cache, first)
                 ids = packed(out)
+        draw_ahead([step])  # the frame launched (on a GPU: running), its results not yet read
         return frame_results(out, ids, [0], [step.logits])[0]
 
     @torch.inference_mode()

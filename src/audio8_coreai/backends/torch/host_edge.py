@@ -1,5 +1,6 @@
 """The torch frame's host edge: host steps in (:func:`pack`, :func:`frame_inputs`, :func:`prefilled`), host results out
-(:func:`frame_results`), for batch 1, the batched rows and the graphs' fixed buffers alike."""
+(:func:`frame_results`), the next noise started (:func:`draw_ahead`), for batch 1, the batched rows and the graphs'
+fixed buffers alike."""
 
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ def frame_results(
             extra = {"logits": full[0][row], "hidden": full[1][row], "fast_logits": full[2][row]}
         results.append(FrameResult(semantic, codes, sampled_semantic, sampled_codes, **extra))
     return results
+
+
+def draw_ahead(steps: Sequence[StepInputs]) -> None:
+    """Each step's :attr:`..base.StepInputs.draw_ahead`, where it has one: called once its frame is launched."""
+    for x in steps:
+        if x.draw_ahead is not None:
+            x.draw_ahead()
 
 
 def input_shapes(cfg: ModelConfig, size: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

@@ -45,7 +45,7 @@ from ..base import Backend, CodecStream, FrameResult, StepInputs
 from .backend import TorchBackend
 from .codec_rows import CodecRows
 from .cudagraphs import GraphedRows, StepTimes, bucket_sizes
-from .host_edge import frame_inputs, frame_results, prefilled
+from .host_edge import draw_ahead, frame_inputs, frame_results, prefilled
 from .memory import device_memory_bytes
 from .threads import running_on
 
@@ -144,6 +144,7 @@ class TorchBatchFrames:
         size = self.graphed.stage(calls, self._prefilled)
         t1 = time.perf_counter()
         out, ids = self.graphed.replay(params, size)
+        draw_ahead([x for _, x in calls])
         if self.times is not None and self.backend.device.type == "cuda":
             torch.cuda.synchronize(self.backend.device)
         t2 = time.perf_counter()
@@ -160,6 +161,7 @@ class TorchBatchFrames:
         inputs = frame_inputs(self.cfg, steps, b.device, rows=rows)
         first = prefilled([self._prefilled[row] if x.column is None else None for row, x in calls])
         out = b.frame_maths(params, inputs, self.k_cache, self.v_cache, first)
+        draw_ahead(steps)
         return frame_results(out, packed(out), range(len(calls)), [x.logits for x in steps])
 
 
