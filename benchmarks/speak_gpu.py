@@ -1,12 +1,13 @@
 """The package as a user runs it on a GPU, end to end through the public API: ``TTS.load`` with its defaults (the
 device's precision, frames as CUDA graphs, the fused kernels), one streamed sentence, then the server's continuous
-batching (:meth:`TTS.batched`: one frame thread, N request threads) with N concurrent requests.
+batching (:meth:`TTS.batched`: one frame thread, N request threads, the rows' batched codec) with N concurrent
+requests, each streamed as the HTTP server streams every request.
 
     python benchmarks/speak_gpu.py [--model DIR] [--device cuda] [--precision P ...] [--concurrent 8 ...]
                                    [--frames 64] [--json out.json]
 
 Per precision (default: the device's own): ``load_s``; the streamed sentence's TTFA (first chunk in hand), its
-RTF (wall time over audio) and the chunks' sizes; then, for each ``--concurrent`` N, N threads each synthesizing
+RTF (wall time over audio) and the chunks' sizes; then, for each ``--concurrent`` N, N threads each streaming
 the sentence (seeds 0..N-1, ``--frames`` frames each: the random checkpoint never draws eos) through one
 ``batched(N)``: wall time, audio made, the aggregate real-time factor (audio seconds a wall second) and whether
 every request's audio is there and finite. ``--device cpu`` runs the same code as a script check.
@@ -55,7 +56,7 @@ def concurrent(tts: TTS, n: int, frames: int) -> dict:
     try:
 
         def one(i: int) -> np.ndarray:
-            return workers[i].synthesize(SENTENCE, seed=i, max_frames=frames)[0]
+            return np.concatenate(list(workers[i].stream(SENTENCE, seed=i, max_frames=frames)))
 
         with ThreadPoolExecutor(n) as pool:
             t0 = time.perf_counter()
