@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import os
+import platform
 import shutil
 import tempfile
 import threading
@@ -223,14 +225,47 @@ def _claim(tmp: str | Path, path: Path) -> None:
     os.unlink(tmp)
 
 
+def _staging_name(out: Path, kind: str) -> Path:
+    """``.NAME.KIND-HOST-PID-RANDOM`` beside ``out``: whose it is, so a later staging can tell it was left behind."""
+    return out.parent / f".{out.name}.{kind}-{platform.node() or 'host'}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clear_left_behind(out: Path) -> list[Path]:
+    """Remove the staging folders of ``out`` (:func:`staged_folder`) that a process of this machine left when it was
+    killed outright (SIGKILL, the OOM killer, a power cut: no unwinding removed them); returns them. Another
+    machine's (a shared disk) and those of processes still running are kept."""
+    host = platform.node() or "host"
+    left = []
+    for kind in ("partial", "old"):
+        for path in out.parent.glob(f".{glob.escape(out.name)}.{kind}-{glob.escape(host)}-*-*"):
+            pid = path.name[len(f".{out.name}.{kind}-{host}-") :].split("-")[0]
+            if pid.isdigit() and not _alive(int(pid)) and path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+                left.append(path)
+    return left
+
+
 @contextlib.contextmanager
 def staged_folder(out: Path, replace: bool = False, merge: bool = False) -> Iterator[Path]:
     """A hidden sibling folder to write into; when the block ends it becomes ``out`` (which must be absent or an
     empty folder, or with ``replace`` a folder whose files are all to go: moved aside by one rename, then removed)
     by one rename, and when the block raises it is removed: a reader never sees half a folder. With ``merge``,
     ``out`` may hold other entries (none of the names written): each entry written moves in by a rename of its own,
-    so a reader sees each one whole or not at all."""
-    tmp = out.parent / f".{out.name}.partial-{uuid.uuid4().hex[:8]}"
+    so a reader sees each one whole or not at all. What an earlier staging of ``out`` left when its process was
+    killed outright is removed first (:func:`clear_left_behind`)."""
+    clear_left_behind(out)
+    tmp = _staging_name(out, "partial")
     tmp.mkdir()
     try:
         yield tmp
@@ -241,7 +276,7 @@ def staged_folder(out: Path, replace: bool = False, merge: bool = False) -> Iter
             tmp.rmdir()
             return
         if out.exists() and replace:
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            old = _staging_name(out, "old")
             out.rename(old)
         elif out.exists():
             out.rmdir()  # empty (the caller checked); rename needs the name free
