@@ -90,6 +90,8 @@ def test_whole_and_streamed_speech_equal_the_plain_servers(capped, never_eos_lon
     assert whole.status_code == 200, whole.text
     assert whole.headers["x-replica"] == "local" and whole.headers["x-seed"] == "1"
     assert whole.headers["x-sample-rate"] == "44100" and whole.headers["content-type"] == "audio/wav"
+    kept = speech(capped, response_format="wav", stream=False)  # a whole file: the replica's frame-cap note, passed on
+    assert kept.headers["x-audio8-frame-cap"].startswith("speech stopped at the frame cap (12 frames) before")
     body = {"input": TEXT, "seed": 1, "max_frames": 12, "stream": True, "response_format": "pcm", "sample_rate": 44100}
     with httpx.stream("POST", f"{capped}/v1/audio/speech", json=body, timeout=120) as r:
         assert r.status_code == 200 and "content-length" not in r.headers

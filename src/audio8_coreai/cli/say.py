@@ -244,7 +244,7 @@ def _write_stream(speech, output: Path) -> None:
 
 
 def _warn_capped(speech) -> None:
-    capped = [i for i, eos in enumerate(speech.reached_eos) if not eos]
+    capped = speech.capped
     if capped:
         pieces = "piece" if len(capped) == 1 else "pieces"
         which = "the utterance" if len(speech.pieces) == 1 else f"{pieces} {_numbers(capped, len(speech.pieces))}"

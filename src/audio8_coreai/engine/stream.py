@@ -138,6 +138,12 @@ class SpeechStream:
         pauses = self._pauses * round(self.pause_s * self.sample_rate)
         return (self.frames * self.frame_length + pauses) / self.sample_rate
 
+    @property
+    def capped(self) -> list[int]:
+        """The finished pieces (indices into ``pieces``) that stopped at their frame cap before the model ended
+        them: their audio may be cut."""
+        return [i for i, eos in enumerate(self.reached_eos) if not eos]
+
     def __iter__(self) -> Iterator[np.ndarray]:
         self._stop.clear()
         self._running = self._chunks()

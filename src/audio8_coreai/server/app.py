@@ -35,6 +35,7 @@ EXPOSED_HEADERS = (
     "x-replica",
     "x-audio8-warning",
     "x-audio8-instructions",
+    "x-audio8-frame-cap",
     "retry-after",
 )
 

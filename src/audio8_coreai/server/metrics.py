@@ -16,8 +16,10 @@ class Metrics:
     Names: ``audio8_requests_total{status}``, ``audio8_errors_total{code}``, ``audio8_frames_total``,
     ``audio8_audio_seconds_total``, ``audio8_compute_seconds_total``, ``audio8_rtf`` (compute seconds per second
     of speech, all requests so far), ``audio8_ttfa_seconds`` (histogram) and its mean ``audio8_ttfa_seconds_mean``,
-    ``audio8_queue_depth``, ``audio8_in_flight``. ``speech=False`` (Ray's ingress, whose replicas make the speech
-    and count it there): requests, errors and in-flight only, no series that would read 0 for work done elsewhere."""
+    ``audio8_queue_depth``, ``audio8_in_flight``, ``audio8_capped_pieces_total`` (pieces of speech stopped at their
+    frame cap before the model ended them: cut, perhaps). ``speech=False`` (Ray's ingress, whose replicas make the
+    speech and count it there): requests, errors and in-flight only, no series that would read 0 for work done
+    elsewhere."""
 
     def __init__(self, speech: bool = True) -> None:
         self.registry = CollectorRegistry()
@@ -39,6 +41,9 @@ class Metrics:
         mean = Gauge("audio8_ttfa_seconds_mean", "Mean time to first audio (prefill included).", registry=r)
         mean.set_function(lambda: _ratio(_sample(self.ttfa, "_sum"), _sample(self.ttfa, "_count")))
         self.queued = Gauge("audio8_queue_depth", "Requests waiting for a worker.", registry=r)
+        self.capped = Counter(
+            "audio8_capped_pieces", "Pieces stopped at their frame cap before the model ended them.", registry=r
+        )
 
     def count(self, status: int, code: str | None = None) -> None:
         """A finished request: its HTTP ``status``, and for a refusal or failure its error ``code``."""
@@ -50,8 +55,9 @@ class Metrics:
         self.frames.inc()
 
     def finished(self, stream: SpeechStream) -> None:
-        """A stream that ran to its end: its audio and compute seconds, its TTFA."""
+        """A stream that ran to its end: its audio and compute seconds, its TTFA, its capped pieces."""
         self.audio_s.inc(stream.duration_s)
+        self.capped.inc(len(stream.capped))
         self.compute_s.inc(stream.prefill_s + stream.frames_s + stream.codec_s)
         if stream.first_audio_s is not None:
             self.ttfa.observe(stream.first_audio_s)

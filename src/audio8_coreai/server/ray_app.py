@@ -102,9 +102,10 @@ class Started:
 
 @dataclass(frozen=True)
 class Finished:
-    """A Synth stream's last item when its body ended whole: the ``frames`` made."""
+    """A Synth stream's last item when its body ended whole: the ``frames`` made and its ``frame_cap`` note."""
 
     frames: int | None
+    frame_cap: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ class Synth:
             yield Started(self.replica, speech.tokens, speech.warning)
             async for data in speech.body:
                 yield data
-            yield Finished(speech.frames)
+            yield Finished(speech.frames, speech.frame_cap)
         except (Audio8Error, ApiError) as e:
             yield _refused(e)
         finally:
@@ -253,7 +254,7 @@ class RaySynthesizer(Synthesizer):
         try:
             while not isinstance(data := await _remote(anext(call)), Finished):
                 yield data
-            speech.frames = data.frames
+            speech.frames, speech.frame_cap = data.frames, data.frame_cap
         except (GeneratorExit, asyncio.CancelledError):  # the client left: its replica stops at its next frame
             call.cancel()
             raise

@@ -63,8 +63,9 @@ class Speech:
     raises :class:`.Audio8Error` when the synthesis fails (an :class:`ApiError` 422, before any byte, when the
     utterance holds no audio), and closing it early stops the synthesis at its next frame and frees its place.
     ``replica``: who makes it (:data:`LOCAL`, or a cluster replica's id); ``tokens``: the text's token count;
-    ``warning``: the plan's language warning (an ASCII line, or None); ``frames``: the frames made, set when the
-    body has ended whole; ``dropped``: set when the synthesizer dropped the stream for a client that read nothing
+    ``warning``: the plan's language warning (an ASCII line, or None); ``frames``: the frames made, and
+    ``frame_cap``: :func:`frame_cap_note` (None: every piece ended by the model), both set when the body has ended
+    whole; ``dropped``: set when the synthesizer dropped the stream for a client that read nothing
     for ``stall_s`` (:mod:`.relay`), while its response may still wait on a socket that takes nothing: the response
     is cut then."""
 
@@ -72,6 +73,7 @@ class Speech:
     tokens: int
     warning: str | None = None
     frames: int | None = None
+    frame_cap: str | None = None
     dropped: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     body: AsyncGenerator[bytes, None] = dataclasses.field(init=False)
 
@@ -255,6 +257,26 @@ class LocalSynthesizer(Synthesizer):
             relay.interrupt(_End(error=shutting_down()))
 
 
+def frame_cap_note(stream: SpeechStream) -> str | None:
+    """One ASCII line saying which pieces of a finished ``stream`` stopped at their frame cap before the model ended
+    them (their audio may be cut), or None when none did: the answer's ``X-Audio8-Frame-Cap`` header (a whole
+    file) or its SSE ``speech.audio.done`` event's ``audio8_frame_cap``, and the server's log."""
+    capped = stream.capped
+    if not capped:
+        return None
+    cap = max(stream.pieces[i].max_frames for i in capped)
+    if len(stream.pieces) == 1:
+        which, them = "speech", "it"
+    else:
+        numbers = ", ".join(str(i + 1) for i in capped[:10]) + ("..." if len(capped) > 10 else "")
+        which = f"piece{'s' if len(capped) > 1 else ''} {numbers} of {len(stream.pieces)}"
+        them = "them" if len(capped) > 1 else "it"
+    return (
+        f"{which} stopped at the frame cap ({cap} frames) before the model ended {them}: the audio may be cut "
+        "(a higher max_frames, up to the server's, or a shorter text)"
+    )
+
+
 async def _body(
     relay: Relay, output: Output, sample_rate: int, speech: Speech, ended: Callable[[], object]
 ) -> AsyncGenerator[bytes, None]:
@@ -288,7 +310,9 @@ async def _body(
         else:  # off the event loop: a long mp3 or opus takes a noticeable time to encode (and a stretch to compute)
             audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
             data = await asyncio.to_thread(_encode_whole, audio, sample_rate, output)
-        speech.frames = item.stream.frames
+        speech.frames, speech.frame_cap = item.stream.frames, frame_cap_note(item.stream)
+        if speech.frame_cap:
+            log.warning("an answer's %s", speech.frame_cap)
         if data:
             yield data
     finally:

@@ -134,6 +134,8 @@ async def speech(req: SpeechRequest, request: Request, server: Annotated[State, 
         headers["X-Audio8-Instructions"] = "ignored"
     if speech.warning:  # not in the model's languages (the plan's line): ASCII, no text of the request
         headers["X-Audio8-Warning"] = speech.warning
+    if speech.frame_cap:  # a whole file, read to its end: which pieces stopped at their cap (ASCII)
+        headers["X-Audio8-Frame-Cap"] = speech.frame_cap
     media = MEDIA_TYPES[req.response_format]
     if output.stream:  # from here the body's generator tells the synthesizer when to stop
         speech.body = _resumed(parts, speech.body)
@@ -279,7 +281,8 @@ async def _sent(
 async def _events(speech: Speech, metrics: Metrics) -> AsyncIterator[dict[str, str]]:
     """OpenAI's speech events, each an sse-starlette event's fields: ``speech.audio.delta`` with base64 ``audio``
     per encoded chunk, then ``speech.audio.done`` with ``usage`` (input tokens: the text's; output tokens: the frames
-    made). A stream cut after its first event ends without ``speech.audio.done``."""
+    made; ``audio8_frame_cap`` when pieces stopped at their cap, :func:`..synth.frame_cap_note`). A stream cut after
+    its first event ends without ``speech.audio.done``."""
     sent = _sent(speech.body, metrics, speech.dropped)
     async with contextlib.aclosing(sent):  # closing these events (a dropped stream) closes and counts the body
         with contextlib.suppress(_Cut):
@@ -292,4 +295,7 @@ async def _events(speech: Speech, metrics: Metrics) -> AsyncIterator[dict[str, s
             "output_tokens": speech.frames,
             "total_tokens": speech.tokens + speech.frames,
         }
-        yield {"data": json.dumps({"type": "speech.audio.done", "usage": usage})}
+        done = {"type": "speech.audio.done", "usage": usage}
+        if speech.frame_cap:
+            done["audio8_frame_cap"] = speech.frame_cap
+        yield {"data": json.dumps(done)}
