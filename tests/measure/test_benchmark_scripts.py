@@ -45,7 +45,10 @@ def test_agreement_says_a_mistake_in_one_line_before_it_records(args, said):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
-@pytest.mark.parametrize("script, part", [("bench_gpu.py", "single"), ("probe_attention.py", None)])
+@pytest.mark.parametrize(
+    "script, part",
+    [("bench_gpu.py", "single"), ("probe_attention.py", None), ("speak_gpu.py", None), ("bench_codec_gpu.py", None)],
+)
 def test_gpu_scripts_say_there_is_no_cuda_device(script, part):
     done = _run(script, *([part] if part else []))
     assert done.returncode == 2 and "--device cuda: this machine has no CUDA device" in done.stderr

@@ -121,7 +121,8 @@ def test_bounds_and_close(rows):
 
 def test_batched_server_rows_decode_through_one_codec_thread(tiny_checkpoint, tmp_path):
     """A frame server with the batched codec (the CUDA default, asked for here on the CPU): streamed speech through
-    a row equals the same seed's speech from the model alone."""
+    a row, and a whole utterance's decode (generate: it decoded alone, outside the batched codec), equal the same
+    seed's speech from the model alone."""
     from audio8_coreai.backends.torch.rows import FrameServer
     from tests.steered import steer_eos
 
@@ -137,5 +138,11 @@ def test_batched_server_rows_decode_through_one_codec_thread(tiny_checkpoint, tm
         assert got.shape == want.shape == (12 * 2048,)
         np.testing.assert_allclose(got, want, rtol=0, atol=EXACT)
         assert server.codec.pushes >= 3
+        pushes = server.codec.pushes
+        got = row.generate("Hello there.", seed=4, max_frames=20).audio
+        want = tts.generate("Hello there.", seed=4, max_frames=20).audio
+        assert got.shape == want.shape == (20 * 2048,)
+        np.testing.assert_allclose(got, want, rtol=0, atol=EXACT)
+        assert server.codec.pushes == pushes + 2  # 16 frames, then 4
     finally:
         server.close()

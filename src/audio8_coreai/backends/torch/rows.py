@@ -354,7 +354,11 @@ class RowBackend(Backend):
         return self.server.submit(_Job(self.row, params=params, call=step))
 
     def decode_window(self, codes: np.ndarray) -> np.ndarray:
-        return self.shared.decode_window(codes)
+        """A whole utterance's decode (``generate``, ``synthesize``): through the server's batched codec when it has
+        one (its pushes stacked with the other rows' in one call), else the backend's own."""
+        if self.server.codec is None:
+            return self.shared.decode_window(codes)
+        return self.server.codec.stream().push(codes)
 
     def codec_stream(self) -> CodecStream:
         """The server's batched codec stream when it has one, else the backend's own."""
