@@ -315,6 +315,24 @@ def test_a_clips_warnings_reach_the_python_caller_as_clip_warnings(tiny_tts, tmp
         assert [w for w in told if issubclass(w.category, ClipWarning)] == [], name
 
 
+def test_a_stream_left_by_a_break_resumes_and_one_that_ended_starts_over(tiny_tts):
+    """A ``for`` loop over a stream left by ``break`` and looped over again goes on where it stood, as a generator
+    does (it started over: the first chunks were heard twice); once it has ended, a new loop starts over."""
+    text = "Hello there, a stream read in two loops."
+    whole = list(tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=2))
+    stream = tiny_tts.stream(text, seed=3, max_frames=12, chunk_frames=2)
+    got = []
+    for chunk in stream:
+        got.append(chunk)
+        if len(got) == 2:
+            break
+    got.append(next(iter(stream)))  # the third chunk, not the first again
+    got += list(stream)
+    assert len(whole) > 3 and len(got) == len(whole) and all(np.array_equal(a, b) for a, b in zip(got, whole))
+    again = list(stream)  # ended: a new loop starts over, the same audio
+    assert len(again) == len(whole) and all(np.array_equal(a, b) for a, b in zip(again, whole))
+
+
 def test_a_stream_closed_midway_frees_the_model_and_speaks_again_whole(tiny_tts):
     """``with tts.stream(...) as stream`` (or ``stream.close()``): the iteration ends where it stood, so the next
     utterance on the TTS runs (the closed stream is not overtaken: it is over) and the stream iterates again from

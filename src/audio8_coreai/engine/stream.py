@@ -69,7 +69,8 @@ class SpeechStream:
     utterance; a one-piece stream gives the samples of ``TTS.generate`` with the same seed. ``on_frame(step)``
     is called after each model step (steps numbered across pieces; eos steps included); raising there, or
     :meth:`close` (``with tts.stream(...) as stream:`` closes at the block's end; or closing the iterator),
-    stops generation at once. Iterating again starts over (same audio).
+    stops generation at once. Iterating again resumes an iteration left midway (a ``break``), as a generator
+    does; one that ended or was closed starts over (same audio).
 
     Filled in while iterating: ``frames`` (frames made), ``reached_eos`` (one bool per finished piece),
     ``first_audio_s`` (time to first audio: seconds from the start of iteration to the first chunk, prefill
@@ -145,6 +146,9 @@ class SpeechStream:
         return [i for i, eos in enumerate(self.reached_eos) if not eos]
 
     def __iter__(self) -> Iterator[np.ndarray]:
+        running = self._running
+        if running is not None and running.gi_frame is not None:  # left midway (a break): resumed, not repeated
+            return running
         self._stop.clear()
         self._running = self._chunks()
         return self._running
@@ -152,7 +156,7 @@ class SpeechStream:
     def close(self) -> None:
         """Stop the latest iteration: at once when it waits between chunks (its codec work ended, the model free for
         the next utterance), else at its next frame (called from ``on_frame`` or from another thread); idempotent.
-        Iterating again starts over."""
+        Iterating again then starts over."""
         self._stop.set()
         running, self._running = self._running, None
         if running is not None and not running.gi_running:
