@@ -315,6 +315,28 @@ def test_a_clips_warnings_reach_the_python_caller_as_clip_warnings(tiny_tts, tmp
         assert [w for w in told if issubclass(w.category, ClipWarning)] == [], name
 
 
+@pytest.mark.parametrize("codec_process", [False, True])
+def test_a_closed_model_speaks_no_more_wherever_its_codec_runs(tiny_checkpoint, codec_process):
+    """After ``close`` (or its ``with`` block), every call that speaks raises BackendError before any frame: with the
+    codec in this process it used to speak on, where the codec process's model failed at its first decode."""
+    from audio8_coreai import TTS
+    from audio8_coreai.errors import BackendError
+
+    with TTS.load(tiny_checkpoint, device="cpu", codec_process=codec_process) as tts:
+        assert tts.generate(TEXT, seed=1, max_frames=2).frames > 0 and not tts.closed
+    assert tts.closed
+    calls = {
+        "generate": lambda: tts.generate(TEXT, seed=1, max_frames=2),
+        "synthesize": lambda: tts.synthesize(TEXT, seed=1, max_frames=2),
+        "stream": lambda: tts.stream(TEXT, seed=1, max_frames=2),
+        "generate_batch": lambda: tts.generate_batch([TEXT], seeds=[1], max_frames=2),
+        "batched": lambda: tts.batched(2),
+    }
+    for call in calls.values():
+        with pytest.raises(BackendError, match=r"^this model was closed .*: load it again$"):
+            call()
+
+
 def test_a_stream_left_by_a_break_resumes_and_one_that_ended_starts_over(tiny_tts):
     """A ``for`` loop over a stream left by ``break`` and looped over again goes on where it stood, as a generator
     does (it started over: the first chunks were heard twice); once it has ended, a new loop starts over."""

@@ -21,7 +21,7 @@ from .engine.batch import generate_batch
 from .engine.loop import generate
 from .engine.overlap import UtteranceDecode
 from .engine.stream import SpeechStream
-from .errors import CheckpointError, ConfigError, EngineError, PromptError, UnsupportedLanguageWarning
+from .errors import BackendError, CheckpointError, ConfigError, EngineError, PromptError, UnsupportedLanguageWarning
 from .plan import Plan, make_plan, sampling_defaults
 from .request import (
     REQUEST_KEYWORDS,
@@ -56,6 +56,7 @@ class TTS(VoiceCloning):
         self.prompts = prompts
         self.config = backend.cfg  # the backend's context: Core AI assets may hold less than max_seq_len
         self.voices = voices if voices is not None else VoiceStore()  # where voice=NAME is looked up
+        self.closed = False
 
     @classmethod
     def load(
@@ -115,8 +116,9 @@ class TTS(VoiceCloning):
         return cls(ckpt, chosen, prompts, VoiceStore(voices_dir))
 
     def close(self) -> None:
-        """End what the backend runs outside this process (the codec process); idempotent. A closed TTS raises
-        BackendError on its next codec call."""
+        """End what the backend runs outside this process (the codec process); idempotent. A closed TTS speaks no
+        more: generate, stream, synthesize, generate_batch and batched raise BackendError (load it again)."""
+        self.closed = True
         self.backend.close()
 
     def __enter__(self) -> TTS:
@@ -294,6 +296,7 @@ class TTS(VoiceCloning):
         the torch backend's :class:`.backends.torch.rows.FrameServer`): one per server worker, their frames run as
         one batched call, graphs captured now for the default sampling. Raises BackendError on a backend that does
         not batch, ConfigError for ``max_batch`` < 1."""
+        self._open()
         server = self.backend.frame_rows(check_int(max_batch, "max_batch"), warm=[self.sampling()])
         return server, [TTS(self.checkpoint, row, self.prompts, self.voices) for row in server.rows()]
 
@@ -373,6 +376,11 @@ class TTS(VoiceCloning):
             overlap_codec=overlap_codec,
         )
 
+    def _open(self) -> None:
+        """BackendError when this model was closed (:meth:`close`)."""
+        if self.closed:
+            raise BackendError("this model was closed (TTS.close, or its with block ended): load it again")
+
     def _planned(
         self,
         text: str | Plan,
@@ -385,6 +393,7 @@ class TTS(VoiceCloning):
         keywords of :func:`.request.check_request` in ``request``, ``frame_cap`` and a stream's
         ``first_chunk_frames`` (through the API it may pass ``chunk_frames``), its language warning told as an
         UnsupportedLanguageWarning and a ``ref_audio`` clip's as ClipWarnings (the keyword API's way)."""
+        self._open()
         if isinstance(text, Plan):
             return text.reused(self.checkpoint.fingerprint(), {**request, "frame_cap": frame_cap})
         unknown = [key for key in request if key not in REQUEST_KEYWORDS]
