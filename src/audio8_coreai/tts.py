@@ -180,7 +180,8 @@ class TTS(VoiceCloning):
         ``ref_audio`` with its transcript ``ref_text``; ``seed``, None drawing a fresh one, reported in the result;
         ``temperature``, ``top_k``, ``top_p``; ``max_frames``, see :meth:`plan`), checked and planned whole (not
         split), text outside the model's languages told as an UnsupportedLanguageWarning. ``on_start(max_frames)``
-        and ``on_frame(step)`` drive progress bars.
+        and ``on_frame(step)`` drive progress bars. A model that ends the utterance on its first frame (eos) gives
+        ``frames`` 0 and no audio: speak again with another seed (the CLI and the server refuse such a result).
         Raises what check_request and :meth:`plan` raise; EngineError for a plan of several pieces; TypeError
         for a plan given with request keywords; ConfigError for an ``on_*`` that is no function.
         """
