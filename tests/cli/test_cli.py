@@ -1,4 +1,4 @@
-"""The `audio8` command: speak to a WAV, print prompts, replay parity, the frame-cap warnings."""
+"""The `audio8` command: speak to a WAV, print prompts, replay parity."""
 
 from __future__ import annotations
 
@@ -106,23 +106,6 @@ def test_say_splits_text_too_long_for_one_utterance_as_say_stream_does(never_eos
     b, _ = sf.read(streamed, dtype="float32")
     assert a.shape == b.shape and a.shape[0] > pieces * 0.25 * 44100
     assert np.array_equal(a, b)
-
-
-def test_frame_cap_warning_says_when_the_context_is_full(never_eos_checkpoint, tmp_path):
-    # a checkpoint that never draws eos runs to the frames its prompt leaves of its 128-position context
-    model = ("--model", never_eos_checkpoint, "--device", "cpu")
-    room = 128 - json.loads(run("prompt", "Hi.", "--model", never_eos_checkpoint, "--json").output)["shape"][1]
-    result = run("say", "Hi.", "-o", tmp_path / "full.wav", *model)
-    assert result.exit_code == 0, result.output
-    said = " ".join(result.output.split())
-    assert f"stopped at the frame cap ({room} frames)" in said and "the context is full" in said
-    # text whose prompt fits but whose estimated speech would not is split, not cut at the cap
-    result = run("say", " ".join(["Hi."] * 6), "-o", tmp_path / "long.wav", *model, "--max-frames", 4)
-    assert result.exit_code == 0 and "split into sentences" in result.output
-    result = run("say", "Hi.", "-o", tmp_path / "cap.wav", *model, "--max-frames", 3)
-    said = " ".join(result.output.split())
-    assert "stopped at the frame cap (3 frames)" in said and "raise --max-frames" in said
-    assert result.output.startswith("warning:")  # off a terminal, no blank line where the progress bar was
 
 
 def test_a_long_list_of_capped_pieces_is_cut_short(never_eos_checkpoint, tmp_path):
@@ -311,34 +294,6 @@ def test_parity_refuses_a_file_that_is_not_a_fixture(oracle_dir, tmp_path):
     )
     result = run("parity", "--model", oracle_dir, "--fixture", oracle_dir)
     assert result.exit_code == 2 and f"give {oracle_dir / 'fixture.npz'}" in " ".join(result.output.split())
-
-
-def test_the_cap_warning_of_split_text_suggests_a_frame_cap_the_context_takes(never_eos_checkpoint, tmp_path):
-    """Split (streamed) text stopped at --max-frames: the warning names the most --max-frames every piece's context
-    takes, and the API takes exactly that much and refuses one more."""
-    from audio8_coreai import TTS
-    from audio8_coreai.errors import EngineError
-
-    text = "Hi. Hi. Hi. Hi."  # pieces of a few tokens on this 128-position context
-    model = ("--model", never_eos_checkpoint, "--device", "cpu", "--seed", 1)
-    result = run("say", text, "-o", tmp_path / "split.wav", *model, "--stream", "--max-frames", 2)
-    assert result.exit_code == 0, result.output
-    said = " ".join(result.output.split())
-    most = int(re.search(r"raise --max-frames, up to (\d+)", said).group(1))
-    tts = TTS.load(never_eos_checkpoint, device="cpu")
-    assert len(tts.stream(text, max_frames=most).pieces) >= 2
-    with pytest.raises(EngineError, match="at most"):
-        tts.stream(text, max_frames=most + 1)
-
-
-def test_the_cap_warning_of_a_stream_at_the_context_says_shorten(never_eos_checkpoint, tmp_path):
-    from audio8_coreai import TTS
-
-    room = 128 - TTS.load(never_eos_checkpoint, device="cpu").prompts.plain("Hi.").shape[1]
-    args = ("--model", never_eos_checkpoint, "--device", "cpu", "--stream", "--max-frames", room)
-    result = run("say", "Hi.", "-o", tmp_path / "full.wav", *args)
-    said = " ".join(result.output.split())
-    assert result.exit_code == 0 and "the context is full" in said and "raise --max-frames" not in said, said
 
 
 def test_output_is_not_wrapped_when_not_a_terminal(never_eos_long_checkpoint, tmp_path):

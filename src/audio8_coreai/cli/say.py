@@ -272,8 +272,10 @@ def _numbers(indices: list[int], total: int, shown: int = 10) -> str:
 def _cap_remedy(prompt_lengths: list[int], cap: int, context: int) -> str:
     """What to do about pieces (prompts of ``prompt_lengths`` columns) stopped at the frame cap ``cap``: a larger
     --max-frames, at most what the context leaves every piece (it caps each of them), or a shorter text when that
-    is no larger."""
+    is no larger (of a split text: shorter sentences, which the split keeps whole, or another seed)."""
     most = min(context - length for length in prompt_lengths)
+    if most <= cap and len(prompt_lengths) > 1:
+        return "the context is full: shorter sentences make shorter pieces, or try another --seed"
     if most <= cap:
         return "the context is full: shorten the text"
     return f"raise --max-frames, up to {most} (what the context leaves), or shorten the text"
