@@ -378,13 +378,15 @@ def test_the_default_upload_limit_takes_30_s_of_96_khz_stereo_float():
     assert ServerSettings().max_upload_bytes >= 30 * 96000 * 2 * 4 + 1024
 
 
-def test_a_clip_of_three_samples_is_refused(base):
+def test_a_clip_of_three_samples_and_a_blank_transcript_are_refused_naming_their_field(base):
     import soundfile as sf
 
     out = io.BytesIO()
     sf.write(out, np.array([0.5, -0.5, 0.5], np.float32), 1, format="WAV", subtype="PCM_16")
     error = clean(add_voice(base, "tiny", data=out.getvalue()), 400, "invalid_voice")
-    assert "clip.wav" in error["message"] and "Hz" in error["message"]
+    assert "clip.wav" in error["message"] and "Hz" in error["message"] and error["param"] == "audio"
+    error = clean(add_voice(base, "blank", transcript="  "), 400, "invalid_voice")  # the field it is about
+    assert "empty" in error["message"] and error["param"] == "transcript"
 
 
 # ------------------------------------------------------------------------------------------------------------

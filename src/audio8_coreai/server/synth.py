@@ -25,7 +25,7 @@ import numpy as np
 
 from ..audio import SpeechEncoder, StreamStretcher, encode_speech, time_stretch
 from ..engine.stream import SpeechStream
-from ..errors import AssetError, Audio8Error, VoiceExists, VoiceStorageError
+from ..errors import AssetError, Audio8Error, AudioError, PromptError, VoiceExists, VoiceStorageError
 from ..plan import Plan
 from ..request import CheckedRequest
 from ..tts import TTS
@@ -221,7 +221,8 @@ class LocalSynthesizer(Synthesizer):
                 raise api_error(e) from None
             except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
                 message = str(e).replace(str(path), filename).replace(clip, filename)
-                raise ApiError(400, message, None, "invalid_voice") from None
+                field = "audio" if isinstance(e, AudioError) else "transcript" if isinstance(e, PromptError) else None
+                raise ApiError(400, message, field, "invalid_voice") from None
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
             return dataclasses.replace(voice, warnings=tuple(w.replace(clip, filename) for w in voice.warnings))
