@@ -28,7 +28,7 @@ import torch
 from audio8_coreai.backends.torch.codec_rows import CodecRows, Push
 from audio8_coreai.backends.torch.codec_worker import build_decoder
 from audio8_coreai.checkpoint import load_checkpoint
-from audio8_coreai.measure.args import count
+from audio8_coreai.measure.args import check_device, count
 from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.settings import DEFAULTS
 
@@ -65,8 +65,7 @@ def main() -> None:
     ap.add_argument("--chunks", type=count, default=4, help="16-frame chunks a stream (the first a warm-up)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error(f"--device {args.device}: this machine has no CUDA device; --device cpu checks the script")
+    check_device(ap, args.device)
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False  # as the fp32 backend sets it: only the convolutions' flag moves
     ckpt = load_checkpoint(ensure_checkpoint(args.model))

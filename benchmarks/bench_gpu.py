@@ -49,7 +49,7 @@ from audio8_coreai.backends.torch.codec_rows import CodecRows, Push
 from audio8_coreai.backends.torch.cudagraphs import StepTimes
 from audio8_coreai.engine.batch import BatchEngine
 from audio8_coreai.engine.loop import generate
-from audio8_coreai.measure.args import count
+from audio8_coreai.measure.args import check_device, count
 from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.settings import DEFAULTS
 
@@ -251,8 +251,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=count, default=3, help="timed 16-frame chunks per stream count")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error(f"--device {args.device}: this machine has no CUDA device; --device cpu checks the script")
+    check_device(ap, args.device)
     cuda = args.device.startswith("cuda")
     precisions = args.precision or (["fp32", "bf16"] if args.part == "single" else ["bf16" if cuda else "fp32"])
     model = ensure_checkpoint(args.model)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
-from audio8_coreai.measure.args import count
+from audio8_coreai.measure.args import check_device, count
 
 HEADS, KV_HEADS, HEAD_DIM = 14, 2, 64  # the slow AR's attention (0.6b)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -140,8 +140,7 @@ def main() -> None:
     ap.add_argument("--reps", type=count, default=50)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error(f"--device {args.device}: this machine has no CUDA device; --device cpu checks the script")
+    check_device(ap, args.device)
     report: dict = {"torch": torch.__version__, "device": args.device, "rows": [], "complete": False}
     if args.device.startswith("cuda"):
         report["gpu"] = torch.cuda.get_device_name(args.device)

@@ -23,11 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import torch
 from bench_batch import SENTENCE
 
 from audio8_coreai import TTS
-from audio8_coreai.measure.args import count
+from audio8_coreai.measure.args import check_device, count
 from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.settings import DEFAULTS
 
@@ -83,8 +82,7 @@ def main() -> None:
     ap.add_argument("--frames", type=count, default=64, help="frames per request")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error(f"--device {args.device}: this machine has no CUDA device; --device cpu checks the script")
+    check_device(ap, args.device)
     model = ensure_checkpoint(args.model)
     report: dict = {"meta": {"device": args.device, "load_average": os.getloadavg()[0]}, "runs": []}
 

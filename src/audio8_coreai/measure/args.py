@@ -38,3 +38,12 @@ def seconds(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text} is no duration: give a number of seconds above 0")
     return value
+
+
+def check_device(ap: argparse.ArgumentParser, device: str) -> None:
+    """The GPU scripts' ``--device``: a CUDA one on a machine without CUDA is refused by ``ap`` in one line (exit
+    status 2) before anything loads; ``--device cpu`` runs them as a check of the script."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {device}: this machine has no CUDA device; --device cpu checks the script")
