@@ -128,7 +128,7 @@ def test_a_server_request_is_checked_tokenised_and_planned_once(tts, counts):
         r = client.post("/v1/audio/speech", json={**body, "response_format": "pcm", "stream_format": "sse"})
     assert r.status_code == 200, r.text
     events = [json.loads(line[len("data: ") :]) for line in r.text.splitlines() if line.startswith("data: ")]
-    assert events[-1] == {
+    assert {k: v for k, v in events[-1].items() if k != "audio8_frame_cap"} == {  # its frame-cap note: another test's
         "type": "speech.audio.done",
         "usage": {"input_tokens": tokens, "output_tokens": FRAMES, "total_tokens": tokens + FRAMES},
     }

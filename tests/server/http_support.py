@@ -70,6 +70,7 @@ class Endless:
 
     prefill_s = frames_s = codec_s = duration_s = 0.0
     first_audio_s = None
+    capped: list[int] = []  # every piece ended by the model
     frames = 0
 
     def __init__(self, on_frame, seconds: float = 1.0, every_s: float = 0.0):

@@ -55,6 +55,7 @@ class Ticking:
     than any poll, however loaded the machine."""
 
     frames, duration_s, prefill_s, frames_s, codec_s, first_audio_s = 300, 300 * 2048 / 44100, 0.0, 0.0, 0.0, None
+    capped: list[int] = []  # every piece ended by the model
 
     def __init__(self, on_frame, at_8: threading.Event, go: threading.Event):
         self.on_frame, self.at_8, self.go = on_frame, at_8, go

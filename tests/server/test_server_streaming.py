@@ -42,6 +42,7 @@ class Gated:
 
     prefill_s = frames_s = codec_s = 0.0
     first_audio_s = None
+    capped: list[int] = []  # every piece ended by the model
     frames, duration_s = FRAMES, FRAMES * HOP / 44100
 
     def __init__(self, on_frame, gate: Gate):

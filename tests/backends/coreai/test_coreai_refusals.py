@@ -301,8 +301,10 @@ def test_a_closed_backend_a_renamed_part_and_a_conversion_that_lost_the_race_are
 
     with TTS.load(speakable, backend="coreai", assets=fp32_assets) as tts:
         pass
-    with pytest.raises(BackendError, match=r"these Core AI assets were closed .*: load the model again"):
+    with pytest.raises(BackendError, match=r"this model was closed .*: load it again"):
         tts.synthesize("Hi.", seed=0, max_frames=2)
+    with pytest.raises(BackendError, match=r"these Core AI assets were closed .*: load the model again"):
+        tts.backend.prefill(tts.prompts.plain("Hi."))  # the backend itself, used directly
     renamed = tmp_path / "renamed"
     shutil.copytree(fp32_assets, renamed)
     shutil.rmtree(renamed / "codec_decoder.aimodel")
