@@ -132,6 +132,13 @@ def test_generate_batch_through_graphed_rows(never_eos):
         assert g.codes.shape == (tts.config.num_codebooks, cap) and not g.reached_eos
         np.testing.assert_array_equal(g.codes, w.codes)
         np.testing.assert_array_equal(g.codes, generate(graphed_b, p, params, seed, cap).codes)
+    graphed_b.noise_ahead = True  # as on a GPU: each next noise drawn on the noise threads once a call is launched
+    try:
+        ahead = generate_batch(graphed_b, prompt, params, seeds, caps, max_batch=4)
+    finally:
+        graphed_b.noise_ahead = False
+    for g, a in zip(got, ahead):
+        np.testing.assert_array_equal(a.codes, g.codes)
 
 
 @cuda
