@@ -129,6 +129,7 @@ class ServerSettings(_Group):
     port: int = Field(8000, ge=1, le=65535, description="TCP port")
     workers: int = Field(1, ge=1, description="model instances, each serving one request at a time")
     batch: int = Field(0, ge=0, description="requests served at once by ONE model instance, frames batched; 0: off")
+    cuda_batch: int = Field(32, ge=0, description="audio8 serve on CUDA given no --batch or --workers: its --batch")
     max_queue: int = Field(8, ge=0, description="requests that may wait for a worker; more get 503")
     max_input_chars: int = Field(4096, ge=1, description="longest input text per speech request (OpenAI's limit)")
     max_speech_body_bytes: int = Field(2**20, ge=1, description="a speech request's JSON body: the longest input")

@@ -74,3 +74,28 @@ def test_serve_says_what_it_serves(tiny_checkpoint, tmp_path, monkeypatch):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert f"serving {tiny_checkpoint.name} (torch cpu int16, 2 worker(s); voices in {tmp_path})" in result.output
+
+
+def test_serve_batches_one_models_rows_by_default_on_a_cuda_device_only(tiny_checkpoint, tmp_path, monkeypatch):
+    """On a GPU one utterance at a time left it mostly idle (an H200 ran 64 real-time streams from one fp32 model):
+    given neither --batch nor --workers, ``audio8 serve`` serves ``cuda_batch`` rows there, one utterance at a time
+    on a CPU; an explicit --batch (0 too), AUDIO8_SERVER__BATCH or --workers decides instead."""
+    from typer.testing import CliRunner
+
+    from audio8_coreai.cli import app
+    from audio8_coreai.cli.serve import serve_rows
+    from audio8_coreai.server.connections import Server
+    from audio8_coreai.settings import DEFAULTS
+
+    assert DEFAULTS.server.cuda_batch == 32
+    assert serve_rows(None, 0, 1, "cuda") == 32
+    assert serve_rows(None, 0, 1, "cpu") == 0
+    assert serve_rows(0, 0, 1, "cuda") == 0  # --batch 0
+    assert serve_rows(8, 8, 1, "cuda") == 8
+    assert serve_rows(None, 0, 2, "cuda") == 0  # --workers 2
+    assert serve_rows(None, 4, 1, "cuda") == 4  # AUDIO8_SERVER__BATCH=4
+    monkeypatch.setattr(Server, "run", lambda self: None)  # started, not left running
+    args = ["serve", "--model", str(tiny_checkpoint), "--voices", str(tmp_path), "--port", str(free_port())]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert f"serving {tiny_checkpoint.name} (torch cpu int16, 1 worker(s); voices in {tmp_path})" in result.output

@@ -71,8 +71,17 @@ def serve(
         float, typer.Option(help="Largest voice upload in MB (2**20 bytes); 30 s of 96 kHz stereo float wav is 22 MB.")
     ] = DEFAULTS.server.max_upload_bytes / 2**20,
     batch: Annotated[
-        int, typer.Option(help=described(DEFAULTS.server, "batch", more=" (torch backend; replaces --workers)"))
-    ] = DEFAULTS.server.batch,
+        int | None,
+        typer.Option(
+            help=described(
+                DEFAULTS.server,
+                "batch",
+                more=f" (torch backend; replaces --workers; on a CUDA device without --workers, "
+                f"{DEFAULTS.server.cuda_batch} unless given)",
+            ),
+            show_default=str(DEFAULTS.server.batch),
+        ),
+    ] = None,
     sample_rate: Annotated[
         int | None,
         typer.Option(
@@ -132,6 +141,8 @@ def serve(
     from ..tts import TTS
     from ..voices import check_name
 
+    chosen = batch  # None: not given, decided once the device is known (serve_rows)
+    batch = DEFAULTS.server.batch if batch is None else batch
     if not 0 < max_upload_mb <= 1024 or round(max_upload_mb * 2**20) < 1:  # the option's unit, a byte at least
         raise ConfigError(f"--max-upload-mb must be over 0 (a byte at least) and at most 1024, got {max_upload_mb:g}")
     ray_only = {"--address": address, "--autoscale": autoscale, "--replica-gpus": replica_gpus}
@@ -194,6 +205,7 @@ def serve(
                 tts.close()
             raise
     instances = loaded
+    batch = serve_rows(chosen, batch, workers, loaded[0].backend.device.type)
     if batch:
         _, instances = instances[0].batched(batch)
     first = loaded[0]
@@ -208,6 +220,16 @@ def serve(
     finally:  # uvicorn returns on Ctrl-C or SIGTERM: end the codec processes with the server
         for tts in loaded:
             tts.close()
+
+
+def serve_rows(chosen: int | None, batch: int, workers: int, device_type: str) -> int:
+    """The batched rows ``audio8 serve`` runs: ``batch`` (``--batch``, else ``AUDIO8_SERVER__BATCH``) when
+    ``chosen`` (``--batch`` given) or when it is set; else, on a CUDA device with ``--workers`` not given,
+    ``DEFAULTS.server.cuda_batch`` (one H200 ran 64 real-time streams from one model at fp32, one utterance at a
+    time left it mostly idle: benchmarks/README.md); else 0 (one utterance at a time per worker)."""
+    if chosen is not None or batch or workers != DEFAULTS.server.workers or device_type != "cuda":
+        return batch
+    return DEFAULTS.server.cuda_batch
 
 
 def check_instances_fit(tts: TTS, count: int) -> None:
