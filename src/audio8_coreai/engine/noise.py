@@ -48,10 +48,8 @@ class NoiseAhead:
     """``noise`` (a :class:`NoiseLike`) one step ahead: :meth:`ahead` starts drawing the next step on the noise
     threads (the backend calls it through :attr:`..backends.base.StepInputs.draw_ahead` once a frame is launched),
     :meth:`next_frame` returns that draw. One wrapper per stream, kept across its pieces (the step drawn ahead is the
-    next piece's first).
-
-    Started while a batched frame is staged, 128 streams' draws slowed the staging 1.5-10x (the draws and the
-    staging take turns holding the GIL); started once it is launched, they run while the host waits for the device.
+    next piece's first). Started once a frame is launched, the draws run while the host waits for the device, not
+    while it stages a batch (the two would take turns holding the GIL: docs/speed.md).
     """
 
     def __init__(self, noise: NoiseLike):
