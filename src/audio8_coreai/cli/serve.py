@@ -225,8 +225,8 @@ def serve(
 def serve_rows(chosen: int | None, batch: int, workers: int, device_type: str) -> int:
     """The batched rows ``audio8 serve`` runs: ``batch`` (``--batch``, else ``AUDIO8_SERVER__BATCH``) when
     ``chosen`` (``--batch`` given) or when it is set; else, on a CUDA device with ``--workers`` not given,
-    ``DEFAULTS.server.cuda_batch`` (one H200 ran 64 real-time streams from one model at fp32, one utterance at a
-    time left it mostly idle: benchmarks/README.md); else 0 (one utterance at a time per worker)."""
+    ``DEFAULTS.server.cuda_batch`` (a GPU serving one utterance at a time is mostly idle: docs/scale-out.md); else 0
+    (one utterance at a time per worker)."""
     if chosen is not None or batch or workers != DEFAULTS.server.workers or device_type != "cuda":
         return batch
     return DEFAULTS.server.cuda_batch
