@@ -64,7 +64,7 @@ else
     BATCHED=(--graphed-only --batch 1 --batch 32 --batch 128 --batch 256 --frames 16 --runs 2 --precision fp32
         --precision bf16w)
     STREAMS=(--streams 64 --streams 128 --rounds 2 --precision fp32 --precision bf16w)  # fp32 at 256: RTF 2.8
-    SPEAK=(--concurrent 8 --concurrent 64 --frames 64 --precision fp32 --precision bf16w)
+    SPEAK=(--concurrent 8 --concurrent 32 --concurrent 64 --frames 64 --precision fp32)  # 32: serve's CUDA default
     CODEC=(--streams 32 --streams 128 --chunks 4)
 fi
 
