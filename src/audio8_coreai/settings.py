@@ -25,12 +25,11 @@ from collections.abc import Mapping
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
-from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
 from .errors import ConfigError
-from .settings_words import kind_of, takes
+from .settings_words import kind_of, takes, wrong_variable
 
 PREFIX = "AUDIO8_"
 Group = TypeVar("Group", bound=BaseModel)
@@ -346,7 +345,7 @@ def from_environment() -> Settings:
                 name,
             )
         if not nested and value.strip().lower() in ("null", "none"):  # read as JSON null: the group unset
-            raise ConfigError(_wrong(name.upper(), None, {"type": "model_type"}), name)
+            raise ConfigError(wrong_variable(name.upper(), None, {"type": "model_type"}), name)
     try:
         return Settings()
     except ValidationError as e:
@@ -357,18 +356,9 @@ def from_environment() -> Settings:
             fields = ", ".join(Settings.model_fields[str(group)].annotation.model_fields)  # type: ignore[union-attr]
             raise ConfigError(f"{variable} is not a setting: the {group} group has {fields}", str(field)) from None
         info = Settings.model_fields[str(group)].annotation.model_fields.get(str(field))  # type: ignore[union-attr]
-        raise ConfigError(_wrong(variable, info, error), str(field)) from None
+        raise ConfigError(wrong_variable(variable, info, error), str(field)) from None
     except SettingsError as e:  # a list or mapping that is not JSON
         raise ConfigError(_unparsed() or f'{e}: give it as JSON, e.g. [1, 2, 4] or {{"alloy": "ana"}}') from None
-
-
-def _wrong(name: str, info: FieldInfo | None, error: Mapping) -> str:
-    """What an environment variable ``name`` setting the field ``info`` got wrong (``error``: pydantic's)."""
-    if info is None and error["type"] in ("model_type", "dict_type"):  # a group's own variable, not an object
-        return f'{name} is a group: give it as a JSON object, e.g. {{"port": 8000}}, or set {name}__<FIELD>'
-    if info is None or error["type"] == "value_error":
-        return f"{name}: {str(error['msg']).removeprefix('Value error, ')}"
-    return f"{name} must be {takes(info)}, got {error['input']!r}"
 
 
 def _variable(group: str, field: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import types
 import typing
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic.fields import FieldInfo
@@ -42,3 +43,12 @@ def kind_of(info: FieldInfo) -> tuple[object, bool]:
         return info.annotation, False
     kinds = [a for a in typing.get_args(info.annotation) if a is not type(None)]
     return (kinds[0] if len(kinds) == 1 else str), len(kinds) < len(typing.get_args(info.annotation))
+
+
+def wrong_variable(name: str, info: FieldInfo | None, error: Mapping) -> str:
+    """What an environment variable ``name`` setting the field ``info`` got wrong (``error``: pydantic's)."""
+    if info is None and error["type"] in ("model_type", "dict_type"):  # a group's own variable, not an object
+        return f'{name} is a group: give it as a JSON object, e.g. {{"port": 8000}}, or set {name}__<FIELD>'
+    if info is None or error["type"] == "value_error":
+        return f"{name}: {str(error['msg']).removeprefix('Value error, ')}"
+    return f"{name} must be {takes(info)}, got {error['input']!r}"

@@ -31,7 +31,6 @@ import logging
 import math
 import os
 import signal
-import socket
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -56,6 +55,7 @@ from ..voices import Voice, VoiceStore
 from .app import create_app
 from .errors import ApiError, api_error
 from .metrics import Metrics
+from .ray_address import cannot_join, check_answers
 from .ray_replicas import replicas_or_503
 from .synth import LOCAL, LocalSynthesizer, Output, Speech, Synthesizer, failed
 
@@ -353,25 +353,6 @@ def application(cluster: RaySettings, server: ServerSettings) -> serve.Applicati
     return ingress.bind(synth, cluster, server)
 
 
-def _cannot_join(address: str, said: str) -> ConfigError:
-    return ConfigError(
-        f"cannot join the Ray cluster at {address} ({said}); give --address HEAD_IP:6379 (what `ray start --head` "
-        "printed), auto for the cluster this machine belongs to, or no --address for a Ray instance of its own"
-    )
-
-
-def _check_answers(address: str) -> None:
-    """Raise ConfigError unless something accepts a TCP connection at ``address`` (``[ray://]HOST:PORT``) within
-    5 s: ray.init retries an address nobody answers at for minutes. Other forms are left to Ray."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if "://" in host or not port.isdigit():
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
-    except OSError as e:
-        raise _cannot_join(address, str(e) or type(e).__name__) from None
-
-
 def run_on_ray(cluster: RaySettings, server: ServerSettings, address: str | None = None) -> None:
     """``audio8 serve --ray``: join the Ray cluster at ``address`` ("auto": the one this machine belongs to; None:
     the one ``RAY_ADDRESS`` names, else a new instance here, never a cluster ``ray start`` began here, whose
@@ -382,7 +363,7 @@ def run_on_ray(cluster: RaySettings, server: ServerSettings, address: str | None
 
     joining = address or os.environ.get("RAY_ADDRESS")
     if joining and joining != "auto":
-        _check_answers(joining)
+        check_answers(joining)
     heard = signal.getsignal(signal.SIGTERM)  # the command's handler, which ray.init replaces with one that exits
     try:
         ray.init(address=joining or "local")  # "local": Ray's word for a new instance
@@ -390,7 +371,7 @@ def run_on_ray(cluster: RaySettings, server: ServerSettings, address: str | None
         said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if not joining:
             raise ConfigError(f"cannot start a Ray instance on this machine ({said})") from None
-        raise _cannot_join(joining, said) from None
+        raise cannot_join(joining, said) from None
     if callable(heard):
         signal.signal(signal.SIGTERM, heard)
     http = {"host": server.host, "port": server.port, "keep_alive_timeout_s": server.keep_alive_s}
