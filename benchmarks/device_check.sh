@@ -9,9 +9,10 @@
 #   DEVICE=cpu bash benchmarks/device_check.sh  # here: every part with small sizes on the CPU (a script check)
 #
 # Parts, most valuable first: gate, tests (the fused kernels, bf16w, the capture tests), attention (which SDPA kernel
-# runs the decode attention), single (batch 1 eager vs graphed vs graphed unfused, fp32, bf16, bf16w), agreement (CUDA fp32, bf16, bf16w draws against the
-# CPU's fp32, teacher-forced), batched (ms/step at 1/8/32/128), streams (real-time streams with the codec at
-# 8/32/128). $OUT/<part>.json each (benchmarks/README.md says what they hold) and log.txt: 8 files, the most the
+# runs the decode attention), profile (where a batch-1 graphed frame's time goes: kernels, idle GPU, host calls),
+# single (batch 1 eager vs graphed vs graphed unfused, fp32, bf16, bf16w), agreement (CUDA fp32, bf16, bf16w draws
+# against the CPU's fp32, teacher-forced), batched (ms/step at 1/32/128/256), speak (the public API end to end),
+# codec (the batched codec's forms), streams (real-time streams with the codec at 64/128). $OUT/<part>.json each (benchmarks/README.md says what they hold) and log.txt: 8 files, the most the
 # device tool brings back. Environment: OUT, BUDGET
 # (seconds for all parts, default 360; 5x on the CPU), CKPT (the random 0.6b checkpoint's folder), PYTHON.
 set -uo pipefail
@@ -55,6 +56,7 @@ if [ "$DEVICE" = cpu ]; then  # the script check here: small sizes; the venv's p
     STREAMS=(--streams 2 --rounds 1)
     SPEAK=(--concurrent 2 --frames 4)
     CODEC=(--streams 2 --chunks 2)
+    PROFILE=(--frames 3 --top 5)
 else
     ATTENTION=(--batch 1 --batch 128 --cache 2048 --reps 50)
     # bf16w (bf16 weights, fp32 maths: a Triton kernel) runs on CUDA only
@@ -66,6 +68,7 @@ else
     STREAMS=(--streams 64 --streams 128 --rounds 2 --precision fp32 --precision bf16w)  # fp32 at 256: RTF 2.8
     SPEAK=(--concurrent 8 --concurrent 32 --concurrent 64 --frames 64 --precision fp32)  # 32: serve's CUDA default
     CODEC=(--streams 32 --streams 128 --chunks 4)
+    PROFILE=(--frames 16 --top 25 --precision fp32 --precision bf16)
 fi
 
 NAMES=() STATUS=() TIMES=()
@@ -126,7 +129,8 @@ fi
 
 # PARTS: the parts after the gate to run, in this order (at most seven: with log.txt, the device tool's 8 files)
 # (attention: which SDPA kernel the decode takes; answered on the H200 at stop 41, so not run unless named)
-PARTS=${PARTS:-tests single agreement batched speak codec streams}
+# (single, batched: measured on the H200 at stop 41; profile asks where batch 1's 10 ms go)
+PARTS=${PARTS:-tests profile codec speak agreement streams}
 on() { [[ " $PARTS " == *" $1 "* ]]; }
 
 # the fused kernels and bf16w natively (CI runs them under Triton's interpreter), the graphs captured for real
@@ -141,6 +145,8 @@ have_ckpt && echo "== checkpoint: $CKPT is there"
 # through the package, not the CLI: the image's own typer may not be the version the CLI is written for
 if have_ckpt || timed checkpoint 60 "$PY" -c "import sys; from pathlib import Path
 from audio8_coreai.checkpoint import make_checkpoint; make_checkpoint(Path(sys.argv[1]), '0.6b', seed=0)" "$CKPT"; then
+    on profile && part profile 60 "$PY" benchmarks/profile_gpu.py --model "$CKPT" --device "$DEVICE" \
+        "${PROFILE[@]}" --json "$OUT/profile.json"
     on single && part single 90 "$PY" benchmarks/bench_gpu.py single --model "$CKPT" --device "$DEVICE" \
         "${SINGLE[@]}" --json "$OUT/single.json"
     on agreement && part agreement 75 "$PY" benchmarks/agreement.py --model "$CKPT" --device "$DEVICE" \
