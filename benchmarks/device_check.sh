@@ -134,7 +134,7 @@ PARTS=${PARTS:-tests profile codec speak agreement streams}
 on() { [[ " $PARTS " == *" $1 "* ]]; }
 
 # the fused kernels and bf16w natively (CI runs them under Triton's interpreter), the graphs captured for real
-tests=(tests/backends/torch/test_fused.py tests/backends/torch/test_bf16w.py tests/backends/torch/test_cudagraphs.py tests/backends/torch/test_graph_rows.py tests/backends/torch/test_codec_rows.py
+tests=(tests/backends/torch/test_fused.py tests/backends/torch/test_fused_attention.py tests/backends/torch/test_bf16w.py tests/backends/torch/test_cudagraphs.py tests/backends/torch/test_graph_rows.py tests/backends/torch/test_codec_rows.py
     tests/backends/torch/test_capture_safety.py)
 # the image's own pytest plugins stay out (PYTEST_DISABLE_PLUGIN_AUTOLOAD): ours alone, named
 on tests && part tests 120 env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -m pytest -o addopts= -q -p no:cacheprovider -p pytest_json --results-json "$OUT/tests.json" -rfEs \

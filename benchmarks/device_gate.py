@@ -20,7 +20,7 @@ from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
-# what the parts import (tests, bench_gpu, profile_gpu, agreement, the checkpoint); not the CLI, which the parts do not run
+# what the parts import (tests, bench_gpu, profile_gpu, agreement, the checkpoint); not the CLI, which they never run
 PART_MODULES = (
     "audio8_coreai",
     "audio8_coreai.backends.torch",

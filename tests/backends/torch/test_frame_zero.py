@@ -12,6 +12,7 @@ from audio8_coreai.backends.base import StepInputs
 from audio8_coreai.backends.torch import TorchBackend
 from audio8_coreai.backends.torch.host_edge import frame_inputs, input_shapes, pack, prefilled
 from audio8_coreai.backends.torch.rows import TorchBatchFrames
+from audio8_coreai.backends.torch.staging import Staging
 from audio8_coreai.checkpoint import load_checkpoint
 from audio8_coreai.config import SamplingParams
 
@@ -68,8 +69,14 @@ def test_frame_inputs_in_each_form(backends):
     assert one.pos == 11 and one.rows is None and one.column[0, :, 0].tolist() == column.tolist()
     rows = frame_inputs(cfg, [later, first], dev, rows=[3, 1])
     assert rows.pos == [11, last] and rows.rows == [3, 1] and rows.column.shape == (2, cfg.num_codebooks + 1, 1)
-    static = frame_inputs(cfg, [first], dev, static=True)
-    assert static.pos.tolist() == [last] and not static.column.any()  # a graph always steps
+    staged = Staging(cfg, 1, dev, torch.float32)  # batch 1 in graph mode (GraphedFrame.step)
+    logits, hidden = torch.full((cfg.num_semantic + 1,), 2.0), torch.full((cfg.dim,), -1.0)
+    staged.load([(0, later)], {})
+    assert staged.inputs.pos.tolist() == [11] and staged.inputs.column[0, :, 0].tolist() == column.tolist()
+    assert staged.prefilled.first.tolist() == [False]
+    staged.load([(0, first)], {0: (logits, hidden)})
+    assert staged.inputs.pos.tolist() == [last] and not staged.inputs.column.any()  # a graph always steps
+    assert staged.prefilled.first.tolist() == [True] and staged.prefilled.logits[0].tolist() == logits.tolist()
 
 
 def test_prefilled_marks_the_frame_0_entries():

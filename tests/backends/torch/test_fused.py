@@ -242,10 +242,11 @@ def counted_launches(monkeypatch):
 
 
 def test_the_fused_graph_frame_issues_fewer_kernels_and_none_of_the_seams_ops(oracle_dir, counted_launches):
-    """The graph frame's blocks with the kernels installed: no norm, flip (RoPE), index_copy_ (KV write) or silu
-    left, four launches a block (two add + norm, RoPE + KV write, SwiGLU), one for each final norm and one a draw (the
-    semantic id's two, a codebook's one), and at least 8 kernels a block fewer than the unfused frame's; the draws
-    leave no softmax, cumulative sum or log."""
+    """The graph frame's blocks with the kernels installed: no norm, flip (RoPE), index_copy_ (KV write), silu or
+    SDPA left, four launches a block (two add + norm, RoPE + KV write, SwiGLU) and its attention's (two a slow block:
+    its context's key blocks, then their join; one a fast block, whose keys fit one), one for each final norm and one
+    a draw (the semantic id's two, a codebook's one), and at least 8 kernels a block fewer than the unfused frame's;
+    the draws leave no softmax, cumulative sum or log."""
     kernels = {}
     for fused in (False, True):
         backend = _fused_backend(oracle_dir, "eager", fused)
@@ -260,7 +261,10 @@ def test_the_fused_graph_frame_issues_fewer_kernels_and_none_of_the_seams_ops(or
     blocks, norms = cfg.n_layer + passes * cfg.n_fast_layer, 1 + passes
     draws = 2 + passes
     assert not {"rms_norm", "flip", "index_copy_", "silu", "softmax", "cumsum", "log"} & set(kernels[True].names)
-    assert kernels[False].launches == 0 and kernels[True].launches == 4 * blocks + norms + draws
+    assert not [name for name in kernels[True].names if "scaled_dot_product" in name]
+    assert any("scaled_dot_product" in name for name in kernels[False].names)
+    attention = 2 * cfg.n_layer + passes * cfg.n_fast_layer
+    assert kernels[False].launches == 0 and kernels[True].launches == 4 * blocks + attention + norms + draws
     assert kernels[False].total - kernels[True].total >= 8 * blocks, (kernels[False].total, kernels[True].total)
 
 

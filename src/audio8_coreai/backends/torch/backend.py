@@ -304,13 +304,15 @@ class TorchBackend(Backend):
         """One frame (:meth:`...model.frame.Frame.forward`, or its graph): the slow step on the previous column at
         slot ``step.pos`` then the draws; frame 0 (``step.column`` None) drawn from the prefill's last logits and
         hidden."""
-        inputs = frame_inputs(self.cfg, [step], self.device, static=self._graphed is not None)
-        first = prefilled([self._last if step.column is None else None])
+        kept = self._last if step.column is None else None
         with running_on(self.threads.frame):
             if self._graphed is not None:
-                out, ids = self._graphed(params, inputs, first)
+                out, ids = self._graphed.step(params, step, kept)
             else:
-                out = self.frame_maths(params, inputs, self.k_cache, self.v_cache, first)
+                first = prefilled([kept])
+                out = self.frame_maths(
+                    params, frame_inputs(self.cfg, [step], self.device), self.k_cache, self.v_cache, first
+                )
                 ids = packed(out)
         draw_ahead([step])  # the frame launched (on a GPU: running), its results not yet read
         return frame_results(out, ids, [0], [step.logits])[0]

@@ -88,21 +88,6 @@ def _check_capture(capture: bool, dev: torch.device) -> None:
         raise ValueError(f"CUDA graphs need a CUDA device; the KV state is on {dev}")
 
 
-def _frame_inputs(model: DualAR, batch: int, dev: torch.device, pos: int) -> FrameInputs:
-    """Fixed input buffers for ``batch`` utterances: uniform noise 0.5, empty RAS windows, no forcing, zero
-    columns at slot ``pos``."""
-    cfg, c = model.cfg, model.cfg.num_codebooks
-    return FrameInputs(
-        noise_slow=torch.full((batch, 2, cfg.num_semantic + 1), 0.5, device=dev),
-        window=torch.full((batch, cfg.ras_window_size), -1, dtype=torch.long, device=dev),
-        noise_fast=torch.full((batch, c - 1, cfg.codebook_size), 0.5, device=dev),
-        forced=torch.zeros(batch, 1 + c, dtype=torch.long, device=dev),
-        use_forced=torch.zeros(batch, device=dev),
-        column=torch.zeros(batch, 1 + c, 1, dtype=torch.long, device=dev),
-        pos=torch.full((batch,), pos, dtype=torch.long, device=dev),
-    )
-
-
 def _copy_into(static: object, given: object, n: int) -> None:
     """Copy every tensor field of the dataclass ``given`` (n utterances) into the first n of ``static``'s buffers."""
     for field in dataclasses.fields(given):
@@ -115,10 +100,12 @@ class GraphedFrame:
     """:class:`.model.frame.Frame` (``graph`` mode) on ``model`` over the KV state ``k_cache``/``v_cache``
     [n_layer, 1, n_kv, L, D], batch 1, replayed as a CUDA graph when ``capture`` (needs a CUDA device).
 
-    Call with the sampling settings, a batch-1 :class:`.model.frame.FrameInputs` (``pos`` an int64 tensor [1]) and,
-    for frame 0, its :class:`.model.frame.Prefilled` (a frame 0 is a replay like any other); returns the frame's
-    :class:`.model.frame.FrameOutputs` and :func:`.model.frame.packed` of them, which the next call overwrites,
-    whatever its settings (see :class:`Graphs`): read them first.
+    :meth:`step` stages a frame's host inputs (:class:`..base.StepInputs`) through the page-locked buffers of a
+    one-entry :class:`.staging.Staging`, one asynchronous copy each, as the batched rows do; calling it with the
+    sampling settings, a batch-1 :class:`.model.frame.FrameInputs` (``pos`` an int64 tensor [1]) and, for frame 0,
+    its :class:`.model.frame.Prefilled` copies those device tensors in instead. Either runs the frame (a frame 0 is a
+    replay like any other) and returns its :class:`.model.frame.FrameOutputs` and :func:`.model.frame.packed` of
+    them, which the next call overwrites, whatever its settings (see :class:`Graphs`): read them first.
     Raises ValueError for ``capture`` off a CUDA device.
     """
 
@@ -126,14 +113,16 @@ class GraphedFrame:
         _check_capture(capture, k_cache.device)
         self.frame = Frame(model, mode="graph")
         self.k_cache, self.v_cache, self.capture = k_cache, v_cache, capture
-        dev, cfg = k_cache.device, model.cfg
-        self.inputs = _frame_inputs(model, 1, dev, 0)
-        self.prefilled = Prefilled(
-            torch.zeros(1, dtype=torch.bool, device=dev),
-            torch.zeros(1, cfg.num_semantic + 1, dtype=k_cache.dtype, device=dev),
-            torch.zeros(1, cfg.dim, dtype=k_cache.dtype, device=dev),
-        )
-        self.graphs = Graphs(DEFAULTS.torch.cuda_graphs_kept, dev) if capture else None
+        self.staging = Staging(model.cfg, 1, k_cache.device, k_cache.dtype)
+        self.inputs, self.prefilled = self.staging.inputs, self.staging.prefilled
+        self.graphs = Graphs(DEFAULTS.torch.cuda_graphs_kept, k_cache.device) if capture else None
+
+    @torch.inference_mode()
+    def step(self, params: SamplingParams, step: StepInputs, kept: tuple[Tensor, Tensor] | None) -> Outputs:
+        """The frame of ``step``, a frame 0 (``step.column`` None) drawn from ``kept`` (its prefill's last logits
+        [V+1] and hidden [dim], on the device)."""
+        self.staging.load([(0, step)], {} if kept is None else {0: kept})
+        return self._run(params)
 
     @torch.inference_mode()
     def __call__(self, params: SamplingParams, inputs: FrameInputs, prefilled: Prefilled | None = None) -> Outputs:
@@ -142,6 +131,10 @@ class GraphedFrame:
             self.prefilled.first.fill_(False)
         else:
             _copy_into(self.prefilled, prefilled, 1)
+        return self._run(params)
+
+    def _run(self, params: SamplingParams) -> Outputs:
+        """The captured region on the fixed inputs: a replay (captured on first use), or the frame eagerly."""
 
         def run() -> Outputs:
             out = self.frame(params, self.inputs, self.k_cache, self.v_cache, self.prefilled)

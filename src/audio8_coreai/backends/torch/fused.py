@@ -8,6 +8,7 @@ model (:func:`install_fused`, by :class:`.backend.TorchBackend` on CUDA), the bl
 * :func:`rope_kv`: q and k rotated and k, v written into the KV cache at the step's slot table
   (:meth:`..model.layers.KVStep.slot_table`), from the q/k/v projection as it comes out of ``wqkv``;
 * :func:`swiglu`: ``silu(gate) * up`` of the feed-forward's stacked ``w1 || w3`` product (one GEMM);
+* a frame's attention, its keys split across programs (:mod:`.fused_attention`);
 * the sampler's draws over its candidates, one kernel a race (:mod:`.fused_draws`).
 
 The elementwise maths repeats the eager ops' roundings (fp32 products and sums, no fused multiply-add: RoPE and the
@@ -191,7 +192,8 @@ class FusedRMSNorm(RMSNorm):
 
 class FusedAttention(Attention):
     """:class:`..model.layers.Attention` whose projection, RoPE and KV write are ``wqkv`` then :func:`rope_kv`, for
-    the KV steps with a slot table (every step but the eager batched rows', which keep the unfused form)."""
+    the KV steps with a slot table (every step but the eager batched rows', which keep the unfused form), and whose
+    attention of a frame's few queries is :func:`.fused_attention.split_attention`."""
 
     def forward(
         self, x: Tensor, rotation: tuple[Tensor, Tensor], k_cache: Tensor, v_cache: Tensor, kv: KVStep
@@ -201,6 +203,14 @@ class FusedAttention(Attention):
             return super().forward(x, rotation, k_cache, v_cache, kv)
         q = rope_kv(self.wqkv(x), rotation, slots, k_cache, v_cache, self.n_head, self.n_kv, self.head_dim)
         return self.out(kv.read(self, q, k_cache, v_cache))
+
+    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """A frame's few queries through :func:`.fused_attention.split_attention`; a prefill's through SDPA."""
+        from .fused_attention import split_attention, takes
+
+        if takes(q, k):
+            return split_attention(q, k, v, mask, causal)
+        return super().sdpa(q, k, v, mask, causal)
 
 
 class FusedFeedForward(LinearKernel):

@@ -81,24 +81,17 @@ def pack(steps: Sequence[StepInputs], entries: Sequence[int], host: Mapping[str,
 
 
 def frame_inputs(
-    cfg: ModelConfig,
-    steps: Sequence[StepInputs],
-    device: torch.device,
-    static: bool = False,
-    rows: Sequence[int] | None = None,
+    cfg: ModelConfig, steps: Sequence[StepInputs], device: torch.device, rows: Sequence[int] | None = None
 ) -> FrameInputs:
-    """The frame's inputs for ``steps`` (one utterance each, in order) on ``device`` (:func:`pack`). ``static``
-    (``graph`` mode): the slots a tensor [B], a column always. Else (``eager``): batch 1 at an int slot, or the
-    batched rows ``rows`` (the KV row of each step) at a list of slots; no column when every step is a frame 0.
-    The graphs' buffers are packed in place instead (:mod:`.staging`)."""
+    """The eager frame's inputs for ``steps`` (one utterance each, in order) on ``device`` (:func:`pack`): batch 1
+    at an int slot, or the batched rows ``rows`` (the KV row of each step) at a list of slots; no column when every
+    step is a frame 0. The graphs' buffers are packed in place instead (:mod:`.staging`)."""
     buffers = {k: torch.zeros(shape, dtype=dt) for k, (shape, dt) in input_shapes(cfg, len(steps)).items()}
     host = {k: t.numpy() for k, t in buffers.items()}
     pack(steps, range(len(steps)), host, cfg.max_seq_len - 1)
     d = {k: t.to(device) for k, t in buffers.items()}
     inputs = FrameInputs(d["noise_slow"], d["window"], d["noise_fast"], d["forced"], d["use_forced"], d["column"])
-    if static:
-        inputs.pos = d["pos"]
-    elif host["first"].all():
+    if host["first"].all():
         inputs.column = None
     elif rows is None:
         inputs.pos = int(host["pos"][0])
