@@ -52,7 +52,8 @@ def test_one_query_a_head_is_sdpa_under_every_mask(batch, heads, kv, dim, length
         assert got.shape == (batch, heads, 1, dim) and got.dtype == torch.float32
         torch.testing.assert_close(got.cpu(), sdpa(q, k, v, m), rtol=1e-5, atol=2e-6)
     if batch > 1:
-        assert torch.equal(split_attention(q, k, v, mask)[1].cpu(), torch.zeros(heads, 1, dim))
+        got = split_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), mask.to(DEVICE))
+        assert torch.equal(got[1].cpu(), torch.zeros(heads, 1, dim))
 
 
 def test_the_fast_ars_causal_pair_and_a_masked_pair():
