@@ -3,8 +3,8 @@ keys, the keys cut into blocks that run side by side, then one pass that joins t
 
 A frame's queries are few (the slow AR's one, the fast AR's one or two a pass) and its keys many (the slow AR's
 whole static context, 2,048 in the 0.6b), so torch's fused attention kernels, which split their work by queries,
-run one block a KV head per row and read the context serially: on an H200 the memory-efficient kernel took about
-112 us a call at batch 1 in fp32, 5.9 ms of a 10.3 ms graphed frame (benchmarks/profile_gpu.py). Here a program
+run one block a KV head per row and read the context serially: at batch 1 most of a graphed fp32 frame's time
+(benchmarks/README.md, "Measured on an H200 (stop 42)"). Here a program
 takes one KV head's ``group x S`` queries (the query heads that share it, times the step's columns) against
 ``BLOCK_L`` keys, and writes its block's row maxima, sums and weighted values; a second kernel joins a row's blocks
 (the softmax's usual rescaling). A step whose keys fit one block is written by the first kernel alone.
@@ -12,7 +12,8 @@ takes one KV head's ``group x S`` queries (the query heads that share it, times 
 The maths is SDPA's (products and sums in fp32 whatever the cache dtype, scores scaled by ``1 / sqrt(D)``, the
 softmax over the visible keys, a row with none gives zeros), its sums in another order: within fp32 rounding of
 torch's kernels. Tested under ``TRITON_INTERPRET=1`` against :func:`torch.nn.functional.scaled_dot_product_attention`
-(tests/backends/torch/test_fused.py). Installed by :func:`.fused.install_fused` (:class:`.fused.FusedAttention`).
+(tests/backends/torch/test_fused_attention.py). Installed by :func:`.fused.install_fused`
+(:class:`.fused.FusedAttention`).
 """
 
 from __future__ import annotations
