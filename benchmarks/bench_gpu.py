@@ -36,7 +36,9 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +51,7 @@ from audio8_coreai.backends.torch.codec_rows import CodecRows, Push
 from audio8_coreai.backends.torch.cudagraphs import StepTimes
 from audio8_coreai.engine.batch import BatchEngine
 from audio8_coreai.engine.loop import generate
+from audio8_coreai.engine.noise import NoiseAhead
 from audio8_coreai.measure.args import check_device, count
 from audio8_coreai.measure.bench import ensure_checkpoint
 from audio8_coreai.settings import DEFAULTS
@@ -84,13 +87,34 @@ def single(runs_of: dict[str, TTS], frames: int, runs: int) -> dict:
     return out
 
 
+@contextmanager
+def noise_waits() -> Iterator[list[float]]:
+    """Seconds the frame loop spent in :meth:`NoiseAhead.next_frame` (waiting for a stream's noise drawn ahead, or
+    drawing it), summed into the yielded list's one entry while the block runs (the method wrapped, then restored)."""
+    waited = [0.0]
+    original = NoiseAhead.next_frame
+
+    def timed(self: NoiseAhead) -> tuple[np.ndarray, np.ndarray]:
+        t0 = time.perf_counter()
+        try:
+            return original(self)
+        finally:
+            waited[0] += time.perf_counter() - t0
+
+    NoiseAhead.next_frame = timed
+    try:
+        yield waited
+    finally:
+        NoiseAhead.next_frame = original
+
+
 def batched(
     loaded: dict[str, TTS], sizes: list[int], frames: int, runs: int, frame_s: float, rows: list[dict], save
 ) -> None:
     """ms per batched step at each size, for each of ``loaded``'s eager rows and bucketed graphs (after one warm-up
     step each): a row per size appended to ``rows``, ``save()`` called after each. The graphs' split adds ``step``,
-    the whole step, and ``engine``, what it spends outside the frame call (the streams' noise waited for, their
-    results recorded)."""
+    the whole step, ``engine``, what it spends outside the frame call (the streams' noise waited for, their
+    results recorded), and ``noise_wait``, the part of it spent getting the streams' noise (:func:`noise_waits`)."""
     for b in sizes:
         out = {"batch": b, "precision": loaded["graphed"].backend.precision}
         for name, tts in loaded.items():
@@ -109,11 +133,13 @@ def batched(
             if engine.batch.graphed is not None:  # one more pass, each step waited for: where its time goes
                 engine.batch.times = StepTimes()
                 t0 = time.perf_counter()
-                for _ in range(frames):
-                    engine.step()
+                with noise_waits() as waited:
+                    for _ in range(frames):
+                        engine.step()
                 split = engine.batch.times.ms()
                 split["step"] = 1e3 * (time.perf_counter() - t0) / frames
                 split["engine"] = split["step"] - split["host"] - split["replay"] - split["results"]
+                split["noise_wait"] = 1e3 * waited[0] / frames  # part of engine
                 out[f"{name}_ms_split"] = split
             out[f"{name}_ms_per_step"] = ms
             out[f"{name}_ms_per_frame_per_stream"] = ms / b
