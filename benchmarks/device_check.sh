@@ -9,7 +9,7 @@
 #   DEVICE=cpu bash benchmarks/device_check.sh  # here: every part with small sizes on the CPU (a script check)
 #
 # Parts, most valuable first: gate, tests (the fused kernels, bf16w, the capture tests), attention (which SDPA kernel
-# runs the decode attention), profile (where a batch-1 graphed frame's time goes: kernels, idle GPU, host calls),
+# runs the decode attention), profile (where a graphed frame's or batched step's time goes: kernels, idle GPU, host),
 # single (batch 1 eager vs graphed vs graphed unfused, fp32, bf16), agreement (CUDA fp32, bf16, bf16w draws
 # against the CPU's fp32, teacher-forced), batched (ms/step at 1/32/128/256), speak (the public API end to end),
 # codec (the batched codec's forms), streams (real-time streams with the codec at 64/128/256). $OUT/<part>.json
@@ -57,7 +57,7 @@ if [ "$DEVICE" = cpu ]; then  # the script check here: small sizes; the venv's p
     STREAMS=(--streams 2 --rounds 1)
     SPEAK=(--concurrent 2 --frames 4)
     CODEC=(--streams 2 --chunks 2)
-    PROFILE=(--frames 3 --top 5)
+    PROFILE=(--frames 3 --top 5 --batch 1 --batch 2)
 else
     ATTENTION=(--batch 1 --batch 128 --cache 2048 --reps 50)
     # the shipped default (fp32) and bf16 (not exact) side by side; bf16w (bf16 weights, fp32 maths: a Triton kernel,
@@ -68,7 +68,7 @@ else
     STREAMS=(--streams 64 --streams 128 --streams 256 --rounds 2 --precision fp32)
     SPEAK=(--concurrent 8 --concurrent 32 --concurrent 64 --frames 64 --precision fp32)  # 32: serve's CUDA default
     CODEC=(--streams 32 --streams 128 --chunks 4)
-    PROFILE=(--frames 16 --top 25 --precision fp32 --precision bf16)
+    PROFILE=(--frames 16 --top 25 --precision fp32 --batch 1 --batch 128)  # B=128: a third of the step off the GPU
 fi
 
 NAMES=() STATUS=() TIMES=()
@@ -129,8 +129,8 @@ fi
 
 # PARTS: the parts after the gate to run, in this order (at most seven: with log.txt, the device tool's 8 files)
 # (attention: which SDPA kernel the decode takes; answered on the H200 at stop 41, so not run unless named)
-# (speak, codec: measured on the H200 at stop 42; the rest after the split-key attention kernel)
-PARTS=${PARTS:-tests agreement single profile batched streams}
+# (single, codec: measured on the H200 at stop 42; profile now asks where a batched step's time goes)
+PARTS=${PARTS:-tests agreement profile batched streams speak}
 on() { [[ " $PARTS " == *" $1 "* ]]; }
 
 # the fused kernels and bf16w natively (CI runs them under Triton's interpreter), the graphs captured for real

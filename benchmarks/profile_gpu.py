@@ -1,17 +1,19 @@
-"""Where a batch-1 graphed frame's time goes on a GPU: the kernels the profiler sees, grouped and ranked, the time the
-GPU sits idle between them, and the host's busiest calls.
+"""Where a graphed frame's time goes on a GPU: the kernels the profiler sees, grouped and ranked, the time the GPU
+sits idle between them, and the host's busiest calls; a stream's frames (batch 1) or the batched engine's steps.
 
     python benchmarks/profile_gpu.py [--model DIR] [--device cuda] [--precision fp32 --precision bf16] [--frames 16]
-                                     [--top 25] [--json out.json]
+                                     [--batch 1 --batch 128] [--top 25] [--json out.json]
 
 At each ``--precision``: the graph-mode TTS (as ``bench_gpu.py single`` loads it; the fused kernels as the settings
-say) generates a warm-up (the capture), then ``--frames`` frames of :func:`audio8_coreai.engine.loop.generate` under
-:mod:`torch.profiler` from its second frame on. Per frame: wall ms (under the profiler), kernels and their summed ms,
-the GPU's busy ms (the union of kernel and copy intervals) and idle ms between them (gaps over 20 us counted, the
-kernel before the largest named), the kernels by group (products, attention, Triton, sort/scan, copies, other) and
-the ``--top`` kernels by time; the host's ``--top`` calls by self time. The batch-1 frame takes 10.3 ms fp32 on an
-H200 against about 0.6 ms of weight reads (benchmarks/README.md): this says whether the rest is kernels or idle GPU.
-``--device cpu`` runs the same code (host calls only): a check of the script.
+say). At ``--batch`` 1 it generates a warm-up (the capture), then ``--frames`` frames of
+:func:`audio8_coreai.engine.loop.generate` under :mod:`torch.profiler` from its second frame on; at B > 1,
+``--frames`` steps of B rows of :class:`audio8_coreai.engine.batch.BatchEngine` after two warm-up steps (profile
+``"<precision> B=<B>"``). Per frame (step): wall ms (under the profiler), kernels and their summed ms, the GPU's busy
+ms (the union of kernel and copy intervals) and idle ms between them (gaps over 20 us counted, the kernel before
+the largest named), the kernels by group (products, attention, Triton, sort/scan, copies, other) and the ``--top``
+kernels by time; the host's ``--top`` calls by self time. Whether a frame is the GPU's kernels or its idle time, and
+which kernels (benchmarks/README.md has what it found). ``--device cpu`` runs the same code (host calls only): a
+check of the script.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_batch import SENTENCE
+from bench_batch import SENTENCE, fill
 from bench_gpu import load, release
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
@@ -49,26 +51,53 @@ def group_of(name: str) -> str:
 
 
 def frame_profile(tts, frames: int, top: int) -> dict:
-    """One warm-up generate, then ``frames`` frames profiled: the per-frame figures the module docstring names."""
+    """Batch 1: one warm-up generate, then ``frames`` frames profiled (from the second on)."""
     prompt, params = tts.prompts.plain(SENTENCE), tts.sampling()
     generate(tts.backend, prompt, params, seed=0, max_frames=4)  # the capture
-    cuda = tts.backend.device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    prof, began = profile(activities=activities), []
+    prof, began = profiler(tts), []
 
     def start(t: int) -> None:  # after the prefill and the first frame: the steady frames alone
         if t == 1:
-            if cuda:
-                torch.cuda.synchronize(tts.backend.device)
+            sync(tts)
             prof.start()
             began.append(time.perf_counter())
 
     gen = generate(tts.backend, prompt, params, seed=0, max_frames=frames + 1, on_frame=start)
-    if cuda:
-        torch.cuda.synchronize(tts.backend.device)
+    sync(tts)
     wall = time.perf_counter() - began[0]
     prof.stop()
-    n = gen.codes.shape[1] - 1
+    return summary(prof, wall, gen.codes.shape[1] - 1, top)
+
+
+def rows_profile(tts, batch: int, frames: int, top: int) -> dict:
+    """``batch`` rows of the batched engine (:func:`bench_batch.fill`: admitted and stepped once, the bucket's graph
+    captured), one more step, then ``frames`` steps profiled (a frame of every row each)."""
+    engine = fill(tts, batch)
+    engine.step()
+    prof = profiler(tts)
+    sync(tts)
+    prof.start()
+    began = time.perf_counter()
+    for _ in range(frames):
+        engine.step()
+    sync(tts)
+    wall = time.perf_counter() - began
+    prof.stop()
+    return summary(prof, wall, frames, top)
+
+
+def profiler(tts) -> profile:
+    cuda = tts.backend.device.type == "cuda"
+    return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+
+
+def sync(tts) -> None:
+    if tts.backend.device.type == "cuda":
+        torch.cuda.synchronize(tts.backend.device)
+
+
+def summary(prof: profile, wall: float, n: int, top: int) -> dict:
+    """The per-frame (per-step) figures the module docstring names, of ``n`` frames profiled in ``wall`` seconds."""
     device_events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
     spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in device_events)
     by_name: dict[str, list[float]] = {}
@@ -120,7 +149,13 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=Path(DEFAULTS.bench.checkpoint), help="checkpoint folder")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu (checks the script)")
     ap.add_argument("--precision", action="append", help="torch precision, repeatable (default fp32 and bf16)")
-    ap.add_argument("--frames", type=count, default=16, help="frames profiled")
+    ap.add_argument("--frames", type=count, default=16, help="frames (batched: steps) profiled")
+    ap.add_argument(
+        "--batch",
+        action="append",
+        type=count,
+        help="rows: 1 (the default) a stream's frames, more the batched engine's steps",
+    )
     ap.add_argument("--top", type=count, default=25, help="kernels and host calls listed")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -129,11 +164,18 @@ def main() -> None:
     report: dict = {"meta": {"device": args.device, "load_average": os.getloadavg()[0]}, "profiles": {}}
     for precision in args.precision or ["fp32", "bf16"]:
         graphed = load(model, args.device, precision)["graphed"]
-        result = {"backend": graphed.backend.description, **frame_profile(graphed, args.frames, args.top)}
-        report["profiles"][precision] = result
-        print(json.dumps({precision: {k: v for k, v in result.items() if not k.startswith("top_")}}), flush=True)
-        if args.json:
-            args.json.write_text(json.dumps(report, indent=2) + "\n")
+        for batch in args.batch or [1]:
+            name = precision if batch == 1 else f"{precision} B={batch}"
+            measured = (
+                frame_profile(graphed, args.frames, args.top)
+                if batch == 1
+                else rows_profile(graphed, batch, args.frames, args.top)
+            )
+            result = {"backend": graphed.backend.description, "batch": batch, **measured}
+            report["profiles"][name] = result
+            print(json.dumps({name: {k: v for k, v in result.items() if not k.startswith("top_")}}), flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(report, indent=2) + "\n")
         del graphed
         release(torch.device(args.device))
     report["complete"] = True
@@ -144,7 +186,7 @@ def main() -> None:
         f"{r['gpu_idle_ms_per_frame']:.2f} ms ({r['kernels_per_frame']:.0f} kernels)"
         for p, r in report["profiles"].items()
     ]
-    print("profile (a frame): " + "; ".join(rows), flush=True)
+    print("profile (a frame or step): " + "; ".join(rows), flush=True)
 
 
 if __name__ == "__main__":
