@@ -9,8 +9,9 @@ measures what the other forms would give. For each ``--streams`` B: B fresh stre
 (``default_rng(0)``, codes below 1024; the graph clamps), ``--chunks`` 16-frame chunks each decoded for all B
 streams in one :meth:`CodecRows.run` call (the batched server's codec), the first a warm-up. Per form: ms per chunk
 call (median), ms per stream-frame, and against fp32's samples of the same chunks the max |diff| and the worst
-chunk's cosine. cuDNN's TF32 flag is the process's: it is set for that form's calls alone (one thread here).
-``--device cpu`` runs the same code (the TF32 form is then fp32): a check of the script.
+chunk's cosine. The TF32 form is the shipped ``tf32`` codec (:class:`CodecRows` with ``tf32``: cuDNN's switch set
+per call, :mod:`audio8_coreai.backends.torch.cudnn`). ``--device cpu`` runs the same code (the TF32 form is then
+fp32): a check of the script.
 """
 
 from __future__ import annotations
@@ -36,24 +37,19 @@ CHUNK = 16  # frames a push (DEFAULTS.torch.decode_chunk_frames)
 FORMS = ("fp32", "tf32", "bf16")
 
 
-def decode(codec: CodecRows, codes: np.ndarray, tf32: bool, device: torch.device) -> tuple[list[np.ndarray], list]:
+def decode(codec: CodecRows, codes: np.ndarray, device: torch.device) -> tuple[list[np.ndarray], list]:
     """``codes`` int64 [B, C, chunks * CHUNK] through B fresh streams a chunk at a time: each chunk's samples
     [B, CHUNK * 2048] and each call's seconds."""
     streams = [codec.stream() for _ in range(len(codes))]
     out, seconds = [], []
-    before = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    try:
-        for start in range(0, codes.shape[-1], CHUNK):
-            piece = codes[..., start : start + CHUNK]
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            wav = codec.run([Push(s, piece[i : i + 1]) for i, s in enumerate(streams)])
-            seconds.append(time.perf_counter() - t0)
-            out.append(np.concatenate(wav))
-    finally:
-        torch.backends.cudnn.allow_tf32 = before
+    for start in range(0, codes.shape[-1], CHUNK):
+        piece = codes[..., start : start + CHUNK]
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        wav = codec.run([Push(s, piece[i : i + 1]) for i, s in enumerate(streams)])
+        seconds.append(time.perf_counter() - t0)
+        out.append(np.concatenate(wav))
     return out, seconds
 
 
@@ -67,18 +63,22 @@ def main() -> None:
     args = ap.parse_args()
     check_device(ap, args.device)
     device = torch.device(args.device)
-    torch.backends.cuda.matmul.allow_tf32 = False  # as the fp32 backend sets it: only the convolutions' flag moves
+    torch.backends.cuda.matmul.allow_tf32 = False  # as the fp32 backend sets them; the tf32 codec turns the
+    torch.backends.cudnn.allow_tf32 = False  # convolutions' switch on for its own calls
     ckpt = load_checkpoint(ensure_checkpoint(args.model))
     frames = max(args.chunks * CHUNK, 256)  # the batched codec needs its window and a push (CodecRows says)
     decoders = {dtype: build_decoder(ckpt, frames, dtype).to(device) for dtype in (torch.float32, torch.bfloat16)}
-    codecs = {"fp32": CodecRows(decoders[torch.float32]), "bf16": CodecRows(decoders[torch.bfloat16])}
-    codecs["tf32"] = codecs["fp32"]
+    codecs = {
+        "fp32": CodecRows(decoders[torch.float32]),
+        "tf32": CodecRows(decoders[torch.float32], tf32=True),  # the tf32 codec (codec_dtype="tf32")
+        "bf16": CodecRows(decoders[torch.bfloat16]),
+    }
     report: dict = {"meta": {"device": args.device, "load_average": os.getloadavg()[0]}, "rows": []}
     for b in args.streams or [32, 128]:
         codes = np.random.default_rng(0).integers(0, 1024, (b, ckpt.config.num_codebooks, args.chunks * CHUNK))
         reference = None
         for form in FORMS:
-            wav, seconds = decode(codecs[form], codes, form == "tf32", device)
+            wav, seconds = decode(codecs[form], codes, device)
             ms = 1e3 * statistics.median(seconds[1:] or seconds)
             row = {"streams": b, "form": form, "ms_per_call": ms, "ms_per_stream_frame": ms / (b * CHUNK)}
             if reference is None:
@@ -93,7 +93,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             if args.json:
                 args.json.write_text(json.dumps(report, indent=2) + "\n")
-    for codec in (codecs["fp32"], codecs["bf16"]):
+    for codec in codecs.values():
         codec.close()
     report["complete"] = True
     if args.json:

@@ -3,7 +3,7 @@ streams per GPU.
 
     python benchmarks/bench_gpu.py single|batched|streams [--model DIR] [--device cuda] [--precision bf16 ...]
                                    [--batch 1 --batch 8 ...] [--streams 32 --streams 64 ...] [--frames 32]
-                                   [--runs 3] [--rounds 3] [--json out.json]
+                                   [--runs 3] [--rounds 3] [--codec-dtype tf32 ...] [--json out.json]
 
 The checkpoint loaded as an eager backend and a graph-mode one (``cuda_graphs`` False / True), then the part:
 
@@ -19,7 +19,8 @@ The checkpoint loaded as an eager backend and a graph-mode one (``cuda_graphs`` 
    codes of all B streams decoded in **one** codec call (:meth:`CodecRows.run`, the batched server's codec: every
    stream's state stacked, on its own CUDA stream). ``rtf`` = wall time per chunk over its audio (16 x 46.4 ms),
    sequential (decode, then the next chunk's frames) and overlapped (the decode in a thread while the next
-   chunk's frames run). The largest B with RTF <= 1 is the real-time streams per GPU with the codec included.
+   chunk's frames run), at each ``--codec-dtype`` (the codec's form: ``tf32`` its convolutions in TF32). The largest
+   B with RTF <= 1 is the real-time streams per GPU with the codec included.
    Target on an H200: >= 100.
 
 batched and streams run at each ``--precision`` in turn (default bf16 on CUDA, fp32 on the CPU), each row naming its
@@ -168,7 +169,7 @@ def streams(tts: TTS, sizes: list[int], rounds: int, frame_s: float, rows: list[
     ``save()`` called after each."""
     backend: TorchBackend = tts.backend
     dev = backend.device
-    codec = CodecRows(backend.decoder)
+    codec = CodecRows(backend.decoder, tf32=backend.codec_tf32)
     with ThreadPoolExecutor(1) as pool:
         for b in sizes:
             engine, decoding = fill(tts, b), [codec.stream() for _ in range(b)]
@@ -210,17 +211,31 @@ def release(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def load(model: Path, device: str, precision: str, unfused: bool = False) -> dict[str, TTS]:
+def load(
+    model: Path,
+    device: str,
+    precision: str,
+    unfused: bool = False,
+    codec_dtype: str | None = DEFAULTS.torch.codec_dtype,
+) -> dict[str, TTS]:
     """The eager TTS and the graph-mode one (captured on CUDA, their uncaptured form elsewhere: what the CPU tests
     prove), both with the fused kernels as ``DEFAULTS.torch.fused_kernels`` says (on CUDA by default;
-    ``AUDIO8_TORCH__FUSED_KERNELS=false`` turns them off); with ``unfused``, where they are on, a graph-mode one without
-    them too."""
-    eager = TTS.load(model, device=device, precision=precision, cuda_graphs=False, codec_process=False)
+    ``AUDIO8_TORCH__FUSED_KERNELS=false`` turns them off) and the codec at ``codec_dtype``; with ``unfused``, where
+    they are on, a graph-mode one without them too."""
+    eager = TTS.load(
+        model, device=device, precision=precision, codec_dtype=codec_dtype, cuda_graphs=False, codec_process=False
+    )
     out = {"eager": eager}
     for name, fused in (("graphed", DEFAULTS.torch.fused_kernels), ("graphed_unfused", False)):
         if name == "graphed" or (unfused and eager.backend.device.type == "cuda" and eager.backend.fused):
             backend = TorchBackend(
-                eager.checkpoint, device, precision, frame_mode="graph", codec_process=False, fused_kernels=fused
+                eager.checkpoint,
+                device,
+                precision,
+                codec_dtype,
+                frame_mode="graph",
+                codec_process=False,
+                fused_kernels=fused,
             )
             out[name] = TTS(eager.checkpoint, backend, eager.prompts)
     return out
@@ -275,6 +290,11 @@ def main() -> None:
     ap.add_argument("--frames", type=count, default=32, help="frames per timed run (single and batched)")
     ap.add_argument("--runs", type=count, default=3, help="timed runs (single and batched; medians)")
     ap.add_argument("--rounds", type=count, default=3, help="timed 16-frame chunks per stream count")
+    ap.add_argument(
+        "--codec-dtype",
+        action="append",
+        help="streams: the codec's form, repeatable (fp32, bf16, tf32: each in turn; default the settings')",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     check_device(ap, args.device)
@@ -319,18 +339,23 @@ def main() -> None:
     else:
         report["streams"], report["realtime_streams"] = [], {}
         for precision in precisions:
-            graphed = load(model, args.device, precision)["graphed"]  # the streams run graphed alone
-            release(graphed.backend.device)
-            meta[precision] = graphed.backend.description
-            frame_s = graphed.checkpoint.codec_config.frame_length / graphed.sample_rate
-            streams(graphed, sorted(args.streams or [8, 32, 128]), args.rounds, frame_s, report["streams"], save)
-            rows = [r for r in report["streams"] if r["precision"] == graphed.backend.precision]
-            report["realtime_streams"][precision] = {
-                mode: max((r["streams"] for r in rows if r[f"rtf_{mode}"] <= 1.0), default=0)
-                for mode in ("sequential", "overlapped")
-            }
-            del graphed
-            release(torch.device(args.device))
+            for codec_dtype in args.codec_dtype or [DEFAULTS.torch.codec_dtype]:
+                graphed = load(model, args.device, precision, codec_dtype=codec_dtype)["graphed"]  # graphed alone
+                release(graphed.backend.device)
+                name = precision if codec_dtype is None else f"{precision} codec {codec_dtype}"
+                meta[name] = graphed.backend.description
+                frame_s = graphed.checkpoint.codec_config.frame_length / graphed.sample_rate
+                first = len(report["streams"])
+                streams(graphed, sorted(args.streams or [8, 32, 128]), args.rounds, frame_s, report["streams"], save)
+                rows = report["streams"][first:]
+                for r in rows:
+                    r["precision"] = name
+                report["realtime_streams"][name] = {
+                    mode: max((r["streams"] for r in rows if r[f"rtf_{mode}"] <= 1.0), default=0)
+                    for mode in ("sequential", "overlapped")
+                }
+                del graphed
+                release(torch.device(args.device))
     report["complete"] = True
     save()
     print(summary(args.part, report), flush=True)

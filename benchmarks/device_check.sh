@@ -12,7 +12,7 @@
 # runs the decode attention), profile (where a graphed frame's or batched step's time goes: kernels, idle GPU, host),
 # single (batch 1 eager vs graphed vs graphed unfused, fp32, bf16), agreement (CUDA fp32, bf16, bf16w draws
 # against the CPU's fp32, teacher-forced), batched (ms/step at 1/32/128/256), speak (the public API end to end),
-# codec (the batched codec's forms), streams (real-time streams with the codec at 64/128/256). $OUT/<part>.json
+# codec (the batched codec's forms), streams (real-time streams with the fp32 and tf32 codecs). $OUT/<part>.json
 # each (benchmarks/README.md says what they hold) and log.txt: 8 files, the most the device tool brings back.
 # Environment: OUT, BUDGET
 # (seconds for all parts, default 360; 5x on the CPU), CKPT (the random 0.6b checkpoint's folder), PYTHON.
@@ -65,7 +65,7 @@ else
     SINGLE=(--frames 24 --runs 2 --precision fp32 --precision bf16)  # bf16w: 35 ms a frame at stop 41
     AGREEMENT=(--prompts 2 --frames 24 --threads "$(nproc)" --precision bf16w)
     BATCHED=(--graphed-only --batch 1 --batch 32 --batch 128 --batch 256 --frames 16 --runs 2 --precision fp32)
-    STREAMS=(--streams 64 --streams 128 --streams 256 --rounds 2 --precision fp32)
+    STREAMS=(--streams 96 --streams 128 --rounds 2 --precision fp32 --codec-dtype fp32 --codec-dtype tf32)
     SPEAK=(--concurrent 8 --concurrent 32 --concurrent 64 --frames 64 --precision fp32)  # 32: serve's CUDA default
     CODEC=(--streams 32 --streams 128 --chunks 4)
     PROFILE=(--frames 16 --top 25 --precision fp32 --batch 1 --batch 128)  # B=128: a third of the step off the GPU
@@ -157,7 +157,7 @@ from audio8_coreai.checkpoint import make_checkpoint; make_checkpoint(Path(sys.a
         --json "$OUT/speak.json"
     on codec && part codec 60 "$PY" benchmarks/bench_codec_gpu.py --model "$CKPT" --device "$DEVICE" "${CODEC[@]}" \
         --json "$OUT/codec.json"
-    on streams && part streams 90 "$PY" benchmarks/bench_gpu.py streams --model "$CKPT" --device "$DEVICE" \
+    on streams && part streams 120 "$PY" benchmarks/bench_gpu.py streams --model "$CKPT" --device "$DEVICE" \
         "${STREAMS[@]}" --json "$OUT/streams.json"
 fi
 on attention && part attention 30 "$PY" benchmarks/probe_attention.py --device "$DEVICE" "${ATTENTION[@]}" \

@@ -107,6 +107,9 @@ class TorchSettings(_Group):
     batch_codec: bool | None = Field(
         None, description="batched serving: the streams' codec pushes stacked in one call; None: on CUDA"
     )
+    codec_dtype: Literal["fp32", "bf16", "tf32"] | None = Field(
+        None, description="the codec decoder's form, not exact but fp32: bf16, tf32 (CUDA); None: the model's"
+    )
 
     @field_validator("batch_buckets")
     @classmethod
@@ -265,8 +268,8 @@ class BenchSettings(_Group):
     precision: str = Field("fp32", description="torch precision measured")
     threads: int | None = Field(None, ge=1, description="torch threads; None: torch's")
     baseline: bool = Field(False, description="measure the publisher-style frame instead of the backend's")
-    codec_dtype: Literal["fp32", "bf16", "float32", "bfloat16"] | None = Field(
-        None, description="codec dtype; None: the backend's (fp32 on CPU)"
+    codec_dtype: Literal["fp32", "bf16", "float32", "bfloat16", "tf32"] | None = Field(
+        None, description="codec dtype (tf32: CUDA); None: the backend's (fp32 on CPU)"
     )
     cuda_graphs: bool = Field(False, description="the frame replayed as one CUDA graph")
 

@@ -59,7 +59,7 @@ class TTS(VoiceCloning, Batching):
         voices_dir: str | Path | None = None,
         assets: str | Path | None = None,
         precision: str | None = None,
-        codec_dtype: str | None = None,
+        codec_dtype: str | None = DEFAULTS.torch.codec_dtype,
         cuda_graphs: bool | None = DEFAULTS.torch.cuda_graphs,
         codec_process: bool | None = DEFAULTS.torch.codec_process,
     ) -> TTS:
@@ -67,8 +67,10 @@ class TTS(VoiceCloning, Batching):
 
         ``device``: auto | cpu | cuda[:N]. ``precision`` (torch): a name of precision.py's table (fp32, bf16, fp16w,
         bf16w, int16, ...); None, the default: on CPU fp16w for bf16 weights (the release: float16 holds them, so
-        the draws are fp32's) and int16 for fp32 ones, fp32 on CUDA. ``codec_dtype`` (torch): bf16
-        opts the codec decoder into bf16 on CPU (not exact); default fp32 on CPU, as the publisher.
+        the draws are fp32's) and int16 for fp32 ones, fp32 on CUDA. ``codec_dtype`` (torch): the codec decoder's
+        form, opt-in and not exact: bf16, or tf32 on CUDA (fp32 with cuDNN's TF32 convolutions, about twice the
+        batched codec's streams, samples within about 4e-3 of fp32; the encoder stays fp32); None: fp32 on CPU, as
+        the publisher, the model's dtype on CUDA; default ``DEFAULTS.torch.codec_dtype``.
         ``cuda_graphs`` (torch on CUDA): replay each frame as one captured CUDA graph, and batched frames
         (:meth:`batched`) as one per bucketed batch size (backends/torch/cudagraphs.py); None: on when the device
         is CUDA; False: eager frames; default ``DEFAULTS.torch.cuda_graphs``.

@@ -102,7 +102,7 @@ def test_bad_input_is_one_clear_line(case, args, needle, tiny_checkpoint, wrong_
             "--tolerance must be a finite number > 0, got inf",
         ),
         (["bench", "--precision", "int3"], "unknown precision 'int3': use one of fp32, bf16"),
-        (["bench", "--codec-dtype", "fp8"], "unknown dtype 'fp8'"),
+        (["bench", "--codec-dtype", "fp8"], "unknown codec dtype 'fp8': use fp32, bf16 or tf32"),
         (["bench", "--device", "tpu"], "device"),
         (["bench", "--json", "{tmp}/missing/b.json"], "missing does not exist"),
         (["bench", "--json", "{tmp}"], "is a folder: give a file name such as"),

@@ -270,7 +270,8 @@ def bench(
     codec_dtype: Annotated[
         list[str] | None,
         typer.Option(
-            help="Codec dtype (repeatable): fp32 (default on CPU, exact) or bf16 (opt-in, faster, not exact)."
+            help="Codec dtype (repeatable): fp32 (default on CPU, exact), bf16 (opt-in, faster, not exact) or tf32"
+            " (CUDA: fp32 with TF32 convolutions, not exact)."
         ),
     ] = None,
     cuda_graphs: Annotated[
@@ -289,7 +290,7 @@ def bench(
     ] = True,
 ) -> None:
     """Speed and memory: prefill, ms/frame (slow, fast, sampler), weight-streaming floor, codec, RTF, TTFA, RSS."""
-    from ..backends.torch import resolve_device, resolve_dtype
+    from ..backends.torch import resolve_codec_dtype, resolve_device
     from ..checkpoint import load_checkpoint
     from ..measure.bench import ensure_checkpoint, format_table, meta, run_configs
     from ..precision import resolve_precision, runtime_of
@@ -299,11 +300,12 @@ def bench(
         raise ConfigError(f"--cuda-graphs times CUDA graphs: add --device cuda (not {device})")
     # Checked here, not in the worker after minutes of loading: the device, every precision and codec dtype, and
     # where the JSON goes.
-    runtime = runtime_of("torch", resolve_device(device).type)
+    dev = resolve_device(device)
+    runtime = runtime_of("torch", dev.type)
     for name in precision or []:
         resolve_precision(name, runtime)
     for name in codec_dtype or []:
-        resolve_dtype(name)
+        resolve_codec_dtype(name, dev)
     if json_out is not None:  # checked before minutes of measuring, which a failed write would lose
         json_out = json_out.expanduser()
         folder = json_out.parent

@@ -24,6 +24,7 @@ from ..base import Backend, BatchFrames, FrameResult, FrameRows, StepInputs
 from .codec_streams import FiniteStream, TorchCodecStream
 from .codec_worker import CodecWorker, build_decoder, default_codec_process
 from .cudagraphs import GraphedFrame
+from .cudnn import convolutions
 from .heads import PromptHeads
 from .host_edge import draw_ahead, frame_inputs, frame_results, prefilled
 from .memory import back_with_huge_pages_soon, device_memory_bytes, release_freed_memory
@@ -52,12 +53,20 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-def resolve_dtype(dtype: str) -> torch.dtype:
-    """``fp32`` or ``bf16`` (aliases float32/bfloat16); raises BackendError otherwise."""
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise BackendError(f"unknown dtype {dtype!r}: use fp32 or bf16") from None
+def resolve_codec_dtype(name: str, device: torch.device) -> tuple[torch.dtype, bool]:
+    """A codec form: ``fp32`` or ``bf16`` (aliases float32, bfloat16), or ``tf32`` on CUDA (fp32 with cuDNN's TF32
+    convolutions in the decoder, :mod:`.cudnn`); the dtype and whether TF32. Raises BackendError for another name,
+    or tf32 off CUDA."""
+    if name != "tf32":
+        if name not in DTYPES:
+            raise BackendError(f"unknown codec dtype {name!r}: use fp32, bf16 or tf32 (CUDA)")
+        return DTYPES[name], False
+    if device.type != "cuda":
+        raise BackendError(
+            f"the tf32 codec is cuDNN's TF32 convolutions, a CUDA form, not for {device}: use fp32 or bf16 "
+            "(AUDIO8_TORCH__CODEC_DTYPE)"
+        )
+    return torch.float32, True
 
 
 class TorchBackend(Backend):
@@ -138,9 +147,9 @@ class TorchBackend(Backend):
             torch.backends.cuda.matmul.allow_tf32 = False
         self.cfg: ModelConfig = checkpoint.config
         self.checkpoint = checkpoint
-        self.codec_dtype = torch.float32 if self.device.type == "cpu" else self.dtype
-        if codec_dtype is not None:  # opt-in: bf16 on CPU is about 1.5x faster and not exact (max |diff| ~5e-2)
-            self.codec_dtype = resolve_dtype(codec_dtype)
+        self.codec_dtype, self.codec_tf32 = (torch.float32 if self.device.type == "cpu" else self.dtype), False
+        if codec_dtype is not None:  # opt-in, not exact: bf16 (CPU about 1.5x faster), tf32 (CUDA, about 2x)
+            self.codec_dtype, self.codec_tf32 = resolve_codec_dtype(codec_dtype, self.device)
         self.codec_process = default_codec_process(self.device) if codec_process is None else bool(codec_process)
         self.threads = CallThreads.for_backend(
             torch.get_num_threads(), self.codec_process, DEFAULTS.torch.codec_threads
@@ -216,13 +225,15 @@ class TorchBackend(Backend):
 
     @torch.inference_mode()
     def codec_stages(self, codes: np.ndarray) -> dict[str, np.ndarray]:
-        stages = self.decoder.intermediates(torch.as_tensor(codes, device=self.device))
+        with convolutions(self.codec_tf32):
+            stages = self.decoder.intermediates(torch.as_tensor(codes, device=self.device))
         return {name: value.float().cpu().numpy() for name, value in stages.items()}
 
     @torch.inference_mode()
     def encoder_latent(self, audio: np.ndarray) -> np.ndarray:
         frames = len(audio) // self.checkpoint.codec_config.frame_length
-        latent = self.codec_encoder(frames).latent(torch.as_tensor(audio, device=self.device)[None, None])
+        with convolutions(False):  # the encoder in fp32 whatever the decoder's form
+            latent = self.codec_encoder(frames).latent(torch.as_tensor(audio, device=self.device)[None, None])
         return latent.float().cpu().numpy()
 
     @property
@@ -238,7 +249,8 @@ class TorchBackend(Backend):
     @property
     def description(self) -> str:
         graphs = "" if self._graphed is None else " cuda-graphs" if self._graphed.capture else " graph-frame"
-        return f"torch {self.device} {self.precision}{graphs}{' fused' if self.fused else ''}"  # --precision's name
+        tf32 = " codec-tf32" if self.codec_tf32 else ""
+        return f"torch {self.device} {self.precision}{graphs}{' fused' if self.fused else ''}{tf32}"  # precision's name
 
     @property
     def device_name(self) -> str:
@@ -354,7 +366,7 @@ class TorchBackend(Backend):
         (:class:`.codec_worker.WorkerStream`), else :class:`TorchCodecStream`; both check the audio is finite."""
         if self.codec_worker is not None:
             return FiniteStream(self.codec_worker.stream())
-        return TorchCodecStream(self.decoder, self.threads.total)
+        return TorchCodecStream(self.decoder, self.threads.total, self.codec_tf32)
 
     def codec_encoder(self, frames: int) -> CodecEncoder:
         """The fp32 codec encoder on this device, built on first use and rebuilt when a clip needs more
@@ -375,6 +387,6 @@ class TorchBackend(Backend):
         audio = clip_samples(audio)
         frames = -(-len(audio) // self.checkpoint.codec_config.frame_length)
         x = torch.as_tensor(audio, device=self.device)
-        with running_on(self.threads.total):
+        with running_on(self.threads.total), convolutions(False):  # fp32 whatever the decoder's form
             codes, _ = self.codec_encoder(frames).encode(x)
         return codes.cpu().numpy()[0]

@@ -25,6 +25,7 @@ from ...checkpoint import require_finite
 from ...model.codec import CodecDecoder, StreamingDecoder
 from ...settings import DEFAULTS
 from .codec_streams import CODEC_FILE
+from .cudnn import convolutions
 
 
 @dataclass
@@ -44,7 +45,8 @@ class CodecRows:
     utterance's stream, whose pushes the thread stacks with other streams' into one codec call (:meth:`run`).
 
     Thread-safe: streams push from any thread (each stream from one at a time). ``calls`` and ``pushes`` count the
-    codec calls run and the pushes they held. :meth:`close` stops the thread (pushes then raise RuntimeError).
+    codec calls run and the pushes they held. :meth:`close` stops the thread (pushes then raise RuntimeError). With
+    ``tf32``, its convolutions in TF32 (:func:`.cudnn.convolutions`: the ``tf32`` codec on CUDA).
     Raises ValueError for a decoder shorter than its transformer's window and one push
     (``DEFAULTS.torch.decode_chunk_frames`` frames).
     """
@@ -54,8 +56,9 @@ class CodecRows:
         decoder: CodecDecoder,
         gather_s: float = DEFAULTS.server.gather_s,
         recent_s: float = DEFAULTS.server.recent_s,
+        tf32: bool = False,
     ):
-        self.decoder, self.gather_s, self.recent_s = decoder, gather_s, recent_s
+        self.decoder, self.gather_s, self.recent_s, self.tf32 = decoder, gather_s, recent_s, tf32
         self.maths = StreamingDecoder(decoder)  # the static form's maths; the state is each stream's
         post = decoder.quantizer.post_module
         self.max_frames = post.rope.shape[0]
@@ -119,7 +122,9 @@ class CodecRows:
             states = [p.stream.state(self.maths, len(p.codes), self.device) for p in pushes]
             state = {name: torch.cat([s[name] for s in states]) for name in states[0]}
             count = torch.tensor([n], device=self.device)
-            wav = require_finite(self.maths.push_static(codes, start, count, state).cpu().numpy(), "codec", CODEC_FILE)
+            with convolutions(True) if self.tf32 else contextlib.nullcontext():
+                wav = self.maths.push_static(codes, start, count, state).cpu().numpy()
+            wav = require_finite(wav, "codec", CODEC_FILE)
         out, first = [], 0
         for p in pushes:
             rows = len(p.codes)

@@ -3,12 +3,15 @@ codec process."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
 from ...checkpoint import require_finite
 from ...model.codec import CodecDecoder, StreamingDecoder
 from .codec_worker import WorkerStream
+from .cudnn import convolutions
 from .threads import running_on
 
 # Named in the error a damaged codec raises (NaN or inf out of it).
@@ -21,12 +24,14 @@ class TorchCodecStream:
     samples :meth:`TorchBackend.decode_window` gives for those frames of the whole utterance (to float
     rounding). Raises ValueError past the decoder's ``max_frames`` (the model's context) in one utterance. Each push
     runs on ``threads`` intra-op threads (:func:`.threads.running_on`), whichever OS thread calls it, so its audio
-    does not depend on the caller's own count."""
+    does not depend on the caller's own count; with ``tf32``, its convolutions in TF32 (:func:`.cudnn.convolutions`,
+    the ``tf32`` codec on CUDA)."""
 
-    def __init__(self, decoder: CodecDecoder, threads: int):
+    def __init__(self, decoder: CodecDecoder, threads: int, tf32: bool = False):
         self._stream = StreamingDecoder(decoder)
         self._device = next(decoder.parameters()).device
         self._threads = threads
+        self._tf32 = tf32
 
     def push(self, codes: np.ndarray) -> np.ndarray:
         return self.push_rows(np.asarray(codes)[None])[0]
@@ -35,7 +40,7 @@ class TorchCodecStream:
     def push_rows(self, codes: np.ndarray) -> np.ndarray:
         """A batch: codes int [B, C, n] -> float32 audio [B, n * frame_length]."""
         t = torch.as_tensor(np.asarray(codes, dtype=np.int64), device=self._device)
-        with running_on(self._threads):
+        with running_on(self._threads), convolutions(True) if self._tf32 else contextlib.nullcontext():
             audio = self._stream.push(t).cpu().numpy()
         return require_finite(audio, "codec", CODEC_FILE)
 

@@ -209,7 +209,7 @@ class FrameServer:
         if self.batch.graphed is not None:
             for params in warm:
                 self.batch.graphed.capture_all(params)
-        self.codec = CodecRows(backend.decoder, gather_s) if batch_codec else None
+        self.codec = CodecRows(backend.decoder, gather_s, tf32=backend.codec_tf32) if batch_codec else None
         self.gather_s = gather_s
         self._cond = threading.Condition()
         self._jobs: list[_Job] = []
