@@ -53,18 +53,23 @@ def codes(frames: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("tf32", [False, True])
-def test_a_codec_stream_decodes_under_the_switch_it_was_given(decoder, switch_off, tf32):
+def test_a_codec_stream_decodes_under_its_own_form_whatever_the_switch(decoder, switch_off, tf32):
+    """The switch set the other way before (by PyTorch's default, or another backend's codec): each call's is its
+    own form's."""
     stream = TorchCodecStream(decoder, 1, tf32)
+    torch.backends.cudnn.allow_tf32 = not tf32
     with Switches() as mode:
         audio = stream.push_rows(codes(4))
     assert audio.shape == (1, 4 * 2048) and np.isfinite(audio).all()
     assert len(mode.seen) > 10 and set(mode.seen) == {tf32}
-    assert torch.backends.cudnn.allow_tf32 is False  # put back
+    assert torch.backends.cudnn.allow_tf32 is (not tf32)  # put back
     np.testing.assert_array_equal(audio, TorchCodecStream(decoder, 1).push_rows(codes(4)))  # a CPU: same samples
 
 
-def test_the_batched_codec_decodes_under_the_switch(decoder, switch_off):
-    rows = CodecRows(decoder, tf32=True)
+@pytest.mark.parametrize("tf32", [False, True])
+def test_the_batched_codec_decodes_under_its_own_form(decoder, switch_off, tf32):
+    rows = CodecRows(decoder, tf32=tf32)
+    torch.backends.cudnn.allow_tf32 = not tf32
     try:
         streams = [rows.stream() for _ in range(2)]
         with Switches() as mode:
@@ -72,8 +77,8 @@ def test_the_batched_codec_decodes_under_the_switch(decoder, switch_off):
     finally:
         rows.close()
     assert [o.shape for o in out] == [(1, 16 * 2048)] * 2
-    assert len(mode.seen) > 10 and set(mode.seen) == {True}
-    assert torch.backends.cudnn.allow_tf32 is False
+    assert len(mode.seen) > 10 and set(mode.seen) == {tf32}
+    assert torch.backends.cudnn.allow_tf32 is (not tf32)
 
 
 def test_the_encoder_runs_with_the_switch_off_whatever_it_was(oracle_dir):

@@ -66,6 +66,15 @@ def test_the_fast_ars_causal_pair_and_a_masked_pair():
     torch.testing.assert_close(got, sdpa(q, k, v, mask), rtol=1e-5, atol=2e-6)
 
 
+def test_masks_of_any_strides():
+    """A mask strided or broadcast along its keys (SDPA takes either) reads the same keys."""
+    q, k, v, _ = case(2, 14, 2, 1, 64, 300, seed=4)
+    every_other = (torch.rand(2, 1, 1, 600, generator=torch.Generator().manual_seed(5)) > 0.5)[..., ::2]
+    for mask in (every_other, torch.ones(1, 1, 1, 1, dtype=torch.bool).expand(2, 1, 1, 300)):
+        got = split_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), mask.to(DEVICE)).cpu()
+        torch.testing.assert_close(got, sdpa(q, k, v, mask), rtol=1e-5, atol=2e-6)
+
+
 def test_bf16_is_sdpa_to_a_bf16_step():
     """A bf16 cache: products and sums in fp32, the output rounded once to bf16 (the interpreter truncates)."""
     q, k, v, mask = case(3, 14, 2, 1, 64, 150, seed=3)

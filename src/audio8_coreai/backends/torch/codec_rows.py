@@ -45,8 +45,8 @@ class CodecRows:
     utterance's stream, whose pushes the thread stacks with other streams' into one codec call (:meth:`run`).
 
     Thread-safe: streams push from any thread (each stream from one at a time). ``calls`` and ``pushes`` count the
-    codec calls run and the pushes they held. :meth:`close` stops the thread (pushes then raise RuntimeError). With
-    ``tf32``, its convolutions in TF32 (:func:`.cudnn.convolutions`: the ``tf32`` codec on CUDA).
+    codec calls run and the pushes they held. :meth:`close` stops the thread (pushes then raise RuntimeError). Its
+    convolutions run in TF32 with ``tf32`` (the ``tf32`` codec on CUDA), else in fp32 (:func:`.cudnn.convolutions`).
     Raises ValueError for a decoder shorter than its transformer's window and one push
     (``DEFAULTS.torch.decode_chunk_frames`` frames).
     """
@@ -122,7 +122,7 @@ class CodecRows:
             states = [p.stream.state(self.maths, len(p.codes), self.device) for p in pushes]
             state = {name: torch.cat([s[name] for s in states]) for name in states[0]}
             count = torch.tensor([n], device=self.device)
-            with convolutions(True) if self.tf32 else contextlib.nullcontext():
+            with convolutions(self.tf32):
                 wav = self.maths.push_static(codes, start, count, state).cpu().numpy()
             wav = require_finite(wav, "codec", CODEC_FILE)
         out, first = [], 0

@@ -3,8 +3,6 @@ codec process."""
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 
@@ -24,8 +22,8 @@ class TorchCodecStream:
     samples :meth:`TorchBackend.decode_window` gives for those frames of the whole utterance (to float
     rounding). Raises ValueError past the decoder's ``max_frames`` (the model's context) in one utterance. Each push
     runs on ``threads`` intra-op threads (:func:`.threads.running_on`), whichever OS thread calls it, so its audio
-    does not depend on the caller's own count; with ``tf32``, its convolutions in TF32 (:func:`.cudnn.convolutions`,
-    the ``tf32`` codec on CUDA)."""
+    does not depend on the caller's own count; its convolutions in TF32 with ``tf32`` (the ``tf32`` codec on CUDA),
+    else in fp32, whatever the process's switch (:func:`.cudnn.convolutions`)."""
 
     def __init__(self, decoder: CodecDecoder, threads: int, tf32: bool = False):
         self._stream = StreamingDecoder(decoder)
@@ -40,7 +38,7 @@ class TorchCodecStream:
     def push_rows(self, codes: np.ndarray) -> np.ndarray:
         """A batch: codes int [B, C, n] -> float32 audio [B, n * frame_length]."""
         t = torch.as_tensor(np.asarray(codes, dtype=np.int64), device=self._device)
-        with running_on(self._threads), convolutions(True) if self._tf32 else contextlib.nullcontext():
+        with running_on(self._threads), convolutions(self._tf32):
             audio = self._stream.push(t).cpu().numpy()
         return require_finite(audio, "codec", CODEC_FILE)
 

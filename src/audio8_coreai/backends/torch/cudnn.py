@@ -2,9 +2,10 @@
 weights and activations, the convolutions' products in TF32, as PyTorch runs them by default on a GPU), with the
 encoder always in fp32 (its codes are a voice's).
 
-cuDNN's switch (``torch.backends.cudnn.allow_tf32``) is the process's, read as each convolution is launched, so each
-call sets it under one lock (:func:`convolutions`): a TF32 decode and an fp32 encode never overlap, whatever threads
-they run on. The frame's products are cuBLAS's, under a switch of their own that stays off at fp32.
+cuDNN's switch (``torch.backends.cudnn.allow_tf32``) is the process's, read as each convolution is launched, so every
+codec call (decode or encode) sets it to its own form under one lock (:func:`convolutions`): a TF32 decode never
+overlaps an fp32 one or an encode, whatever threads and backends they run on. The frame's products are cuBLAS's,
+under a switch of their own that stays off at fp32.
 """
 
 from __future__ import annotations

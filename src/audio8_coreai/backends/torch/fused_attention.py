@@ -31,7 +31,7 @@ MAX_ROWS = 16  # queries a KV head (group x S) the kernels take; more (a prefill
 
 
 @triton.jit
-def _attend_blocks(q_ptr, q_b, q_h, q_s, k_ptr, k_b, k_h, k_l, v_ptr, v_b, v_h, v_l, m_ptr, m_b, m_s,
+def _attend_blocks(q_ptr, q_b, q_h, q_s, k_ptr, k_b, k_h, k_l, v_ptr, v_b, v_h, v_l, m_ptr, m_b, m_s, m_l,
                    o_ptr, o_b, o_h, o_s, top_ptr, sum_ptr, acc_ptr, L, scale, N_KV: tl.constexpr,
                    GROUP: tl.constexpr, S: tl.constexpr, D: tl.constexpr, HAS_MASK: tl.constexpr,
                    CAUSAL: tl.constexpr, ONE_BLOCK: tl.constexpr, ROWS: tl.constexpr, BLOCK_L: tl.constexpr,
@@ -59,7 +59,7 @@ def _attend_blocks(q_ptr, q_b, q_h, q_s, k_ptr, k_b, k_h, k_l, v_ptr, v_b, v_h, 
     scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee") * scale  # [ROWS, BLOCK_L]
     seen = real[:, None] & inside[None, :]
     if HAS_MASK:
-        m = tl.load(m_ptr + b * m_b + col[:, None] * m_s + keys[None, :], mask=seen, other=0)
+        m = tl.load(m_ptr + b * m_b + col[:, None] * m_s + keys[None, :] * m_l, mask=seen, other=0)
         seen = seen & (m != 0)
     if CAUSAL:  # torch's is_causal: column s sees keys [0, s]
         seen = seen & (keys[None, :] <= col[:, None])
@@ -127,11 +127,11 @@ def split_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal
     blocks = triton.cdiv(length, block_l)
     out = torch.empty(b, n_head, s, dim, dtype=q.dtype, device=q.device)
     if mask is None:
-        masked, m_b, m_s = q, 0, 0  # a placeholder pointer, never read
+        masked, m_b, m_s, m_l = q, 0, 0, 0  # a placeholder pointer, never read
     else:
         masked = mask.expand(mask.shape[0], 1, s, length).view(torch.uint8)
         m_b = 0 if mask.shape[0] == 1 else masked.stride(0)
-        m_s = masked.stride(2)
+        m_s, m_l = masked.stride(2), masked.stride(3)
     one = blocks == 1
     if one:
         top = total = acc = out  # placeholders, never written
@@ -143,7 +143,7 @@ def split_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal
         q, q.stride(0), q.stride(1), q.stride(2),
         k, k.stride(0), k.stride(1), k.stride(2),
         v, v.stride(0), v.stride(1), v.stride(2),
-        masked, m_b, m_s,
+        masked, m_b, m_s, m_l,
         out, out.stride(0), out.stride(1), out.stride(2),
         top, total, acc, length, 1.0 / math.sqrt(dim),
         N_KV=n_kv, GROUP=group, S=s, D=dim, HAS_MASK=mask is not None, CAUSAL=causal, ONE_BLOCK=one,
