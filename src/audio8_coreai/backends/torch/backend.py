@@ -77,8 +77,9 @@ class TorchBackend(Backend):
     (as the publisher's load_codec) and in the model dtype on CUDA; the encoder always runs in fp32
     (bf16 flips the VQ's nearest-neighbour choices: 79 % of codes on the tiny oracle).
 
-    fp32 on CUDA turns TF32 off for the process (``torch.backends.cudnn.allow_tf32`` and matmul's), as fp32 parity
-    with the publisher's CPU run needs.
+    fp32 on CUDA turns TF32 products off for the process (``torch.backends.cuda.matmul.allow_tf32``), as fp32
+    parity with the publisher's CPU run needs; the codec's convolutions take their form's switch per call
+    (:mod:`.cudnn`: fp32 unless the ``tf32`` codec).
 
     ``frame_mode``: ``eager`` or ``graph`` (:func:`..choice.open_backend` picks ``graph`` on CUDA by default): each
     frame after the first runs the frame's static ``graph`` mode (:mod:`..cudagraphs`), captured and replayed as
@@ -141,9 +142,9 @@ class TorchBackend(Backend):
         self.precision = self.spec.name
         self.dtype = self.spec.dtype
         if self.device.type == "cuda" and self.dtype == torch.float32:
-            # cuDNN's convolutions (the codec) default to TF32 on CUDA: 10-bit mantissas, waveform off the fp32
-            # oracle by ~4e-4 and encoder codes changed (measured by emulation on the tiny oracle). fp32 means fp32.
-            torch.backends.cudnn.allow_tf32 = False
+            # TF32 products: 10-bit mantissas. fp32 means fp32. (cuDNN's TF32 convolutions, PyTorch's CUDA default,
+            # moved the codec's waveform off the fp32 oracle by ~4e-4 and changed encoder codes: each codec call
+            # sets that switch itself, .cudnn.)
             torch.backends.cuda.matmul.allow_tf32 = False
         self.cfg: ModelConfig = checkpoint.config
         self.checkpoint = checkpoint
