@@ -290,7 +290,7 @@ def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(never_eos_long
         (
             "empty transcript",
             ["voice", "add", "x", "--audio", "{clip}", "--text", " "],
-            "reference text is empty (or only whitespace): give what the clip says",
+            "reference text is empty (or only whitespace and control characters): give what the clip says",
         ),
         ("taken", ["voice", "add", "taken", "--audio", "{clip}", "--text", "Hi."], "already exists"),
         ("unknown voice", ["say", "Hi", "-o", "{tmp}/o.wav", "--voice", "nobody"], "no voice named 'nobody'"),

@@ -170,6 +170,27 @@ def test_clean_text() -> None:
     assert check_text(" 3 ") == "3"
 
 
+@pytest.mark.parametrize(
+    ("text", "cleaned"),
+    [
+        ("a\x00b\x07c\x7fd", "abcd"),  # NUL, BEL, DEL
+        ("\x1b[31mred\x1b[0m", "[31mred[0m"),  # a terminal's colour codes lose their ESC
+        ("zero\u200bwidth\u00adsoft\ufeffmark", "zerowidthsoftmark"),  # format characters (Cf)
+        ("\ue000private\U000e0001 tag", "private tag"),  # private use, a tag character
+        ("a\x1cb\x85c", "a b c"),  # controls that are whitespace fold as whitespace
+    ],
+)
+def test_clean_text_drops_category_c(builder: PromptBuilder, text: str, cleaned: str) -> None:
+    # The publisher's ONNX, Candle and JS runtimes' rule (SPEC.md section 11): its HF processor tokenized them.
+    assert clean_text(text) == cleaned
+    assert builder.plain(text).tolist() == builder.plain(cleaned).tolist()
+
+
+def test_text_of_control_characters_is_empty(builder: PromptBuilder) -> None:
+    with pytest.raises(PromptError, match=r"empty \(or only whitespace and control characters\)"):
+        builder.plain("\x00\x1b\u200b")
+
+
 @pytest.mark.parametrize("text", ["", "   \n\t\u3000", "...!!", "—", "👍🎉", "?!"])
 def test_unspeakable_text(builder: PromptBuilder, text: str) -> None:
     with pytest.raises(PromptError, match="empty|no letters or digits"):

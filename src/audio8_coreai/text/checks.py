@@ -9,11 +9,17 @@ from ..errors import PromptError
 
 
 def clean_text(text: str) -> str:
-    """The publisher's HF processor cleaning: strip, and fold every Unicode whitespace run to one space.
+    """The publisher's cleaning: drop every Unicode category-C character that is not whitespace (controls such as NUL,
+    BEL or ESC, format characters such as zero-width spaces, soft hyphens or a byte-order mark, private-use and
+    unassigned code points), strip, and fold every whitespace run to one space.
 
-    Nothing else: no case folding, number expansion or control-character removal (the publisher's ONNX,
-    Candle and JS runtimes do more; SPEC.md section 11). "你好\\n世界" becomes "你好 世界".
+    The folding is its HF processor's; the dropping is its ONNX, Candle and JS runtimes' rule (SPEC.md section 11),
+    where the HF processor passes such characters to the tokenizer, which reads them as bytes the model then speaks:
+    text without them is cleaned exactly as the HF processor does. No case folding or number expansion, and no
+    deletion of a line break between CJK characters (the other runtimes'): "你好\n世界" becomes "你好 世界".
     """
+    if not text.isprintable():  # a category-C character or a whitespace other than the space (most texts: no)
+        text = "".join(c for c in text if c.isspace() or unicodedata.category(c)[0] != "C")
     return " ".join(text.split())
 
 
@@ -31,7 +37,7 @@ def check_text(text: str, what: str = "text", field: str | None = None) -> str:
     cleaned = clean_text(text)
     if not cleaned:
         words = "what the clip says" if what == "reference text" else "the words to speak"
-        raise PromptError(f"{what} is empty (or only whitespace): give {words}", field)
+        raise PromptError(f"{what} is empty (or only whitespace and control characters): give {words}", field)
     if not any(unicodedata.category(c)[0] in "LN" for c in cleaned):
         shown = cleaned if len(cleaned) <= 60 else f"{cleaned[:60]}... ({len(cleaned)} characters)"
         raise PromptError(
