@@ -11,6 +11,7 @@ import pytest
 import soundfile as sf
 
 from audio8_coreai.cli import app
+from audio8_coreai.voices import Voice, VoiceStore
 from tests.cli.cli_support import run, runner
 
 
@@ -251,6 +252,37 @@ def test_prompt_clone_with_reference_codes(tiny_checkpoint, tmp_path):
     cols = np.nonzero(prompt[0] >= 300)[0]
     assert list(prompt[0, cols]) == list(300 + codes[0])
     assert np.array_equal(prompt[1:, cols], codes)
+
+
+def test_prompt_of_a_stored_voice_holds_its_codes_and_transcript(tiny_checkpoint, tmp_path):
+    codes = np.arange(30).reshape(10, 3) % 128
+    VoiceStore(tmp_path).save(Voice(codes, "Ref.", 44100, 0.14, "f" * 64, "2026-01-01T00:00:00+00:00", "ana"))
+    stored = run("prompt", "Hi", "--model", tiny_checkpoint, "--voice", "ANA", "--voices", tmp_path, "--json")
+    np.save(tmp_path / "ref.npy", codes)
+    given = run(
+        "prompt", "Hi", "--model", tiny_checkpoint, "--ref-text", "Ref.", "--ref-codes", tmp_path / "ref.npy", "--json"
+    )
+    assert stored.exit_code == 0, stored.output
+    assert json.loads(stored.output) == json.loads(given.output)
+    prompt = np.array(json.loads(stored.output)["prompt"])
+    assert np.array_equal(prompt[1:, prompt[0] >= 300], codes)
+    both = run(
+        "prompt",
+        "Hi",
+        "--model",
+        tiny_checkpoint,
+        "--voice",
+        "ana",
+        "--voices",
+        tmp_path,
+        "--ref-text",
+        "R.",
+        "--ref-codes",
+        tmp_path / "ref.npy",
+    )
+    assert both.exit_code == 2 and "not both" in both.output
+    unknown = run("prompt", "Hi", "--model", tiny_checkpoint, "--voice", "bob", "--voices", tmp_path)
+    assert unknown.exit_code != 0 and "no voice named 'bob'" in unknown.output
 
 
 def test_prompt_refuses_reference_codes_that_are_no_npy_file(tiny_checkpoint, tmp_path):

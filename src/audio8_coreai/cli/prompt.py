@@ -13,7 +13,7 @@ import typer
 
 from ..checkpoint import DEFAULT_MODEL
 from ..errors import CheckpointError, PromptError
-from .app import ModelOpt, TextArg, TextCommand, app, friendly, out, text_of
+from .app import ModelOpt, TextArg, TextCommand, VoicesOpt, app, friendly, out, text_of
 
 if TYPE_CHECKING:
     from ..plan import Piece
@@ -26,6 +26,8 @@ def prompt(
     model: ModelOpt = DEFAULT_MODEL,
     ref_text: Annotated[str | None, typer.Option(help="Transcript of the reference clip (voice clone).")] = None,
     ref_codes: Annotated[Path | None, typer.Option(help=".npy of reference codes int [10, T].")] = None,
+    voice: Annotated[str | None, typer.Option(help="The prompt of this stored voice (see `audio8 voice`).")] = None,
+    voices: VoicesOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the [11, P] prompt as JSON.")] = False,
 ) -> None:
     """Print the [11, P] prompt the model sees (needs only config.json and the tokenizer files); a text too long for
@@ -34,7 +36,7 @@ def prompt(
     from ..plan import make_plan
     from ..request import check_request
     from ..text import PromptBuilder, load_tokenizer
-    from ..voices import Voice
+    from ..voices import Voice, VoiceStore
 
     text = text_of(text)
     ckpt = load_checkpoint(model, weights=False, codec=False)
@@ -43,11 +45,15 @@ def prompt(
     builder = PromptBuilder(load_tokenizer(ckpt.tokenizer_dir), ckpt.config)
     if (ref_text is None) != (ref_codes is None):
         raise PromptError("voice-clone prompts need both --ref-text and --ref-codes")
-    voice = None  # a one-off voice of the given transcript and codes (checked by the prompt builder)
+    if voice is not None and ref_codes is not None:
+        raise PromptError("give a stored voice (--voice) or reference codes (--ref-codes), not both")
+    speaker = None  # a one-off voice of the given transcript and codes (checked by the prompt builder)
     if ref_codes is not None:
-        voice = Voice(_read_codes(ref_codes), ref_text, ckpt.codec_config.sample_rate, 0.0, "", "")
+        speaker = Voice(_read_codes(ref_codes), ref_text, ckpt.codec_config.sample_rate, 0.0, "", "")
+    elif voice is not None:  # its codes as stored: made with another checkpoint, they are refused when spoken
+        speaker = VoiceStore(voices).load(voice)
     # as say speaks it: a text too long for one utterance in pieces, each with its prompt
-    plan = make_plan(check_request(text), voice, builder, ckpt.config, ckpt.generation, "")
+    plan = make_plan(check_request(text), speaker, builder, ckpt.config, ckpt.generation, "")
     if as_json:
         _print_json(plan.pieces)
         return
