@@ -102,6 +102,28 @@ def test_whole_and_streamed_speech_equal_the_plain_servers(capped, never_eos_lon
         assert speech(url, response_format="pcm", sample_rate=44100).content == b"".join(chunks)
 
 
+def counters(url: str) -> dict[str, float]:
+    """The samples of ``url``'s /metrics by name (unlabelled ones)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics").text
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+
+
+def test_the_ingress_counts_the_speech_its_replicas_make(capped):
+    """Frames, seconds of speech, compute seconds and TTFA come back with each stream's end (Finished.spoken):
+    /metrics on a cluster counts them as `audio8 serve` does; Ray's queue is not seen there, so no queue depth."""
+    before = counters(capped)
+    for stream in (False, True):
+        assert speech(capped, response_format="wav", stream=stream).status_code == 200
+    after = counters(capped)
+    delta = {name: after[name] - before.get(name, 0.0) for name in after}
+    assert delta["audio8_frames_total"] == 24 and delta["audio8_ttfa_seconds_count"] == 2  # 12 frames each
+    assert delta["audio8_audio_seconds_total"] == pytest.approx(24 * 2048 / 44100)
+    assert delta["audio8_compute_seconds_total"] > 0 and delta["audio8_capped_pieces_total"] == 2
+    assert after["audio8_rtf"] > 0 and "audio8_queue_depth" not in after
+
+
 @pytest.mark.parametrize(
     "body, status, code",
     [
@@ -339,10 +361,10 @@ def test_a_ray_cluster_serves_the_same_api(cluster, never_eos_long_checkpoint, v
     assert health.json()["replicas"] == 2  # Ray's controller asked: the Synth replicas running
     with plain_server(never_eos_long_checkpoint, voices, batch=1) as plain:
         assert speech(plain, response_format="wav").content == whole.content
-    # The ingress counts requests; frames, RTF and TTFA are the replicas' (they read 0 here, as if none were made).
+    # The ingress counts requests, and the speech its replicas made as each stream ends.
     metrics = httpx.get(f"{url}/metrics").text
     assert 'audio8_requests_total{status="200"} 1.0' in metrics and "audio8_in_flight 0.0" in metrics
-    assert not any(name in metrics for name in ("audio8_frames_total", "audio8_rtf", "audio8_ttfa", "queue_depth"))
+    assert counters(url)["audio8_frames_total"] == 12 and "queue_depth" not in metrics
     # A client's error is answered as the app answers it, and not logged by the replica as a failed request.
     refused = speech(url, max_frames=600, response_format="wav")
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request"

@@ -88,8 +88,11 @@ def create_app(
     in front writes it (Ray Serve's), the app only reads it. ``settings.cors_origins``: the web pages' origins
     whose scripts may call it (CORS preflights answered, :data:`EXPOSED_HEADERS` readable); none: same origin only."""
     settings = settings or DEFAULTS.server
-    metrics = Metrics(speech=not isinstance(instances, Synthesizer))  # one given (Ray's) counts speech elsewhere
-    synth = instances if isinstance(instances, Synthesizer) else LocalSynthesizer(instances, settings, metrics)
+    if isinstance(instances, Synthesizer):
+        synth, metrics = instances, instances.metrics
+    else:
+        metrics = Metrics()
+        synth = LocalSynthesizer(instances, settings, metrics)
     check_voices(synth.voices, settings.voice_map, settings.default_voice, synth.fingerprint)
     server = State(settings, synth, metrics)
 

@@ -3,6 +3,8 @@ code, frames, audio and compute seconds, RTF, time to first audio (TTFA), queue 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..engine.stream import SpeechStream
@@ -11,25 +13,39 @@ from ..engine.stream import SpeechStream
 TTFA_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
 
 
+@dataclass(frozen=True)
+class Spoken:
+    """What a stream that ran to its end adds to the counters: its ``frames``, ``audio_s`` (seconds of speech),
+    ``compute_s`` (prefill, frames and codec), ``ttfa_s`` (time to its first audio; None: no audio) and ``capped``
+    (its pieces stopped at their frame cap). Picklable: a cluster's replica sends it to the ingress."""
+
+    frames: int
+    audio_s: float
+    compute_s: float
+    ttfa_s: float | None
+    capped: int
+
+    @classmethod
+    def of(cls, stream: SpeechStream) -> Spoken:
+        compute_s = stream.prefill_s + stream.frames_s + stream.codec_s
+        return cls(stream.frames, stream.duration_s, compute_s, stream.first_audio_s, len(stream.capped))
+
+
 class Metrics:
     """Prometheus metrics for ``/metrics``, updated from worker threads (prometheus-client locks its values).
     Names: ``audio8_requests_total{status}``, ``audio8_errors_total{code}``, ``audio8_frames_total``,
     ``audio8_audio_seconds_total``, ``audio8_compute_seconds_total``, ``audio8_rtf`` (compute seconds per second
     of speech, all requests so far), ``audio8_ttfa_seconds`` (histogram) and its mean ``audio8_ttfa_seconds_mean``,
     ``audio8_queue_depth``, ``audio8_in_flight``, ``audio8_capped_pieces_total`` (pieces of speech stopped at their
-    frame cap before the model ended them: cut, perhaps). ``speech=False`` (Ray's ingress, whose replicas make the
-    speech and count it there): requests, errors and in-flight only, no series that would read 0 for work done
-    elsewhere."""
+    frame cap before the model ended them: cut, perhaps). ``queue=False`` (Ray's ingress, which does not see Ray's
+    queue): no ``audio8_queue_depth``, which would read 0 whatever waits."""
 
-    def __init__(self, speech: bool = True) -> None:
+    def __init__(self, queue: bool = True) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("audio8_requests", "Finished HTTP requests by status code.", ["status"], registry=r)
         self.errors = Counter("audio8_errors", "Refused or failed requests by error code.", ["code"], registry=r)
         self.running = Gauge("audio8_in_flight", "Requests running on a worker.", registry=r)
-        self.speech = speech
-        if not speech:
-            return
         self.frames = Counter("audio8_frames", "Frames generated (46 ms of audio each).", registry=r)
         self.audio_s = Counter("audio8_audio_seconds", "Seconds of speech delivered.", registry=r)
         self.compute_s = Counter("audio8_compute_seconds", "Seconds spent in prefill, frames and codec.", registry=r)
@@ -40,7 +56,7 @@ class Metrics:
         rtf.set_function(lambda: _ratio(_sample(self.compute_s, "_total"), _sample(self.audio_s, "_total")))
         mean = Gauge("audio8_ttfa_seconds_mean", "Mean time to first audio (prefill included).", registry=r)
         mean.set_function(lambda: _ratio(_sample(self.ttfa, "_sum"), _sample(self.ttfa, "_count")))
-        self.queued = Gauge("audio8_queue_depth", "Requests waiting for a worker.", registry=r)
+        self.queued = Gauge("audio8_queue_depth", "Requests waiting for a worker.", registry=r) if queue else None
         self.capped = Counter(
             "audio8_capped_pieces", "Pieces stopped at their frame cap before the model ended them.", registry=r
         )
@@ -54,17 +70,20 @@ class Metrics:
     def frame(self) -> None:
         self.frames.inc()
 
-    def finished(self, stream: SpeechStream) -> None:
-        """A stream that ran to its end: its audio and compute seconds, its TTFA, its capped pieces."""
-        self.audio_s.inc(stream.duration_s)
-        self.capped.inc(len(stream.capped))
-        self.compute_s.inc(stream.prefill_s + stream.frames_s + stream.codec_s)
-        if stream.first_audio_s is not None:
-            self.ttfa.observe(stream.first_audio_s)
+    def finished(self, spoken: Spoken, frames: bool = False) -> None:
+        """A stream that ran to its end (:class:`Spoken`): its audio and compute seconds, its TTFA, its capped
+        pieces, and with ``frames`` its frames (where they were not counted as they were made: a cluster's)."""
+        if frames:
+            self.frames.inc(spoken.frames)
+        self.audio_s.inc(spoken.audio_s)
+        self.capped.inc(spoken.capped)
+        self.compute_s.inc(spoken.compute_s)
+        if spoken.ttfa_s is not None:
+            self.ttfa.observe(spoken.ttfa_s)
 
     def text(self, queued: int, running: int) -> bytes:
         """The Prometheus text exposition, with the queue's ``queued`` and ``running`` requests now."""
-        if self.speech:
+        if self.queued is not None:
             self.queued.set(queued)
         self.running.set(running)
         return generate_latest(self.registry)

@@ -54,7 +54,7 @@ from ..tts import TTS
 from ..voices import Voice, VoiceStore
 from .app import create_app
 from .errors import ApiError, api_error
-from .metrics import Metrics
+from .metrics import Metrics, Spoken
 from .ray_address import cannot_join, check_answers
 from .ray_replicas import replicas_or_503
 from .synth import LOCAL, LocalSynthesizer, Output, Speech, Synthesizer, failed
@@ -102,10 +102,12 @@ class Started:
 
 @dataclass(frozen=True)
 class Finished:
-    """A Synth stream's last item when its body ended whole: the ``frames`` made and its ``frame_cap`` note."""
+    """A Synth stream's last item when its body ended whole: the ``frames`` made, its ``frame_cap`` note and what
+    it adds to the ingress's counters (``spoken``, :class:`.metrics.Spoken`)."""
 
     frames: int | None
     frame_cap: str | None = None
+    spoken: Spoken | None = None
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,7 @@ class Synth:
             yield Started(self.replica, speech.tokens, speech.warning)
             async for data in speech.body:
                 yield data
-            yield Finished(speech.frames, speech.frame_cap)
+            yield Finished(speech.frames, speech.frame_cap, speech.spoken)
         except (Audio8Error, ApiError) as e:
             yield _refused(e)
         finally:
@@ -234,6 +236,7 @@ class RaySynthesizer(Synthesizer):
         self.sample_rate, self.fingerprint = info["sample_rate"], info["fingerprint"]
         self.fixed = {k: v for k, v in info.items() if k != "fingerprint"}
         self.running = 0  # streams in flight through this ingress
+        self.metrics = Metrics(queue=False)  # Ray's queue is not seen here
 
     async def open(self, checked: CheckedRequest, output: Output) -> Speech:
         voice = self.voices.load(checked.voice) if isinstance(checked.voice, str) else checked.voice
@@ -254,7 +257,9 @@ class RaySynthesizer(Synthesizer):
         try:
             while not isinstance(data := await _remote(anext(call)), Finished):
                 yield data
-            speech.frames, speech.frame_cap = data.frames, data.frame_cap
+            speech.frames, speech.frame_cap, speech.spoken = data.frames, data.frame_cap, data.spoken
+            if data.spoken is not None:  # the replica's figures: its frames, TTFA and compute seconds
+                self.metrics.finished(data.spoken, frames=True)
         except (GeneratorExit, asyncio.CancelledError):  # the client left: its replica stops at its next frame
             call.cancel()
             raise

@@ -31,7 +31,7 @@ from ..request import CheckedRequest
 from ..tts import TTS
 from ..voices import Voice, VoiceStore
 from .errors import ApiError, api_error, shutting_down, storage
-from .metrics import Metrics
+from .metrics import Metrics, Spoken
 from .relay import Cancelled, Relay, Stalled
 from .workers import Workers
 
@@ -64,16 +64,17 @@ class Speech:
     utterance holds no audio), and closing it early stops the synthesis at its next frame and frees its place.
     ``replica``: who makes it (:data:`LOCAL`, or a cluster replica's id); ``tokens``: the text's token count;
     ``warning``: the plan's language warning (an ASCII line, or None); ``frames``: the frames made, and
-    ``frame_cap``: :func:`frame_cap_note` (None: every piece ended by the model), both set when the body has ended
-    whole; ``dropped``: set when the synthesizer dropped the stream for a client that read nothing
-    for ``stall_s`` (:mod:`.relay`), while its response may still wait on a socket that takes nothing: the response
-    is cut then."""
+    ``frame_cap``: :func:`frame_cap_note` (None: every piece ended by the model), ``spoken``: what it adds to the
+    counters (:class:`.metrics.Spoken`), all set when the body has ended whole; ``dropped``: set when the
+    synthesizer dropped the stream for a client that read nothing for ``stall_s`` (:mod:`.relay`), while its
+    response may still wait on a socket that takes nothing: the response is cut then."""
 
     replica: str
     tokens: int
     warning: str | None = None
     frames: int | None = None
     frame_cap: str | None = None
+    spoken: Spoken | None = None
     dropped: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     body: AsyncGenerator[bytes, None] = dataclasses.field(init=False)
 
@@ -81,11 +82,13 @@ class Speech:
 class Synthesizer(ABC):
     """What the routes ask of the model side. ``voices``: the voice store the routes list, check and delete in
     (the one the synthesizer speaks from); ``sample_rate``: the model's (Hz); ``fingerprint``: its checkpoint's
-    (:meth:`.checkpoint.Checkpoint.fingerprint`, which stored voices must match)."""
+    (:meth:`.checkpoint.Checkpoint.fingerprint`, which stored voices must match); ``metrics``: the counters of
+    ``/metrics``, which it feeds with the speech it makes."""
 
     voices: VoiceStore
     sample_rate: int
     fingerprint: str
+    metrics: Metrics
 
     @abstractmethod
     async def open(self, checked: CheckedRequest, output: Output) -> Speech:
@@ -174,7 +177,7 @@ class LocalSynthesizer(Synthesizer):
                 relay.put(plan)  # the stream is built: its token count and warning go to the route
                 for chunk in stream:
                     relay.put(chunk)  # waits while the client is not reading (back-pressure)
-                metrics.finished(stream)
+                metrics.finished(Spoken.of(stream))
                 relay.put(_End(stream))
             except Cancelled:
                 pass  # the body was closed: nobody reads on
@@ -312,6 +315,7 @@ async def _body(
             audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
             data = await asyncio.to_thread(_encode_whole, audio, sample_rate, output)
         speech.frames, speech.frame_cap = item.stream.frames, frame_cap_note(item.stream)
+        speech.spoken = Spoken.of(item.stream)
         if speech.frame_cap:
             log.warning("an answer's %s", speech.frame_cap)
         if data:
