@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from audio8_coreai.errors import ClipWarning, EngineError, PromptError
+from audio8_coreai.request import check_request
 from audio8_coreai.settings import DEFAULTS
 
 TEXT = "The meeting has been moved to Thursday afternoon."
@@ -165,6 +166,36 @@ def test_threads_take_turns_and_an_overtaken_stream_says_so(tiny_tts):
         list(tiny_tts.stream("Hello there, a paused stream.", seed=9, max_frames=16, chunk_frames=2))
     )
     assert fresh.size > 0  # the next stream is whole again
+
+
+def test_synthesize_of_several_pieces_is_not_overtaken_by_another_thread(tiny_tts):
+    """synthesize speaks a long text's pieces as a stream: it keeps the model for the whole call (the lease's
+    reserve), so another thread's utterances wait for it instead of overtaking it between two of its frames."""
+    import threading
+
+    text = "First sentence here. Second one follows. Third is last."
+    plan = tiny_tts.plan(check_request(text, seed=3, max_frames=8))
+    assert len(plan.pieces) > 1
+    alone, _ = tiny_tts.synthesize(plan)
+    short = tiny_tts.generate("Other.", seed=1, max_frames=2).codes
+    started, done = threading.Event(), threading.Event()
+    others: list = []
+
+    def other():
+        while not done.is_set():
+            others.append(tiny_tts.generate("Other.", seed=1, max_frames=2).codes)
+            started.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert started.wait(60)
+        rounds = [tiny_tts.synthesize(plan)[0] for _ in range(3)]
+    finally:
+        done.set()
+        thread.join()
+    assert all(np.array_equal(audio, alone) for audio in rounds)
+    assert all(np.array_equal(codes, short) for codes in others)
 
 
 def test_a_call_from_its_own_on_frame_is_refused_not_a_hang(tiny_tts):

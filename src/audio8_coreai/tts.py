@@ -233,7 +233,8 @@ class TTS(VoiceCloning, Batching):
         speech = self.stream(dataclasses.replace(plan, chunk_frames=chunks, first_chunk_frames=chunks))
         if on_start is not None:
             on_start(speech.max_frames)
-        audio = list(speech)
+        with self.backend.lease.reserve():  # whole: another thread's utterance between pieces would overtake it
+            audio = list(speech)
         return (np.concatenate(audio) if audio else np.zeros(0, np.float32)), self.sample_rate
 
     def fits_one_utterance(self, text: str, voice: str | Voice | None = None) -> bool:

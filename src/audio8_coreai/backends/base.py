@@ -108,25 +108,32 @@ class Lease:
 
     :meth:`hold` runs a block alone and starts a new utterance (its token); :meth:`resume` runs a later step of
     the utterance of ``token`` alone, and raises EngineError when another utterance has held the backend since
-    (it overwrote the KV state this one would continue from: going on would give wrong audio, silently). Either
-    raises EngineError when the thread already holds the backend (a call on a TTS from its own ``on_frame``
-    callback), which would otherwise wait for itself for ever.
+    (it overwrote the KV state this one would continue from: going on would give wrong audio, silently);
+    :meth:`reserve` keeps the backend for one thread across several utterances (a long text's pieces), its own
+    holds and resumes running within it while other threads wait. Each raises EngineError when the thread already
+    holds the backend (a call on a TTS from its own ``on_frame`` callback), which would otherwise wait for itself
+    for ever.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._epoch = 0
-        self._holder: int | None = None  # the thread holding the lock
+        self._holder: int | None = None  # the thread in a hold or resume block
+        self._owner: int | None = None  # the thread whose reserve block has the lock
 
-    @contextlib.contextmanager
-    def _alone(self) -> Iterator[None]:
-        if self._holder == threading.get_ident():
+    def _check_free(self, me: int) -> None:
+        if self._holder == me:
             raise EngineError(
                 "a call on this TTS from inside its own utterance (an on_frame callback): it would wait for "
                 "itself; make the next utterance after this call returns, or on another TTS"
             )
-        with self._lock:
-            self._holder = threading.get_ident()
+
+    @contextlib.contextmanager
+    def _alone(self) -> Iterator[None]:
+        me = threading.get_ident()
+        self._check_free(me)
+        with contextlib.nullcontext() if self._owner == me else self._lock:  # in its reserve: the lock is its own
+            self._holder = me
             try:
                 yield
             finally:
@@ -148,6 +155,20 @@ class Lease:
                     "before the next call on that TTS, or give each thread its own TTS"
                 )
             yield
+
+    @contextlib.contextmanager
+    def reserve(self) -> Iterator[None]:
+        me = threading.get_ident()
+        self._check_free(me)
+        if self._owner == me:  # nested: the outer block keeps it
+            yield
+            return
+        with self._lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = None
 
 
 class Backend(ABC):
