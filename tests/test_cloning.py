@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from audio8_coreai.errors import AudioError, PromptError, VoiceError
+from audio8_coreai.errors import AudioError, ConfigError, PromptError, VoiceError
 from audio8_coreai.voices import VoiceStore
 from tests import clips
 from tests.test_voices import make_voice
@@ -57,6 +57,9 @@ def test_a_bad_or_taken_name_fails_before_the_clip_is_read(tts, tmp_path):
         tts.register_voice("taken", tmp_path / "missing.wav", "Hi.")
     with pytest.raises(AudioError, match="does not exist"):
         tts.register_voice("taken", tmp_path / "missing.wav", "Hi.", replace=True)
+    for keyword in ("replace", "warn"):  # 'false' would be on: refused before the clip is read
+        with pytest.raises(ConfigError, match=f"{keyword} must be True, False or None, not 'false'"):
+            tts.register_voice("taken", tmp_path / "missing.wav", "Hi.", **{keyword: "false"})
 
 
 def test_a_reference_too_long_for_the_context_is_refused_with_the_numbers(tts, tmp_path):

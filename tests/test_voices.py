@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from audio8_coreai.errors import DamagedVoice, VoiceError, VoiceExists, VoiceStorageError
+from audio8_coreai.errors import ConfigError, DamagedVoice, VoiceError, VoiceExists, VoiceStorageError
 from audio8_coreai.settings import DEFAULTS
 from audio8_coreai.voices import Voice, VoiceStore, check_name, default_voices_dir
 
@@ -103,6 +103,10 @@ def test_a_taken_name_needs_replace(tmp_path):
     store.save(make_voice(seed=1))
     with pytest.raises(VoiceError, match="already exists"):
         store.save(make_voice(seed=2))
+    for text in ("false", "no", 0.5):  # a form's or config file's text: refused, the voice kept
+        with pytest.raises(ConfigError, match=f"replace must be True, False or None, not {text!r}"):
+            store.save(make_voice(seed=2), replace=text)
+        assert np.array_equal(store.load("alice").codes, make_voice(seed=1).codes)
     store.save(make_voice(seed=2), replace=True)
     assert np.array_equal(store.load("alice").codes, make_voice(seed=2).codes)
 

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING
 
 from .backends.base import Backend, FrameRows
 from .checkpoint import Checkpoint
-from .config import SamplingParams, check_int
+from .config import SamplingParams
 from .engine.batch import generate_batch
 from .errors import ConfigError, EngineError, PromptError
 from .plan import Plan
 from .request import check_batch, in_batch
 from .synthesis import Synthesis
 from .text import PromptBuilder
+from .values import check_int
 from .voices import Voice, VoiceStore
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from .errors import ClipWarning, PromptTooLong, VoiceError
 from .request import CheckedRequest
 from .settings import DEFAULTS
 from .text import PromptBuilder, check_text
+from .values import check_switch
 from .voices import Voice, VoiceStore, check_name, now_utc
 
 
@@ -86,8 +87,10 @@ class VoiceCloning:
         ``Voice.warnings`` its own way, as the server does). The name is checked before any work. Returns the stored
         :class:`Voice`.
         Raises VoiceError (bad or taken name, unwritable store, reference too long for the context),
-        AudioError, PromptError as :meth:`voice_from_clip`.
+        AudioError, PromptError as :meth:`voice_from_clip`, ConfigError for ``replace`` or ``warn`` not True or
+        False.
         """
+        warn = check_switch("warn", warn)
         if store is None:
             store = self.voices
         elif not isinstance(store, VoiceStore):

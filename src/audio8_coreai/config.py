@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
@@ -19,23 +18,6 @@ from .bounds import CODEC_SIZE_LIMITS, MAX_CODEC_STRIDES, MODEL_NUMBER_RULES, MO
 from .errors import ConfigError
 
 MODEL_TYPE = "arktts"
-
-
-def check_int(value: Any, name: str, minimum: int = 1) -> int:
-    """``value`` as an int when it is a whole number (a Python or NumPy integer, not a bool) >= ``minimum``;
-    else ConfigError naming ``name`` (a float such as 8.5 is refused, not rounded)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ConfigError(f"{name} must be a whole number, got {value!r}", name)
-    if value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}", name)
-    return int(value)
-
-
-def check_number(value: Any, name: str) -> float:
-    """``value`` as a float when it is a finite real number (not a bool or a string); else ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ConfigError(f"{name} must be a finite number, got {value!r}", name)
-    return float(value)
 
 
 def _req(d: dict[str, Any], key: str, kind: type, where: str) -> Any:

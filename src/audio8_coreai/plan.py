@@ -13,7 +13,7 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .config import GenerationConfig, ModelConfig, SamplingParams, check_int
+from .config import GenerationConfig, ModelConfig, SamplingParams
 from .engine.loop import frame_budget
 from .engine.stream import Piece
 from .errors import EngineError, PromptError
@@ -22,6 +22,7 @@ from .settings import DEFAULTS
 from .text import PromptBuilder, language_warning
 from .text.prompt import PromptHead
 from .text.split import split_checked
+from .values import check_int
 from .voices import Voice
 
 

@@ -11,13 +11,12 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from .config import GenerationConfig, check_int, check_number
+from .config import GenerationConfig
 from .errors import Audio8Error, ConfigError, EngineError, PromptError, VoiceError
 from .settings import DEFAULTS
 from .text import check_text
 from .text.split import block_starts
+from .values import check_int, check_number
 from .voices import Voice, check_name, check_voice_choice
 
 MAX_SEED = 2**53 - 1
@@ -190,17 +189,6 @@ def sampling_config(
     gen = dataclasses.replace(gen, **over)
     gen.check("sampling settings")
     return gen
-
-
-def check_switch(name: str, value: object) -> bool | None:
-    """``value`` of the on/off keyword ``name``: True, False or None (its default); a numpy bool or the whole
-    number 0 or 1 is taken as the bool. Raises ConfigError for anything else (a text such as ``'no'`` would be
-    taken as on)."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, (np.bool_, numbers.Integral)) and value in (0, 1):
-        return bool(value)
-    raise ConfigError(f"{name} must be True, False or None, not {value!r}", name)
 
 
 def check_callback(name: str, value: object) -> object:

@@ -17,16 +17,17 @@ from .batching import Batching
 from .checkpoint import DEFAULT_MODEL, Checkpoint, load_checkpoint
 from .checkpoint.layout import FOLDER_CONTENTS
 from .cloning import VoiceCloning, warn_clip
-from .config import SamplingParams, check_int
+from .config import SamplingParams
 from .engine.loop import generate
 from .engine.overlap import UtteranceDecode
 from .engine.stream import SpeechStream
 from .errors import BackendError, CheckpointError, EngineError, UnsupportedLanguageWarning
 from .plan import Plan, make_plan, sampling_defaults
-from .request import REQUEST_KEYWORDS, CheckedRequest, check_callback, check_request, check_switch, sampling_config
+from .request import REQUEST_KEYWORDS, CheckedRequest, check_callback, check_request, sampling_config
 from .settings import DEFAULTS
 from .synthesis import Synthesis
 from .text import PromptBuilder, load_tokenizer
+from .values import check_int, check_switch
 from .voices import Voice, VoiceStore
 
 

@@ -41,6 +41,7 @@ from .audio import publish
 from .errors import AudioError, DamagedVoice, PromptError, VoiceError, VoiceExists, VoiceStorageError
 from .settings import DEFAULTS
 from .text.checks import check_text
+from .values import check_switch
 from .voice_rules import FIELD_KINDS, WHOLE_FIELDS, check_name, codes_problem
 
 FORMAT = 1  # the on-disk format version in ``meta``; a newer file is refused rather than misread
@@ -199,8 +200,9 @@ class VoiceStore:
 
     def check_new(self, name: str, replace: bool = False) -> Path:
         """The file a new voice ``name`` would take; raises VoiceError for a bad name, one already taken unless
-        ``replace``, or a folder that cannot hold it. Callers check before minutes of work; :meth:`save` checks
-        again."""
+        ``replace``, or a folder that cannot hold it, ConfigError for a ``replace`` not True or False (a text such
+        as ``'false'`` would overwrite). Callers check before minutes of work; :meth:`save` checks again."""
+        replace = check_switch("replace", replace)
         target = self.path(name)
         # On macOS's and Windows' disks names differing in case are one file: keep stores portable.
         twin = next((n for n in self.names() if n != name and n.casefold() == name.casefold()), None)

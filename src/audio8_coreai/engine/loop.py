@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backends.base import Backend, FrameResult, StepInputs
-from ..config import ModelConfig, SamplingParams, check_int
+from ..config import ModelConfig, SamplingParams
 from ..errors import EngineError
 from ..sampling import RasWindow
 from ..settings import DEFAULTS
+from ..values import check_int
 from .noise import NoiseAhead, NoiseLike, seeded_noise
 
 

@@ -14,9 +14,10 @@ from typing import Protocol
 import numpy as np
 
 from ..backends.base import Backend
-from ..config import ModelConfig, check_int
+from ..config import ModelConfig
 from ..sampling import NoiseSource
 from ..settings import DEFAULTS
+from ..values import check_int
 
 
 class NoiseLike(Protocol):
