@@ -198,6 +198,30 @@ def test_synthesize_of_several_pieces_is_not_overtaken_by_another_thread(tiny_tt
     assert all(np.array_equal(codes, short) for codes in others)
 
 
+def test_a_stream_read_by_two_threads_at_once_says_so(tiny_tts):
+    """A chunk asked for while another thread's is being made raises EngineError (Python's generator said
+    "generator already executing"); the first reader goes on to the stream's whole audio."""
+    import threading
+
+    text = "Hello there, one stream."
+    want = np.concatenate(list(tiny_tts.stream(text, seed=2, max_frames=8, chunk_frames=2)))
+    inside, go_on = threading.Event(), threading.Event()
+    stream = tiny_tts.stream(
+        text, seed=2, max_frames=8, chunk_frames=2, on_frame=lambda step: (inside.set(), go_on.wait(30))
+    )
+    chunks: list = []
+    reader = threading.Thread(target=lambda: chunks.extend(stream))
+    reader.start()
+    try:
+        assert inside.wait(60)
+        with pytest.raises(EngineError, match="being read by another thread"):
+            next(iter(stream))
+    finally:
+        go_on.set()
+        reader.join(60)
+    assert np.array_equal(np.concatenate(chunks), want)
+
+
 def test_a_call_from_its_own_on_frame_is_refused_not_a_hang(tiny_tts):
     """generate's on_frame runs with the model held: a call on the same TTS there would wait for itself for ever.
     It raises EngineError, the outer utterance stops with it, and the TTS serves the next call whole."""

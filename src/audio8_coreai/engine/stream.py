@@ -21,10 +21,36 @@ import numpy as np
 
 from ..backends.base import Backend, CodecStream
 from ..config import SamplingParams
+from ..errors import EngineError
 from ..settings import DEFAULTS
 from .loop import Utterance, frame_steps
 from .noise import seeded_noise
 from .overlap import CodecQueue
+
+
+class _Reader:
+    """An iteration of a stream (its ``chunks`` generator), read by one thread at a time: a ``next`` while another
+    thread's runs raises EngineError (Python's generator said "generator already executing")."""
+
+    def __init__(self, chunks: Generator[np.ndarray, None, None]):
+        self.chunks, self._reading = chunks, threading.Lock()
+
+    def __iter__(self) -> _Reader:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        if not self._reading.acquire(blocking=False):
+            raise EngineError(
+                "this stream is being read by another thread: read a stream from one thread at a time (it is one "
+                "utterance, its chunks in order)"
+            )
+        try:
+            return next(self.chunks)
+        finally:
+            self._reading.release()
+
+    def close(self) -> None:
+        self.chunks.close()
 
 
 @dataclass
@@ -147,10 +173,10 @@ class SpeechStream:
 
     def __iter__(self) -> Iterator[np.ndarray]:
         running = self._running
-        if running is not None and running.gi_frame is not None:  # left midway (a break): resumed, not repeated
+        if running is not None and running.chunks.gi_frame is not None:  # left midway (a break): resumed
             return running
         self._stop.clear()
-        self._running = self._chunks()
+        self._running = _Reader(self._chunks())
         return self._running
 
     def close(self) -> None:
@@ -159,7 +185,7 @@ class SpeechStream:
         Iterating again then starts over."""
         self._stop.set()
         running, self._running = self._running, None
-        if running is not None and not running.gi_running:
+        if running is not None and not running.chunks.gi_running:
             running.close()
 
     def __enter__(self) -> SpeechStream:
