@@ -126,6 +126,13 @@ def test_environment_variables_set_fields(env):
         ("AUDIO8_BENCH__BACKEND", "coreai", "AUDIO8_BENCH__BACKEND must be one of torch, got 'coreai'"),
         ("AUDIO8_SERVR__PORT", "1", "AUDIO8_SERVR__PORT is not a setting: a variable is AUDIO8_<GROUP>__<FIELD> with"),
         ("AUDIO8_PORT", "1", "AUDIO8_PORT is not a setting: a variable is AUDIO8_<GROUP>__<FIELD> with GROUP one of"),
+        ("AUDIO8_SPEECH____CHUNK_FRAMES", "1", "AUDIO8_SPEECH____CHUNK_FRAMES is not a setting: the speech group has"),
+        ("AUDIO8_SERVER__HOST", "", "AUDIO8_SERVER__HOST must be non-empty text, got ''"),
+        (
+            "AUDIO8_SPEECH__SPLIT_FRAMES_PER_TOKEN",
+            "100000",
+            "AUDIO8_SPEECH__SPLIT_FRAMES_PER_TOKEN must be a whole number 1 to 64",
+        ),
     ],
 )
 def test_a_wrong_variable_is_named_with_what_it_takes(env, name, value, said):

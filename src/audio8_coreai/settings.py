@@ -57,7 +57,7 @@ class SpeechSettings(_Group):
     )
     pause_s: float = Field(0.25, ge=0, le=10, description="silence between the pieces of a split text (seconds)")
     split_frames_per_token: int = Field(
-        8, ge=1, description="frames one text token takes when spoken, with margin: how long texts are split"
+        8, ge=1, le=64, description="frames one text token takes when spoken, with margin: how long texts are split"
     )
     min_voice_frames: int = Field(64, ge=1, description="frames a clone prompt must leave in the context (64: 3.0 s)")
     # An utterance's frame cap when its caller sets none (engine/loop.py frame_budget): cap_base_frames plus
@@ -347,6 +347,9 @@ def from_environment() -> Settings:
                 f"{', '.join(g.upper() for g in groups)} (unset it, or fix its name)",
                 name,
             )
+        fields = Settings.model_fields[group].annotation.model_fields  # type: ignore[union-attr]
+        if nested and field not in fields:  # named as set (pydantic's error named the group: AUDIO8_X____Y)
+            raise ConfigError(f"{name} is not a setting: the {group} group has {', '.join(fields)}", name)
         if not nested and value.strip().lower() in ("null", "none"):  # read as JSON null: the group unset
             raise ConfigError(wrong_variable(name.upper(), None, {"type": "model_type"}), name)
     try:

@@ -33,7 +33,7 @@ def takes(info: FieldInfo, typed: bool = True) -> str:
         example = example or ([1, 4] if typing.get_origin(kind) is tuple else {"a": "b"})
         said = "JSON such as " + json.dumps(example)
     else:
-        said = "text"
+        said = "non-empty text" if any(getattr(m, "min_length", 0) for m in info.metadata) else "text"
     return said + (" or none" if typed and optional else "")
 
 
