@@ -38,8 +38,8 @@ class PromptTooLong(PromptError):
     """A well-formed prompt that, with the frames asked for, does not fit the context (``max_seq_len``)."""
 
 
-class TokenizerError(Audio8Error, ValueError):
-    """A tokenizer file is missing or unreadable, or a rebuilt tokenizer came out inconsistent."""
+class TokenizerError(CheckpointError, ValueError):
+    """A checkpoint's tokenizer file is missing or unreadable, or a rebuilt tokenizer came out inconsistent."""
 
 
 class AudioError(Audio8Error, ValueError):

@@ -10,7 +10,7 @@ import unicodedata
 import pytest
 from tokenizers import Tokenizer
 
-from audio8_coreai.errors import TokenizerError
+from audio8_coreai.errors import CheckpointError, TokenizerError
 from audio8_coreai.text.tokenizer import (
     QWEN_SPECIAL_IDS,
     TINY_SPECIAL_IDS,
@@ -145,8 +145,9 @@ def test_load_missing(tmp_path) -> None:
 
 def test_load_corrupt(tmp_path) -> None:
     (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
-    with pytest.raises(TokenizerError, match="not a readable Hugging Face tokenizer.json"):
+    with pytest.raises(CheckpointError, match="not a readable Hugging Face tokenizer.json .*: restore it from") as e:
         load_tokenizer(tmp_path)
+    assert isinstance(e.value, TokenizerError)  # a checkpoint's file: caught with the other checkpoint errors
 
 
 def test_bad_tiktoken_file(tmp_path) -> None:

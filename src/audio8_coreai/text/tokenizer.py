@@ -284,4 +284,7 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception for bad JSON or an unknown layout
-        raise TokenizerError(f"{path} is not a readable Hugging Face tokenizer.json: {e}") from e
+        raise TokenizerError(
+            f"{path} is not a readable Hugging Face tokenizer.json ({e}): restore it from the checkpoint (download "
+            "it again)"
+        ) from e
