@@ -105,6 +105,10 @@ def test_interrupted_make_leaves_nothing(tmp_path, monkeypatch):
 
 def test_make_in_a_place_that_cannot_hold_a_folder_is_said(tmp_path):
     (tmp_path / "a-file").write_text("x")
-    with pytest.raises(CheckpointError, match="cannot write a checkpoint at .*a-file/ck: .*choose a folder you can"):
-        make_checkpoint(tmp_path / "a-file" / "ck", "tiny", seed=0)
+    for inside in ("ck", "sub/ck"):  # the file right above, or further up (mkdir said "File exists" of it)
+        with pytest.raises(CheckpointError, match=f"at .*a-file/{inside}: .*a-file is a file, not a folder; choose"):
+            make_checkpoint(tmp_path / "a-file" / inside, "tiny", seed=0)
     assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
+    for nothing in ("", "  "):  # Path("") is the current folder: "." was said to be a non-empty folder
+        with pytest.raises(CheckpointError, match="no folder given: name the new folder"):
+            make_checkpoint(nothing, "tiny", seed=0)

@@ -168,10 +168,15 @@ def make_checkpoint(out_dir: str | Path, size: Size = "tiny", seed: int = 0) -> 
     """
     if size not in ("tiny", "0.6b"):
         raise CheckpointError(f"unknown checkpoint size {size!r}; choose 'tiny' or '0.6b'")
+    if not str(out_dir).strip():  # Path("") is the current folder
+        raise CheckpointError("no folder given: name the new folder to write the checkpoint into")
     out = Path(out_dir).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         what = "a non-empty folder" if out.is_dir() else "a file"
         raise CheckpointError(f"{out} is {what}: a checkpoint goes into a new or empty folder; choose one or remove it")
+    above = next((p for p in out.parents if p.exists()), None)  # mkdir would say "File exists" of a file above
+    if above is not None and not above.is_dir():
+        raise CheckpointError(f"cannot write a checkpoint at {out}: {above} is a file, not a folder; choose another")
     try:  # a folder that cannot be made or written (no such place, read-only, a disk full) is said, not a traceback
         out.parent.mkdir(parents=True, exist_ok=True)
         return _write(out, size, seed)
