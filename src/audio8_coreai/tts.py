@@ -84,8 +84,9 @@ class TTS(VoiceCloning, Batching):
         checkpoint (``device`` then does not apply, and a ``precision`` must be the assets' own: they fix it).
         Raises CheckpointError (missing/corrupt files, wrong shapes, no tokenizer), BackendError
         (unknown device/backend; missing, stale or foreign assets, a codec decoder among them: checked at load;
-        cuda_graphs off CUDA), PrecisionError (a precision unknown or not the backend's), VoiceError
-        (``voices_dir`` a file), ConfigError (``cuda_graphs`` or ``codec_process`` not True, False or None).
+        cuda_graphs or a tf32 codec off CUDA), PrecisionError (a precision unknown or not the backend's), VoiceError
+        (``voices_dir`` a file), ConfigError (``cuda_graphs`` or ``codec_process`` not True, False or None, an
+        unknown ``codec_dtype``).
         """
         cuda_graphs = check_switch("cuda_graphs", cuda_graphs)
         codec_process = check_switch("codec_process", codec_process)

@@ -18,7 +18,7 @@ from audio8_coreai.backends.torch.codec_rows import CodecRows, Push
 from audio8_coreai.backends.torch.codec_worker import build_decoder
 from audio8_coreai.backends.torch.cudnn import convolutions
 from audio8_coreai.checkpoint import load_checkpoint
-from audio8_coreai.errors import BackendError
+from audio8_coreai.errors import BackendError, ConfigError
 
 
 class Switches(TorchDispatchMode):
@@ -128,8 +128,9 @@ def test_tf32_is_a_cuda_codec(oracle_dir, tiny_checkpoint):
     ckpt = load_checkpoint(oracle_dir)
     with pytest.raises(BackendError, match="the tf32 codec is cuDNN's TF32 convolutions, a CUDA form, not for cpu"):
         TorchBackend(ckpt, "cpu", "fp32", codec_dtype="tf32", codec_process=False)
-    with pytest.raises(BackendError, match="unknown codec dtype 'fp16': use fp32, bf16 or tf32"):
-        TTS.load(tiny_checkpoint, device="cpu", codec_dtype="fp16", codec_process=False)
+    for name in ("fp16", 5):  # a wrong value, as every other keyword's
+        with pytest.raises(ConfigError, match=f"unknown codec dtype {name!r}: use fp32, bf16 or tf32"):
+            TTS.load(tiny_checkpoint, device="cpu", codec_dtype=name, codec_process=False)
     backend = TorchBackend(ckpt, "cpu", "fp32", codec_dtype="bf16", codec_process=False)
     assert backend.codec_dtype == torch.bfloat16 and not backend.codec_tf32
     assert "codec-tf32" not in backend.description

@@ -13,7 +13,7 @@ import torch
 from ...audio.samples import clip_samples
 from ...checkpoint import MODEL_FILE, Checkpoint, require_finite
 from ...config import ModelConfig, SamplingParams
-from ...errors import BackendError, QuantError
+from ...errors import BackendError, ConfigError, QuantError
 from ...model.codec import CodecDecoder, CodecEncoder
 from ...model.dualar import DualAR
 from ...model.frame import PREFILL_WIDTH, Frame, packed
@@ -55,11 +55,11 @@ def resolve_device(device: str) -> torch.device:
 
 def resolve_codec_dtype(name: str, device: torch.device) -> tuple[torch.dtype, bool]:
     """A codec form: ``fp32`` or ``bf16`` (aliases float32, bfloat16), or ``tf32`` on CUDA (fp32 with cuDNN's TF32
-    convolutions in the decoder, :mod:`.cudnn`); the dtype and whether TF32. Raises BackendError for another name,
-    or tf32 off CUDA."""
+    convolutions in the decoder, :mod:`.cudnn`); the dtype and whether TF32. Raises ConfigError for another name,
+    BackendError for tf32 off CUDA."""
     if name != "tf32":
-        if name not in DTYPES:
-            raise BackendError(f"unknown codec dtype {name!r}: use fp32, bf16 or tf32 (CUDA)")
+        if not isinstance(name, str) or name not in DTYPES:
+            raise ConfigError(f"unknown codec dtype {name!r}: use fp32, bf16 or tf32 (CUDA)", "codec_dtype")
         return DTYPES[name], False
     if device.type != "cuda":
         raise BackendError(
