@@ -158,6 +158,8 @@ class Lease:
 
     @contextlib.contextmanager
     def reserve(self) -> Iterator[None]:
+        """Keep the backend for this thread's block (its utterances' holds and resumes run inside it, nested
+        reserves too) while other threads wait; EngineError inside an utterance of its own (see the class)."""
         me = threading.get_ident()
         self._check_free(me)
         if self._owner == me:  # nested: the outer block keeps it
