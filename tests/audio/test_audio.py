@@ -116,6 +116,35 @@ def test_long_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
         read_reference(path)
 
 
+@pytest.mark.parametrize("subtype", ["GSM610", "G721_32"])
+def test_a_wav_libsndfile_cannot_seek_is_read(tmp_path, subtype):
+    """GSM 6.10 and G.721 WAVs are not seekable to libsndfile: a read without a frame count raised ValueError."""
+    path = clips.write(tmp_path / "c.wav", clips.bursts(8000, 3.0), 8000, subtype)
+    audio, info = read_reference(path)
+    assert info.subtype == subtype and info.duration_s == pytest.approx(3.0, abs=0.05)
+    assert abs(len(audio) - round(info.duration_s * 44100)) <= 1
+
+
+def _without_length(path):
+    """``path``, a FLAC, with its header's sample count zeroed: 'unknown', as an encoder writing to a pipe leaves it."""
+    data = bytearray(path.read_bytes())
+    data[21] &= 0xF0
+    data[22:26] = bytes(4)
+    path.write_bytes(data)
+    return path
+
+
+def test_a_flac_of_unknown_length_is_read_and_bounded(tmp_path):
+    """libsndfile gives such a file 2**63 - 1 frames: it was refused as "209146758205323.72 s long"."""
+    whole = clips.write(tmp_path / "whole.flac", clips.bursts(16000, 3.0), 16000)
+    unknown = _without_length(clips.write(tmp_path / "unknown.flac", clips.bursts(16000, 3.0), 16000))
+    assert sf.info(str(unknown)).frames == 2**63 - 1
+    assert np.array_equal(read_reference(unknown)[0], read_reference(whole)[0])
+    long = _without_length(clips.write(tmp_path / "long.flac", clips.bursts(16000, 40.0), 16000))
+    with pytest.raises(AudioError, match="is over 30 s long; a voice needs 0.5 to 30 s"):
+        read_reference(long)
+
+
 def test_digital_silence_is_refused(tmp_path):
     with pytest.raises(AudioError, match="digital silence"):
         read_reference(clips.write(tmp_path / "z.wav", np.zeros(44100, np.float32), 44100))

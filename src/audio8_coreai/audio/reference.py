@@ -33,6 +33,7 @@ CLIP_SHARE = 1e-4  # clipped samples above this share of the clip get a warning;
 # this large is a placeholder, not a promise (30 s of 8 channels of 32-bit samples at 192 kHz is 184 MB).
 PLACEHOLDER_SIZE = 1 << 30
 CUT_SHARE = 0.99  # a writer that counts its header in the data size, or drops a last sample, is no cut
+UNKNOWN_FRAMES = 2**63 - 1  # libsndfile's frame count of a file whose header gives no length (SF_COUNT_MAX)
 
 
 @dataclass
@@ -87,13 +88,13 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     if not path.is_file():
         raise AudioError(f"reference audio {path} is not a regular file (a device or a pipe): give an audio file")
     try:
-        with sf.SoundFile(os.fsencode(path)) as f:  # bytes: a name that is no UTF-8 (a Latin-1 archive) opens too
+        with _Forward(os.fsencode(path)) as f:  # bytes: a name that is no UTF-8 (a Latin-1 archive) opens too
             rate, channels, fmt, subtype = f.samplerate, f.channels, f.format, f.subtype
             if fmt in ("WAV", "WAVEX"):  # RIFF; RF64's sizes live in its ds64 chunk
                 _check_wav_whole(path)
-            if f.frames > 0:
+            if 0 < f.frames < UNKNOWN_FRAMES:
                 _check_duration(path, f.frames, rate)
-            data = f.read(dtype="float32", always_2d=True)
+            data = _read_at_most(f, int(MAX_REFERENCE_S * rate) + 1)  # a sample more tells a clip too long
     except (sf.SoundFileError, RuntimeError, OSError) as e:
         said = e.error_string if isinstance(e, sf.LibsndfileError) else str(e)  # without "Error opening b'name'"
         detail = said.strip().splitlines()[0].rstrip(".") if said.strip() else type(e).__name__
@@ -104,6 +105,8 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     if data.shape[0] == 0:
         raise AudioError(f"reference audio {path} holds no samples: give 0.5 to 30 s of the speaker talking")
     duration = data.shape[0] / rate
+    if duration > MAX_REFERENCE_S:  # read no further: the header gave no length (or too short a one)
+        raise AudioError(f"reference audio {path} is over {MAX_REFERENCE_S:g} s long; {_LONG}")
     _check_duration(path, data.shape[0], rate)  # the header's frame count can be an estimate (mp3) or wrong
     if not np.isfinite(data).all():
         raise AudioError(
@@ -176,10 +179,35 @@ def _check_duration(path: Path, samples: int, rate: int) -> None:
             f"{MAX_REFERENCE_S:g} s of speech: give a longer clip"
         )
     if seconds > MAX_REFERENCE_S:
-        raise AudioError(
-            f"reference audio {path} is {shown} s long; a voice needs {MIN_REFERENCE_S:g} to "
-            f"{MAX_REFERENCE_S:g} s of speech: cut the clip (about 10 s of clear speech is plenty)"
-        )
+        raise AudioError(f"reference audio {path} is {shown} s long; {_LONG}")
+
+
+_LONG = (
+    f"a voice needs {MIN_REFERENCE_S:g} to {MAX_REFERENCE_S:g} s of speech: cut the clip (about 10 s of clear speech "
+    "is plenty)"
+)
+
+
+class _Forward(sf.SoundFile):
+    """A sound file read front to back, never seeking: soundfile seeks after every read to keep its place, which a
+    file of unknown length refuses (a FLAC written to a pipe: libsndfile gives :data:`UNKNOWN_FRAMES`), and reads a
+    file libsndfile cannot seek (GSM 6.10 or G.721 in a WAV) only a given number of frames at a time."""
+
+    def seekable(self) -> bool:
+        return False
+
+
+def _read_at_most(f: sf.SoundFile, most: int) -> np.ndarray:
+    """The samples of ``f`` (float32 [frames, channels]) up to ``most`` frames, read a second at a time: memory
+    bounded whatever the file says of its length."""
+    parts, n = [], 0
+    while n < most:
+        part = f.read(frames=min(f.samplerate, most - n), dtype="float32", always_2d=True)
+        if not len(part):
+            break
+        parts.append(part)
+        n += len(part)
+    return np.concatenate(parts) if parts else np.zeros((0, f.channels), np.float32)
 
 
 def _check_wav_whole(path: Path) -> None:
