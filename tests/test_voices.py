@@ -103,6 +103,9 @@ def test_a_taken_name_needs_replace(tmp_path):
     store.save(make_voice(seed=1))
     with pytest.raises(VoiceError, match="already exists"):
         store.save(make_voice(seed=2))
+    for default in ("default", "DEFAULT"):  # a server's requests name its default voice so: a CLI stored one too
+        with pytest.raises(VoiceError, match=f"{default!r} names the default voice in a server's requests"):
+            store.save(make_voice(default))
     for text in ("false", "no", 0.5):  # a form's or config file's text: refused, the voice kept
         with pytest.raises(ConfigError, match=f"replace must be True, False or None, not {text!r}"):
             store.save(make_voice(seed=2), replace=text)

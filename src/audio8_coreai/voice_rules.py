@@ -12,6 +12,7 @@ import numpy as np
 from .errors import VoiceError
 
 MAX_NAME = 64
+DEFAULT_VOICE = "default"  # the name requests give the default voice (the HTTP server's, Wyoming's): no stored one's
 MAX_NAME_BYTES = 240  # UTF-8: its temporary file ``.NAME.XXXXXXXX.tmp`` within the 255 bytes file systems take
 _NAME_PUNCTUATION = set(" _-.")
 _NAME_RULE = (

@@ -42,7 +42,7 @@ from .errors import AudioError, DamagedVoice, PromptError, VoiceError, VoiceExis
 from .settings import DEFAULTS
 from .text.checks import check_text
 from .values import check_switch
-from .voice_rules import FIELD_KINDS, WHOLE_FIELDS, check_name, codes_problem
+from .voice_rules import DEFAULT_VOICE, FIELD_KINDS, WHOLE_FIELDS, check_name, codes_problem
 
 FORMAT = 1  # the on-disk format version in ``meta``; a newer file is refused rather than misread
 SUFFIX = ".npz"
@@ -204,6 +204,10 @@ class VoiceStore:
         as ``'false'`` would overwrite). Callers check before minutes of work; :meth:`save` checks again."""
         replace = check_switch("replace", replace)
         target = self.path(name)
+        if target.stem.lower() == DEFAULT_VOICE:  # a request naming it would get the server's default voice
+            raise VoiceError(
+                f"{target.stem!r} names the default voice in a server's requests: give the voice another name"
+            )
         # On macOS's and Windows' disks names differing in case are one file: keep stores portable.
         twin = next((n for n in self.names() if n != name and n.casefold() == name.casefold()), None)
         if twin is not None:

@@ -385,7 +385,7 @@ def test_bad_voice_uploads(base, form, files, status):
     if form["name"] == "junk2":  # a name without a suffix replaces no word of the message
         assert "myrecording" in message and "a myrecording" not in message and "clip" in message
     if form["name"] == "Default":  # the id requests use for the default voice is no stored voice's name
-        assert "names the server's default voice" in message
+        assert "'Default' names the default voice in a server's requests" in message
     if "replace" in form:
         assert message == "replace must be true or false, got 'maybe'"
 

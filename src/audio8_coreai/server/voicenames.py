@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from ..errors import ConfigError, DamagedVoice, VoiceError
+from ..voice_rules import DEFAULT_VOICE
 from ..voices import Voice, VoiceStore, check_name
 from .errors import ApiError
 
@@ -15,7 +16,6 @@ from .errors import ApiError
 OPENAI_VOICES = frozenset(
     {"alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer", "verse"}
 )
-DEFAULT_VOICE = "default"  # the id listed and accepted for the default voice
 log = logging.getLogger("audio8_coreai.server")
 
 

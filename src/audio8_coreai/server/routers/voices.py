@@ -141,8 +141,6 @@ async def _register(form: FormData, server: State) -> dict[str, Any]:
         raise _too_large(settings.max_upload_bytes)
     try:
         name = check_name(name)
-        if name.lower() == DEFAULT_VOICE:  # the id requests use for the server's default voice
-            raise VoiceError(f"{name!r} names the server's default voice in requests: give the voice another name")
         role = serving_role(name, settings.voice_map, settings.default_voice) if replace else None
         if role is not None:
             raise VoiceError(f"{name!r} is the server's {role}: it cannot be replaced while the server runs")
