@@ -223,6 +223,21 @@ def test_error_line_is_one_line_and_not_markup(tmp_path):
 # Voices
 
 
+def test_voice_list_and_show_escape_what_a_terminal_would_run(tmp_path):
+    """A stored voice's transcript and source are anyone's text (an older file, an HTTP client's upload before text
+    cleaning dropped controls): shown as escapes, an ESC sequence never reaches the operator's terminal."""
+    from audio8_coreai.voices import Voice, VoiceStore
+
+    text = "hi \x1b]0;pwned\x07\x1b[2J there \u202eevil"
+    codes = np.zeros((10, 3), np.int64)
+    VoiceStore(tmp_path).save(Voice(codes, text, 44100, 1.0, "f" * 64, "2026-01-01", "esc", "/clips/\x1b[31m.wav"))
+    listed = run("voice", "list", "--voices", tmp_path).output
+    shown = run("voice", "show", "esc", "--voices", tmp_path).output
+    for output in (listed, shown):
+        assert "\x1b" not in output and "\u202e" not in output and "\x07" not in output
+    assert "hi \\x1b]0;pwned\\x07\\x1b[2J there \\u202eevil" in shown and "/clips/\\x1b[31m.wav" in shown
+
+
 def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(never_eos_long_checkpoint, tmp_path):
     from tests import clips
 

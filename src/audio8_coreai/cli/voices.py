@@ -103,7 +103,7 @@ def voice_list(
         if isinstance(v, VoiceError):
             out.print(f"[red]damaged:[/] {escape(str(v))}", highlight=False)  # its text is not markup
         else:
-            words = v.transcript if len(v.transcript) <= 50 else v.transcript[:49] + "…"
+            words = _shown(v.transcript if len(v.transcript) <= 50 else v.transcript[:49] + "…")
             out.print(
                 f'{v.name}  {v.duration_s:.1f} s, {v.frames} frames, {v.sample_rate} Hz, {v.created}  "{words}"',
                 highlight=False,
@@ -128,8 +128,8 @@ def voice_show(
         return
     rows = [
         ("name", v.name),
-        ("transcript", v.transcript),
-        ("source", v.source or "-"),
+        ("transcript", _shown(v.transcript)),
+        ("source", _shown(v.source) or "-"),
         ("source audio", f"{v.duration_s:.2f} s at {v.sample_rate} Hz"),
         ("codes", f"[{v.codes.shape[0]}, {v.frames}] ({v.frames} frames)"),
         ("checkpoint", v.fingerprint),
@@ -149,3 +149,9 @@ def voice_rm(name: Annotated[str, typer.Argument(help="The voice to remove.")], 
 
     path = VoiceStore(voices).remove(name)
     out.print(f"removed voice {name!r} ({path})", highlight=False, markup=False)
+
+
+def _shown(text: str) -> str:
+    """``text`` for a terminal: each character that is not printable (a control such as ESC, which could retitle
+    or clear the terminal, a bidi override, a line break) as its escape; a voice file's fields are anyone's text."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
