@@ -145,6 +145,43 @@ def test_names_differing_only_in_case_are_refused(tmp_path):
     assert store.names() == ["alice"]
 
 
+def test_writers_racing_with_names_differing_in_case_store_one(tmp_path, monkeypatch):
+    """Two writers (two processes: a CLI and a server) each passed the twin check before either published: the
+    check and the publish are one step under the store's flock, so the second finds the first's voice. Here the
+    first waits inside its publish while the second writes (separate flocks exclude each other in one process too)."""
+    import audio8_coreai.voices as voices_module
+
+    first_in, go_on = threading.Event(), threading.Event()
+    real = voices_module.publish
+
+    def slow_first(tmp, target, replace=True):
+        if target.name == "Bob.npz":
+            first_in.set()
+            go_on.wait(30)
+        real(tmp, target, replace=replace)
+
+    monkeypatch.setattr(voices_module, "publish", slow_first)
+    store = VoiceStore(tmp_path)
+    first = threading.Thread(target=store.save, args=(make_voice("Bob"),))
+    first.start()
+    assert first_in.wait(30)
+    second: list = []
+
+    def save_second():
+        try:
+            store.save(make_voice("bob", seed=2))
+        except VoiceExists as e:
+            second.append(e)
+
+    racer = threading.Thread(target=save_second)
+    racer.start()
+    racer.join(0.5)  # it waits for the first's publish (without the lock: it had published 'bob' by now)
+    go_on.set()
+    first.join(30)
+    racer.join(30)
+    assert store.names() == ["Bob"] and len(second) == 1 and "differ only in case" in str(second[0])
+
+
 def test_a_name_differing_only_in_case_finds_the_voice(tmp_path):
     """One voice whatever the case, for use as for conflicts (ALICE was 'no voice named' though 'alice' refused
     it as taken): load, find, the server's resolve and remove."""

@@ -22,14 +22,17 @@ The folder is the per-user data folder (``platformdirs``; ``~/.local/share/audio
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import errno
+import fcntl
 import json
 import os
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -265,7 +268,9 @@ class VoiceStore:
                 np.savez(f, codes=codes.astype(np.int16), meta=np.array(json.dumps(voice.meta(), ensure_ascii=False)))
                 f.flush()
                 os.fsync(f.fileno())  # the bytes reach the disk before the rename makes them the voice
-            publish(tmp, target, replace=replace)
+            with self._writers_alone():  # across processes: a name differing only in case may be stored since
+                self.check_new(voice.name, replace)
+                publish(tmp, target, replace=replace)
             tmp = None
         except FileExistsError:
             raise self._exists(voice.name) from None
@@ -275,6 +280,17 @@ class VoiceStore:
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
         return target
+
+    @contextlib.contextmanager
+    def _writers_alone(self) -> Iterator[None]:
+        """One writer of this store at a time, across processes (two CLIs, a CLI and a server, Ray's replicas): an
+        exclusive ``flock`` on its folder, so a check for a twin by case and the publish are one step."""
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def load(self, name: str, fingerprint: str | None = None) -> Voice:
         """Read voice ``name`` (:meth:`find`: whatever its case); with ``fingerprint``, also refuse one made with
