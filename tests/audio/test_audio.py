@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import struct
 
 import numpy as np
@@ -165,19 +166,41 @@ def test_a_float_clip_over_full_scale_gets_a_warning(tmp_path):
     assert [w for w in info.warnings if "over full scale (peak +29.5 dBFS" in w]
 
 
-@pytest.mark.parametrize("kind", ["one blip", "hiss", "a constant offset"])
+@pytest.mark.parametrize("kind", ["one blip", "a constant offset"])
 def test_nearly_all_silence_is_refused(tmp_path, kind):
     rate = 16000
     if kind == "one blip":  # 0.2 s of sound in 5 s
         data = np.zeros(5 * rate, np.float32)
         data[rate : rate + rate // 5] = clips.sweep(rate, 0.2)
-    elif kind == "hiss":  # steady noise at about -65 dBFS RMS
-        data = np.random.default_rng(1).normal(0, 10 ** (-65 / 20), 2 * rate).astype(np.float32)
     else:  # DC at 5 times full scale, 3 s: no sound (it was taken for a voice), however loud
         data = np.full(3 * rate, 5.0, np.float32)
     with pytest.raises(AudioError, match="nearly all silence") as refused:
         read_reference(clips.write(tmp_path / "q.wav", data, rate, "FLOAT"))
     assert "varies above -50 dBFS (a steady level, however loud, is no sound)" in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", ["speech at -55 dBFS", "hiss"])
+def test_a_clip_too_quiet_to_hear_is_told_to_be_raised(tmp_path, kind):
+    """Under -50 dBFS everywhere a real recording is "too quiet", not "nearly all silence" (said of a steady level)."""
+    rate = 16000
+    if kind == "hiss":  # steady noise at about -65 dBFS RMS
+        data = np.random.default_rng(1).normal(0, 10 ** (-65 / 20), 2 * rate).astype(np.float32)
+    else:
+        data = clips.bursts(rate, 3.0, amplitude=10 ** (-55 / 20))
+    with pytest.raises(AudioError, match=r"is too quiet to hear a voice in \(peak -5\d\.\d dBFS.*raise its level"):
+        read_reference(clips.write(tmp_path / "q.wav", data, rate, "FLOAT"))
+
+
+@pytest.mark.parametrize("given, said", [("", "no reference clip given"), ("-", "not from stdin ('-')")])
+def test_no_path_or_stdin_is_said(given, said):
+    with pytest.raises(AudioError, match=re.escape(said)):
+        read_reference(given)
+
+
+def test_an_empty_file_is_said(tmp_path):
+    (tmp_path / "empty.wav").write_bytes(b"")
+    with pytest.raises(AudioError, match=r"empty.wav is an empty file \(0 bytes\)"):
+        read_reference(tmp_path / "empty.wav")
 
 
 def test_half_silence_is_accepted(tmp_path):
@@ -199,13 +222,11 @@ def test_very_low_level_gets_a_warning(tmp_path):
     assert [w for w in info.warnings if "very quiet" in w and "-40" in w]
 
 
-@pytest.mark.parametrize("kind", ["not audio", "truncated header", "empty file"])
+@pytest.mark.parametrize("kind", ["not audio", "truncated header"])
 def test_unreadable_files_are_refused_clearly(tmp_path, kind):
     path = tmp_path / "broken.wav"
     good = clips.write(tmp_path / "good.wav", clips.sweep(16000, 1.0), 16000).read_bytes()
-    path.write_bytes(
-        {"not audio": b"this is text, not sound\n" * 20, "truncated header": good[:30], "empty file": b""}[kind]
-    )
+    path.write_bytes({"not audio": b"this is text, not sound\n" * 20, "truncated header": good[:30]}[kind])
     with pytest.raises(AudioError, match="cannot read reference audio .*broken.wav") as refused:
         read_reference(path)
     assert str(path) in str(refused.value) and "b'" not in str(refused.value)  # the name once, as given

@@ -203,6 +203,7 @@ BAD_REQUESTS = [
     ({"seed": True}, 400, "invalid_request"),
     ({"seed": "1"}, 400, "invalid_request"),
     ({"max_frames": 2.5}, 400, "invalid_request"),
+    ({"ref_audio": "/clips/ana.wav", "ref_text": "Hi."}, 400, "invalid_request"),  # was spoken in the default voice
 ]
 
 
@@ -214,6 +215,8 @@ def test_bad_requests_get_clear_json_errors(base, body, status, code):
     assert error["code"] == code and error["type"] == "invalid_request_error" and len(error["message"]) > 10
     if code == "invalid_request" and set(body) <= {"temperature", "top_k", "top_p", "seed"}:
         assert error["param"] == next(iter(body))  # the field to change
+    if "ref_audio" in body:
+        assert "over HTTP register the clip with POST /v1/voices" in error["message"]
     if set(body) == {"voice"} and code == "invalid_request":  # not a name nor {"id": NAME}: said so
         assert error["param"] == "voice" and error["message"].startswith('voice must be a name or {"id": NAME}, got ')
 
@@ -349,7 +352,8 @@ def test_voices_register_speak_list_and_delete(capped, tmp_path):
     assert [v["name"] for v in httpx.get(f"{capped}/v1/voices").json()["data"]] == ["ana"]
     cloned = speech(capped, voice="ana", response_format="wav")
     assert cloned.status_code == 200 and cloned.content != speech(capped, response_format="wav").content
-    assert httpx.delete(f"{capped}/v1/voices/ana").status_code == 200
+    deleted = httpx.delete(f"{capped}/v1/voices/ANA")  # its name as stored, whatever the case asked with
+    assert deleted.status_code == 200 and deleted.json() == {"name": "ana", "deleted": True}
     assert httpx.delete(f"{capped}/v1/voices/ana").status_code == 404
     assert httpx.delete(f"{capped}/v1/voices/..").status_code in (400, 404)
     assert httpx.get(f"{capped}/v1/voices").json()["data"] == []

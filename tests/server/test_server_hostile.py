@@ -188,6 +188,12 @@ def test_a_transcript_that_is_not_utf8_is_refused_naming_it_and_utf8_is_kept(bas
     assert httpx.delete(f"{base}/v1/voices/latin").status_code == 200
 
 
+def test_a_clip_sent_as_a_text_field_is_told_to_come_as_a_file(base):
+    body, kind = multipart({"name": "asfield", "transcript": "t", "audio": clip_bytes()}, b"c.wav", clip_bytes())
+    error = clean(httpx.post(f"{base}/v1/voices", content=body, headers={"content-type": kind}), 400, "invalid_utf8")
+    assert error["param"] == "audio" and "send the clip as a file (a part with a filename)" in error["message"]
+
+
 class FullSpool:
     """A SpooledTemporaryFile on a full disk."""
 

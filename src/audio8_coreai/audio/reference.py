@@ -80,6 +80,10 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
             f"the reference clip must be a file path (str or Path), got {type(path).__name__}: "
             "write the samples to a .wav first (soundfile.write)"
         )
+    if not str(path).strip():  # Path("") is the current folder
+        raise AudioError("no reference clip given: give the path of an audio file of the speaker")
+    if str(path) == "-":
+        raise AudioError("a reference clip is read from its file, not from stdin ('-'): give the clip's path")
     path = Path(path).expanduser()
     if path.is_dir():
         raise AudioError(f"{path} is a folder: give the reference clip's audio file")
@@ -87,6 +91,8 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
         raise AudioError(f"reference audio {path} does not exist")
     if not path.is_file():
         raise AudioError(f"reference audio {path} is not a regular file (a device or a pipe): give an audio file")
+    if path.stat().st_size == 0:
+        raise AudioError(f"reference audio {path} is an empty file (0 bytes): give the clip's audio file")
     try:
         with _Forward(os.fsencode(path)) as f:  # bytes: a name that is no UTF-8 (a Latin-1 archive) opens too
             rate, channels, fmt, subtype = f.samplerate, f.channels, f.format, f.subtype
@@ -125,13 +131,19 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
             f"reference audio {path} is digital silence (every sample is 0): give a clip of the speaker talking"
         )
     sound = _sound_share(mono, rate)
+    peak_dbfs = 20 * float(np.log10(peak))
+    if sound < MIN_SOUND_SHARE and peak_dbfs < LOW_PEAK_DBFS:  # a real clip, recorded far too low
+        raise AudioError(
+            f"reference audio {path} is too quiet to hear a voice in (peak {peak_dbfs:.1f} dBFS; only "
+            f"{sound * duration:.2f} s of its {duration:.2f} s is above {SILENCE_DBFS:g} dBFS): raise its level "
+            "(normalise it to peak near -3 dBFS) or record closer to the microphone"
+        )
     if sound < MIN_SOUND_SHARE:
         raise AudioError(
             f"reference audio {path} is nearly all silence: only {sound * duration:.2f} s of its "
             f"{duration:.2f} s varies above {SILENCE_DBFS:g} dBFS (a steady level, however loud, is no sound); give "
             "a clip of the speaker talking"
         )
-    peak_dbfs = 20 * float(np.log10(peak))
     warnings = []
     if clipped > CLIP_SHARE * data.size:
         warnings.append(

@@ -145,10 +145,10 @@ def voice_show(
 @friendly
 def voice_rm(name: Annotated[str, typer.Argument(help="The voice to remove.")], voices: VoicesOpt = None) -> None:
     """Remove a stored voice."""
-    from ..voices import VoiceStore
+    from ..voices import SUFFIX, VoiceStore
 
     path = VoiceStore(voices).remove(name)
-    out.print(f"removed voice {name!r} ({path})", highlight=False, markup=False)
+    out.print(f"removed voice {path.name.removesuffix(SUFFIX)!r} ({path})", highlight=False, markup=False)
 
 
 def _shown(text: str) -> str:

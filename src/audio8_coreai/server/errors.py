@@ -257,9 +257,10 @@ def form_error(e: MultiPartException) -> ApiError:
     (:class:`.forms.FieldNotText`), with a code and what to send instead: invalid_utf8, part_header_too_long,
     413 upload_too_large for a field over the upload limit, else invalid_multipart."""
     if isinstance(e, FieldNotText):
-        return ApiError(
-            400, f"{e.message}: send it encoded in {e.charset} (the form's charset)", e.field, "invalid_utf8"
-        )
+        fix = f"send it encoded in {e.charset} (the form's charset)"
+        if e.field == "audio":  # the clip's bytes as a text field: a client that forgot the file name
+            fix = "send the clip as a file (a part with a filename), not as a text field"
+        return ApiError(400, f"{e.message}: {fix}", e.field, "invalid_utf8")
     if "header size" in str(e.__cause__):  # python-multipart's cap on a part's header line (4 KB)
         return ApiError(
             400,

@@ -16,6 +16,7 @@ from pydantic import (
     ValidationInfo,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -53,7 +54,8 @@ def refusal(code: str, message: str) -> PydanticCustomError:
 
 
 class SpeechRequest(BaseModel):
-    """The body of ``POST /v1/audio/speech``; see :mod:`audio8_coreai.server`. Unknown fields are ignored.
+    """The body of ``POST /v1/audio/speech``; see :mod:`audio8_coreai.server`. Unknown fields are ignored, but for
+    ``ref_audio`` and ``ref_text`` (the Python API's one-off clip, which would be ignored without a word).
 
     Whole numbers (``seed``, ``top_k``, ``max_frames``, ``sample_rate``) are JSON integers only, other numbers
     (``speed``, ``temperature``, ``top_p``) JSON numbers only, and ``stream`` JSON true or false only: true, 1.5 or
@@ -90,6 +92,19 @@ class SpeechRequest(BaseModel):
         le=RATE_RANGE[1],
         description=f"Hz; mp3 and aac take {', '.join(map(str, MPEG_RATES))}; opus only {OPUS_RATE}",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_clip(cls, body: object) -> object:
+        # The Python API's and the CLI's one-off clip: ignored with the other unknown fields, the speech came in the
+        # default voice without a word
+        if isinstance(body, dict) and body.keys() & {"ref_audio", "ref_text"}:
+            raise refusal(
+                "invalid_request",
+                "ref_audio and ref_text are the Python API's and the CLI's: over HTTP register the clip with "
+                "POST /v1/voices (name, transcript, audio) and give that name as voice",
+            )
+        return body
 
     @field_validator("model")
     @classmethod

@@ -11,7 +11,7 @@ from starlette.datastructures import FormData
 from starlette.formparsers import MultiPartException
 
 from ...errors import DamagedVoice, VoiceError, VoiceExists, VoiceStorageError
-from ...voices import check_name
+from ...voices import SUFFIX, check_name
 from ..errors import ApiError, api_error, damaged, documented, form_error, storage
 from ..forms import FormTooLarge, read_form
 from ..state import State, state
@@ -186,13 +186,13 @@ def delete_voice(name: str, server: Annotated[State, Depends(state)]) -> dict[st
             409, f"{name!r} is the server's {role}: it cannot be deleted while the server runs", "name", "voice_in_use"
         )
     try:
-        store.remove(name)
+        removed = store.remove(name)
     except VoiceStorageError as e:
         raise storage(e) from None
     except VoiceError:  # removed by another request since
         raise gone from None
     server.metrics.count(200)
-    return {"name": name, "deleted": True}
+    return {"name": removed.name.removesuffix(SUFFIX), "deleted": True}  # as it was stored: "ANA" removed "ana"
 
 
 def _too_large(limit: int, size: int | None = None) -> ApiError:
