@@ -2,18 +2,19 @@
 sits idle between them, and the host's busiest calls; a stream's frames (batch 1) or the batched engine's steps.
 
     python benchmarks/profile_gpu.py [--model DIR] [--device cuda] [--precision fp32 --precision bf16] [--frames 16]
-                                     [--batch 1 --batch 128] [--top 25] [--json out.json]
+                                     [--batch 1 --batch 128] [--eager] [--top 25] [--json out.json]
 
 At each ``--precision``: the graph-mode TTS (as ``bench_gpu.py single`` loads it; the fused kernels as the settings
 say). At ``--batch`` 1 it generates a warm-up (the capture), then ``--frames`` frames of
 :func:`audio8_coreai.engine.loop.generate` under :mod:`torch.profiler` from its second frame on; at B > 1,
 ``--frames`` steps of B rows of :class:`audio8_coreai.engine.batch.BatchEngine` after two warm-up steps (profile
-``"<precision> B=<B>"``). Per frame (step): wall ms (under the profiler), kernels and their summed ms, the GPU's busy
-ms (the union of kernel and copy intervals) and idle ms between them (gaps over 20 us counted, the kernel before
-the largest named), the kernels by group (products, attention, Triton, sort/scan, copies, other) and the ``--top``
-kernels by time; the host's ``--top`` calls by self time. Whether a frame is the GPU's kernels or its idle time, and
-which kernels (benchmarks/README.md has what it found). ``--device cpu`` runs the same code (host calls only): a
-check of the script.
+``"<precision> B=<B>"``); with ``--eager``, batch 1's frames of the eager TTS too (``--no-cuda-graphs``: profile
+``"<precision> eager"``, where the host's calls are the frame). Per frame (step): wall ms (under the profiler),
+kernels and their summed ms, the GPU's busy ms (the union of kernel and copy intervals) and idle ms between them
+(gaps over 20 us counted, the kernel before the largest named), the kernels by group (products, attention, Triton,
+sort/scan, copies, other) and the ``--top`` kernels by time; the host's ``--top`` calls by self time. Whether a
+frame is the GPU's kernels or its idle time, and which kernels (benchmarks/README.md has what it found). ``--device
+cpu`` runs the same code (host calls only): a check of the script.
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ def main() -> None:
         type=count,
         help="rows: 1 (the default) a stream's frames, more the batched engine's steps",
     )
+    ap.add_argument("--eager", action="store_true", help="also batch 1's frames without CUDA graphs")
     ap.add_argument("--top", type=count, default=25, help="kernels and host calls listed")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -163,20 +165,21 @@ def main() -> None:
     model = ensure_checkpoint(args.model)
     report: dict = {"meta": {"device": args.device, "load_average": os.getloadavg()[0]}, "profiles": {}}
     for precision in args.precision or ["fp32", "bf16"]:
-        graphed = load(model, args.device, precision)["graphed"]
-        for batch in args.batch or [1]:
-            name = precision if batch == 1 else f"{precision} B={batch}"
+        loaded = load(model, args.device, precision)
+        graphed, eager = loaded["graphed"], loaded["eager"]
+        runs = [(precision if b == 1 else f"{precision} B={b}", graphed, b) for b in args.batch or [1]]
+        for name, tts, batch in runs + ([(f"{precision} eager", eager, 1)] if args.eager else []):
             measured = (
-                frame_profile(graphed, args.frames, args.top)
+                frame_profile(tts, args.frames, args.top)
                 if batch == 1
-                else rows_profile(graphed, batch, args.frames, args.top)
+                else rows_profile(tts, batch, args.frames, args.top)
             )
-            result = {"backend": graphed.backend.description, "batch": batch, **measured}
+            result = {"backend": tts.backend.description, "batch": batch, **measured}
             report["profiles"][name] = result
             print(json.dumps({name: {k: v for k, v in result.items() if not k.startswith("top_")}}), flush=True)
             if args.json:
                 args.json.write_text(json.dumps(report, indent=2) + "\n")
-        del graphed
+        del graphed, eager, loaded
         release(torch.device(args.device))
     report["complete"] = True
     if args.json:
