@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from audio8_coreai import TTS, EngineError, PromptError
-from audio8_coreai.audio import SPEECH_FORMATS, STREAMABLE_FORMATS, SpeechEncoder, encode_speech
+from audio8_coreai.audio import SPEECH_FORMATS
 from audio8_coreai.settings import ServerSettings
 from tests import clips
 from tests.server.http_support import JSON, RATES, SETTINGS, TEXT, decode, metric, serving, speech
@@ -33,29 +33,6 @@ def capped(never_eos_long_checkpoint, tmp_path_factory):
     """The same server on the checkpoint that never draws eos: every request speaks to its frame cap."""
     with serving(never_eos_long_checkpoint, tmp_path_factory.mktemp("voices"), SETTINGS) as url:
         yield url
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Encoders
-
-
-@pytest.mark.parametrize("fmt", SPEECH_FORMATS)
-def test_every_format_encodes_whole_and_streamed(fmt):
-    audio = clips.sweep(44100, 1.0, 0.4)
-    rate = 48000 if fmt == "opus" else 44100
-    whole, got_rate = decode(encode_speech(audio, 44100, fmt), fmt, 44100)
-    assert got_rate == rate
-    if fmt == "aac":  # the encoder's priming and the last frame's padding: at most 2 frames of 1024 more
-        assert 0 <= len(whole) - len(audio) <= 2048
-    else:
-        assert abs(len(whole) - len(audio) * rate / 44100) <= 1
-    if fmt in ("wav", "pcm", "flac"):
-        assert float(np.abs(whole - audio).max()) < 1e-4  # 16-bit
-    if fmt in STREAMABLE_FORMATS:
-        encoder = SpeechEncoder(fmt, 44100)
-        data = b"".join(encoder.write(audio[i : i + 8192]) for i in range(0, len(audio), 8192)) + encoder.close()
-        streamed, got_rate = decode(data, fmt, 44100)
-        assert got_rate == rate and len(streamed) >= len(audio) * rate / 44100 - 1
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -393,21 +393,3 @@ def test_a_clip_of_three_samples_and_a_blank_transcript_are_refused_naming_their
     assert "clip.wav" in error["message"] and "Hz" in error["message"] and error["param"] == "audio"
     error = clean(add_voice(base, "blank", transcript="  "), 400, "invalid_voice")  # the field it is about
     assert "empty" in error["message"] and error["param"] == "transcript"
-
-
-# ------------------------------------------------------------------------------------------------------------
-# 14: which formats are byte-stable
-
-
-def test_flac_holds_the_samples_of_wav_and_every_format_but_opus_is_byte_stable():
-    import soundfile as sf
-
-    from audio8_coreai.audio import SPEECH_FORMATS, encode_speech
-
-    audio = clips.sweep(44100, 1.0, 0.7)
-    wav = np.frombuffer(encode_speech(audio, 44100, "wav")[44:], "<i2")
-    flac, _ = sf.read(io.BytesIO(encode_speech(audio, 44100, "flac")), dtype="int16")
-    assert np.array_equal(flac, wav)
-    for fmt in SPEECH_FORMATS:
-        same = encode_speech(audio, 44100, fmt) == encode_speech(audio, 44100, fmt)
-        assert same is (fmt != "opus"), fmt  # Ogg gives each opus stream a random serial number
