@@ -142,6 +142,11 @@ def test_a_wrong_variable_is_named_with_what_it_takes(env, name, value, said):
     assert str(e.value).startswith(said) and "\n" not in str(e.value)
 
 
+def test_a_key_of_a_mapping_setting_is_a_variable_of_its_own(env):
+    env.setenv("AUDIO8_SERVER__VOICE_MAP__ALLOY", "ana")  # pydantic-settings' nested form, as the JSON one
+    assert from_environment().server.voice_map == {"alloy": "ana"}
+
+
 def test_the_command_says_a_wrong_variable_in_one_line():
     ran = run_cli("say", "Hello.", AUDIO8_SERVER__PORT="99999")
     assert ran.returncode == 2 and ran.stdout == ""

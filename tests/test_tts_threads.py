@@ -125,3 +125,22 @@ def test_a_call_from_its_own_on_frame_is_refused_not_a_hang(tiny_tts):
     assert not thread.is_alive(), "generate called from its own on_frame hangs"
     assert len(inner) == 1 and "from inside its own utterance" in str(outer[0])
     assert np.array_equal(tiny_tts.generate("Hello there.", seed=0, max_frames=6).codes, want)
+
+
+def test_a_call_from_a_streams_own_on_frame_is_refused_before_it_runs(tiny_tts):
+    """A stream's on_frame runs with the model held, as generate's: a synthesis called there is refused at once (it
+    ran whole, then the outer stream said it was overtaken)."""
+    calls: list[BaseException] = []
+
+    def on_frame(step):
+        if step == 1:
+            try:
+                tiny_tts.synthesize("Inner words here.", seed=1, max_frames=4)
+            except EngineError as e:
+                calls.append(e)
+                raise
+
+    stream = tiny_tts.stream("Hello there.", seed=0, max_frames=6, on_frame=on_frame)
+    with pytest.raises(EngineError, match="from inside its own utterance"):
+        list(stream)
+    assert len(calls) == 1 and tiny_tts.generate("Hello there.", seed=0, max_frames=6).seed == 0  # served next

@@ -348,7 +348,8 @@ def from_environment() -> Settings:
                 name,
             )
         fields = Settings.model_fields[group].annotation.model_fields  # type: ignore[union-attr]
-        if nested and field not in fields:  # named as set (pydantic's error named the group: AUDIO8_X____Y)
+        if nested and field.partition("__")[0] not in fields:  # named as set (pydantic named the group); a key of a
+            # mapping field is a variable of its own (AUDIO8_SERVER__VOICE_MAP__ALLOY)
             raise ConfigError(f"{name} is not a setting: the {group} group has {', '.join(fields)}", name)
         if not nested and value.strip().lower() in ("null", "none"):  # read as JSON null: the group unset
             raise ConfigError(wrong_variable(name.upper(), None, {"type": "model_type"}), name)

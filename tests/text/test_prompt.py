@@ -177,6 +177,7 @@ def test_clean_text() -> None:
         ("\x1b[31mred\x1b[0m", "[31mred[0m"),  # a terminal's colour codes lose their ESC
         ("zero\u200bwidth\u00adsoft\ufeffmark", "zerowidthsoftmark"),  # format characters (Cf)
         ("\ue000private\U000e0001 tag", "private tag"),  # private use, a tag character
+        ("汉字\U00031350字 \U0002ebf0", "汉字\U00031350字 \U0002ebf0"),  # CJK ext. H, I: unassigned (Cn) in 3.11, kept
         ("a\x1cb\x85c", "a b c"),  # controls that are whitespace fold as whitespace
     ],
 )

@@ -52,6 +52,11 @@ def test_block_starts_are_where_each_block_begins_in_the_cleaned_text():
         ),
         ("We had 3. Then we left. It was late.", 14, ["We had 3.", "Then we left.", "It was late."]),  # no block
         ("We sold\n100. Then we left, at last.", 20, ["We sold", "100. Then we left,", "at last."]),
+        (  # a zero-width space before each item (copied from a web page) hid the line break before it
+            "Steps:\n\u200b1. Open the box\n\u200b2. Take out the manual",
+            30,
+            ["Steps: 1. Open the box", "2. Take out the manual"],
+        ),
     ],
 )
 def test_a_block_starts_a_piece_and_its_number_ends_none(text, limit, pieces):

@@ -219,7 +219,8 @@ class SpeechStream:
             with CodecQueue(decode, self.overlap_codec) as codec:
                 for res in self._timed(steps, token):
                     if self.on_frame is not None:
-                        self.on_frame(step)
+                        with self.backend.lease.resume(token):  # as generate's: a call on this TTS from it is refused
+                            self.on_frame(step)
                     if self._stop.is_set():
                         return
                     step += 1

@@ -9,18 +9,30 @@ from ..errors import PromptError
 
 
 def clean_text(text: str) -> str:
-    """The publisher's cleaning: drop every Unicode category-C character that is not whitespace (controls such as NUL,
-    BEL or ESC, format characters such as zero-width spaces, soft hyphens or a byte-order mark, private-use and
-    unassigned code points), strip, and fold every whitespace run to one space.
+    """The publisher's cleaning: drop every control, format and private-use character that is not whitespace
+    (Unicode categories Cc, Cf, Co: NUL, BEL or ESC, zero-width spaces, soft hyphens, a byte-order mark), strip, and
+    fold every whitespace run to one space.
 
     The folding is its HF processor's; the dropping is its ONNX, Candle and JS runtimes' rule (SPEC.md section 11),
     where the HF processor passes such characters to the tokenizer, which reads them as bytes the model then speaks:
-    text without them is cleaned exactly as the HF processor does. No case folding or number expansion, and no
-    deletion of a line break between CJK characters (the other runtimes'): "你好\n世界" becomes "你好 世界".
+    text without them is cleaned exactly as the HF processor does. Those runtimes also drop the code points their
+    Unicode table does not know (Cn); we keep them, as which those are depends on the Python version (CJK extension
+    H is Cn in 3.11's table): the same text gives the same prompt on every Python. No case folding or number
+    expansion, and no deletion of a line break between CJK characters (the other runtimes'): "你好\n世界" becomes
+    "你好 世界".
     """
-    if not text.isprintable():  # a category-C character or a whitespace other than the space (most texts: no)
-        text = "".join(c for c in text if c.isspace() or unicodedata.category(c)[0] != "C")
-    return " ".join(text.split())
+    return " ".join(drop_invisible(text).split())
+
+
+def drop_invisible(text: str) -> str:
+    """``text`` without its control, format and private-use characters that are not whitespace (see
+    :func:`clean_text`), its whitespace as it came: where line breaks still matter (:mod:`.split`'s blocks)."""
+    if text.isprintable():  # no category-C character and no whitespace but the space: most texts
+        return text
+    return "".join(c for c in text if c.isspace() or unicodedata.category(c) not in _DROPPED)
+
+
+_DROPPED = frozenset(("Cc", "Cf", "Co"))  # Cs (a lone surrogate) is refused before: check_unicode
 
 
 def check_text(text: str, what: str = "text", field: str | None = None) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection
 
 from ..errors import PromptError
 from .abbreviations import ABBREVIATIONS_EITHER, ABBREVIATIONS_INSIDE, MONTHS_DE
-from .checks import check_text, clean_text
+from .checks import check_text, clean_text, drop_invisible
 
 # A Latin mark ends a piece only before a space, the end, or a CJK letter after a CJK letter ("3.14", "３．１４",
 # "3,5", "e.g.x", "U.S.A" and "Mr.田中" stay whole; "好的.你" is cut, as CJK text typed with half-width marks has no
@@ -123,7 +123,7 @@ def block_starts(text: str) -> tuple[int, ...]:
     one's 0 left out: a paragraph after a blank line, a list item after a line break ("1. ", "2) ", "- ", "* ",
     "• "), as a language model's replies are laid out (:data:`_BLOCK_BREAK`)."""
     starts, at = [], 0
-    for block in _BLOCK_BREAK.split(text):
+    for block in _BLOCK_BREAK.split(drop_invisible(text)):  # a zero-width space before "2. " hid its break
         cleaned = clean_text(block)
         if cleaned:
             if at:
@@ -281,7 +281,7 @@ def complete_sentences(text: str) -> tuple[list[str], str]:
     Returns ``(sentences, rest)``: the sentences stripped (possibly none), and the text after them, unspoken, as
     it came (its line breaks kept for the next call).
     """
-    *blocks, last = _BLOCK_BREAK.split(text)
+    *blocks, last = _BLOCK_BREAK.split(drop_invisible(text))
     sentences = [s for block in blocks for s in _sentences(re.sub(r"\s+", " ", block), whole=True)[0]]
     raw_at = [m.start() for m in re.finditer(r"\s+|\S", last)] + [len(last)]  # folded index -> index in ``last``
     more, start = _sentences(re.sub(r"\s+", " ", last), whole=False)
