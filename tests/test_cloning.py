@@ -65,9 +65,10 @@ def test_a_bad_or_taken_name_fails_before_the_clip_is_read(tts, tmp_path):
 def test_a_reference_too_long_for_the_context_is_refused_with_the_numbers(tts, tmp_path):
     # The tiny model's context is 512 positions: 20 s of reference is 431 frames.
     clip = clips.write(tmp_path / "long.flac", clips.bursts(16000, 20.0), 16000)
-    with pytest.raises(VoiceError, match=r"431 frames \(20.0 s\).*of the context's 512 positions.*at most \d+\.\d s"):
+    said = r"431 frames \(20.0 s\).*of the context's 512 positions.*at most \d+\.\d s"
+    with pytest.raises(VoiceError, match=said) as e:
         tts.register_voice("long", clip, "Hello.")
-    assert tts.voices.names() == []
+    assert tts.voices.names() == [] and e.value.field == "ref_audio"  # the HTTP form's audio
 
 
 def test_a_transcript_too_long_for_the_context_is_refused_with_its_length(tts, ref_clip):

@@ -130,7 +130,8 @@ class VoiceCloning:
                 f"the reference transcript is too long for this model: {tokens} tokens, while the "
                 f"model's context holds {context} positions for the whole prompt (reference and "
                 f"transcript included) and at least {DEFAULTS.speech.min_voice_frames} frames of speech; "
-                "use a shorter clip (0.5-30 s) with its transcript"
+                "use a shorter clip (0.5-30 s) with its transcript",
+                "ref_text",
             ) from None
         room = context - overhead - frames
         if room >= DEFAULTS.speech.min_voice_frames:
@@ -141,5 +142,6 @@ class VoiceCloning:
             f"the reference clip is too long for this model: its {frames} frames ({frames * seconds:.1f} "
             f"s) and the {overhead} tokens of prompt text leave {max(room, 0)} of the context's "
             f"{context} positions for speech, under the {DEFAULTS.speech.min_voice_frames} a voice must leave; use a "
-            f"clip of at most {longest * seconds:.1f} s (or a shorter transcript)"
+            f"clip of at most {longest * seconds:.1f} s (or a shorter transcript)",
+            "ref_audio",
         )

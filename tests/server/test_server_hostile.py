@@ -393,3 +393,7 @@ def test_a_clip_of_three_samples_and_a_blank_transcript_are_refused_naming_their
     assert "clip.wav" in error["message"] and "Hz" in error["message"] and error["param"] == "audio"
     error = clean(add_voice(base, "blank", transcript="  "), 400, "invalid_voice")  # the field it is about
     assert "empty" in error["message"] and error["param"] == "transcript"
+    out = io.BytesIO()
+    sf.write(out, clips.bursts(16000, 20.0), 16000, format="WAV", subtype="PCM_16")
+    error = clean(add_voice(base, "long", data=out.getvalue()), 400, "invalid_voice")  # over the tiny context
+    assert "too long for this model" in error["message"] and error["param"] == "audio"  # was null

@@ -73,7 +73,8 @@ def test_the_voice_map_wins_over_a_stored_voice_of_its_name(tiny_checkpoint, voi
         # nor through the map's target: replacing or deleting the voice the map speaks is refused
         form = {"name": "ANA", "transcript": "Hi.", "replace": "true"}
         r = http.post("/v1/voices", data=form, files={"audio": ("a.wav", clip)})
-        assert r.status_code == 400 and "'ANA' is the server's --voice-map alloy=ana" in r.json()["error"]["message"]
+        assert r.status_code == 409 and r.json()["error"]["code"] == "voice_in_use"  # as a DELETE of it
+        assert "'ANA' is the server's --voice-map alloy=ana" in r.json()["error"]["message"]
         r = http.delete("/v1/voices/ana")
         assert r.status_code == 409 and r.json()["error"]["code"] == "voice_in_use"
         assert speak(http, "alloy") == speak(http, "ana")

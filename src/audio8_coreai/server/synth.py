@@ -225,6 +225,7 @@ class LocalSynthesizer(Synthesizer):
             except Audio8Error as e:  # say the uploaded file's name, not the server's temporary path
                 message = str(e).replace(str(path), filename).replace(clip, filename)
                 field = "audio" if isinstance(e, AudioError) else "transcript" if isinstance(e, PromptError) else None
+                field = {"ref_audio": "audio", "ref_text": "transcript"}.get(e.field or "", field)  # the form's names
                 raise ApiError(400, message, field, "invalid_voice") from None
             finally:
                 shutil.rmtree(folder, ignore_errors=True)

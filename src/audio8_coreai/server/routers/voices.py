@@ -142,8 +142,9 @@ async def _register(form: FormData, server: State) -> dict[str, Any]:
     try:
         name = check_name(name)
         role = serving_role(name, settings.voice_map, settings.default_voice) if replace else None
-        if role is not None:
-            raise VoiceError(f"{name!r} is the server's {role}: it cannot be replaced while the server runs")
+        if role is not None:  # as DELETE says it
+            said = f"{name!r} is the server's {role}: it cannot be replaced while the server runs"
+            raise ApiError(409, said, "name", "voice_in_use")
         if name.lower() in settings.voice_map:  # requests naming it speak the map's voice
             target = settings.voice_map[name.lower()]
             raise VoiceError(
