@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from audio8_coreai.errors import AudioError, ConfigError, PromptError, VoiceError
+from audio8_coreai.errors import AudioError, ClipWarning, ConfigError, PromptError, VoiceError
 from audio8_coreai.voices import VoiceStore
 from tests import clips
 from tests.test_voices import make_voice
@@ -78,9 +78,14 @@ def test_a_transcript_too_long_for_the_context_is_refused_with_its_length(tts, r
     assert tts.voices.names() == []
 
 
-def test_a_voice_that_leaves_little_room_says_so_when_text_cannot_be_split(tts, tmp_path):
+def test_a_voice_that_leaves_little_room_says_so_when_added_and_when_text_cannot_be_split(tts, tmp_path):
+    """14 s of reference on the tiny model's 512 positions leave a piece a few tokens of text: said at once (it
+    was said only when a text could not be split), as a clip's other warnings; a 1 s clip leaves room."""
     clip = clips.write(tmp_path / "long.flac", clips.bursts(16000, 14.0), 16000)
-    tts.register_voice("roomy", clip, "Hello.")
+    with pytest.warns(ClipWarning, match=r"long.flac leaves room for \d tokens of text a piece .* of 512 positions"):
+        tts.register_voice("roomy", clip, "Hello.")
+    short = clips.write(tmp_path / "short.flac", clips.bursts(16000, 1.0), 16000)
+    assert not [w for w in tts.voice_from_clip(short, "Hello.").warnings if "leaves room" in w]
     with pytest.raises(PromptError, match=r"cannot split.*takes \d+ of the context's 512 positions.*shorter clip"):
         tts.stream("Hello there, everyone. Wonderful weather today.", voice="roomy", seed=1)
 

@@ -12,11 +12,15 @@ from .backends.base import Backend
 from .checkpoint import Checkpoint
 from .config import ModelConfig
 from .errors import ClipWarning, PromptTooLong, VoiceError
+from .plan import piece_tokens
 from .request import CheckedRequest
 from .settings import DEFAULTS
 from .text import PromptBuilder, check_text
 from .values import check_switch
 from .voices import Voice, VoiceStore, check_name, now_utc
+
+# Fewer text tokens than this a piece (about a sentence) after a voice's prompt: its clip is worth a warning.
+FEW_PIECE_TOKENS = 24
 
 
 def warn_clip(voice: Voice, stacklevel: int) -> None:
@@ -41,7 +45,8 @@ class VoiceCloning:
         """A voice from a reference clip file and its transcript, not stored (see :meth:`register_voice`).
 
         The clip is read by :func:`.audio.read_reference` (any libsndfile format and rate, mixed to mono,
-        resampled to 44.1 kHz, 0.5-30 s; its warnings land in ``Voice.warnings`` and are told as ClipWarnings) and
+        resampled to 44.1 kHz, 0.5-30 s; its warnings, and one for a voice whose prompt leaves fewer than
+        :data:`FEW_PIECE_TOKENS` text tokens a piece, land in ``Voice.warnings`` and are told as ClipWarnings) and
         encoded by this
         checkpoint's codec into codes int64 [num_codebooks, ceil(N / 2048)].
         Raises AudioError (unusable clip), PromptError (empty transcript), VoiceError (the clone prompt
@@ -56,6 +61,14 @@ class VoiceCloning:
         samples, info = read_reference(audio)
         self._check_voice_room(-(-len(samples) // self.checkpoint.codec_config.frame_length), transcript)
         codes = self.backend.encode(samples)
+        generation = self.checkpoint.generation
+        tokens = piece_tokens(self.prompts.around(self.prompts.head(transcript, codes)), self.config, generation)
+        if tokens < FEW_PIECE_TOKENS:  # the voice's prompt fills most of the context
+            info.warnings.append(
+                f"{info.path.name} leaves room for {tokens} tokens of text a piece in this model's context of "
+                f"{self.config.max_seq_len} positions (a few words): long texts will be spoken in many short "
+                "pieces, with a pause between each; a shorter clip (about 10 s) leaves more"
+            )
         return Voice(
             codes,
             transcript,

@@ -134,6 +134,14 @@ class _Tokens:
         return self.seen[text]
 
 
+def piece_tokens(overhead: int, cfg: ModelConfig, generation: GenerationConfig) -> int:
+    """The most text tokens one piece of a split text holds when the prompt around its text takes ``overhead``
+    columns: its tokens and their estimated speech (DEFAULTS.speech.split_frames_per_token frames a token) fit the
+    context, and that speech the default frame budget."""
+    per_token = DEFAULTS.speech.split_frames_per_token
+    return min((cfg.max_seq_len - overhead) // (1 + per_token), generation.max_new_tokens // per_token)
+
+
 def _split(
     checked: CheckedRequest, cloned: bool, overhead: int, cfg: ModelConfig, generation: GenerationConfig, ids: _Tokens
 ) -> list[str]:
@@ -141,10 +149,7 @@ def _split(
     one's prompt (``overhead`` columns besides its tokens) plus its estimated speech
     (DEFAULTS.speech.split_frames_per_token frames per text token) fits the context, and its frames the default
     frame budget. Raises PromptError for a run of text that cannot be split to fit."""
-    max_tokens = min(
-        (cfg.max_seq_len - overhead) // (1 + DEFAULTS.speech.split_frames_per_token),
-        generation.max_new_tokens // DEFAULTS.speech.split_frames_per_token,
-    )
+    max_tokens = piece_tokens(overhead, cfg, generation)
     if max_tokens < 1:  # said with the numbers, not as a count below 1
         raise PromptError(
             f"no room for text: the prompt around it takes {overhead} of the context's {cfg.max_seq_len} positions "
