@@ -143,3 +143,17 @@ def test_storage_faults_are_their_own_error(tmp_path, monkeypatch, fault, full):
     monkeypatch.setattr(os, "unlink", fail)
     with pytest.raises(VoiceStorageError):
         store.remove("alice")
+
+
+def test_a_store_whose_folder_cannot_be_locked_still_saves(tmp_path, monkeypatch):
+    """NFS emulates flock with POSIX locks, which a folder opened to read cannot take (EBADF): saving goes on
+    unlocked, as before the lock, rather than failing."""
+    import fcntl
+
+    def refuse(fd, operation):
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    store = VoiceStore(tmp_path)
+    store.save(make_voice("nfs"))
+    assert store.names() == ["nfs"]

@@ -284,13 +284,20 @@ class VoiceStore:
     @contextlib.contextmanager
     def _writers_alone(self) -> Iterator[None]:
         """One writer of this store at a time, across processes (two CLIs, a CLI and a server, Ray's replicas): an
-        exclusive ``flock`` on its folder, so a check for a twin by case and the publish are one step."""
-        fd = os.open(self.root, os.O_RDONLY)
+        exclusive ``flock`` on its folder, so a check for a twin by case and the publish are one step. Where the
+        folder cannot be locked (NFS emulates flock with locks a folder opened to read cannot take; a folder
+        without read permission), writers go on unlocked, as before: only names differing in case can race."""
+        fd = None
         try:
+            fd = os.open(self.root, os.O_RDONLY)
             fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        try:
             yield
         finally:
-            os.close(fd)  # releases the lock
+            if fd is not None:
+                os.close(fd)  # releases the lock
 
     def load(self, name: str, fingerprint: str | None = None) -> Voice:
         """Read voice ``name`` (:meth:`find`: whatever its case); with ``fingerprint``, also refuse one made with
