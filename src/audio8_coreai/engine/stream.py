@@ -50,7 +50,13 @@ class _Reader:
             self._reading.release()
 
     def close(self) -> None:
-        self.chunks.close()
+        """Close the generator unless a thread is reading it (that one ends at its next frame, by the stream's stop
+        flag): closing a generator that runs raised "generator already executing" in the closing thread."""
+        if self._reading.acquire(blocking=False):
+            try:
+                self.chunks.close()
+            finally:
+                self._reading.release()
 
 
 @dataclass
@@ -185,7 +191,7 @@ class SpeechStream:
         Iterating again then starts over."""
         self._stop.set()
         running, self._running = self._running, None
-        if running is not None and not running.chunks.gi_running:
+        if running is not None:
             running.close()
 
     def __enter__(self) -> SpeechStream:
