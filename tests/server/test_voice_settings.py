@@ -92,6 +92,12 @@ def test_unknown_voice_map_targets_are_refused_at_start(tiny_checkpoint, voices_
             parse_voice_map(bad)
     with pytest.raises(ConfigError, match="--voice-map 'ALLOY=dc': 'ALLOY' is mapped twice"):  # the last won, unsaid
         parse_voice_map("alloy=ana,ALLOY=dc")
+    from typer.testing import CliRunner
+
+    from audio8_coreai.cli import app
+
+    said = CliRunner().invoke(app, ["serve", "--model", str(tiny_checkpoint), "--default-voice", ""]).output
+    assert said.startswith("error: --default-voice: bad voice name '': it is empty")  # the option named, as the map's
 
 
 def test_a_mapped_voice_deleted_by_another_server_is_the_servers_error(tiny_checkpoint, voices_dir, tmp_path, caplog):

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from ..checkpoint import DEFAULT_MODEL, is_hub_id
-from ..errors import ConfigError
+from ..errors import ConfigError, VoiceError
 from ..packages import install_extra
 from ..settings import DEFAULTS, RaySettings, SampleRate, ServerSettings, override
 from .app import (
@@ -139,7 +139,6 @@ def serve(
     from ..server.connections import Server, uvicorn_config
     from ..server.voicenames import parse_voice_map
     from ..tts import TTS
-    from ..voices import check_name
 
     chosen = batch  # None: not given, decided once the device is known (serve_rows)
     batch = DEFAULTS.server.batch if batch is None else batch
@@ -165,7 +164,7 @@ def serve(
         first_chunk_frames=first_chunk_frames,
         sample_rate=sample_rate,
         voice_map=parse_voice_map(voice_map) if voice_map is not None else DEFAULTS.server.voice_map,
-        default_voice=None if default_voice is None else check_name(default_voice),
+        default_voice=None if default_voice is None else _option_name("--default-voice", default_voice),
         cors_origins=DEFAULTS.server.cors_origins if cors_origin is None else tuple(cors_origin),
     )
     check_port(host, port)  # before minutes of loading
@@ -300,3 +299,13 @@ def _serve_on_ray(
         fingerprint = load_checkpoint(cluster.model).fingerprint()
         check_voices(VoiceStore(cluster.voices), server.voice_map, server.default_voice, fingerprint)
     run_on_ray(cluster, server, address)
+
+
+def _option_name(option: str, name: str) -> str:
+    """``name`` checked as a voice name (:func:`..voices.check_name`); its VoiceError says the option it came in."""
+    from ..voices import check_name
+
+    try:
+        return check_name(name)
+    except VoiceError as e:
+        raise VoiceError(f"{option}: {e}") from None
