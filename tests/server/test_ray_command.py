@@ -26,15 +26,18 @@ from audio8_coreai.server.ray_app import run_on_ray  # noqa: E402
 FRAMES = 300  # about 3 s of frames here: far longer than SIGTERM takes to arrive
 
 
-def test_sigterm_lets_a_running_stream_finish(never_eos_long_checkpoint, tmp_path):
+@contextlib.contextmanager
+def ray_server(checkpoint, tmp_path, shutdown_s: str):
+    """``audio8 serve --ray`` on ``checkpoint`` in a session of its own (Ray's processes end with it if the test
+    fails), ``AUDIO8_SERVER__SHUTDOWN_S`` ``shutdown_s``; yields (the process, its URL, its stderr file) once
+    ``/health`` answers."""
     port = free_port()
-    env = {**os.environ, "AUDIO8_SERVER__SHUTDOWN_S": "60", "RAY_ADDRESS": ""}
+    env = {**os.environ, "AUDIO8_SERVER__SHUTDOWN_S": shutdown_s, "RAY_ADDRESS": ""}
     command = [sys.executable, "-m", "audio8_coreai", "serve", "--ray", "--port", str(port)]
-    command += ["--model", str(never_eos_long_checkpoint), "--voices", str(tmp_path / "voices")]
-    log = (tmp_path / "stderr").open("w")  # a file, not a pipe: Ray's lines never fill it up and block the server
-    server = subprocess.Popen(  # a session of its own: Ray's processes are ended with it if the test fails
-        command, env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
-    )
+    command += ["--model", str(checkpoint), "--voices", str(tmp_path / "voices")]
+    stderr = tmp_path / "stderr"
+    log = stderr.open("w")  # a file, not a pipe: Ray's lines never fill it up and block the server
+    server = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -46,6 +49,16 @@ def test_sigterm_lets_a_running_stream_finish(never_eos_long_checkpoint, tmp_pat
             except httpx.HTTPError:
                 pass
             time.sleep(1)
+        yield server, url, stderr
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # whatever of Ray's is left, when the test failed
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        log.close()
+
+
+def test_sigterm_lets_a_running_stream_finish(never_eos_long_checkpoint, tmp_path):
+    with ray_server(never_eos_long_checkpoint, tmp_path, "60") as (server, url, stderr):
         body = {"input": "Hello there.", "seed": 1, "max_frames": FRAMES, "stream": True}
         body |= {"response_format": "pcm", "sample_rate": 44100}
         received = 0
@@ -56,14 +69,20 @@ def test_sigterm_lets_a_running_stream_finish(never_eos_long_checkpoint, tmp_pat
                 received += len(chunk)
         assert received == FRAMES * 2048 * 2  # whole: the stream was let finish
         server.wait(timeout=120)
-        said = (tmp_path / "stderr").read_text()
+        said = stderr.read_text()
         assert server.returncode == -signal.SIGTERM and said.rstrip().endswith("terminated"), said[-2000:]
         assert "answers still running get 60 s to finish" in said
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # whatever of Ray's is left, when the test failed
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-        log.close()
+
+
+def test_sigterm_to_the_process_group_stops_within_the_shutdown_time(tiny_checkpoint, tmp_path):
+    """systemd's stop, timeout and kill -- -PGID signal Ray's own processes too: deleting the app then waited 60 s
+    for a GCS that was gone, and Ray aborted the command; now it waits shutdown_s and a margin, and says why."""
+    with ray_server(tiny_checkpoint, tmp_path, "2") as (server, url, stderr):
+        t0 = time.monotonic()
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=120)
+        took, said = time.monotonic() - t0, stderr.read_text()
+        assert took < 30 and said.rstrip().endswith("terminated"), (took, said[-2000:])
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ import logging
 import math
 import os
 import signal
+import threading
 from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -384,7 +385,14 @@ def run_on_ray(cluster: RaySettings, server: ServerSettings, address: str | None
     try:
         serve.run(application(cluster, server), name="audio8", route_prefix="/", blocking=True)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: streams still running get server.shutdown_s, then Ray stops
-        if not joining:
-            log.warning("stopping: answers still running get %.0f s to finish", server.shutdown_s)
-            serve.delete("audio8")
+        if joining:
+            raise
+        log.warning("stopping: answers still running get %.0f s to finish", server.shutdown_s)
+        # In a thread, for at most that long and a margin: a SIGTERM to the whole process group (systemd, timeout,
+        # kill -- -PGID) stops this instance's Ray processes too, and serve.delete then waited 60 s for them
+        deleting = threading.Thread(target=serve.delete, args=("audio8",), daemon=True)
+        deleting.start()
+        deleting.join(server.shutdown_s + 5.0)
+        if deleting.is_alive():
+            log.warning("stopping: this Ray instance stopped with the command (its process group was signalled)")
         raise
