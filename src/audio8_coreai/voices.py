@@ -29,6 +29,7 @@ import errno
 import fcntl
 import json
 import os
+import shlex
 import tempfile
 import time
 import zipfile
@@ -161,6 +162,11 @@ class VoiceStore:
             instead = "give a folder (--voices DIR, voices_dir=)" + (", or none for the per-user one" if folder else "")
             raise VoiceError(f"the voices folder {self.root} is a file, not a folder: {instead}")
         self._sweep()
+
+    def _option(self) -> str:
+        """The ``--voices`` option naming this store in a command the user is told to run ("" for the per-user
+        one, the default): a hint without it acted on the default store."""
+        return "" if self.root == default_voices_dir() else f" --voices {shlex.quote(str(self.root))}"
 
     def _sweep(self) -> None:
         """Remove temporary voice files older than ``DEFAULTS.server.stale_temp_s``; a store that cannot be changed
@@ -316,7 +322,7 @@ class VoiceStore:
                 "(another folder: --voices DIR, voices_dir= in Python)"
             )
         name = path.name[: -len(SUFFIX)]
-        damaged = f"; remove it (`audio8 voice rm {name}`) and add it again"
+        damaged = f"; remove it (`audio8 voice rm {name}{self._option()}`) and add it again"
         if not zipfile.is_zipfile(path):  # else np.load guesses a pickle and blames allow_pickle
             raise DamagedVoice(f"voice file {path} is damaged (not a NumPy zip archive){damaged}", name)
         try:
