@@ -267,6 +267,7 @@ def test_voice_add_list_show_rm_and_say_by_name_equals_say_inline(never_eos_long
     assert "transcript    Hi, I am Bob [the first]." in run("voice", "show", "Bob 1", "--voices", voices).output
     shown = run("voice", "show", "Bob 1", "--voices", voices, "--json")
     data = json.loads(shown.output)
+    assert shown.output.count("\n") == 1  # one line: indented, each code took one
     assert (data["sample_rate"], data["frames"], data["transcript"]) == (8000, 17, "Hi, I am Bob [the first].")
     assert np.array(data["codes"]).shape == (10, 17)
 

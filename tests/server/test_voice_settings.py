@@ -41,6 +41,8 @@ def test_server_sample_rate_and_default_voice(tiny_checkpoint, voices_dir):
             == speak(response_format="wav", voice="alloy").content
         )
         assert http.get("/v1/audio/voices").json()["voices"][0] == {"id": "default", "name": "default (ana)"}
+        health = http.get("/health").json()  # the model's rate, and the bodies' (it said 44100 alone)
+        assert (health["sample_rate"], health["output_sample_rate"]) == (44100, 16000)
 
 
 def test_the_voice_map_wins_over_a_stored_voice_of_its_name(tiny_checkpoint, voices_dir, tmp_path):

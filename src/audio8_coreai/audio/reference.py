@@ -135,7 +135,8 @@ def read_reference(path: str | Path) -> tuple[np.ndarray, ReferenceInfo]:
     if sound < MIN_SOUND_SHARE and peak_dbfs < LOW_PEAK_DBFS:  # a real clip, recorded far too low
         raise AudioError(
             f"reference audio {path} is too quiet to hear a voice in (peak {peak_dbfs:.1f} dBFS; only "
-            f"{sound * duration:.2f} s of its {duration:.2f} s is above {SILENCE_DBFS:g} dBFS): raise its level "
+            f"{sound * duration:.2f} s of its {duration:.2f} s is above {SILENCE_DBFS:g} dBFS RMS in 20 ms "
+            "windows): raise its level "
             "(normalise it to peak near -3 dBFS) or record closer to the microphone"
         )
     if sound < MIN_SOUND_SHARE:

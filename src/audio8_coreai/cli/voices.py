@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -123,8 +124,8 @@ def voice_show(
 
     store = VoiceStore(voices)
     v = store.load(name)
-    if as_json:
-        out.print_json(json.dumps({**v.meta(), "frames": v.frames, "codes": v.codes.tolist()}))
+    if as_json:  # one line, as prompt --json: indented, the codes took a line each (6,500 for 30 s)
+        sys.stdout.write(json.dumps({**v.meta(), "frames": v.frames, "codes": v.codes.tolist()}) + "\n")
         return
     rows = [
         ("name", v.name),

@@ -16,9 +16,11 @@ router = APIRouter()
 
 @router.get("/health", responses=documented(503))
 async def health(server: Annotated[State, Depends(state)]) -> dict[str, Any]:
-    """The model served (its folder's name), its backend and device, and the workers' load
-    (:meth:`..synth.Synthesizer.health`); on Ray the Synth replicas running, and a 503 when none runs."""
-    return {"status": "ok", **await server.synth.health()}
+    """The model served (its folder's name), its backend and device, its ``sample_rate``, and the workers' load
+    (:meth:`..synth.Synthesizer.health`); on Ray the Synth replicas running, and a 503 when none runs.
+    ``output_sample_rate``: the bodies' rate (``serve --sample-rate``, opus's aside), or None: each format's own
+    (pcm 24 kHz as OpenAI's, opus 48 kHz, the others the model's)."""
+    return {"status": "ok", **await server.synth.health(), "output_sample_rate": server.settings.sample_rate}
 
 
 @router.get("/metrics", response_class=PlainTextResponse, responses=documented())
