@@ -73,3 +73,11 @@ def test_an_mp3_stream_shorter_than_a_frame_decodes_to_it_and_at_most_a_frame_mo
     audio = speech_like(44100)[:600]
     for decode in (decode_av, decode_sf):
         assert 600 <= len(decode(streamed(audio, 44100))) < 600 + DECODER_LAG + 2 * FRAME[44100]
+
+
+def test_a_streamed_mp3_is_128_kbit_s_at_44_1_khz():
+    """The constant bit rate the encoder says (a reader tells the length from the size): libsndfile's level 0.5 gave
+    160 kbit/s, twice the whole file's VBR."""
+    audio = speech_like(44100)
+    bits = 8 * len(streamed(audio, 44100)) / (len(audio) / 44100)
+    assert 120_000 < bits < 140_000

@@ -37,6 +37,7 @@ RESAMPLE_QUALITY = "VHQ"
 _SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
 # Formats whose bytes can go out as they are made: a FLAC stream's header would give no length, which
 # libsndfile-based readers refuse; every other format here plays from a partial download.
+MP3_STREAM_LEVEL = 0.65  # a streamed mp3's libsndfile compression level at a constant bit rate: 128 kbit/s
 STREAMABLE_FORMATS = ("wav", "pcm", "mp3", "opus", "aac")
 
 
@@ -162,7 +163,8 @@ class SpeechEncoder:
         elif fmt in _SOUNDFILE:
             container, subtype = _SOUNDFILE[fmt]
             self._sink = _Drain(mp3_tag=fmt == "mp3")
-            extra = {"bitrate_mode": "CONSTANT", "compression_level": 0.5} if fmt == "mp3" else {}
+            # libsndfile's CBR level: 0.5 gave 160 kbit/s (twice the whole file's VBR), 0.65 gives the 128 said
+            extra = {"bitrate_mode": "CONSTANT", "compression_level": MP3_STREAM_LEVEL} if fmt == "mp3" else {}
             self._file = sf.SoundFile(self._sink, "w", self.rate, 1, subtype, format=container, **extra)
 
     def _out(self, chunk: np.ndarray) -> bytes:
