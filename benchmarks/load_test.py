@@ -61,6 +61,14 @@ class Tally:
     crosstalk: int = 0
     digests: dict = field(default_factory=dict)  # request key -> sha256 of its body
     lock: threading.Lock = field(default_factory=threading.Lock)
+    refused_for_good: threading.Event = field(default_factory=threading.Event)  # a 4xx: every client stops
+
+    def refusal(self, r: httpx.Response) -> RuntimeError:
+        """The failure of a request answered ``r`` (not 200): a client's error (4xx but 408 and 429) would be
+        the same for every request of this load, so the run stops (it sent thousands a second)."""
+        if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
+            self.refused_for_good.set()
+        return RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
 
 
 def _clean_503(r: httpx.Response) -> bool:
@@ -87,7 +95,7 @@ def mixed_request(client: httpx.Client, url: str, body: dict, leave: bool, backo
                     if backoff:  # as a polite client: wait what the server asks, at most 2 s
                         time.sleep(min(float(r.headers.get("retry-after", 1)), 2.0))
                     return
-                raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+                raise tally.refusal(r)
             for data in r.iter_bytes():
                 first = time.perf_counter() - t0 if first is None else first
                 digest.update(data)
@@ -123,7 +131,7 @@ def one_request(client: httpx.Client, url: str, body: dict, tally: Tally) -> Non
         with client.stream("POST", f"{url}/v1/audio/speech", json=body) as r:
             if r.status_code != 200:
                 r.read()
-                raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+                raise tally.refusal(r)
             for data in r.iter_bytes():
                 if first is None and data:
                     first = time.perf_counter() - t0
@@ -147,7 +155,11 @@ def client_loop(
     with httpx.Client(timeout=args.timeout) as client:
         n = 0
         rng = random.Random(index)
-        while args.mix and time.monotonic() < deadline and not stop.is_set():
+
+        def going() -> bool:
+            return time.monotonic() < deadline and not stop.is_set() and not tally.refused_for_good.is_set()
+
+        while args.mix and going():
             fmt = rng.choice(FORMATS)
             body = {
                 "model": "tts-1",
@@ -158,7 +170,7 @@ def client_loop(
                 "max_frames": args.max_frames,
             }
             mixed_request(client, url, body, rng.random() < args.disconnect, args.backoff, tally)
-        while not args.mix and time.monotonic() < deadline and not stop.is_set():
+        while not args.mix and going():
             body = {
                 "model": "tts-1",
                 "input": TEXTS[(index + n) % len(TEXTS)],
@@ -279,6 +291,8 @@ def main() -> int:
         f"max {args.max_frames} frames"
     )
     print(f"requests  {done} ok, {len(tally.failures)} failed")
+    if tally.refused_for_good.is_set():
+        print("stopped at the server's refusal of a request (a 4xx: every request of this load would get it)")
     print(f"latency   {percentiles(tally.latency_s)}")
     print(f"TTFA      {percentiles(tally.ttfa_s)}")
     if not args.mix:  # mixed formats: the bytes do not tell the seconds
