@@ -166,7 +166,10 @@ def test_an_interrupted_stream_leaves_an_existing_file_alone(never_eos_long_chec
     assert result.exit_code == 130
     assert out.read_bytes() == before
     assert sf.info(tmp_path / ".keep.partial.wav").frames > 0  # what was made, kept aside
-    assert f"the audio made so far is in {tmp_path / '.keep.partial.wav'}" in " ".join(result.output.split())
+    said = " ".join(result.output.split())
+    assert f"keep.wav is left as it was; the audio made so far is in {tmp_path / '.keep.partial.wav'}" in said
+    out.unlink()  # no file before: none is left "as it was"
+    assert "keep.wav was not written; the audio made so far" in " ".join(run(*args).output.split())
     monkeypatch.setattr(SpeechStream, "__iter__", real_iter)
     assert run(*args).exit_code == 0
     assert sf.info(out).frames > 4410 and not (tmp_path / ".keep.partial.wav").exists()

@@ -225,6 +225,7 @@ def _write_stream(speech, output: Path) -> None:
     """Write the chunks of ``speech`` (a SpeechStream) to ``output`` as they come; warn about capped pieces."""
     from ..audio import open_audio_writer, partial_path
 
+    existed = output.exists()
     try:
         with open_audio_writer(output, speech.sample_rate) as f:
             for chunk in speech:
@@ -235,7 +236,8 @@ def _write_stream(speech, output: Path) -> None:
     except KeyboardInterrupt:
         if partial_path(output).exists():
             err.print(
-                f"{output} is left as it was; the audio made so far is in {partial_path(output)}",
+                f"{output} {'is left as it was' if existed else 'was not written'}; the audio made so far is in "
+                f"{partial_path(output)}",
                 highlight=False,
                 soft_wrap=True,
             )
