@@ -5,6 +5,7 @@ utterance runs to its frame cap and the counts of frames are certain."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -219,6 +220,20 @@ def test_a_plan_is_made_of_a_checked_request_and_spoken_by_its_own_checkpoint(tt
     for speak in (other.generate, other.stream, other.synthesize):
         with pytest.raises(EngineError, match="this plan was made for another checkpoint"):
             speak(plan)
+
+
+def test_a_stored_voice_whose_codes_do_not_fit_the_model_is_damaged_by_name(tts):
+    """A hand-edited file (five codebooks, its meta saying none) passes the store's checks; its prompt is refused as
+    the voice's damage, by name and with the remedy (it said "reference codes must have shape [10, frames]")."""
+    from audio8_coreai.errors import DamagedVoice, PromptError
+
+    codes = np.zeros((5, 65), np.int64)
+    edited = Voice(codes, TRANSCRIPT, 44100, 1.5, tts.checkpoint.fingerprint(), "2026-01-01T00:00:00+00:00", "cb0")
+    with pytest.raises(DamagedVoice, match=r"voice 'cb0' is damaged \(.*shape \[10, frames\].*audio8 voice rm cb0"):
+        tts.plan(check_request(TEXT, voice=edited))
+    with pytest.raises(PromptError, match=r"shape \[10, frames\]") as e:  # a one-off voice's codes: the caller's
+        tts.plan(check_request(TEXT, voice=dataclasses.replace(edited, name="")))
+    assert not isinstance(e.value, DamagedVoice)
 
 
 def test_a_context_too_small_for_any_words_is_said_with_its_numbers(tiny_checkpoint, tmp_path):

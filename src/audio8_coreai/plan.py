@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .config import GenerationConfig, ModelConfig, SamplingParams
 from .engine.loop import frame_budget
 from .engine.stream import Piece
-from .errors import EngineError, PromptError
+from .errors import DamagedVoice, EngineError, PromptError
 from .request import CheckedRequest
 from .settings import DEFAULTS
 from .text import PromptBuilder, language_warning
@@ -97,7 +97,13 @@ def make_plan(
     context of ``cfg`` and the defaults of ``generation``, for the checkpoint of ``fingerprint``: see
     :meth:`.tts.TTS.plan`, which raises what this does."""
     ids = _Tokens(prompts)
-    head = prompts.head() if voice is None else prompts.head(voice.transcript, voice.codes)
+    try:
+        head = prompts.head() if voice is None else prompts.head(voice.transcript, voice.codes)
+    except PromptError as e:  # a stored voice whose file passed its checks (a hand-edited one): damaged, by name
+        if voice is None or not voice.name:
+            raise
+        said = f"voice {voice.name!r} is damaged ({e}); remove it (`audio8 voice rm {voice.name}`) and add it again"
+        raise DamagedVoice(said, voice.name) from None
     texts = _split(checked, voice is not None, prompts.around(head), cfg, generation, ids) if split else [checked.text]
     default_frames = generation.max_new_tokens
     if frame_cap is not None:
