@@ -95,19 +95,27 @@ def test_a_stream_read_by_two_threads_at_once_says_so(tiny_tts):
     assert np.array_equal(np.concatenate(chunks), want)
 
 
-def test_a_call_from_its_own_on_frame_is_refused_not_a_hang(tiny_tts):
-    """generate's on_frame runs with the model held: a call on the same TTS there would wait for itself for ever.
-    It raises EngineError, the outer utterance stops with it, and the TTS serves the next call whole."""
-    want = tiny_tts.generate("Hello there.", seed=0, max_frames=6).codes
+def calling_inside(call) -> tuple:
+    """An ``on_frame`` that makes ``call()`` (a call on the TTS speaking) at step 1, and the list of the EngineErrors
+    it got there (each raised on, stopping the outer utterance)."""
     inner: list[BaseException] = []
 
     def on_frame(step):
         if step == 1:
             try:
-                tiny_tts.generate("Inner.", seed=1, max_frames=2)
+                call()
             except EngineError as e:
                 inner.append(e)
                 raise
+
+    return on_frame, inner
+
+
+def test_a_call_from_its_own_on_frame_is_refused_not_a_hang(tiny_tts):
+    """generate's on_frame runs with the model held: a call on the same TTS there would wait for itself for ever.
+    It raises EngineError, the outer utterance stops with it, and the TTS serves the next call whole."""
+    want = tiny_tts.generate("Hello there.", seed=0, max_frames=6).codes
+    on_frame, inner = calling_inside(lambda: tiny_tts.generate("Inner.", seed=1, max_frames=2))
 
     import threading
 
@@ -130,16 +138,7 @@ def test_a_call_from_its_own_on_frame_is_refused_not_a_hang(tiny_tts):
 def test_a_call_from_a_streams_own_on_frame_is_refused_before_it_runs(tiny_tts):
     """A stream's on_frame runs with the model held, as generate's: a synthesis called there is refused at once (it
     ran whole, then the outer stream said it was overtaken)."""
-    calls: list[BaseException] = []
-
-    def on_frame(step):
-        if step == 1:
-            try:
-                tiny_tts.synthesize("Inner words here.", seed=1, max_frames=4)
-            except EngineError as e:
-                calls.append(e)
-                raise
-
+    on_frame, calls = calling_inside(lambda: tiny_tts.synthesize("Inner words here.", seed=1, max_frames=4))
     stream = tiny_tts.stream("Hello there.", seed=0, max_frames=6, on_frame=on_frame)
     with pytest.raises(EngineError, match="from inside its own utterance"):
         list(stream)
