@@ -238,3 +238,16 @@ def test_a_bench_precision_from_the_environment_is_checked_before_measuring(tiny
     done = run_cli("bench", "--model", str(tiny_checkpoint), "--no-rss", AUDIO8_BENCH__PRECISION="int3")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("error: unknown precision 'int3'") and "AUDIO8_BENCH__PRECISION" in done.stderr
+
+
+def test_serve_checks_its_upload_limit_before_loading():
+    from typer.testing import CliRunner
+
+    from audio8_coreai.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--max-upload-mb", "0"])
+    assert result.exit_code != 0 and "--max-upload-mb must be over 0" in result.output
+
+
+def test_the_default_upload_limit_takes_30_s_of_96_khz_stereo_float():
+    assert ServerSettings().max_upload_bytes >= 30 * 96000 * 2 * 4 + 1024

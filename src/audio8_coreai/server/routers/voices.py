@@ -114,6 +114,10 @@ async def add_voice(request: Request, server: Annotated[State, Depends(state)]) 
 async def _register(form: FormData, server: State) -> dict[str, Any]:
     """The voice of ``form``'s fields, registered (see :func:`add_voice`)."""
     settings = server.settings
+    for field in ("name", "transcript", "audio", "replace"):  # the last one was taken, silently
+        if (given := len(form.getlist(field))) > 1:
+            message = f"the form holds {given} '{field}' fields: send one (a voice is one clip, one name)"
+            raise ApiError(400, message, field, "invalid_request")
     name, transcript, upload = form.get("name"), form.get("transcript"), form.get("audio")
     replace_field = str(form.get("replace", "false")).lower()
     if replace_field not in ("1", "true", "yes", "0", "false", "no"):
